@@ -23,3 +23,11 @@ class TokenizerError(SprigError):
 
 class TemplateError(SprigError):
     """A chat template failed to render, or tried something the sandbox forbids."""
+
+
+class ContextFullError(SprigError):
+    """The tokens to process do not fit in the context window that is left."""
+
+
+class BackendFailure(SprigError):
+    """A compute backend is unavailable or failed; the message says which and why."""

@@ -1,0 +1,144 @@
+"""The contract every compute backend implements.
+
+The transformer is written once, in `engine/models/`, against the small op set below.
+A backend owns its tensors (NumPy arrays, MLX arrays, device buffers): the engine only
+passes them from one op to the next and reads logits back with `to_host`.
+
+Shapes use these letters:
+    T   tokens in the current step (prefill chunk length, or 1 when decoding)
+    D   model width (embedding length)
+    H   query heads;  Hkv  key/value heads (H is a multiple of Hkv)
+    Dh  head dimension of queries and keys;  Dv  head dimension of values
+    N   context length the KV cache was allocated for
+Activations are float32 unless a backend documents otherwise; the NumPy backend is the
+reference, and every other backend must match its numbers within the tolerance its tests
+state.
+"""
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+Tensor = Any
+"""A backend-owned activation. Only the backend that made it may read it."""
+
+
+@dataclass(frozen=True)
+class WeightSpec:
+    """A weight tensor as it lies in the model file.
+
+    `raw` is a read-only uint8 view of its GGUF blocks (normally a slice of a memory map),
+    `ggml_type` the GGML type number and `shape` the NumPy-order shape: a matrix is
+    (out_features, in_features), rows are contiguous in the file.
+    """
+
+    name: str
+    raw: np.ndarray
+    ggml_type: int
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class LayerAttention:
+    """Per-layer attention settings the attention op needs.
+
+    `window` limits each query to the last `window` positions (sliding-window layers);
+    None attends to everything before it. `softcap`, when set, applies
+    `softcap * tanh(score / softcap)` to the scores before the softmax.
+    """
+
+    scale: float
+    window: int | None = None
+    softcap: float | None = None
+
+
+class Backend(ABC):
+    """A compute backend: prepares weights once, then runs the op set on its own tensors."""
+
+    name: str = "abstract"
+
+    @property
+    @abstractmethod
+    def device_name(self) -> str:
+        """A human-readable name of the device the backend computes on."""
+
+    # -- weights -------------------------------------------------------------------
+
+    @abstractmethod
+    def prepare_weight(self, spec: WeightSpec) -> Any:
+        """Turn GGUF blocks into whatever form `linear`, `embedding` and `norm` read.
+
+        Called once per tensor at load time. May keep the blocks quantized.
+        """
+
+    # -- ops -------------------------------------------------------------------------
+
+    @abstractmethod
+    def embedding(self, weight: Any, token_ids: np.ndarray, scale: float = 1.0) -> Tensor:
+        """Rows `token_ids` (int array, shape (T,)) of an embedding table, times `scale`: (T, D)."""
+
+    @abstractmethod
+    def linear(self, x: Tensor, weight: Any, bias: Any = None) -> Tensor:
+        """x (T, in) times the transpose of weight (out, in), plus bias (out,): (T, out)."""
+
+    @abstractmethod
+    def rms_norm(self, x: Tensor, weight: Any, eps: float) -> Tensor:
+        """RMS-normalise the last axis of x, then multiply by weight.
+
+        x may be (T, D) or (T, heads, Dh); weight has the size of the last axis. (Gemma's
+        (1 + w) norms need no offset here: llama.cpp's converter stores 1 + w in the file.)
+        """
+
+    @abstractmethod
+    def rope(self, x: Tensor, positions: np.ndarray, base: float, rope_dim: int, neox: bool,
+             freq_factors: np.ndarray | None = None) -> Tensor:
+        """Rotate x (T, heads, Dh) by its positions (int array, shape (T,)).
+
+        Only the first `rope_dim` features rotate. `neox=False` rotates adjacent pairs
+        (x0, x1), (x2, x3), ... as llama.cpp does for Llama files, whose q/k rows the
+        converter permuted; `neox=True` rotates (x_i, x_{i+rope_dim/2}), the half-split
+        form of GPT-NeoX, Qwen and Gemma. `freq_factors` (rope_dim/2,) divide the
+        frequencies (Llama 3 long-context scaling).
+        """
+
+    @abstractmethod
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, cache: Any, layer: int, start: int,
+                  settings: LayerAttention) -> Tensor:
+        """Causal attention of new tokens over the KV cache.
+
+        q (T, H, Dh), k (T, Hkv, Dh), v (T, Hkv, Dv) for positions start .. start+T-1.
+        Writes k and v into `cache` at those positions of `layer`, then attends each query
+        to positions 0 .. its own (within `settings.window`). Returns (T, H * Dv).
+        """
+
+    @abstractmethod
+    def gated_activation(self, gate: Tensor, up: Tensor, kind: str) -> Tensor:
+        """act(gate) * up, elementwise, for kind "silu" or "gelu_tanh"."""
+
+    @abstractmethod
+    def add(self, a: Tensor, b: Tensor) -> Tensor:
+        """Elementwise a + b (the residual connection)."""
+
+    @abstractmethod
+    def softcap(self, x: Tensor, cap: float) -> Tensor:
+        """cap * tanh(x / cap), elementwise (Gemma's final-logit soft-capping)."""
+
+    @abstractmethod
+    def to_host(self, x: Tensor) -> np.ndarray:
+        """Copy a tensor back to the host as a float32 NumPy array."""
+
+    # -- KV cache storage ----------------------------------------------------------
+
+    @abstractmethod
+    def allocate_kv(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int,
+                    value_dim: int) -> Any:
+        """Allocate the KV cache storage once, for `n_ctx` positions of every layer."""
+
+    @abstractmethod
+    def kv_bytes(self, cache: Any) -> int:
+        """Bytes the KV cache storage occupies."""
+
+    def close(self) -> None:
+        """Release what the backend holds (device memory, caches). Idempotent."""

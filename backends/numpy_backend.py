@@ -1,0 +1,212 @@
+"""The NumPy backend: the reference every other backend is measured against.
+
+Weights stay quantized in the memory-mapped model file. A matrix is dequantized to
+float32 the first time it is used and kept in a cache with a memory budget; once the
+budget is spent, further matrices are dequantized again on every use, a slice of rows at
+a time, so an 8B model still runs on a 24 GB machine (slowly) instead of failing.
+The cache never evicts: a forward pass visits every weight in the same order, so evicting
+the least recently used one would make every access a miss.
+"""
+
+import os
+
+import numpy as np
+
+from backends.base import Backend, LayerAttention, Tensor, WeightSpec
+from backends.dequant import dequantize, dequantize_rows
+
+_STREAM_CHUNK_BYTES = 64 << 20  # float32 bytes dequantized at once for an uncached matrix
+
+
+def available_memory_bytes() -> int:
+    """Memory the OS could give us now (MemAvailable on Linux, physical pages elsewhere)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+class DequantCache:
+    """Float32 copies of weight matrices, filled first come first served up to a budget."""
+
+    def __init__(self, budget_bytes: int):
+        self.budget_bytes = budget_bytes
+        self.used_bytes = 0
+        self._dense: dict[str, np.ndarray] = {}
+
+    def get(self, spec: WeightSpec) -> np.ndarray | None:
+        """The float32 matrix of `spec`, dequantizing and caching it if the budget allows."""
+        dense = self._dense.get(spec.name)
+        if dense is None:
+            size = 4 * int(np.prod(spec.shape))
+            if self.used_bytes + size > self.budget_bytes:
+                return None
+            dense = dequantize(spec.raw, spec.ggml_type, spec.shape)
+            self._dense[spec.name] = dense
+            self.used_bytes += size
+        return dense
+
+    def peek(self, name: str) -> np.ndarray | None:
+        """The cached float32 matrix called `name`, or None; never dequantizes."""
+        return self._dense.get(name)
+
+    def clear(self) -> None:
+        """Drop every cached matrix."""
+        self._dense.clear()
+        self.used_bytes = 0
+
+
+class NumpyWeight:
+    """A weight as the NumPy backend holds it: the GGUF blocks plus the shared cache."""
+
+    def __init__(self, spec: WeightSpec, cache: DequantCache):
+        self.spec = spec
+        self.cache = cache
+
+    def rows(self, index: np.ndarray) -> np.ndarray:
+        """Dequantized rows `index` of a matrix, without dequantizing the rest: (len(index), in)."""
+        dense = self.cache.peek(self.spec.name)
+        if dense is not None:
+            return dense[index]
+        return dequantize_rows(self.spec.raw, self.spec.ggml_type, self.spec.shape, index)
+
+    def matmul_transposed(self, x: np.ndarray) -> np.ndarray:
+        """x (T, in) @ W.T -> (T, out), streaming row slices when W is not cached."""
+        dense = self.cache.get(self.spec)
+        if dense is not None:
+            return x @ dense.T
+        n_out, n_in = self.spec.shape
+        step = max(1, _STREAM_CHUNK_BYTES // (4 * n_in))
+        out = np.empty((x.shape[0], n_out), dtype=np.float32)
+        for lo in range(0, n_out, step):
+            index = np.arange(lo, min(lo + step, n_out))
+            out[:, lo:lo + step] = x @ self.rows(index).T
+        return out
+
+
+class NumpyKV:
+    """KV cache storage: keys (L, Hkv, N, Dh) and values (L, Hkv, N, Dv), float32."""
+
+    def __init__(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int, value_dim: int):
+        self.k = np.zeros((n_layers, n_kv_heads, n_ctx, head_dim), dtype=np.float32)
+        self.v = np.zeros((n_layers, n_kv_heads, n_ctx, value_dim), dtype=np.float32)
+
+
+class NumpyBackend(Backend):
+    """Runs every op with NumPy on the CPU, in float32."""
+
+    name = "numpy"
+
+    def __init__(self, memory_budget_bytes: int | None = None):
+        if memory_budget_bytes is None:
+            memory_budget_bytes = available_memory_bytes() // 2
+        self.cache = DequantCache(memory_budget_bytes)
+
+    @property
+    def device_name(self) -> str:
+        return f"CPU ({os.cpu_count()} cores, NumPy float32)"
+
+    def prepare_weight(self, spec: WeightSpec) -> np.ndarray | NumpyWeight:
+        if len(spec.shape) == 1:  # norms and biases: small, always float32
+            return dequantize(spec.raw, spec.ggml_type, spec.shape)
+        return NumpyWeight(spec, self.cache)
+
+    def embedding(self, weight: NumpyWeight, token_ids: np.ndarray, scale: float = 1.0) -> np.ndarray:
+        rows = weight.rows(np.asarray(token_ids, dtype=np.int64))
+        return rows * np.float32(scale) if scale != 1.0 else rows
+
+    def linear(self, x: np.ndarray, weight: NumpyWeight, bias: np.ndarray | None = None) -> np.ndarray:
+        out = weight.matmul_transposed(x)
+        if bias is not None:
+            out += bias
+        return out
+
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+        mean_square = np.mean(np.square(x), axis=-1, keepdims=True)
+        return (x / np.sqrt(mean_square + np.float32(eps))) * weight
+
+    def rope(self, x: np.ndarray, positions: np.ndarray, base: float, rope_dim: int, neox: bool,
+             freq_factors: np.ndarray | None = None) -> np.ndarray:
+        half = rope_dim // 2
+        inv_freq = base ** (-np.arange(half, dtype=np.float64) * 2.0 / rope_dim)
+        if freq_factors is not None:
+            inv_freq = inv_freq / freq_factors
+        angles = np.outer(np.asarray(positions, dtype=np.float64), inv_freq)  # (T, half)
+        cos = np.cos(angles).astype(np.float32)[:, None, :]  # (T, 1, half)
+        sin = np.sin(angles).astype(np.float32)[:, None, :]  # (T, 1, half)
+        out = x.copy()
+        if neox:
+            a, b = x[..., :half], x[..., half:rope_dim]
+            out[..., :half] = a * cos - b * sin
+            out[..., half:rope_dim] = a * sin + b * cos
+        else:
+            a, b = x[..., 0:rope_dim:2], x[..., 1:rope_dim:2]
+            out[..., 0:rope_dim:2] = a * cos - b * sin
+            out[..., 1:rope_dim:2] = a * sin + b * cos
+        return out
+
+    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, cache: NumpyKV, layer: int,
+                  start: int, settings: LayerAttention) -> np.ndarray:
+        n_new, n_heads, head_dim = q.shape
+        n_kv_heads = k.shape[1]
+        group = n_heads // n_kv_heads
+        end = start + n_new
+        cache.k[layer, :, start:end] = k.transpose(1, 0, 2)  # (Hkv, T, Dh)
+        cache.v[layer, :, start:end] = v.transpose(1, 0, 2)  # (Hkv, T, Dv)
+        first = 0 if settings.window is None else max(0, start - settings.window + 1)
+        keys = cache.k[layer, :, first:end]  # (Hkv, S, Dh)
+        values = cache.v[layer, :, first:end]  # (Hkv, S, Dv)
+
+        # (T, H, Dh) -> (Hkv, group * T, Dh): the queries that share one KV head, stacked
+        grouped = q.reshape(n_new, n_kv_heads, group, head_dim).transpose(1, 2, 0, 3)
+        grouped = grouped.reshape(n_kv_heads, group * n_new, head_dim)
+        scores = (grouped @ keys.transpose(0, 2, 1)) * np.float32(settings.scale)  # (Hkv, group*T, S)
+        if settings.softcap is not None:
+            scores = np.float32(settings.softcap) * np.tanh(scores / np.float32(settings.softcap))
+
+        query_pos = np.arange(start, end)[:, None]  # (T, 1)
+        key_pos = np.arange(first, end)[None, :]  # (1, S)
+        allowed = key_pos <= query_pos  # (T, S)
+        if settings.window is not None:
+            allowed &= key_pos > query_pos - settings.window
+        scores = scores.reshape(n_kv_heads, group, n_new, -1)  # (Hkv, group, T, S)
+        scores = np.where(allowed, scores, np.float32(-np.inf))
+        scores -= scores.max(axis=-1, keepdims=True)
+        probs = np.exp(scores)
+        probs /= probs.sum(axis=-1, keepdims=True)
+
+        out = probs.reshape(n_kv_heads, group * n_new, -1) @ values  # (Hkv, group*T, Dv)
+        out = out.reshape(n_kv_heads, group, n_new, -1).transpose(2, 0, 1, 3)  # (T, Hkv, group, Dv)
+        return out.reshape(n_new, -1)  # (T, H * Dv)
+
+    def gated_activation(self, gate: np.ndarray, up: np.ndarray, kind: str) -> np.ndarray:
+        if kind == "silu":
+            sigmoid = np.float32(0.5) * (np.float32(1.0) + np.tanh(np.float32(0.5) * gate))
+            return gate * sigmoid * up
+        if kind == "gelu_tanh":
+            inner = np.float32(np.sqrt(2.0 / np.pi)) * (gate + np.float32(0.044715) * gate ** 3)
+            return np.float32(0.5) * gate * (1.0 + np.tanh(inner)) * up
+        raise ValueError(f"unknown activation {kind!r}")
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return a + b
+
+    def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
+        return np.float32(cap) * np.tanh(x / np.float32(cap))
+
+    def to_host(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x, dtype=np.float32)
+
+    def allocate_kv(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int,
+                    value_dim: int) -> NumpyKV:
+        return NumpyKV(n_layers, n_ctx, n_kv_heads, head_dim, value_dim)
+
+    def kv_bytes(self, cache: NumpyKV) -> int:
+        return cache.k.nbytes + cache.v.nbytes
+
+    def close(self) -> None:
+        self.cache.clear()

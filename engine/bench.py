@@ -1,0 +1,46 @@
+"""Prefill and decode speed of a loaded model, measured after a warm-up.
+
+Prompt tokens are drawn from the vocabulary with a fixed seed; decoding is greedy and
+ignores end-of-generation tokens, so every run does the same amount of work.
+"""
+
+import time
+
+import numpy as np
+
+from engine.loader import LoadedModel
+
+
+def bench(loaded: LoadedModel, prompt_tokens: int = 256, gen_tokens: int = 128, repeats: int = 1) -> dict:
+    """Time a prefill of `prompt_tokens` and `gen_tokens` decode steps; best of `repeats`."""
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, loaded.config.vocab_size, size=prompt_tokens)
+    cache = loaded.new_cache(prompt_tokens + gen_tokens + 1)
+    model = loaded.model
+
+    def run_once(n_prompt: int, n_gen: int) -> tuple[float, float]:
+        cache.truncate(0)
+        started = time.perf_counter()
+        logits = model.forward(prompt[:n_prompt], 0, cache.storage)
+        prefill_s = time.perf_counter() - started
+        started = time.perf_counter()
+        for pos in range(n_prompt, n_prompt + n_gen):
+            token = int(np.argmax(logits[-1]))
+            logits = model.forward(np.asarray([token]), pos, cache.storage)
+        return prefill_s, time.perf_counter() - started
+
+    run_once(min(32, prompt_tokens), 4)  # warm-up: fills the dequantization cache
+    timings = [run_once(prompt_tokens, gen_tokens) for _ in range(repeats)]
+    prefill_s = min(t[0] for t in timings)
+    decode_s = min(t[1] for t in timings)
+    return {
+        "model": loaded.path.name,
+        "backend": loaded.backend.name,
+        "device": loaded.backend.device_name,
+        "prompt_tokens": prompt_tokens,
+        "gen_tokens": gen_tokens,
+        "prefill_tok_s": prompt_tokens / prefill_s,
+        "decode_tok_s": gen_tokens / decode_s,
+        "prefill_s": prefill_s,
+        "decode_s": decode_s,
+    }

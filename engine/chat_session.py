@@ -1,0 +1,100 @@
+"""Multi-turn chat through the model's template, reusing the KV cache between turns.
+
+Every turn renders the whole conversation and tokenizes it; `generate` then prefills
+only the tokens after the longest prefix the cache already holds. An edited or
+regenerated turn therefore rewinds the cache to where the conversation diverged. When
+the conversation no longer fits, the oldest turns are dropped (the system prompt stays)
+and a notice event says so.
+"""
+
+import threading
+from collections.abc import Iterator
+
+from engine.errors import ContextFullError
+from engine.generation import GenerationEvent, generate
+from engine.loader import LoadedModel
+from engine.sampling import SamplingParams
+
+
+class ChatSession:
+    """One conversation with one loaded model."""
+
+    def __init__(self, loaded: LoadedModel, *, system_prompt: str | None = None, n_ctx: int | None = None,
+                 params: SamplingParams = SamplingParams(), max_tokens: int = 512):
+        self.loaded = loaded
+        self.cache = loaded.new_cache(n_ctx)
+        self.params = params
+        self.max_tokens = max_tokens
+        self.messages: list[dict[str, str]] = []
+        if system_prompt:
+            self.messages.append({"role": "system", "content": system_prompt})
+
+    # -- turns -------------------------------------------------------------------
+
+    def send(self, text: str, cancel: threading.Event | None = None) -> Iterator[GenerationEvent]:
+        """Add a user message and stream the assistant's answer."""
+        self.messages.append({"role": "user", "content": text})
+        return self._answer(cancel)
+
+    def regenerate(self, cancel: threading.Event | None = None) -> Iterator[GenerationEvent]:
+        """Drop the last answer and stream a new one."""
+        if self.messages and self.messages[-1]["role"] == "assistant":
+            self.messages.pop()
+        if not self.messages or self.messages[-1]["role"] != "user":
+            raise ValueError("there is no user message to answer")
+        return self._answer(cancel)
+
+    def edit(self, index: int, text: str, cancel: threading.Event | None = None) -> Iterator[GenerationEvent]:
+        """Replace user message `index`, forget everything after it, and answer again."""
+        if self.messages[index]["role"] != "user":
+            raise ValueError(f"message {index} is not a user message")
+        del self.messages[index + 1:]
+        self.messages[index] = {"role": "user", "content": text}
+        return self._answer(cancel)
+
+    # -- internals -----------------------------------------------------------------
+
+    def prompt_tokens(self, messages: list[dict[str, str]]) -> list[int]:
+        """Render `messages` with the template (generation prompt on) and tokenize them."""
+        tokenizer = self.loaded.tokenizer
+        text = self.loaded.template.render(messages, add_generation_prompt=True)
+        bos_text = tokenizer.token_text(tokenizer.bos_id) if tokenizer.bos_id is not None else None
+        add_bos = tokenizer.add_bos and not (bos_text and text.startswith(bos_text))
+        return tokenizer.encode(text, add_bos=add_bos, parse_special=True)
+
+    def _fit(self) -> tuple[list[int], int]:
+        """Tokens of the conversation, dropping the oldest turns until an answer has room.
+
+        Returns the tokens and how many messages were dropped.
+        """
+        room_for_answer = min(self.max_tokens, self.cache.n_ctx // 4)
+        first = 1 if self.messages and self.messages[0]["role"] == "system" else 0
+        dropped = 0
+        while True:
+            tokens = self.prompt_tokens(self.messages)
+            if len(tokens) + room_for_answer <= self.cache.n_ctx:
+                return tokens, dropped
+            if len(self.messages) - first <= 1:
+                raise ContextFullError(
+                    f"This message is too long for the context: it needs {len(tokens)} tokens, and "
+                    f"{self.cache.n_ctx} are available, including {room_for_answer} kept for the answer. "
+                    "Shorten it or raise the context length."
+                )
+            # Drop the oldest user turn and the answers that followed it.
+            del self.messages[first]
+            dropped += 1
+            while len(self.messages) - first > 1 and self.messages[first]["role"] != "user":
+                del self.messages[first]
+                dropped += 1
+
+    def _answer(self, cancel: threading.Event | None) -> Iterator[GenerationEvent]:
+        tokens, dropped = self._fit()
+        if dropped:
+            yield GenerationEvent(notice=f"The conversation was longer than the context, so the {dropped} "
+                                         "oldest messages were left out (the system prompt was kept).")
+        answer = {"role": "assistant", "content": ""}
+        self.messages.append(answer)
+        for event in generate(self.loaded.model, self.loaded.tokenizer, self.cache, tokens, self.params,
+                              max_tokens=self.max_tokens, cancel=cancel):
+            answer["content"] += event.text
+            yield event

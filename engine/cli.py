@@ -1,0 +1,285 @@
+"""`python -m engine`: inspect model files, tokenize, render templates, generate, measure.
+
+Every command takes `--model` as a path or a bundled model's key ("smollm2", "gemma3").
+Errors print one line to stderr and exit with status 2.
+"""
+
+import argparse
+import json
+import sys
+import threading
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from backends.dequant import dequantize
+from backends.errors import BackendError
+from engine.bench import bench
+from engine.bundled import resolve_model_path
+from engine.chat_session import ChatSession
+from engine.chat_template import ChatTemplate
+from engine.config import ModelConfig
+from engine.errors import SprigError
+from engine.generation import generate
+from engine.gguf_file import open_gguf
+from engine.loader import load_model
+from engine.perplexity import perplexity
+from engine.sampling import SamplingParams
+from engine.tokenizer import Tokenizer
+
+BACKENDS = ("auto", "numpy", "mlx", "cuda")
+
+
+class UsageError(SprigError):
+    """Bad command-line input that argparse cannot see (a missing file, a bad id list)."""
+
+
+def _print_json(value) -> None:
+    print(json.dumps(value, ensure_ascii=False))
+
+
+def _read_text(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read {path}: {exc}") from exc
+
+
+def _token_list(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError as exc:
+        raise UsageError(f"--tokens wants comma-separated integers, got {text!r}") from exc
+
+
+# -- file commands (issue: foundation) -----------------------------------------------
+
+
+def cmd_info(args) -> None:
+    """Architecture, parameters, tensor types and sizes, context length, template presence."""
+    with open_gguf(resolve_model_path(args.model)) as model_file:
+        config = ModelConfig.from_gguf(model_file)
+        by_type: dict[str, dict[str, int]] = defaultdict(lambda: {"tensors": 0, "elements": 0, "bytes": 0})
+        for info in model_file.tensors.values():
+            entry = by_type[info.type_name]
+            entry["tensors"] += 1
+            entry["elements"] += info.n_elements
+            entry["bytes"] += info.n_bytes
+        report = {
+            "file": str(model_file.path),
+            "name": model_file.get("general.name"),
+            "architecture": config.architecture,
+            "parameters": sum(e["elements"] for e in by_type.values()),
+            "tensor_types": dict(sorted(by_type.items())),
+            "context_length": config.context_length,
+            "layers": config.n_layers,
+            "embedding_length": config.d_model,
+            "vocab_size": config.vocab_size,
+            "chat_template": model_file.get("tokenizer.chat_template") is not None,
+        }
+    if args.json:
+        _print_json(report)
+        return
+    print(f"{report['file']}\n  architecture   {report['architecture']}  ({report['name']})")
+    print(f"  parameters     {report['parameters']:,}")
+    print(f"  context length {report['context_length']:,}")
+    print(f"  chat template  {'yes' if report['chat_template'] else 'no (ChatML fallback)'}")
+    for name, entry in report["tensor_types"].items():
+        print(f"  {name:8s} {entry['tensors']:5d} tensors {entry['elements']:>14,} weights {entry['bytes'] / 2**20:10.1f} MiB")
+
+
+def cmd_tokenize(args) -> None:
+    """Token ids of a text as a JSON list."""
+    text = args.text if args.text is not None else _read_text(args.text_file)
+    with open_gguf(resolve_model_path(args.model)) as model_file:
+        tokenizer = Tokenizer.from_metadata(model_file.metadata, source=model_file.path.name)
+    _print_json(tokenizer.encode(text, add_bos=args.bos, parse_special=args.special))
+
+
+def cmd_tensor(args) -> None:
+    """Write one tensor, dequantized to float32, to a .npy file."""
+    with open_gguf(resolve_model_path(args.model)) as model_file:
+        info = model_file.tensors.get(args.name)
+        if info is None:
+            raise UsageError(f"{model_file.path.name} has no tensor called {args.name!r}")
+        np.save(args.out, dequantize(info.data, info.ggml_type, info.shape))
+
+
+def cmd_template(args) -> None:
+    """Render the model's chat template over messages from a JSON file."""
+    try:
+        messages = json.loads(_read_text(args.messages_file))
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{args.messages_file} is not valid JSON: {exc}") from exc
+    with open_gguf(resolve_model_path(args.model)) as model_file:
+        template = ChatTemplate.from_metadata(model_file.metadata, origin=model_file.path.name)
+    sys.stdout.write(template.render(messages, add_generation_prompt=not args.no_generation_prompt))
+
+
+# -- generation commands (issue: NumPy engine) -----------------------------------------
+
+
+def _sampling(args) -> SamplingParams:
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                          min_p=args.min_p, seed=args.seed)
+
+
+def cmd_generate(args) -> None:
+    """Continue a prompt (through the chat template) or raw token ids."""
+    loaded = load_model(resolve_model_path(args.model), args.backend)
+    if args.tokens is not None:
+        prompt = _token_list(args.tokens)
+    else:
+        prompt = ChatSession(loaded).prompt_tokens([{"role": "user", "content": args.prompt}])
+    cache = loaded.new_cache(args.ctx)
+    text, tokens, last = "", [], None
+    for event in generate(loaded.model, loaded.tokenizer, cache, prompt, _sampling(args), max_tokens=args.max_tokens):
+        text += event.text
+        if event.token is not None and event.finish_reason != "stop":
+            tokens.append(event.token)
+        if not args.json:
+            print(event.text, end="", flush=True)
+        last = event
+    if args.json:
+        _print_json({"text": text, "tokens": tokens, "finish_reason": last.finish_reason,
+                     "metrics": last.metrics.as_dict(), "backend": loaded.backend.name})
+    else:
+        print()
+
+
+def cmd_chat(args) -> None:
+    """An interactive chat in the terminal. Ctrl-C stops an answer; Ctrl-D quits."""
+    loaded = load_model(resolve_model_path(args.model), args.backend)
+    session = ChatSession(loaded, system_prompt=args.system, n_ctx=args.ctx, params=_sampling(args),
+                          max_tokens=args.max_tokens)
+    print(f"{loaded.path.name} on {loaded.backend.device_name}. Ctrl-D to quit.", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print()
+            return
+        cancel = threading.Event()
+        try:
+            for event in session.send(line, cancel):
+                if event.notice:
+                    print(f"[{event.notice}]", file=sys.stderr)
+                print(event.text, end="", flush=True)
+        except KeyboardInterrupt:
+            cancel.set()
+        print()
+
+
+def cmd_logits(args) -> None:
+    """Last-position logits of raw token ids, float32 (vocab,), to a .npy file."""
+    loaded = load_model(resolve_model_path(args.model), args.backend)
+    tokens = _token_list(args.tokens)
+    cache = loaded.new_cache(len(tokens) + 1)
+    logits = loaded.model.forward(np.asarray(tokens, dtype=np.int64), 0, cache.storage)
+    np.save(args.out, logits[-1].astype(np.float32))
+
+
+def cmd_perplexity(args) -> None:
+    """Perplexity of a text file with llama.cpp's protocol."""
+    loaded = load_model(resolve_model_path(args.model), args.backend)
+    result = perplexity(loaded, _read_text(args.text_file), args.ctx, args.max_windows)
+    _print_json({"ppl": result.ppl, "tokens_scored": result.tokens_scored})
+
+
+def cmd_bench(args) -> None:
+    """Prefill and decode tokens/s after a warm-up."""
+    loaded = load_model(resolve_model_path(args.model), args.backend)
+    figures = bench(loaded, args.prompt_tokens, args.gen_tokens, args.repeats)
+    if args.json:
+        _print_json(figures)
+    else:
+        print(f"prefill {figures['prefill_tok_s']:.1f} tok/s, decode {figures['decode_tok_s']:.1f} tok/s "
+              f"({figures['backend']}, {figures['device']})")
+
+
+# -- parser ---------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def command(name, func, needs_backend=False):
+        p = sub.add_parser(name, help=func.__doc__.splitlines()[0])
+        p.set_defaults(func=func)
+        if name != "info":
+            p.add_argument("--model", required=True, help="GGUF path, or a bundled model: smollm2, gemma3")
+        if needs_backend:
+            p.add_argument("--backend", choices=BACKENDS, default="auto")
+        return p
+
+    p = command("info", cmd_info)
+    p.add_argument("model", help="GGUF path, or a bundled model: smollm2, gemma3")
+    p.add_argument("--json", action="store_true")
+
+    p = command("tokenize", cmd_tokenize)
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text")
+    source.add_argument("--text-file")
+    p.add_argument("--special", action="store_true", help="parse special-token text such as <|im_start|>")
+    p.add_argument("--bos", action="store_true", help="add the BOS token")
+    p.add_argument("--json", action="store_true", help="print JSON (the only format)")
+
+    p = command("tensor", cmd_tensor)
+    p.add_argument("--name", required=True)
+    p.add_argument("--out", required=True)
+
+    p = command("template", cmd_template)
+    p.add_argument("--messages-file", required=True)
+    p.add_argument("--no-generation-prompt", action="store_true")
+
+    def sampling_options(p, max_tokens):
+        p.add_argument("--max-tokens", type=int, default=max_tokens)
+        p.add_argument("--temperature", type=float, default=0.0)
+        p.add_argument("--top-k", type=int, default=40)
+        p.add_argument("--top-p", type=float, default=0.95)
+        p.add_argument("--min-p", type=float, default=0.05)
+        p.add_argument("--seed", type=int, default=None)
+        p.add_argument("--ctx", type=int, default=None, help="context length (default 4096)")
+
+    p = command("generate", cmd_generate, needs_backend=True)
+    prompt = p.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", help="a user message, rendered through the chat template")
+    prompt.add_argument("--tokens", help="comma-separated ids, used as given")
+    sampling_options(p, 128)
+    p.add_argument("--json", action="store_true")
+
+    p = command("chat", cmd_chat, needs_backend=True)
+    p.add_argument("--system", default=None, help="system prompt")
+    sampling_options(p, 512)
+    p.set_defaults(temperature=0.7)
+
+    p = command("logits", cmd_logits, needs_backend=True)
+    p.add_argument("--tokens", required=True)
+    p.add_argument("--out", required=True)
+
+    p = command("perplexity", cmd_perplexity, needs_backend=True)
+    p.add_argument("--text-file", required=True)
+    p.add_argument("--ctx", type=int, default=256)
+    p.add_argument("--max-windows", type=int, default=None)
+    p.add_argument("--json", action="store_true", help="print JSON (the only format)")
+
+    p = command("bench", cmd_bench, needs_backend=True)
+    p.add_argument("--prompt-tokens", type=int, default=256)
+    p.add_argument("--gen-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--json", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; engine errors become one stderr line and exit status 2."""
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (SprigError, BackendError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,248 @@
+"""The hyperparameters of a model, read from its GGUF metadata and checked against its tensors.
+
+Supported architectures are the decoder-only transformers below. They share one layer
+layout (RMS norm, attention with grouped K/V heads and rotary positions, gated MLP) and
+differ by a few features, which `ModelConfig` records as fields:
+
+- llama (also SmolLM2 and Mistral-style files): the plain layout.
+- qwen2: biases on the q/k/v projections.
+- qwen3 (also PrismML's Bonsai, Q1_0 weights): RMS norm on each head of q and k.
+- gemma2: GELU, a sqrt(d_model) embedding scale, norms after attention and MLP too,
+  soft-capped logits, and sliding-window attention on every other layer.
+- gemma3: as gemma2, plus q/k norm, no soft-capping, and five local layers for each
+  global one, the local ones with their own RoPE base.
+
+Gemma's RMS norm multiplies by (1 + w). llama.cpp's converter stores w + 1 in the GGUF
+file, and transformers subtracts 1 again when it loads one (its Gemma2TensorProcessor).
+The bundled Gemma-3-270M agrees: output_norm.weight ranges over 0.19..301 with mean 26,
+and several ffn_norm weights are exactly 0.0, i.e. w = -1 stored as w + 1. So every
+architecture multiplies by the stored norm weight as it is; there is no offset to apply.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import NoReturn
+
+from engine.errors import ModelFileError, UnsupportedModelError
+from engine.gguf_file import GGUFFile, TensorInfo
+
+_LAYER_TENSORS = (
+    "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
+    "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
+)
+_QKV_BIAS = ("attn_q.bias", "attn_k.bias", "attn_v.bias")
+_QK_NORM = ("attn_q_norm.weight", "attn_k_norm.weight")
+_POST_NORMS = ("post_attention_norm.weight", "post_ffw_norm.weight")
+
+
+@dataclass(frozen=True)
+class _Family:
+    """What one architecture adds to the shared layout."""
+
+    extra_layer_tensors: tuple[str, ...] = ()
+    activation: str = "silu"
+    # llama.cpp's converter permutes the rows of llama's q/k weights so that RoPE rotates
+    # adjacent pairs (x0, x1), (x2, x3)... ("normal" mode). Qwen and Gemma files keep
+    # Hugging Face's order, where RoPE rotates x[i] with x[i + rope_dim/2] ("NEOX" mode).
+    rope_neox: bool = True
+    gemma: bool = False
+    sliding_window_pattern: int = 0  # every n-th layer is global; the others use the window
+    rope_base_local: float | None = None  # RoPE base of the sliding-window layers, if it differs
+    attn_logit_softcap: float | None = None
+    final_logit_softcap: float | None = None
+
+
+_FAMILIES = {
+    "llama": _Family(rope_neox=False),
+    "qwen2": _Family(extra_layer_tensors=_QKV_BIAS),
+    "qwen3": _Family(extra_layer_tensors=_QK_NORM),
+    "gemma2": _Family(
+        extra_layer_tensors=_POST_NORMS, activation="gelu_tanh", gemma=True, sliding_window_pattern=2,
+        attn_logit_softcap=50.0, final_logit_softcap=30.0,  # Gemma 2's published defaults
+    ),
+    "gemma3": _Family(
+        extra_layer_tensors=_POST_NORMS + _QK_NORM, activation="gelu_tanh", gemma=True,
+        sliding_window_pattern=6, rope_base_local=10000.0,
+    ),
+}
+SUPPORTED_ARCHITECTURES = tuple(sorted(_FAMILIES))
+# The 27B Gemmas scale queries by 1/sqrt(d_model / n_heads) instead of 1/sqrt(head_dim)
+# (query_pre_attn_scalar in their Hugging Face configs). llama.cpp tells them by layer count.
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything the forward pass needs to know about a model's shape and features."""
+
+    architecture: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int  # of queries and keys
+    value_head_dim: int
+    d_ff: int
+    vocab_size: int  # rows of token_embd.weight, whatever the metadata says
+    context_length: int
+    rms_eps: float
+    rope_base: float  # of global layers, for Gemma 3
+    rope_base_local: float  # of sliding-window layers; equal to rope_base where no such split
+    rope_dim: int  # leading dimensions of each head that RoPE rotates
+    rope_neox: bool  # True: rotate halves (x[i], x[i + rope_dim/2]); False: adjacent pairs
+    rope_scaling_type: str | None  # e.g. "linear"; for Gemma 3 it applies to global layers only
+    rope_scaling_factor: float | None
+    attn_scale: float  # multiplies q.k before the softmax
+    tie_embeddings: bool  # no output.weight: the output projection is token_embd.weight
+    qkv_bias: bool
+    qk_norm: bool
+    post_norms: bool  # Gemma's extra norms after attention and after the MLP
+    sliding_window: int | None
+    sliding_window_pattern: int  # 0: every layer is global
+    attn_logit_softcap: float | None
+    final_logit_softcap: float | None
+    embedding_scale: float
+    activation: str  # "silu" or "gelu_tanh"
+
+    def is_sliding(self, layer: int) -> bool:
+        """Whether `layer` attends within the sliding window (Gemma 3: all but every 6th layer)."""
+        pattern = self.sliding_window_pattern
+        return pattern > 0 and (layer + 1) % pattern != 0
+
+    def layer_rope_base(self, layer: int) -> float:
+        """The RoPE base of `layer`: Gemma 3's local layers use their own."""
+        return self.rope_base_local if self.is_sliding(layer) else self.rope_base
+
+    @classmethod
+    def from_gguf(cls, f: GGUFFile) -> "ModelConfig":
+        """Read the config of `f` and check every required tensor and its shape.
+
+        Raises UnsupportedModelError for an architecture Sprig cannot run, and
+        ModelFileError for a missing or inconsistent key or tensor.
+        """
+        family = _FAMILIES.get(f.architecture)
+        if family is None:
+            raise UnsupportedModelError(
+                f"Cannot run {f.path}: its architecture is {f.architecture!r}, which Sprig does not support. "
+                f"Supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)}."
+            )
+        d_model = _positive_int(f, "embedding_length")
+        n_heads = _positive_int(f, "attention.head_count")
+        n_kv_heads = _positive_int(f, "attention.head_count_kv", n_heads)
+        if n_heads % n_kv_heads:
+            _bad(f, f"{n_heads} attention heads cannot share {n_kv_heads} key/value heads evenly")
+        if f.arch_key("attention.key_length", None) is None and d_model % n_heads:
+            _bad(f, f"the embedding size {d_model} is not a whole number of {n_heads} heads")
+        head_dim = _positive_int(f, "attention.key_length", d_model // n_heads)
+        rope_dim = _positive_int(f, "rope.dimension_count", head_dim)
+        if rope_dim > head_dim or rope_dim % 2:
+            _bad(f, f"the RoPE dimension {rope_dim} must be even and at most the head size {head_dim}")
+        embedding = _tensor(f, "token_embd.weight")
+        if len(embedding.shape) != 2 or embedding.shape[1] != d_model:
+            _bad(f, f"token_embd.weight has shape {embedding.shape}, expected (vocab, {d_model})")
+        n_layers = _positive_int(f, "block_count")
+        rope_base = _positive_float(f, "rope.freq_base", 10000.0)
+        big_gemma = _GEMMA_27B_LAYERS.get(f.architecture) == n_layers
+        scaling_factor = f.arch_key("rope.scaling.factor", None)
+        config = cls(
+            architecture=f.architecture,
+            n_layers=n_layers,
+            d_model=d_model,
+            n_heads=n_heads,
+            n_kv_heads=n_kv_heads,
+            head_dim=head_dim,
+            value_head_dim=_positive_int(f, "attention.value_length", head_dim),
+            d_ff=_positive_int(f, "feed_forward_length"),
+            vocab_size=embedding.shape[0],
+            context_length=_positive_int(f, "context_length"),
+            rms_eps=_positive_float(f, "attention.layer_norm_rms_epsilon"),
+            rope_base=rope_base,
+            rope_base_local=family.rope_base_local or rope_base,
+            rope_dim=rope_dim,
+            rope_neox=family.rope_neox,
+            rope_scaling_type=f.arch_key("rope.scaling.type", None),
+            rope_scaling_factor=None if scaling_factor is None else _positive_float(f, "rope.scaling.factor"),
+            attn_scale=1.0 / math.sqrt(d_model / n_heads if big_gemma else head_dim),
+            tie_embeddings="output.weight" not in f.tensors,
+            qkv_bias=_QKV_BIAS[0] in family.extra_layer_tensors,
+            qk_norm=_QK_NORM[0] in family.extra_layer_tensors,
+            post_norms=_POST_NORMS[0] in family.extra_layer_tensors,
+            sliding_window=_positive_int(f, "attention.sliding_window") if family.sliding_window_pattern else None,
+            sliding_window_pattern=family.sliding_window_pattern,
+            attn_logit_softcap=_optional_float(f, "attn_logit_softcapping", family.attn_logit_softcap),
+            final_logit_softcap=_optional_float(f, "final_logit_softcapping", family.final_logit_softcap),
+            embedding_scale=math.sqrt(d_model) if family.gemma else 1.0,
+            activation=family.activation,
+        )
+        _check_tensors(f, config, _LAYER_TENSORS + family.extra_layer_tensors)
+        return config
+
+
+def _bad(f: GGUFFile, problem: str) -> NoReturn:
+    raise ModelFileError(f"Cannot use {f.path}: {problem}. The file is damaged or was converted wrongly.")
+
+
+def _tensor(f: GGUFFile, name: str) -> TensorInfo:
+    if name not in f.tensors:
+        raise ModelFileError(
+            f"Cannot use {f.path}: the tensor {name!r}, which every {f.architecture} model has, is missing. "
+            "The file is incomplete or was converted wrongly."
+        )
+    return f.tensors[name]
+
+
+def _positive_int(f: GGUFFile, suffix: str, default: int | None = None) -> int:
+    value = f.arch_key(suffix) if default is None else f.arch_key(suffix, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        _bad(f, f"{f.architecture}.{suffix} should be a positive whole number, not {str(value)[:40]}")
+    return value
+
+
+def _positive_float(f: GGUFFile, suffix: str, default: float | None = None) -> float:
+    value = f.arch_key(suffix) if default is None else f.arch_key(suffix, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        _bad(f, f"{f.architecture}.{suffix} should be a positive number, not {str(value)[:40]}")
+    return float(value)
+
+
+def _optional_float(f: GGUFFile, suffix: str, default: float | None) -> float | None:
+    if f.arch_key(suffix, None) is None:
+        return default
+    return _positive_float(f, suffix)
+
+
+def _check_tensors(f: GGUFFile, c: ModelConfig, layer_tensors: tuple[str, ...]) -> None:
+    """Check that every tensor the architecture needs is present with the shape `c` implies."""
+    q, k, v = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.value_head_dim
+    layer_shapes = {
+        "attn_norm.weight": (c.d_model,),
+        "attn_q.weight": (q, c.d_model),  # (n_out, n_in)
+        "attn_k.weight": (k, c.d_model),
+        "attn_v.weight": (v, c.d_model),
+        "attn_output.weight": (c.d_model, c.n_heads * c.value_head_dim),
+        "ffn_norm.weight": (c.d_model,),
+        "ffn_gate.weight": (c.d_ff, c.d_model),
+        "ffn_up.weight": (c.d_ff, c.d_model),
+        "ffn_down.weight": (c.d_model, c.d_ff),
+        "attn_q.bias": (q,),
+        "attn_k.bias": (k,),
+        "attn_v.bias": (v,),
+        "attn_q_norm.weight": (c.head_dim,),
+        "attn_k_norm.weight": (c.head_dim,),
+        "post_attention_norm.weight": (c.d_model,),
+        "post_ffw_norm.weight": (c.d_model,),
+    }
+    expected = {"output_norm.weight": (c.d_model,)}
+    if not c.tie_embeddings:
+        expected["output.weight"] = (c.vocab_size, c.d_model)
+    for name, shape in expected.items():
+        _check_shape(f, name, shape)
+    for layer in range(c.n_layers):  # stops at the first missing tensor, however large n_layers claims to be
+        for suffix in layer_tensors:
+            _check_shape(f, f"blk.{layer}.{suffix}", layer_shapes[suffix])
+
+
+def _check_shape(f: GGUFFile, name: str, shape: tuple[int, ...]) -> None:
+    actual = _tensor(f, name).shape
+    if actual != shape:
+        _bad(f, f"the tensor {name!r} has shape {actual}, but the metadata implies {shape}")

@@ -1,0 +1,64 @@
+"""Opening a model file and making it ready to generate with."""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from backends.base import Backend
+from backends.errors import BackendUnavailable
+from backends.selection import select
+from engine.chat_template import ChatTemplate
+from engine.config import ModelConfig
+from engine.errors import BackendFailure
+from engine.gguf_file import GGUFFile, open_gguf
+from engine.kv_cache import KVCache
+from engine.models import build_model
+from engine.models.common import Transformer
+from engine.tokenizer import Tokenizer
+
+DEFAULT_CONTEXT = 4096
+
+
+@dataclass
+class LoadedModel:
+    """Everything needed to chat with one model file on one backend."""
+
+    path: Path
+    file: GGUFFile
+    config: ModelConfig
+    tokenizer: Tokenizer
+    template: ChatTemplate
+    backend: Backend
+    model: Transformer
+    backend_notes: list[str] = field(default_factory=list)
+
+    def new_cache(self, n_ctx: int | None = None) -> KVCache:
+        """A KV cache of `n_ctx` positions (default: 4096, capped at the model's own limit)."""
+        limit = self.config.context_length
+        n_ctx = min(n_ctx or DEFAULT_CONTEXT, limit) if limit else (n_ctx or DEFAULT_CONTEXT)
+        return KVCache(self.backend, self.config, n_ctx)
+
+    def close(self) -> None:
+        """Release the backend's memory and the file's memory map."""
+        self.backend.close()
+        self.file.close()
+
+
+def load_model(path: str | Path, backend: str = "auto") -> LoadedModel:
+    """Validate and open a GGUF file, build its tokenizer, template and model on a backend.
+
+    Raises ModelFileError (bad or unsupported file) or BackendFailure (backend unusable).
+    """
+    model_file = open_gguf(path)
+    try:
+        config = ModelConfig.from_gguf(model_file)
+        tokenizer = Tokenizer.from_metadata(model_file.metadata, source=model_file.path.name)
+        template = ChatTemplate.from_metadata(model_file.metadata, origin=model_file.path.name)
+        try:
+            chosen, notes = select(backend)
+        except BackendUnavailable as exc:
+            raise BackendFailure(f"Cannot use the {backend} backend: {exc}") from exc
+        model = build_model(config, model_file, chosen)
+    except BaseException:
+        model_file.close()
+        raise
+    return LoadedModel(model_file.path, model_file, config, tokenizer, template, chosen, model, notes)

@@ -1,0 +1,155 @@
+"""The decoder-only transformer that every architecture file specialises.
+
+Written once against the backend contract (`backends/base.py`), so the same forward pass
+runs on NumPy, MLX and CUDA. An architecture file says only how it differs: which
+optional tensors it has (biases, q/k norms, post-norms), its activation, and how each
+layer attends (sliding windows, RoPE bases).
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from backends.base import Backend, LayerAttention, WeightSpec
+from engine.config import ModelConfig
+from engine.gguf_file import GGUFFile
+
+
+@dataclass(frozen=True)
+class LayerRope:
+    """How one layer rotates its queries and keys."""
+
+    base: float
+    freq_factors: np.ndarray | None = None
+
+
+@dataclass
+class LayerWeights:
+    """One transformer block's weights, as the backend prepared them. Optional ones are None."""
+
+    attn_norm: Any
+    wq: Any
+    wk: Any
+    wv: Any
+    wo: Any
+    ffn_norm: Any
+    w_gate: Any
+    w_up: Any
+    w_down: Any
+    bq: Any = None
+    bk: Any = None
+    bv: Any = None
+    q_norm: Any = None
+    k_norm: Any = None
+    post_attn_norm: Any = None
+    post_ffw_norm: Any = None
+
+
+_LAYER_TENSORS = {
+    "attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "attn_k.weight",
+    "wv": "attn_v.weight", "wo": "attn_output.weight", "ffn_norm": "ffn_norm.weight",
+    "w_gate": "ffn_gate.weight", "w_up": "ffn_up.weight", "w_down": "ffn_down.weight",
+    "bq": "attn_q.bias", "bk": "attn_k.bias", "bv": "attn_v.bias",
+    "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight",
+    "post_attn_norm": "post_attention_norm.weight", "post_ffw_norm": "post_ffw_norm.weight",
+}
+
+
+class Transformer:
+    """A decoder-only transformer: embedding, N blocks, final norm, output projection.
+
+    The features that tell families apart (activation, embedding scale, sliding windows,
+    RoPE bases, soft-capping) come from the config; subclasses (one per architecture
+    file) override `layer_rope` or `layer_attention` where that is not enough.
+    """
+
+    def __init__(self, config: ModelConfig, model_file: GGUFFile, backend: Backend):
+        self.config = config
+        self.backend = backend
+        self._file = model_file
+        self.token_embd = self._weight("token_embd.weight")
+        self.output_norm = self._weight("output_norm.weight")
+        self.output = self._weight("output.weight") if "output.weight" in model_file.tensors else self.token_embd
+        self.layers = [self._layer(i) for i in range(config.n_layers)]
+
+    # -- loading -----------------------------------------------------------------
+
+    def _weight(self, name: str) -> Any:
+        info = self._file.tensors[name]
+        return self.backend.prepare_weight(WeightSpec(name, info.data, info.ggml_type, info.shape))
+
+    def _layer(self, i: int) -> LayerWeights:
+        present = {
+            field: self._weight(f"blk.{i}.{suffix}")
+            for field, suffix in _LAYER_TENSORS.items()
+            if f"blk.{i}.{suffix}" in self._file.tensors
+        }
+        return LayerWeights(**present)
+
+    # -- what architectures override -----------------------------------------------
+
+    def layer_attention(self, i: int) -> LayerAttention:
+        """Attention settings of layer i: scale, sliding window, soft-capping."""
+        cfg = self.config
+        window = cfg.sliding_window if cfg.is_sliding(i) else None
+        return LayerAttention(cfg.attn_scale, window, cfg.attn_logit_softcap)
+
+    def layer_rope(self, i: int) -> LayerRope:
+        """RoPE base of layer i, with linear RoPE scaling as frequency divisors if the file asks."""
+        cfg = self.config
+        if cfg.rope_scaling_type == "linear" and cfg.rope_scaling_factor and not cfg.is_sliding(i):
+            factors = np.full(cfg.rope_dim // 2, cfg.rope_scaling_factor, dtype=np.float32)
+            return LayerRope(cfg.layer_rope_base(i), factors)
+        return LayerRope(cfg.layer_rope_base(i))
+
+    # -- forward -------------------------------------------------------------------
+
+    def forward(self, token_ids: np.ndarray, start: int, kv_storage: Any, all_logits: bool = False) -> np.ndarray:
+        """Run tokens at positions start.. through the model, filling the KV cache.
+
+        Returns float32 logits on the host: (T, vocab) if `all_logits`, else (1, vocab)
+        for the last position only.
+        """
+        be, cfg = self.backend, self.config
+        positions = np.arange(start, start + len(token_ids))
+        x = be.embedding(self.token_embd, token_ids, cfg.embedding_scale)  # (T, D)
+        for i, layer in enumerate(self.layers):
+            h = be.rms_norm(x, layer.attn_norm, cfg.rms_eps)
+            h = self._attention(i, layer, h, positions, start, kv_storage)
+            if layer.post_attn_norm is not None:
+                h = be.rms_norm(h, layer.post_attn_norm, cfg.rms_eps)
+            x = be.add(x, h)
+            h = be.rms_norm(x, layer.ffn_norm, cfg.rms_eps)
+            h = self._mlp(layer, h)
+            if layer.post_ffw_norm is not None:
+                h = be.rms_norm(h, layer.post_ffw_norm, cfg.rms_eps)
+            x = be.add(x, h)
+        if not all_logits:
+            x = x[-1:]  # (1, D)
+        x = be.rms_norm(x, self.output_norm, cfg.rms_eps)
+        logits = be.linear(x, self.output)  # (T or 1, vocab)
+        if cfg.final_logit_softcap:
+            logits = be.softcap(logits, cfg.final_logit_softcap)
+        return be.to_host(logits)
+
+    def _attention(self, i: int, layer: LayerWeights, h: Any, positions: np.ndarray, start: int,
+                   kv_storage: Any) -> Any:
+        be, cfg = self.backend, self.config
+        n = len(positions)
+        q = be.linear(h, layer.wq, layer.bq).reshape(n, cfg.n_heads, cfg.head_dim)  # (T, H, Dh)
+        k = be.linear(h, layer.wk, layer.bk).reshape(n, cfg.n_kv_heads, cfg.head_dim)  # (T, Hkv, Dh)
+        v = be.linear(h, layer.wv, layer.bv).reshape(n, cfg.n_kv_heads, cfg.value_head_dim)  # (T, Hkv, Dv)
+        if layer.q_norm is not None:
+            q = be.rms_norm(q, layer.q_norm, cfg.rms_eps)
+            k = be.rms_norm(k, layer.k_norm, cfg.rms_eps)
+        rope = self.layer_rope(i)
+        q = be.rope(q, positions, rope.base, cfg.rope_dim, cfg.rope_neox, rope.freq_factors)
+        k = be.rope(k, positions, rope.base, cfg.rope_dim, cfg.rope_neox, rope.freq_factors)
+        out = be.attention(q, k, v, kv_storage, i, start, self.layer_attention(i))  # (T, H * Dv)
+        return be.linear(out, layer.wo)
+
+    def _mlp(self, layer: LayerWeights, h: Any) -> Any:
+        be = self.backend
+        gated = be.gated_activation(be.linear(h, layer.w_gate), be.linear(h, layer.w_up), self.config.activation)
+        return be.linear(gated, layer.w_down)
