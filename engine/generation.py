@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from engine.tokenizer import IncrementalDetokenizer
+from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache import KVCache
 from engine.models.common import Transformer
 from engine.sampling import Sampler, SamplingParams
@@ -162,14 +162,16 @@ def generate(
         history.append(token)
         generated += 1
         if token in tokenizer.stop_ids:
-            yield GenerationEvent(stops.flush() + detok.flush(), token, FINISH_STOP_TOKEN, metrics)
-            return
-        text, stopped = stops.feed(detok.push(token))
-        finish = FINISH_STOP_STRING if stopped else None
-        if finish is None and generated >= max_tokens:
-            finish = FINISH_LENGTH
-        elif finish is None and cache.n_free == 0:
-            finish = FINISH_CONTEXT_FULL
+            text, finish = stops.flush() + detok.flush(), FINISH_STOP_TOKEN
+        else:
+            text, stopped = stops.feed(detok.push(token))
+            finish = FINISH_STOP_STRING if stopped else None
+            if finish is None and generated >= max_tokens:
+                finish = FINISH_LENGTH
+            elif finish is None and cache.n_free == 0:
+                finish = FINISH_CONTEXT_FULL
+            if finish in (FINISH_LENGTH, FINISH_CONTEXT_FULL):
+                text += stops.flush() + detok.flush()
         if finish is None:
             logits = model.forward(np.asarray([token], dtype=np.int64), cache.n_used, cache.storage)[-1]
             cache.tokens.append(token)
@@ -182,8 +184,6 @@ def generate(
             last_token_latency=elapsed,
             context_used=cache.n_used,
         )
-        if finish is not None and finish != FINISH_STOP_STRING:
-            text += stops.flush() + detok.flush()
         yield GenerationEvent(text, token, finish, metrics)
         if finish is not None:
             return

@@ -153,7 +153,6 @@ class Tokenizer:
         self.bos_id = vocab.ids["bos"]
         self.eos_id = vocab.ids["eos"]
         self.eot_id = vocab.ids["eot"]
-        self.unk_id = vocab.ids["unk"]
         self.add_bos = add_bos
         self.stop_ids = vocab.stop_ids
         matched = np.flatnonzero(np.isin(vocab.types, (TYPE_CONTROL, TYPE_UNKNOWN, TYPE_USER_DEFINED)))
@@ -325,8 +324,8 @@ def _byte_level_bpe(vocab: _Vocabulary, metadata: dict, source: str) -> tuple[to
             f"so it cannot split text the way the model expects. Known types: {', '.join(sorted(_PRE_TYPES))}."
         )
     regexes, ignore_merges, add_bos_default = _PRE_TYPES[pre]
-    merges = metadata.get("tokenizer.ggml.merges")
-    if not isinstance(merges, Sequence) or isinstance(merges, str) or not merges:
+    merges = _string_array(metadata, "tokenizer.ggml.merges", source)
+    if merges is None:
         raise TokenizerError(
             f"{source}: its BPE vocabulary has no merge list (tokenizer.ggml.merges), "
             "so text cannot be tokenized. The file is incomplete; re-convert or re-download it."
@@ -334,7 +333,7 @@ def _byte_level_bpe(vocab: _Vocabulary, metadata: dict, source: str) -> tuple[to
     token_ids = vocab.token_ids
     pairs = []
     for merge in merges:
-        cut = merge.find(" ", 1) if isinstance(merge, str) else -1
+        cut = merge.find(" ", 1)
         left, right = merge[:cut], merge[cut + 1:]
         # llama.cpp ignores malformed merges; a merge into a missing token can never emit it
         if cut > 0 and left in token_ids and right in token_ids and left + right in token_ids:
@@ -379,16 +378,24 @@ def _add_special_tokens(hf: tokenizers.Tokenizer, vocab: _Vocabulary) -> None:
 
 
 def _token_texts(metadata: dict, source: str) -> list[str]:
-    tokens = metadata.get("tokenizer.ggml.tokens")
-    if not isinstance(tokens, Sequence) or isinstance(tokens, str) or not tokens:
+    tokens = _string_array(metadata, "tokenizer.ggml.tokens", source)
+    if tokens is None:
         raise TokenizerError(
             f"{source}: the file has no vocabulary (tokenizer.ggml.tokens is missing or empty). "
             "Use a GGUF file that includes its tokenizer."
         )
-    if not all(isinstance(t, str) for t in tokens):
-        raise TokenizerError(f"{source}: tokenizer.ggml.tokens holds something other than strings; the file is damaged.")
     # llama.cpp gives empty tokens a placeholder text so that every text is unique
     return [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+
+
+def _string_array(metadata: dict, key: str, source: str) -> list[str] | None:
+    """The strings under `key`; None where the key is missing or the list empty."""
+    values = metadata.get(key)
+    if values is None or (isinstance(values, Sequence) and not isinstance(values, str) and not values):
+        return None
+    if isinstance(values, str) or not isinstance(values, Sequence) or not all(isinstance(v, str) for v in values):
+        raise TokenizerError(f"{source}: {key} should be a list of strings; the file is damaged. Re-download or re-convert it.")
+    return list(values)
 
 
 def _number_array(metadata: dict, key: str, dtype, n: int, default, source: str) -> np.ndarray:
@@ -403,7 +410,7 @@ def _number_array(metadata: dict, key: str, dtype, n: int, default, source: str)
         raise TokenizerError(
             f"{source}: {key} has {array.size} entries for {n} tokens; the file is damaged or truncated."
         )
-    return array[:n].copy()
+    return array[:n].copy()  # (n_tokens,), writable: control tokens found by text are marked in it
 
 
 def _optional(metadata: dict, key: str, kind: type, default, source: str):

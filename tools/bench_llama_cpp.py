@@ -1,0 +1,49 @@
+"""The peer's figures for docs/benchmarks.md: llama.cpp (llama-cpp-python) on the same model.
+
+Run with the dev-only reference venv that has llama-cpp-python installed:
+    /work/refvenv/bin/python tools/bench_llama_cpp.py MODEL.gguf --threads 2 --json
+It mirrors `python -m engine bench`: 256 random prompt tokens (seed 0), then 128 decode
+steps one token at a time, after a warm-up, and prints the same JSON keys. The decoded
+tokens are taken from the prompt rather than by argmax: a step costs the same either way.
+"""
+
+import argparse
+import json
+import time
+
+import numpy as np
+from llama_cpp import Llama
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prompt-tokens", type=int, default=256)
+    parser.add_argument("--gen-tokens", type=int, default=128)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    llm = Llama(model_path=args.model, n_ctx=args.prompt_tokens + args.gen_tokens + 8, n_batch=args.prompt_tokens,
+                n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
+    prompt = np.random.default_rng(0).integers(0, llm.n_vocab(), size=args.prompt_tokens).tolist()
+
+    def run_once(n_prompt: int, n_gen: int) -> tuple[float, float]:
+        llm.reset()
+        started = time.perf_counter()
+        llm.eval(prompt[:n_prompt])
+        prefill_s = time.perf_counter() - started
+        started = time.perf_counter()
+        for step in range(n_gen):
+            llm.eval([prompt[step % len(prompt)]])
+        return prefill_s, time.perf_counter() - started
+
+    run_once(32, 4)
+    prefill_s, decode_s = run_once(args.prompt_tokens, args.gen_tokens)
+    figures = {"peer": "llama.cpp (llama-cpp-python)", "threads": args.threads,
+               "prefill_tok_s": args.prompt_tokens / prefill_s, "decode_tok_s": args.gen_tokens / decode_s}
+    print(json.dumps(figures) if args.json else figures)
+
+
+if __name__ == "__main__":
+    main()
