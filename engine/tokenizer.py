@@ -17,9 +17,11 @@ User-defined tokens (Gemma's runs of spaces, tabs and newlines, its HTML tags) a
 cut out. Tokens whose text marks the end of a turn (`<|im_end|>`, `<end_of_turn>`, ...)
 count as control tokens and end generation, as in llama.cpp.
 
-Known limits: the file's add-EOS flag is not applied (a chat prompt never ends in EOS), and
-llama.cpp's per-model whitespace stripping around a few special tokens (Phi-3, Jina) is not
-reproduced.
+Known limits, none of which the bundled vocabularies meet: the file's add-EOS flag is not
+applied (a chat prompt never ends in EOS); llama.cpp's per-model whitespace stripping around
+a few special tokens (Phi-3, Jina) is not reproduced; where two special tokens overlap in
+the text, the library takes the leftmost, llama.cpp the longest; and among SentencePiece
+tokens of equal score, ties go by token id here, by position in llama.cpp.
 """
 
 import re
@@ -32,12 +34,11 @@ from tokenizers import AddedToken, Regex, models, normalizers, pre_tokenizers
 
 from engine.errors import TokenizerError
 
-# tokenizer.ggml.token_type values
+# tokenizer.ggml.token_type values (5, unused, and anything else render as nothing)
 TYPE_NORMAL = 1
 TYPE_UNKNOWN = 2
 TYPE_CONTROL = 3
 TYPE_USER_DEFINED = 4
-TYPE_UNUSED = 5
 TYPE_BYTE = 6
 
 SPM_SPACE = "\u2581"  # '▁', SentencePiece's visible space
@@ -80,7 +81,6 @@ def _pre_types() -> dict[str, tuple[str, bool, bool]]:
         ("llama3", False, False): ["dbrx", "smaug-bpe"],
         ("qwen2", False, False): [
             "qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan",
-            "solar-open",
         ],
     }
     return {name: settings for settings, names in groups.items() for name in names}
@@ -89,7 +89,9 @@ def _pre_types() -> dict[str, tuple[str, bool, bool]]:
 _PRE_TYPES = _pre_types()
 
 # llama.cpp finds these tokens by their text when the file does not name them, and then
-# treats them as control tokens. The first match in each list wins.
+# treats them as control tokens. Here the first text of a list that the vocabulary has wins;
+# llama.cpp takes the first its hash map yields (for SmolLM2's EOT, <|endoftext|> rather
+# than <|im_end|>). Both end generation either way.
 _EOT_TEXTS = (
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
     "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>",
@@ -280,7 +282,9 @@ class _Vocabulary:
         self.scores = _number_array(metadata, "tokenizer.ggml.scores", np.float32, n, 0.0, source)
         for i in np.flatnonzero(self.types == TYPE_BYTE):
             if not re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", self.tokens[i]):
-                raise TokenizerError(f"{source}: byte token {i} is {self.tokens[i]!r}, not <0xXX>; the file is damaged.")
+                raise TokenizerError(
+                    f"{source}: byte token {i} is {self.tokens[i]!r}, not <0xXX>; the file is damaged."
+                )
         # llama.cpp's defaults where the file names no special token; out-of-range ids are dropped
         defaults = {"llama": {"bos": 1, "eos": 2, "unk": 0}, "gpt2": {"bos": 11, "eos": 11}}[model]
         self.ids: dict[str, int | None] = {}
@@ -340,7 +344,8 @@ def _byte_level_bpe(vocab: _Vocabulary, metadata: dict, source: str) -> tuple[to
             pairs.append((left, right))
     hf = tokenizers.Tokenizer(models.BPE(token_ids, pairs, ignore_merges=ignore_merges))
     splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in _SPLIT_REGEXES[regexes]]
-    hf.pre_tokenizer = pre_tokenizers.Sequence([*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    hf.pre_tokenizer = pre_tokenizers.Sequence([*splits, byte_level])
     return hf, add_bos_default
 
 
@@ -394,7 +399,9 @@ def _string_array(metadata: dict, key: str, source: str) -> list[str] | None:
     if values is None or (isinstance(values, Sequence) and not isinstance(values, str) and not values):
         return None
     if isinstance(values, str) or not isinstance(values, Sequence) or not all(isinstance(v, str) for v in values):
-        raise TokenizerError(f"{source}: {key} should be a list of strings; the file is damaged. Re-download or re-convert it.")
+        raise TokenizerError(
+            f"{source}: {key} should be a list of strings; the file is damaged. Re-download or re-convert it."
+        )
     return list(values)
 
 

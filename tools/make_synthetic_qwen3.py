@@ -26,10 +26,12 @@ MODELS_DIR = ROOT / "tests" / "fixtures" / "models"
 Q1_0 = GGMLQuantizationType.Q1_0
 Q1_0_BLOCK = 128  # weights per block; a block is 18 bytes
 
+# Qwen3's (and Bonsai's) word splitting, which transformers' GGUF tokenizer also knows.
+QWEN_TOKENIZER = {"tokenizer.ggml.pre": "qwen2"}
 F32_SHAPES = dict(arch="qwen3", n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=96,
-                  vocab=288, seed=3, tie_embeddings=False)
+                  vocab=288, seed=3, tie_embeddings=False, **QWEN_TOKENIZER)
 Q1_0_SHAPES = dict(arch="qwen3", n_layers=2, d_model=128, n_heads=4, n_kv_heads=2, head_dim=32, d_ff=256,
-                   vocab=288, seed=4, tie_embeddings=True)
+                   vocab=288, seed=4, tie_embeddings=True, **QWEN_TOKENIZER)
 
 
 def quantize_q1_0(weights: np.ndarray, tensor_type: GGMLQuantizationType = Q1_0) -> np.ndarray:

