@@ -13,10 +13,11 @@ differ by a few features, which `ModelConfig` records as fields:
   global one, the local ones with their own RoPE base.
 
 Gemma's RMS norm multiplies by (1 + w). llama.cpp's converter stores w + 1 in the GGUF
-file, and transformers subtracts 1 again when it loads one (its Gemma2TensorProcessor).
-The bundled Gemma-3-270M agrees: output_norm.weight ranges over 0.19..301 with mean 26,
-and several ffn_norm weights are exactly 0.0, i.e. w = -1 stored as w + 1. So every
-architecture multiplies by the stored norm weight as it is; there is no offset to apply.
+file and llama.cpp multiplies by the stored weight as it is; transformers, loading a
+Gemma GGUF, subtracts the 1 again (its Gemma2TensorProcessor, used for gemma3 too). The
+values in the bundled Gemma-3-270M cannot settle it alone (output_norm.weight spans
+0.19..301, mean 26), so Sprig follows those two readers: every architecture multiplies
+by the stored norm weight, and there is no offset to apply.
 """
 
 import math
@@ -143,7 +144,6 @@ class ModelConfig:
         n_layers = _positive_int(f, "block_count")
         rope_base = _positive_float(f, "rope.freq_base", 10000.0)
         big_gemma = _GEMMA_27B_LAYERS.get(f.architecture) == n_layers
-        scaling_factor = f.arch_key("rope.scaling.factor", None)
         config = cls(
             architecture=f.architecture,
             n_layers=n_layers,
@@ -160,8 +160,8 @@ class ModelConfig:
             rope_base_local=family.rope_base_local or rope_base,
             rope_dim=rope_dim,
             rope_neox=family.rope_neox,
-            rope_scaling_type=f.arch_key("rope.scaling.type", None),
-            rope_scaling_factor=None if scaling_factor is None else _positive_float(f, "rope.scaling.factor"),
+            rope_scaling_type=_rope_scaling_type(f),
+            rope_scaling_factor=_optional_float(f, "rope.scaling.factor", None),
             attn_scale=1.0 / math.sqrt(d_model / n_heads if big_gemma else head_dim),
             tie_embeddings="output.weight" not in f.tensors,
             qkv_bias=_QKV_BIAS[0] in family.extra_layer_tensors,
@@ -209,6 +209,13 @@ def _optional_float(f: GGUFFile, suffix: str, default: float | None) -> float | 
     if f.arch_key(suffix, None) is None:
         return default
     return _positive_float(f, suffix)
+
+
+def _rope_scaling_type(f: GGUFFile) -> str | None:
+    value = f.arch_key("rope.scaling.type", "none")
+    if not isinstance(value, str):
+        _bad(f, f"{f.architecture}.rope.scaling.type should be a name such as 'linear', not {str(value)[:40]}")
+    return None if value == "none" else value
 
 
 def _check_tensors(f: GGUFFile, c: ModelConfig, layer_tensors: tuple[str, ...]) -> None:

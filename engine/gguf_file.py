@@ -24,9 +24,12 @@ from engine.errors import ModelFileError, UnsupportedModelError
 
 SUPPORTED_VERSIONS = (2, 3)
 MAX_DIMS = 4
-# GGUFReader keeps one NumPy view per array element. Real vocabularies have up to ~262k
-# tokens, stored in three arrays; this cap leaves room for five times that and stops a
-# small hostile file from costing gigabytes of views.
+# GGUFReader keeps a few NumPy views per metadata entry, array element and tensor, so
+# these caps bound its time and memory whatever a file claims. Real models stay far
+# below them: ~50 entries, a few thousand tensors, and vocabularies of up to ~262k
+# tokens stored in three arrays (the array cap leaves room for five times that).
+MAX_METADATA_ENTRIES = 1 << 16
+MAX_TENSORS = 1 << 16
 MAX_ARRAY_VALUES = 1 << 22
 
 _CORRUPT_ADVICE = "The file is damaged, truncated or not a GGUF model; download it again."
@@ -116,26 +119,27 @@ class _HeaderWalker:
         except UnicodeDecodeError:
             self.fail(f"{what} at byte {start} is not valid UTF-8")
 
-    def check_count(self, count: int, min_bytes: int, what: str) -> None:
-        """Reject a count that could not fit in the rest of the file."""
+    def check_count(self, count: int, min_bytes: int, what: str, limit: int = MAX_ARRAY_VALUES) -> None:
+        """Reject a count above `limit`, or one whose items could not fit in the rest of the file."""
+        if count > limit:
+            self.fail(f"it claims {count} {what}, more than the {limit} Sprig accepts")
         if count * min_bytes > self.size - self.pos:
             self.fail(f"it claims {count} {what}, more than the {self.size} bytes of the file can hold")
 
     def skip_strings(self, count: int, key: str) -> None:
-        """Step over `count` strings of an array: this loop runs once per token of a vocabulary."""
+        """Step over the `count` strings of the array `key`: one pass per token of a vocabulary."""
+        problem = f"the strings of the array {key!r} run past the end of the file"
         pos, size, buf = self.pos, self.size, self.buf
         for _ in range(count):
-            if size - pos < 8:
-                break
+            if pos + 8 > size:
+                self.fail(problem)
             pos += 8 + struct.unpack_from("<Q", buf, pos)[0]
-            if pos > size:
-                break
-        else:
-            self.pos = pos
-            return
-        self.fail(f"a string in the array {key!r} runs past the end of the file")
+        if pos > size:
+            self.fail(problem)
+        self.pos = pos
 
     def skip_value(self, value_type: int, key: str) -> None:
+        """Step over the value of `key`, of GGUF type `value_type`."""
         if value_type in _SCALAR_SIZES:
             self.take(_SCALAR_SIZES[value_type], f"the value of {key!r}")
         elif value_type == GGUFValueType.STRING:
@@ -159,6 +163,7 @@ class _HeaderWalker:
             self.fail(f"the metadata key {key!r} has unknown value type {value_type}")
 
     def walk_metadata(self, count: int) -> None:
+        """Step over `count` key/value entries, noting general.alignment on the way."""
         keys: set[str] = set()
         for _ in range(count):
             key = self.text("a metadata key")
@@ -201,7 +206,7 @@ class _HeaderWalker:
         return offset, math.prod(dims) // block_size * type_size, name
 
     def walk(self) -> None:
-        """Validate the whole layout of the file, or raise ModelFileError."""
+        """Check the whole layout of the file, or raise ModelFileError."""
         start = self.take(4, "the magic bytes")
         if self.buf[start:start + 4] != b"GGUF":
             self.fail("it does not start with the GGUF magic bytes")
@@ -216,16 +221,16 @@ class _HeaderWalker:
                   "Convert the model again with a current llama.cpp.", UnsupportedModelError)
         n_tensors = self.u64("the tensor count")
         n_kv = self.u64("the metadata count")
-        self.check_count(n_kv, _MIN_KV_BYTES, "metadata entries")
+        self.check_count(n_kv, _MIN_KV_BYTES, "metadata entries", MAX_METADATA_ENTRIES)
         self.walk_metadata(n_kv)
-        self.check_count(n_tensors, _MIN_TENSOR_INFO_BYTES, "tensors")
+        self.check_count(n_tensors, _MIN_TENSOR_INFO_BYTES, "tensors", MAX_TENSORS)
         names: set[str] = set()
         spans = sorted(self.tensor_info(names) for _ in range(n_tensors))
         data_start = -(-self.pos // self.alignment) * self.alignment
         previous_end, previous_name = 0, ""
         for offset, n_bytes, name in spans:
             if data_start + offset + n_bytes > self.size:
-                self.fail(f"the data of {name!r} ({n_bytes} bytes at offset {offset}) runs past the end of the file")
+                self.fail(f"the data of {name!r} ({n_bytes} bytes at offset {offset}) runs past the end")
             if offset < previous_end:
                 self.fail(f"the data of {name!r} overlaps the data of {previous_name!r}")
             previous_end, previous_name = offset + n_bytes, name
@@ -261,8 +266,9 @@ def _validate_layout(path: Path) -> None:
                 _fail(path, "the file is empty")
             with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
                 _HeaderWalker(path, buf).walk()
-    except OSError as exc:
-        _fail(path, f"it cannot be read ({exc.strerror or exc})", "Check that the file exists and that you may read it.")
+    except (OSError, ValueError) as exc:  # ValueError: mmap of a file emptied meanwhile
+        reason = getattr(exc, "strerror", None) or exc
+        _fail(path, f"it cannot be read ({reason})", "Check that you may read the file.")
 
 
 def _plain_metadata(path: Path, reader: gguf.GGUFReader) -> dict[str, Any]:

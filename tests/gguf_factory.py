@@ -81,7 +81,7 @@ def write_tiny_model(
     vocab: int = 288,
     tensor_type: GGMLQuantizationType = F32,
     seed: int = 0,
-    tie_embeddings: bool = False,
+    tie_embeddings: bool | None = None,
     omit_tensors: tuple[str, ...] = (),
     quantize: Callable[[np.ndarray, GGMLQuantizationType], np.ndarray] = quants.quantize,
     **extra_metadata: Any,
@@ -92,7 +92,9 @@ def write_tiny_model(
     `quantize(values, tensor_type)` (gguf-py's by default; pass your own for Q1_0, which
     gguf-py cannot quantize); norms and biases stay F32, as llama.cpp stores them. `extra_metadata`
     adds or overrides keys (pass them as `**{"qwen3.vocab_size": 1000}`); a value of
-    None removes the key. `omit_tensors` leaves the named tensors out.
+    None removes the key. `omit_tensors` leaves the named tensors out. `tie_embeddings`
+    (no output.weight) defaults to what llama.cpp expects: tied for the Gemmas (it
+    refuses a gemma2 file with output.weight), untied otherwise.
     """
     path = Path(path)
     rng = np.random.default_rng(seed)
@@ -147,6 +149,8 @@ def write_tiny_model(
     for layer in range(n_layers):
         tensors.update({f"blk.{layer}.{name}": shapes[name] for name in layer_tensors})
     tensors["output_norm.weight"] = ((d_model,), "norm")
+    if tie_embeddings is None:
+        tie_embeddings = arch.startswith("gemma")
     if not tie_embeddings:
         tensors["output.weight"] = ((vocab, d_model), "matrix")
 

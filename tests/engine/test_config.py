@@ -146,6 +146,8 @@ def test_rope_scaling_is_recorded(tmp_path):
     assert (c.rope_scaling_type, c.rope_scaling_factor, c.rope_dim) == ("linear", 8.0, 8)
     plain = config_of(write_tiny_model(tmp_path / "p.gguf", arch="llama"))
     assert (plain.rope_scaling_type, plain.rope_scaling_factor) == (None, None)
+    none = config_of(write_tiny_model(tmp_path / "n.gguf", arch="llama", **{"llama.rope.scaling.type": "none"}))
+    assert none.rope_scaling_type is None
 
 
 def test_unsupported_architecture_is_named(tmp_path):
@@ -214,6 +216,8 @@ def test_embedding_must_match_d_model(tmp_path):
     {"llama.attention.layer_norm_rms_epsilon": -1.0},
     {"llama.rope.dimension_count": 15},
     {"llama.rope.dimension_count": 32},
+    {"llama.rope.scaling.type": 2},
+    {"llama.rope.scaling.factor": 0.0},
 ])
 def test_impossible_hyperparameters_are_rejected(tmp_path, override):
     path = write_tiny_model(tmp_path / "h.gguf", arch="llama", **override)

@@ -7,6 +7,7 @@ u32 item type, u64 count, items); a tensor info is name, u32 n_dims, u64 dims, u
 u64 offset.
 """
 
+import mmap
 import os
 import struct
 import tracemalloc
@@ -127,7 +128,7 @@ def test_big_endian_is_rejected_clearly(tmp_path, sample):
     assert "big-endian" in message
 
 
-@pytest.mark.parametrize("count", ABSURD)
+@pytest.mark.parametrize("count", ABSURD + [2**16 + 1, 1000])
 @pytest.mark.parametrize("field", ["tensor count", "metadata count"])
 def test_absurd_counts(tmp_path, sample, field, count):
     offset = 8 if field == "tensor count" else 16
@@ -233,7 +234,7 @@ def test_invalid_utf8_in_a_key(tmp_path, sample):
 
 def test_invalid_utf8_in_a_string_value(tmp_path, sample):
     at = value_at(sample, "k.str") + 12  # type, length, then "hello"
-    expect_rejected(tmp_path / "u.gguf", sample[:at] + b"\xc3\x28" + sample[at + 2:])
+    assert "k.str" in expect_rejected(tmp_path / "u.gguf", sample[:at] + b"\xc3\x28" + sample[at + 2:])
 
 
 def test_missing_architecture(tmp_path, sample):
@@ -321,4 +322,16 @@ def test_permission_denied(tmp_path, sample):
     path.write_bytes(sample)
     path.chmod(0)
     with pytest.raises(ModelFileError, match="locked.gguf"):
+        open_gguf(path)
+
+
+def test_read_errors_are_wrapped(tmp_path, sample, monkeypatch):
+    path = tmp_path / "denied.gguf"
+    path.write_bytes(sample)
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(mmap, "mmap", refuse)
+    with pytest.raises(ModelFileError, match="denied.gguf.*Permission denied"):
         open_gguf(path)
