@@ -145,8 +145,8 @@ def decode_q1_0(blocks: np.ndarray, n_cols: int) -> np.ndarray:
     rows = blocks.shape[0]
     blocks = blocks.reshape(rows, n_cols // 128, 18)  # (rows, n_blocks, 18)
     d = blocks[..., :2].copy().view(np.float16).astype(np.float32)  # (rows, n_blocks, 1)
-    signs = np.unpackbits(blocks[..., 2:], axis=-1, bitorder="little").astype(np.float32) * 2 - 1  # (rows, n_blocks, 128)
-    return (d * signs).reshape(rows, n_cols)  # (rows, n_cols)
+    bits = np.unpackbits(blocks[..., 2:], axis=-1, bitorder="little")  # (rows, n_blocks, 128)
+    return (d * (bits.astype(np.float32) * 2 - 1)).reshape(rows, n_cols)  # (rows, n_cols)
 
 
 def write_f32_twin(source: Path, target: Path) -> None:
