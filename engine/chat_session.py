@@ -16,6 +16,18 @@ from engine.loader import LoadedModel
 from engine.sampling import SamplingParams
 
 
+def chat_prompt_tokens(loaded: LoadedModel, messages: list[dict[str, str]]) -> list[int]:
+    """Render `messages` with the model's template (generation prompt on) and tokenize them.
+
+    BOS is added when the vocabulary asks for it, unless the template already wrote it.
+    """
+    tokenizer = loaded.tokenizer
+    text = loaded.template.render(messages, add_generation_prompt=True)
+    bos_text = tokenizer.token_text(tokenizer.bos_id) if tokenizer.bos_id is not None else None
+    add_bos = tokenizer.add_bos and not (bos_text and text.startswith(bos_text))
+    return tokenizer.encode(text, add_bos=add_bos, parse_special=True)
+
+
 class ChatSession:
     """One conversation with one loaded model."""
 
@@ -54,14 +66,6 @@ class ChatSession:
 
     # -- internals -----------------------------------------------------------------
 
-    def prompt_tokens(self, messages: list[dict[str, str]]) -> list[int]:
-        """Render `messages` with the template (generation prompt on) and tokenize them."""
-        tokenizer = self.loaded.tokenizer
-        text = self.loaded.template.render(messages, add_generation_prompt=True)
-        bos_text = tokenizer.token_text(tokenizer.bos_id) if tokenizer.bos_id is not None else None
-        add_bos = tokenizer.add_bos and not (bos_text and text.startswith(bos_text))
-        return tokenizer.encode(text, add_bos=add_bos, parse_special=True)
-
     def _fit(self) -> tuple[list[int], int]:
         """Tokens of the conversation, dropping the oldest turns until an answer has room.
 
@@ -71,7 +75,7 @@ class ChatSession:
         first = 1 if self.messages and self.messages[0]["role"] == "system" else 0
         dropped = 0
         while True:
-            tokens = self.prompt_tokens(self.messages)
+            tokens = chat_prompt_tokens(self.loaded, self.messages)
             if len(tokens) + room_for_answer <= self.cache.n_ctx:
                 return tokens, dropped
             if len(self.messages) - first <= 1:

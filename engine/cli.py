@@ -17,7 +17,7 @@ from backends.dequant import dequantize
 from backends.errors import BackendError
 from engine.bench import bench
 from engine.bundled import resolve_model_path
-from engine.chat_session import ChatSession
+from engine.chat_session import ChatSession, chat_prompt_tokens
 from engine.chat_template import ChatTemplate
 from engine.config import ModelConfig
 from engine.errors import SprigError
@@ -131,7 +131,7 @@ def cmd_generate(args) -> None:
     if args.tokens is not None:
         prompt = _token_list(args.tokens)
     else:
-        prompt = ChatSession(loaded).prompt_tokens([{"role": "user", "content": args.prompt}])
+        prompt = chat_prompt_tokens(loaded, [{"role": "user", "content": args.prompt}])
     cache = loaded.new_cache(args.ctx)
     text, tokens, last = "", [], None
     for event in generate(loaded.model, loaded.tokenizer, cache, prompt, _sampling(args), max_tokens=args.max_tokens):

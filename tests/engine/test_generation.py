@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from engine.bundled import bundled_model
-from engine.chat_session import ChatSession
+from engine.chat_session import ChatSession, chat_prompt_tokens
 from engine.errors import ContextFullError
-from engine.generation import StopStringFilter, generate
+from engine.generation import StopStringFilter, generate, prefill
 from engine.loader import load_model
 from engine.sampling import SamplingParams
 
@@ -23,7 +23,7 @@ def smollm2():
 
 
 def chat_prompt(loaded, text):
-    return ChatSession(loaded).prompt_tokens([{"role": "user", "content": text}])
+    return chat_prompt_tokens(loaded, [{"role": "user", "content": text}])
 
 
 def run(loaded, prompt, params=GREEDY, n_ctx=512, **kwargs):
@@ -101,7 +101,6 @@ def test_chunked_prefill_equals_one_shot(smollm2):
     one = smollm2.new_cache(256)
     whole = smollm2.model.forward(np.asarray(prompt), 0, one.storage)
     chunked = smollm2.new_cache(256)
-    from engine.generation import prefill
     last = prefill(smollm2.model, chunked, prompt, chunk=7)
     np.testing.assert_allclose(last, whole[-1], rtol=1e-4, atol=1e-4)
 
@@ -113,7 +112,7 @@ def test_second_turn_prefills_only_the_new_tokens(smollm2):
     session = ChatSession(smollm2, params=GREEDY, max_tokens=24)
     list(session.send("Hi! What is 2 + 2?"))
     held_before = list(session.cache.tokens)
-    second_prompt = session.prompt_tokens(session.messages + [{"role": "user", "content": "And 3 + 3?"}])
+    second_prompt = chat_prompt_tokens(smollm2, session.messages + [{"role": "user", "content": "And 3 + 3?"}])
     events = list(session.send("And 3 + 3?"))
     common = 0
     for a, b in zip(held_before, second_prompt):
