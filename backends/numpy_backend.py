@@ -1,9 +1,10 @@
 """The NumPy backend: the reference every other backend is measured against.
 
-Weights stay quantized in the memory-mapped model file. A matrix is dequantized to
-float32 the first time it is used and kept in a cache with a memory budget; once the
-budget is spent, further matrices are dequantized again on every use, a slice of rows at
-a time, so an 8B model still runs on a 24 GB machine (slowly) instead of failing.
+Weights stay quantized in the memory-mapped model file. Each matrix is dequantized to
+float32 when the model is prepared (so loading shows real progress and the first answer
+is not slow) and kept in a cache with a memory budget; once the budget is spent, further
+matrices are dequantized again on every use, a slice of rows at a time, so an 8B model
+still runs on a 24 GB machine (slowly) instead of failing.
 The cache never evicts: a forward pass visits every weight in the same order, so evicting
 the least recently used one would make every access a miss.
 """
@@ -113,6 +114,7 @@ class NumpyBackend(Backend):
     def prepare_weight(self, spec: WeightSpec) -> np.ndarray | NumpyWeight:
         if len(spec.shape) == 1:  # norms and biases: small, always float32
             return dequantize(spec.raw, spec.ggml_type, spec.shape)
+        self.cache.get(spec)  # dequantize now while the budget lasts
         return NumpyWeight(spec, self.cache)
 
     def embedding(self, weight: NumpyWeight, token_ids: np.ndarray, scale: float = 1.0) -> np.ndarray:

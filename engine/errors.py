@@ -29,5 +29,9 @@ class ContextFullError(SprigError):
     """The tokens to process do not fit in the context window that is left."""
 
 
+class LoadCancelled(SprigError):
+    """The user cancelled loading a model; nothing was kept."""
+
+
 class BackendFailure(SprigError):
     """A compute backend is unavailable or failed; the message says which and why."""

@@ -1,5 +1,7 @@
 """Opening a model file and making it ready to generate with."""
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -8,7 +10,7 @@ from backends.errors import BackendUnavailable
 from backends.selection import select
 from engine.chat_template import ChatTemplate
 from engine.config import ModelConfig
-from engine.errors import BackendFailure
+from engine.errors import BackendFailure, LoadCancelled
 from engine.gguf_file import GGUFFile, open_gguf
 from engine.kv_cache import KVCache
 from engine.models import build_model
@@ -43,22 +45,49 @@ class LoadedModel:
         self.file.close()
 
 
-def load_model(path: str | Path, backend: str = "auto") -> LoadedModel:
+ProgressCallback = Callable[[float, str], None]
+
+
+def load_model(path: str | Path, backend: str = "auto", progress: ProgressCallback | None = None,
+               cancel: threading.Event | None = None) -> LoadedModel:
     """Validate and open a GGUF file, build its tokenizer, template and model on a backend.
 
-    Raises ModelFileError (bad or unsupported file) or BackendFailure (backend unusable).
+    `progress(fraction, stage)` follows the load from 0 to 1; setting `cancel` stops it
+    between steps with LoadCancelled, releasing everything opened so far.
+    Raises ModelFileError (bad or unsupported file) or BackendFailure (backend unusable,
+    or not enough memory).
     """
+    def step(fraction: float, stage: str) -> None:
+        if cancel is not None and cancel.is_set():
+            raise LoadCancelled(f"Loading {Path(path).name} was cancelled.")
+        if progress is not None:
+            progress(fraction, stage)
+
+    step(0.0, "Reading the model file")
     model_file = open_gguf(path)
+    chosen = None
     try:
+        step(0.1, "Building the tokenizer")
         config = ModelConfig.from_gguf(model_file)
         tokenizer = Tokenizer.from_metadata(model_file.metadata, source=model_file.path.name)
         template = ChatTemplate.from_metadata(model_file.metadata, origin=model_file.path.name)
+        step(0.2, "Preparing the weights")
         try:
             chosen, notes = select(backend)
         except BackendUnavailable as exc:
             raise BackendFailure(f"Cannot use the {backend} backend: {exc}") from exc
-        model = build_model(config, model_file, chosen)
+        try:
+            model = build_model(config, model_file, chosen,
+                                on_weight=lambda done, total: step(0.2 + 0.8 * done / total, "Preparing the weights"))
+        except MemoryError as exc:
+            raise BackendFailure(
+                f"Not enough memory to load {model_file.path.name} on the {chosen.name} backend. "
+                "Close other programs, or choose a smaller or more strongly quantized model."
+            ) from exc
+        step(1.0, "Ready")
     except BaseException:
+        if chosen is not None:
+            chosen.close()
         model_file.close()
         raise
     return LoadedModel(model_file.path, model_file, config, tokenizer, template, chosen, model, notes)

@@ -1,5 +1,7 @@
 """Model architectures, one file each, and the function that builds the right one."""
 
+from collections.abc import Callable
+
 from backends.base import Backend
 from engine.config import ModelConfig
 from engine.gguf_file import GGUFFile
@@ -15,6 +17,10 @@ ARCHITECTURES: dict[str, type[Transformer]] = {
 }
 
 
-def build_model(config: ModelConfig, model_file: GGUFFile, backend: Backend) -> Transformer:
-    """Instantiate the architecture named by `config` with the file's weights on `backend`."""
-    return ARCHITECTURES[config.architecture](config, model_file, backend)
+def build_model(config: ModelConfig, model_file: GGUFFile, backend: Backend,
+                on_weight: Callable[[int, int], None] | None = None) -> Transformer:
+    """Instantiate the architecture named by `config` with the file's weights on `backend`.
+
+    `on_weight(done, total)` is called after each weight is prepared.
+    """
+    return ARCHITECTURES[config.architecture](config, model_file, backend, on_weight)

@@ -6,6 +6,7 @@ optional tensors it has (biases, q/k norms, post-norms), its activation, and how
 layer attends (sliding windows, RoPE bases).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,10 +65,17 @@ class Transformer:
     file) override `layer_rope` or `layer_attention` where that is not enough.
     """
 
-    def __init__(self, config: ModelConfig, model_file: GGUFFile, backend: Backend):
+    def __init__(self, config: ModelConfig, model_file: GGUFFile, backend: Backend,
+                 on_weight: Callable[[int, int], None] | None = None):
+        """Prepare every weight on `backend`; `on_weight(done, total)` follows the progress.
+
+        `on_weight` may raise (for example to cancel loading); the exception propagates.
+        """
         self.config = config
         self.backend = backend
         self._file = model_file
+        self._on_weight = on_weight
+        self._prepared = 0
         self.token_embd = self._weight("token_embd.weight")
         self.output_norm = self._weight("output_norm.weight")
         self.output = self._weight("output.weight") if "output.weight" in model_file.tensors else self.token_embd
@@ -77,7 +85,11 @@ class Transformer:
 
     def _weight(self, name: str) -> Any:
         info = self._file.tensors[name]
-        return self.backend.prepare_weight(WeightSpec(name, info.data, info.ggml_type, info.shape))
+        weight = self.backend.prepare_weight(WeightSpec(name, info.data, info.ggml_type, info.shape))
+        self._prepared += 1
+        if self._on_weight is not None:
+            self._on_weight(self._prepared, len(self._file.tensors))
+        return weight
 
     def _layer(self, i: int) -> LayerWeights:
         present = {

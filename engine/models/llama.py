@@ -6,6 +6,8 @@ config records as `rope_neox=False`. Llama 3.1 files carry `rope_freqs.weight`, 
 per-frequency divisors of its long-context RoPE scaling.
 """
 
+from collections.abc import Callable
+
 from backends.base import Backend
 from engine.config import ModelConfig
 from engine.gguf_file import GGUFFile
@@ -15,8 +17,9 @@ from engine.models.common import LayerRope, Transformer
 class Model(Transformer):
     """A Llama-family model."""
 
-    def __init__(self, config: ModelConfig, model_file: GGUFFile, backend: Backend):
-        super().__init__(config, model_file, backend)
+    def __init__(self, config: ModelConfig, model_file: GGUFFile, backend: Backend,
+                 on_weight: Callable[[int, int], None] | None = None):
+        super().__init__(config, model_file, backend, on_weight)
         factors = model_file.tensors.get("rope_freqs.weight")
         self._freq_factors = None if factors is None else factors.data.view("<f4")
 

@@ -136,3 +136,12 @@ def test_select_explicit_unavailable_backend_says_why():
         select("cuda")
     with pytest.raises(BackendUnavailable, match="unknown backend"):
         select("tpu")
+
+
+def test_prepare_weight_dequantizes_while_the_budget_lasts():
+    w = np.ones((8, 4), dtype=np.float32)
+    be = NumpyBackend(memory_budget_bytes=w.nbytes)
+    be.prepare_weight(f32_spec("first", w))
+    assert be.cache.peek("first") is not None  # dequantized at load time, before any product
+    be.prepare_weight(f32_spec("second", w))
+    assert be.cache.peek("second") is None  # over budget: left to be streamed
