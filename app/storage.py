@@ -1,0 +1,378 @@
+"""Chat history and model library in one SQLite file, Qt-free.
+
+The file is in WAL mode, so every commit survives the app being killed: a streamed answer
+is saved as it grows (see `ThrottledSaver`), and a message found still "streaming" when the
+file is next opened is marked "interrupted". The schema is versioned by `PRAGMA
+user_version`; `MIGRATIONS[n]` takes a file from version n to n + 1, in one transaction.
+"""
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+from engine.errors import SprigError
+
+DEFAULT_DB_NAME = "sprig.sqlite3"
+
+ROLES = ("system", "user", "assistant")
+MESSAGE_STATES = ("complete", "streaming", "interrupted", "cancelled", "error")
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    # 1: the base schema.
+    (
+        """CREATE TABLE conversations (
+            id INTEGER PRIMARY KEY,
+            title TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL)""",
+        """CREATE TABLE messages (
+            id INTEGER PRIMARY KEY,
+            conversation_id INTEGER NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+            position INTEGER NOT NULL,
+            role TEXT NOT NULL,
+            content TEXT NOT NULL,
+            model TEXT,
+            metrics TEXT,
+            state TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            UNIQUE (conversation_id, position))""",
+        """CREATE TABLE models (
+            path TEXT PRIMARY KEY,
+            name TEXT NOT NULL,
+            added_at REAL NOT NULL,
+            last_used REAL)""",
+    ),
+    # 2: per-conversation sampling overrides, and an index that finds the answers left
+    # streaming by a killed app without scanning every message at each start.
+    (
+        "ALTER TABLE conversations ADD COLUMN overrides TEXT NOT NULL DEFAULT '{}'",
+        "CREATE INDEX messages_streaming ON messages (id) WHERE state = 'streaming'",
+    ),
+)
+
+CONVERSATION_COLUMNS = "id, title, created_at, updated_at, overrides"
+MESSAGE_COLUMNS = "id, conversation_id, position, role, content, model, metrics, state, created_at"
+
+
+class StorageError(SprigError):
+    """The history file cannot be opened: damaged, not SQLite, or from a newer Sprig."""
+
+
+def default_db_path() -> Path:
+    """The history file in the user's data folder, which is created if missing."""
+    return platformdirs.user_data_path("Sprig", appauthor=False, ensure_exists=True) / DEFAULT_DB_NAME
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """One chat. `overrides` holds its sampling settings that differ from the defaults."""
+
+    id: int
+    title: str
+    created_at: float
+    updated_at: float
+    overrides: dict
+
+
+@dataclass(frozen=True)
+class Message:
+    """One turn of a chat; `state` is one of `MESSAGE_STATES`."""
+
+    id: int
+    conversation_id: int
+    position: int
+    role: str
+    content: str
+    model: str | None
+    metrics: dict | None
+    state: str
+    created_at: float
+
+
+@dataclass(frozen=True)
+class LibraryModel:
+    """A model file the user added to the library."""
+
+    path: str
+    name: str
+    added_at: float
+    last_used: float | None
+
+
+def _conversation(row: sqlite3.Row) -> Conversation:
+    return Conversation(row["id"], row["title"], row["created_at"], row["updated_at"], json.loads(row["overrides"]))
+
+
+def _message(row: sqlite3.Row) -> Message:
+    metrics = None if row["metrics"] is None else json.loads(row["metrics"])
+    return Message(
+        row["id"], row["conversation_id"], row["position"], row["role"], row["content"],
+        row["model"], metrics, row["state"], row["created_at"],
+    )
+
+
+def _json_or_none(value: dict | None) -> str | None:
+    return None if value is None else json.dumps(value)
+
+
+def _check_choice(value: str, allowed: tuple[str, ...], what: str) -> None:
+    if value not in allowed:
+        raise ValueError(f"{what} must be one of {', '.join(allowed)}, not {value!r}")
+
+
+class Store:
+    """The history file, open. Use it from one thread only (the GUI thread).
+
+    The connection keeps sqlite3's `check_same_thread=True`, so a call from another thread
+    fails at once instead of racing. The connection is in autocommit mode: each write
+    method commits before it returns, and `transaction()` groups several into one.
+    """
+
+    SCHEMA_VERSION = len(MIGRATIONS)
+
+    def __init__(self, path: Path | str):
+        """Open or create the file at `path`, bring its schema up to date, and mark the
+        answers a killed app left streaming as interrupted. Raises StorageError."""
+        self.path = Path(path)
+        try:
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=True)
+        except sqlite3.DatabaseError as exc:
+            raise self._unusable(exc) from exc
+        try:
+            self._prepare()
+        except BaseException as exc:
+            self._db.close()
+            if isinstance(exc, sqlite3.DatabaseError):
+                raise self._unusable(exc) from exc
+            raise
+
+    def _unusable(self, exc: sqlite3.DatabaseError) -> StorageError:
+        """The error to raise when SQLite cannot open or read the file."""
+        return StorageError(
+            f"Cannot open the chat history {self.path}: {exc}. The file is damaged, unreadable or "
+            "not a Sprig history; move it elsewhere and Sprig will start a new one."
+        )
+
+    def _prepare(self) -> None:
+        """Set up the connection and the file: schema, WAL, foreign keys, interrupted answers."""
+        self._db.row_factory = sqlite3.Row
+        self._db.create_function("casefold", 1, str.casefold, deterministic=True)
+        self._migrate()
+        self._db.execute("PRAGMA journal_mode = WAL")
+        self._db.execute("PRAGMA synchronous = NORMAL")  # durable across app crashes in WAL mode
+        self._db.execute("PRAGMA foreign_keys = ON")
+        self._db.execute("UPDATE messages SET state = 'interrupted' WHERE state = 'streaming'")
+
+    def _migrate(self) -> None:
+        """Apply the migrations the file lacks, each in its own transaction."""
+        version = self.schema_version
+        if version > self.SCHEMA_VERSION:
+            raise StorageError(
+                f"The chat history {self.path} was written by a newer Sprig (schema version "
+                f"{version}; this Sprig knows up to {self.SCHEMA_VERSION}). Update Sprig, or "
+                "move the file elsewhere to start a new history."
+            )
+        for number in range(version + 1, self.SCHEMA_VERSION + 1):
+            with self.transaction():
+                for statement in MIGRATIONS[number - 1]:
+                    self._db.execute(statement)
+                self._db.execute(f"PRAGMA user_version = {number}")
+
+    def close(self) -> None:
+        """Close the file; the Store cannot be used afterwards."""
+        self._db.close()
+
+    @property
+    def schema_version(self) -> int:
+        """The schema version recorded in the file (`PRAGMA user_version`)."""
+        return self._db.execute("PRAGMA user_version").fetchone()[0]
+
+    @property
+    def journal_mode(self) -> str:
+        """SQLite's journal mode for this file: "wal" on disk ("memory" for ":memory:")."""
+        return self._db.execute("PRAGMA journal_mode").fetchone()[0]
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Make the writes inside the block all happen or, if it raises, none. Nests."""
+        self._db.execute("SAVEPOINT store")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK TO store")
+            self._db.execute("RELEASE store")
+            raise
+        self._db.execute("RELEASE store")
+
+    # conversations
+
+    def create_conversation(self, title: str = "New chat", *, created_at: float | None = None) -> Conversation:
+        """Start an empty chat; `created_at` defaults to now (import keeps the original)."""
+        now = time.time()
+        cursor = self._db.execute(
+            "INSERT INTO conversations (title, created_at, updated_at) VALUES (?, ?, ?)",
+            (title, now if created_at is None else created_at, now),
+        )
+        return self.conversation(cursor.lastrowid)
+
+    def rename_conversation(self, conversation_id: int, title: str) -> None:
+        """Give a chat a new title."""
+        self._db.execute("UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id))
+
+    def delete_conversation(self, conversation_id: int) -> None:
+        """Delete a chat and all its messages."""
+        self._db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+
+    def conversation(self, conversation_id: int) -> Conversation:
+        """The chat with this id; KeyError if there is none."""
+        row = self._db.execute(
+            f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE id = ?", (conversation_id,)
+        ).fetchone()
+        if row is None:
+            raise KeyError(f"no conversation with id {conversation_id}")
+        return _conversation(row)
+
+    def conversations(self, search: str = "") -> list[Conversation]:
+        """Chats, most recently updated first. A non-empty `search` keeps those whose title
+        or any message contains it, ignoring case."""
+        rows = self._db.execute(
+            f"""SELECT {CONVERSATION_COLUMNS} FROM conversations AS c
+                WHERE :needle = ''
+                   OR instr(casefold(c.title), :needle)
+                   OR EXISTS (SELECT 1 FROM messages AS m
+                              WHERE m.conversation_id = c.id AND instr(casefold(m.content), :needle))
+                ORDER BY c.updated_at DESC, c.id DESC""",
+            {"needle": search.casefold()},
+        )
+        return [_conversation(row) for row in rows]
+
+    def set_overrides(self, conversation_id: int, overrides: dict) -> None:
+        """Replace a chat's sampling overrides ({} for none)."""
+        self._db.execute(
+            "UPDATE conversations SET overrides = ? WHERE id = ?", (json.dumps(overrides), conversation_id)
+        )
+
+    # messages
+
+    def add_message(
+        self,
+        conversation_id: int,
+        role: str,
+        content: str,
+        *,
+        model: str | None = None,
+        metrics: dict | None = None,
+        state: str = "complete",
+        created_at: float | None = None,
+    ) -> Message:
+        """Append a message to a chat, which becomes the most recently updated one.
+        `created_at` defaults to now (import keeps the original)."""
+        _check_choice(role, ROLES, "role")
+        _check_choice(state, MESSAGE_STATES, "state")
+        now = time.time()
+        with self.transaction():
+            cursor = self._db.execute(
+                """INSERT INTO messages (conversation_id, position, role, content, model, metrics, state, created_at)
+                   SELECT :conversation, COALESCE(MAX(position) + 1, 0), :role, :content, :model, :metrics,
+                          :state, :created_at
+                   FROM messages WHERE conversation_id = :conversation""",
+                {
+                    "conversation": conversation_id, "role": role, "content": content, "model": model,
+                    "metrics": _json_or_none(metrics), "state": state,
+                    "created_at": now if created_at is None else created_at,
+                },
+            )
+            self._db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, conversation_id))
+            row = self._db.execute(f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE id = ?", (cursor.lastrowid,))
+            return _message(row.fetchone())
+
+    def update_message(
+        self, message_id: int, content: str, *, metrics: dict | None = None, state: str | None = None
+    ) -> None:
+        """Replace a message's content, and its metrics and state where given.
+        One UPDATE and commit: cheap enough to call many times a second while streaming."""
+        if state is not None:
+            _check_choice(state, MESSAGE_STATES, "state")
+        self._db.execute(
+            """UPDATE messages SET content = ?, metrics = COALESCE(?, metrics), state = COALESCE(?, state)
+               WHERE id = ?""",
+            (content, _json_or_none(metrics), state, message_id),
+        )
+
+    def messages(self, conversation_id: int) -> list[Message]:
+        """A chat's messages, in order."""
+        rows = self._db.execute(
+            f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE conversation_id = ? ORDER BY position",
+            (conversation_id,),
+        )
+        return [_message(row) for row in rows]
+
+    def delete_messages_from(self, conversation_id: int, position: int) -> None:
+        """Delete the message at `position` and every later one (to edit or regenerate)."""
+        self._db.execute(
+            "DELETE FROM messages WHERE conversation_id = ? AND position >= ?", (conversation_id, position)
+        )
+
+    # model library
+
+    def add_model(self, path: str, name: str) -> LibraryModel:
+        """Add a model file to the library, or rename the entry already there for `path`."""
+        self._db.execute(
+            """INSERT INTO models (path, name, added_at) VALUES (?, ?, ?)
+               ON CONFLICT (path) DO UPDATE SET name = excluded.name""",
+            (path, name, time.time()),
+        )
+        row = self._db.execute("SELECT path, name, added_at, last_used FROM models WHERE path = ?", (path,))
+        return LibraryModel(*row.fetchone())
+
+    def remove_model(self, path: str) -> None:
+        """Take a model file out of the library (the file itself is left alone)."""
+        self._db.execute("DELETE FROM models WHERE path = ?", (path,))
+
+    def models(self) -> list[LibraryModel]:
+        """The library: most recently used first, then never-used ones newest added first."""
+        rows = self._db.execute(
+            """SELECT path, name, added_at, last_used FROM models
+               ORDER BY last_used IS NULL, last_used DESC, added_at DESC, rowid DESC"""
+        )
+        return [LibraryModel(*row) for row in rows]
+
+    def touch_model(self, path: str) -> None:
+        """Record that a model was just used."""
+        self._db.execute("UPDATE models SET last_used = ? WHERE path = ?", (time.time(), path))
+
+
+class ThrottledSaver:
+    """Saves a message that grows while it streams, at most once per `interval` seconds.
+
+    A killed app then loses at most the last `interval` of an answer. Call `set_text` with
+    the whole text so far on every token, and `flush` once at the end.
+    """
+
+    def __init__(self, store: Store, message_id: int, interval: float = 0.25):
+        """Save message `message_id` of `store`; the first `set_text` saves at once."""
+        self._store = store
+        self._message_id = message_id
+        self._interval = interval
+        self._text = ""
+        self._saved_at = float("-inf")
+
+    def set_text(self, text: str) -> bool:
+        """Take the text so far; save it if `interval` has passed since the last save.
+        Returns whether it saved."""
+        self._text = text
+        if time.monotonic() - self._saved_at < self._interval:
+            return False
+        self.flush()
+        return True
+
+    def flush(self, metrics: dict | None = None, state: str | None = None) -> None:
+        """Save the latest text now, with the metrics and state if given."""
+        self._store.update_message(self._message_id, self._text, metrics=metrics, state=state)
+        self._saved_at = time.monotonic()

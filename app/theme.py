@@ -1,0 +1,84 @@
+"""Light and dark looks: the Fusion style, a palette, and a stylesheet from resources/.
+
+The palette colours every widget, styled or not; the stylesheets (`light.qss`,
+`dark.qss`) add the rounded inputs, the accent colour and the panels addressed by
+objectName (#Sidebar, #ChatView, #MessageInput, #SendButton, #MetricsPanel, #ModelBar,
+#ErrorBanner, #InfoBanner, MessageWidget[role="user"|"assistant"]).
+"""
+
+from PySide6.QtGui import QColor, QPalette
+from PySide6.QtWidgets import QApplication
+
+from app.settings import RESOURCES, THEMES
+
+Role = QPalette.ColorRole
+
+# Active colours per role; the disabled text roles get `disabled` below.
+_COLOURS: dict[str, dict[QPalette.ColorRole, str]] = {
+    "light": {
+        Role.Window: "#f5f6f8",
+        Role.WindowText: "#1c2230",
+        Role.Base: "#ffffff",
+        Role.AlternateBase: "#eef1f4",
+        Role.Text: "#1c2230",
+        Role.PlaceholderText: "#8a93a3",
+        Role.Button: "#ffffff",
+        Role.ButtonText: "#1c2230",
+        Role.BrightText: "#ffffff",
+        Role.Highlight: "#2e9d6a",
+        Role.HighlightedText: "#ffffff",
+        Role.Link: "#1f7a52",
+        Role.ToolTipBase: "#1c2230",
+        Role.ToolTipText: "#f5f6f8",
+        Role.Light: "#ffffff",
+        Role.Midlight: "#e4e7ec",
+        Role.Mid: "#c8cdd5",
+        Role.Dark: "#9aa1ad",
+        Role.Shadow: "#5b6270",
+    },
+    "dark": {
+        Role.Window: "#1d2025",
+        Role.WindowText: "#e4e7eb",
+        Role.Base: "#15171b",
+        Role.AlternateBase: "#23272d",
+        Role.Text: "#e4e7eb",
+        Role.PlaceholderText: "#7c8490",
+        Role.Button: "#2a2e35",
+        Role.ButtonText: "#e4e7eb",
+        Role.BrightText: "#ffffff",
+        Role.Highlight: "#3cba80",
+        Role.HighlightedText: "#0c1a13",
+        Role.Link: "#5fd39d",
+        Role.ToolTipBase: "#e4e7eb",
+        Role.ToolTipText: "#1d2025",
+        Role.Light: "#3a3f47",
+        Role.Midlight: "#30353c",
+        Role.Mid: "#3f444d",
+        Role.Dark: "#111316",
+        Role.Shadow: "#000000",
+    },
+}
+_DISABLED_TEXT = {"light": "#a3a9b4", "dark": "#6a717c"}
+
+
+def build_palette(name: str) -> QPalette:
+    """The QPalette of theme `name` ("light" or "dark"), disabled text greyed."""
+    palette = QPalette()
+    for role, colour in _COLOURS[name].items():
+        palette.setColor(role, QColor(colour))
+    disabled = QColor(_DISABLED_TEXT[name])
+    for role in (Role.WindowText, Role.Text, Role.ButtonText, Role.HighlightedText):
+        palette.setColor(QPalette.ColorGroup.Disabled, role, disabled)
+    return palette
+
+
+def apply_theme(app: QApplication, name: str) -> None:
+    """Give the whole app theme `name`: Fusion style, palette and stylesheet.
+
+    Raises ValueError for a name not in app.settings.THEMES.
+    """
+    if name not in THEMES:
+        raise ValueError(f"unknown theme {name!r}; choose one of {', '.join(THEMES)}")
+    app.setStyle("Fusion")
+    app.setPalette(build_palette(name))
+    app.setStyleSheet((RESOURCES / f"{name}.qss").read_text(encoding="utf-8"))

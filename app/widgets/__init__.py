@@ -1,0 +1,1 @@
+"""Widgets of the chat window: the conversation view and its messages."""
