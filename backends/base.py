@@ -13,6 +13,15 @@ Shapes use these letters:
 Activations are float32 unless a backend documents otherwise; the NumPy backend is the
 reference, and every other backend must match its numbers within the tolerance its tests
 state.
+
+Two optional hooks let a backend fuse a decode step and keep tokens on its device. The
+engine looks for them with `getattr` and works op by op without them (NumPy):
+    compile_decode(forward, kv) -> step(token, start) -> logits (1, vocab)
+        wraps the transformer's one-token forward pass on one KV storage into a single
+        fused call (MLX: one mx.compile'd function, queued without waiting).
+    argmax(logits) -> token
+        the most likely next token, left on the device, so greedy decoding can queue the
+        next step before the current token is read back (mlx-lm's generate_step).
 """
 
 from abc import ABC, abstractmethod

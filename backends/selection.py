@@ -18,13 +18,25 @@ def _is_apple_silicon() -> bool:
     return platform.system() == "Darwin" and platform.machine() == "arm64"
 
 
-def _mlx_unavailable_reason(asked: bool) -> str:
-    """Why MLX cannot be used here."""
+def _mlx(preference: str) -> tuple[Backend | None, str]:
+    """The MLX backend if `preference` lets it run here, else None; and why it was not used.
+
+    Outside Apple silicon MLX computes on the CPU, more slowly than NumPy, so "auto" passes
+    it over there; naming it ("mlx") still gives it.
+    """
     if importlib.util.find_spec("mlx") is None:
-        return "mlx: the mlx package is not installed (pip install 'sprig[mlx]')"
-    if not asked and not _is_apple_silicon():
-        return "mlx: not Apple silicon (MLX on Linux runs on the CPU, slower than NumPy; choose it explicitly to use it)"
-    return "mlx: Sprig's MLX backend is not part of this version yet"
+        return None, "mlx: the mlx package is not installed (pip install 'sprig[mlx]')"
+    if preference == "auto" and not _is_apple_silicon():
+        where = f"{platform.system()} {platform.machine()}"
+        return None, (f"mlx: not Apple silicon ({where}: MLX runs on the CPU there, slower than NumPy; "
+                      "choose it explicitly to use it)")
+    if preference == "numpy":
+        return None, "mlx: not chosen (the numpy backend was asked for)"
+    try:
+        from backends.mlx_backend import MLXBackend
+        return MLXBackend(), ""
+    except (ImportError, OSError, RuntimeError) as exc:
+        return None, f"mlx: MLX is installed but does not start here ({exc})"
 
 
 def _cuda_unavailable_reason() -> str:
@@ -43,10 +55,12 @@ def select(preference: str = "auto") -> tuple[Backend, list[str]]:
     """
     if preference not in PREFERENCES:
         raise BackendUnavailable(f"unknown backend {preference!r}; choose one of {', '.join(PREFERENCES)}")
-    reasons = {
-        "cuda": _cuda_unavailable_reason(),
-        "mlx": _mlx_unavailable_reason(asked=preference == "mlx"),
-    }
-    if preference in reasons:
-        raise BackendUnavailable(reasons[preference])
-    return NumpyBackend(), list(reasons.values())
+    reasons = [_cuda_unavailable_reason()]
+    if preference == "cuda":
+        raise BackendUnavailable(reasons[0])
+    mlx, why_not_mlx = _mlx(preference)
+    if mlx is not None:
+        return mlx, reasons
+    if preference == "mlx":
+        raise BackendUnavailable(why_not_mlx)
+    return NumpyBackend(), reasons + [why_not_mlx]

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -149,16 +150,21 @@ def generate(
                       context_used=cache.n_used)
 
     sampler = Sampler(params)
+    steps = DecodeSteps(model, cache, sampler)
     detok = IncrementalDetokenizer(tokenizer)
     stops = StopStringFilter(stop_strings)
     history = list(prompt)
     generated = 0
+    pending = None  # what the next token is read from (see DecodeSteps); None: the prefill's logits
     while True:
         if cancel is not None and cancel.is_set():
             yield GenerationEvent(stops.flush() + detok.flush(), None, FINISH_CANCELLED, metrics)
             return
         step_started = time.perf_counter()
-        token = sampler.sample(logits, history)
+        ahead = None
+        if steps.on_device and pending is not None and generated + 1 < max_tokens and cache.n_free > 0:
+            ahead = steps.queue(pending)  # from a token still on the device, before it is read back
+        token = sampler.sample(logits, history) if pending is None else steps.read(pending, history)
         history.append(token)
         generated += 1
         if token in tokenizer.stop_ids:
@@ -173,7 +179,7 @@ def generate(
             if finish in (FINISH_LENGTH, FINISH_CONTEXT_FULL):
                 text += stops.flush() + detok.flush()
         if finish is None:
-            logits = model.forward(np.asarray([token], dtype=np.int64), cache.n_used, cache.storage)[-1]
+            pending = ahead if ahead is not None else steps.queue(token)
             cache.tokens.append(token)
         elapsed = time.perf_counter() - step_started
         metrics = replace(
@@ -187,3 +193,53 @@ def generate(
         yield GenerationEvent(text, token, finish, metrics)
         if finish is not None:
             return
+
+
+class DecodeSteps:
+    """The one-token forward passes of a `generate` call, each queued as early as its input allows.
+
+    Where the backend queues work without waiting for it (MLX), the host's share of a step
+    then overlaps the device's:
+    - plain greedy decoding (temperature 0, no penalties) on a backend with an `argmax`
+      hook keeps every token on the device, and step n + 1 is queued from token n before
+      token n is read back, as in mlx-lm's generate_step: the device does not wait for the
+      host between steps;
+    - other sampling reads the logits back and samples on the host; step n + 1 is queued
+      as soon as token n is known to continue the text, and runs while its text is decoded
+      and handed out. The device waits while the host samples.
+    Where the backend computes as it is called (NumPy), each step runs when it is queued,
+    and only once the text is known to continue.
+    """
+
+    def __init__(self, model: Transformer, cache: KVCache, sampler: Sampler):
+        self.backend = model.backend
+        self.cache = cache
+        self.sampler = sampler
+        self.step = model.decode_step(cache.storage)
+        argmax = getattr(model.backend, "argmax", None)
+        self.argmax = argmax if _argmax_only(sampler.params) else None
+
+    @property
+    def on_device(self) -> bool:
+        """Whether tokens stay on the device (greedy decoding on a backend with `argmax`)."""
+        return self.argmax is not None
+
+    def queue(self, token: Any) -> Any:
+        """Queue the step that feeds `token` (a host int, or a device token) at the cache's next
+        position; return what the token after it will be read from (`read`)."""
+        logits = self.step(token, self.cache.n_used)
+        return self.argmax(logits) if self.argmax is not None else logits
+
+    def read(self, pending: Any, history: list[int]) -> int:
+        """The token `pending` stands for: read back from the device, or sampled on the host."""
+        values = self.backend.to_host(pending)
+        if self.argmax is not None:
+            return int(values[0])
+        return self.sampler.sample(values[-1], history)
+
+
+def _argmax_only(params: SamplingParams) -> bool:
+    """Whether sampling with `params` is a plain argmax: greedy, with every penalty neutral."""
+    neutral = params.penalty_last_n == 0 or (
+        params.repeat_penalty == 1.0 and params.presence_penalty == 0.0 and params.frequency_penalty == 0.0)
+    return params.temperature <= 0.0 and neutral

@@ -121,10 +121,37 @@ class Transformer:
         """Run tokens at positions start.. through the model, filling the KV cache.
 
         Returns float32 logits on the host: (T, vocab) if `all_logits`, else (1, vocab)
-        for the last position only.
+        for the last position only. A single token goes through `decode_step`.
+        """
+        if len(token_ids) == 1:
+            logits = self.decode_step(kv_storage)(int(token_ids[0]), start)
+        else:
+            positions = np.arange(start, start + len(token_ids))
+            logits = self.logits(np.asarray(token_ids), positions, start, kv_storage, all_logits)
+        return self.backend.to_host(logits)
+
+    def decode_step(self, kv_storage: Any) -> Callable[[Any, int], Any]:
+        """One-token forward passes on `kv_storage`: step(token, start) -> logits (1, vocab).
+
+        The logits stay a backend tensor. `token` is a host int, or a backend tensor from
+        the backend's optional `argmax` hook. A backend with the optional hook
+        `compile_decode(forward, kv_storage)` fuses the step (MLX: one mx.compile'd
+        function, queued without waiting for it); the others run `logits` op by op.
+        """
+        compile_decode = getattr(self.backend, "compile_decode", None)
+        if compile_decode is not None:
+            return compile_decode(lambda ids, positions, start: self.logits(ids, positions, start, kv_storage),
+                                  kv_storage)
+        return lambda token, start: self.logits(np.asarray([token]), np.arange(start, start + 1), start, kv_storage)
+
+    def logits(self, token_ids: Any, positions: Any, start: Any, kv_storage: Any, all_logits: bool = False) -> Any:
+        """The forward pass on backend tensors: logits (T, vocab), or (1, vocab) for the last position.
+
+        `token_ids` (T,), `positions` (T,) and `start` are host values, or the stand-ins a
+        backend traces them as when it compiles a decode step (device arrays, and a start
+        that its `attention` understands).
         """
         be, cfg = self.backend, self.config
-        positions = np.arange(start, start + len(token_ids))
         x = be.embedding(self.token_embd, token_ids, cfg.embedding_scale)  # (T, D)
         for i, layer in enumerate(self.layers):
             h = be.rms_norm(x, layer.attn_norm, cfg.rms_eps)
@@ -143,10 +170,9 @@ class Transformer:
         logits = be.linear(x, self.output)  # (T or 1, vocab)
         if cfg.final_logit_softcap:
             logits = be.softcap(logits, cfg.final_logit_softcap)
-        return be.to_host(logits)
+        return logits
 
-    def _attention(self, i: int, layer: LayerWeights, h: Any, positions: np.ndarray, start: int,
-                   kv_storage: Any) -> Any:
+    def _attention(self, i: int, layer: LayerWeights, h: Any, positions: Any, start: Any, kv_storage: Any) -> Any:
         be, cfg = self.backend, self.config
         n = len(positions)
         q = be.linear(h, layer.wq, layer.bq).reshape(n, cfg.n_heads, cfg.head_dim)  # (T, H, Dh)

@@ -1,0 +1,358 @@
+"""The MLX backend: Apple silicon's GPU through Metal, or the CPU where MLX has no GPU (Linux).
+
+Weights. At load time every matrix whose GGUF blocks have an exact form in MLX's affine
+quantized format (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q1_0; see
+`backends.mlx_quantize`) is repacked into it, multiplied with `mx.quantized_matmul`, and
+its embedding rows are gathered packed and dequantized. F32 matrices stay float32 (exact,
+and no larger than in the file); every other one (F16, BF16, Q6_K, Q2_K, Q3_K, the IQ
+and ternary types) becomes float16, converted a slice of rows at a time. Norms and biases
+are float32.
+
+Precision. Activations, the KV cache and the quantized weights' scales and biases are
+float32, on Metal too:
+- float32 keeps every scale and bias exact (in float16 the K-quants' d * sc products
+  round); it costs one bit per weight more than float16 scales (6 instead of 5 bits per
+  weight for 4-bit codes in groups of 32), which a bandwidth-bound decode pays;
+- Gemma 3's residual stream leaves float16's range (|x| reaches 1.04e5 in the bundled
+  Gemma-3-270M; float16 stops at 65504), and bfloat16 would round the formats' fp16 scales.
+MLX requires a quantized matrix's scales to have its input's dtype (it would otherwise cast
+them on every call), which ties the two choices together. Float16 matrices multiply float16
+copies of their inputs (casting the matrix instead would copy it on every call); the
+inputs are post-norm activations, a few hundred at most in the bundled models.
+
+Fast paths: `mx.fast.rms_norm`, `mx.fast.rope` and `mx.fast.scaled_dot_product_attention`
+(sliding windows as a mask); only soft-capped attention (Gemma 2), which the fast kernel
+cannot express, is written out.
+
+Decoding. `compile_decode` turns a one-token forward into one `mx.compile`d function whose
+work is queued with `mx.async_eval` and not awaited; `argmax` keeps a greedy token on the
+device so that the next step can be queued before the token is read back. Both are
+optional hooks the engine looks for (the NumPy backend has neither).
+"""
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from backends.base import Backend, LayerAttention, WeightSpec
+from backends.dequant import dequantize, dequantize_rows
+from backends.mlx_quantize import affine_layout, to_affine
+
+ACTIVATIONS = mx.float32  # activations, KV cache, norms, scales and biases; F32 matrices
+SPAN_BUCKET = 256  # a compiled decode step reads the cache in multiples of this many positions
+_HALF_CHUNK_WEIGHTS = 1 << 24  # float32 weights dequantized at once while converting to float16
+
+
+@dataclass(frozen=True)
+class QuantizedMatrix:
+    """A matrix in MLX's affine format: packed codes, per-group scales and biases."""
+
+    packed: mx.array  # (out, in * bits / 32) uint32
+    scales: mx.array  # (out, in / group_size) float32
+    biases: mx.array
+    group_size: int
+    bits: int
+
+    def rows(self, ids: mx.array) -> mx.array:
+        """Rows `ids`, dequantized: (len(ids), in) float32."""
+        return mx.dequantize(self.packed[ids], self.scales[ids], self.biases[ids],
+                             group_size=self.group_size, bits=self.bits)
+
+    def times_transposed(self, x: mx.array) -> mx.array:
+        """x (T, in) @ W.T: (T, out)."""
+        return mx.quantized_matmul(x, self.packed, self.scales, self.biases, transpose=True,
+                                   group_size=self.group_size, bits=self.bits)
+
+
+@dataclass(frozen=True)
+class DenseMatrix:
+    """A matrix held as plain floats: float32 (from F32) or float16."""
+
+    values: mx.array  # (out, in)
+
+    def rows(self, ids: mx.array) -> mx.array:
+        """Rows `ids`: (len(ids), in) float32."""
+        return self.values[ids].astype(ACTIVATIONS)
+
+    def times_transposed(self, x: mx.array) -> mx.array:
+        """x (T, in) @ W.T in the matrix's dtype, returned as float32: (T, out)."""
+        return (x.astype(self.values.dtype) @ self.values.T).astype(ACTIVATIONS)
+
+
+class MLXKV:
+    """KV cache storage: per layer, keys (1, Hkv, N, Dh) and values (1, Hkv, N, Dv), float32.
+
+    The arrays are evaluated here: since MLX 0.31.2 an unevaluated array can only be
+    evaluated by the thread that made it, and generation runs on a worker thread.
+    `decode_step` holds the compiled decode step for this storage (see `compile_decode`).
+    """
+
+    def __init__(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int, value_dim: int):
+        self.n_ctx = n_ctx
+        self.keys = [mx.zeros((1, n_kv_heads, n_ctx, head_dim), dtype=ACTIVATIONS) for _ in range(n_layers)]
+        self.values = [mx.zeros((1, n_kv_heads, n_ctx, value_dim), dtype=ACTIVATIONS) for _ in range(n_layers)]
+        mx.eval(self.keys, self.values)
+        self.decode_step: Callable[[Any, int], mx.array] | None = None
+
+    @property
+    def state(self) -> list[list[mx.array]]:
+        """The arrays a compiled step reads and replaces."""
+        return [self.keys, self.values]
+
+
+@dataclass(frozen=True)
+class StepStart:
+    """`start` as a compiled decode step sees it.
+
+    `position` is the new token's position, a (1,) int32 device array, so that one trace
+    serves every position; `span` is how many cache positions from 0 the step may read, a
+    trace-time constant (a multiple of SPAN_BUCKET, or the context length).
+    """
+
+    position: mx.array
+    span: int
+
+
+class MLXBackend(Backend):
+    """Runs the op set with MLX on its default device: the GPU on Apple silicon."""
+
+    name = "mlx"
+
+    def __init__(self):
+        self.one_bit = _has_one_bit_kernels()
+        self.decode_traces = 0  # how often a decode step was traced (compiled), for tests and tuning
+
+    @property
+    def device_name(self) -> str:
+        if mx.default_device().type == mx.gpu:
+            return "Apple GPU (Metal, MLX float32)"
+        return f"CPU ({os.cpu_count()} cores, MLX float32)"
+
+    # -- weights -------------------------------------------------------------------
+
+    def prepare_weight(self, spec: WeightSpec) -> mx.array | QuantizedMatrix | DenseMatrix:
+        if len(spec.shape) == 1:  # norms and biases
+            return mx.array(dequantize(spec.raw, spec.ggml_type, spec.shape))
+        if spec.ggml_type == GGMLQuantizationType.F32:
+            return DenseMatrix(mx.array(dequantize(spec.raw, spec.ggml_type, spec.shape)))
+        if affine_layout(spec.ggml_type) is not None:
+            m = to_affine(spec.raw, spec.ggml_type, spec.shape, self.one_bit)
+            return QuantizedMatrix(mx.array(m.packed), mx.array(m.scales), mx.array(m.biases), m.group_size, m.bits)
+        return DenseMatrix(mx.array(_float16_rows(spec)))
+
+    # -- ops -------------------------------------------------------------------------
+
+    def embedding(self, weight: QuantizedMatrix | DenseMatrix, token_ids: Any, scale: float = 1.0) -> mx.array:
+        rows = weight.rows(_token_array(token_ids))  # (T, D)
+        return rows * scale if scale != 1.0 else rows
+
+    def linear(self, x: mx.array, weight: QuantizedMatrix | DenseMatrix, bias: mx.array | None = None) -> mx.array:
+        out = weight.times_transposed(x)
+        return out + bias if bias is not None else out
+
+    def rms_norm(self, x: mx.array, weight: mx.array, eps: float) -> mx.array:
+        return mx.fast.rms_norm(x, weight, eps)
+
+    def rope(self, x: mx.array, positions: Any, base: float, rope_dim: int, neox: bool,
+             freq_factors: np.ndarray | None = None) -> mx.array:
+        """As the contract says, for consecutive positions (all the transformer passes):
+        MLX's fast RoPE takes the first position and counts on from it."""
+        if freq_factors is None:
+            frequencies = {"base": base, "freqs": None}
+        else:  # mx.fast.rope divides positions by `freqs`: the inverse frequencies' inverses
+            periods = base ** (np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim) * freq_factors
+            frequencies = {"base": None, "freqs": mx.array(periods.astype(np.float32))}
+        heads = x.transpose(1, 0, 2)  # (heads, T, Dh): fast RoPE counts positions along axis -2
+        out = mx.fast.rope(heads, rope_dim, traditional=not neox, scale=1.0,
+                           offset=_first_position(positions), **frequencies)
+        return out.transpose(1, 0, 2)  # (T, heads, Dh)
+
+    def attention(self, q: mx.array, k: mx.array, v: mx.array, cache: MLXKV, layer: int,
+                  start: int | StepStart, settings: LayerAttention) -> mx.array:
+        """As the contract says; `start` may also be a compiled step's StepStart."""
+        n_new = q.shape[0]
+        at = start.position if isinstance(start, StepStart) else mx.array([start], dtype=mx.int32)
+        cache.keys[layer] = mx.slice_update(cache.keys[layer], k.transpose(1, 0, 2)[None], at, axes=(2,))
+        cache.values[layer] = mx.slice_update(cache.values[layer], v.transpose(1, 0, 2)[None], at, axes=(2,))
+        first, length, mask = _visible(start, n_new, settings.window)
+        keys = _positions(cache.keys[layer], first, length)  # (1, Hkv, S, Dh)
+        values = _positions(cache.values[layer], first, length)  # (1, Hkv, S, Dv)
+        queries = q.transpose(1, 0, 2)[None]  # (1, H, T, Dh)
+        if settings.softcap is None:
+            out = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=settings.scale, mask=mask)
+        else:
+            out = _softcapped_attention(queries, keys, values, settings.scale, settings.softcap, mask)
+        return out[0].transpose(1, 0, 2).reshape(n_new, -1)  # (1, H, T, Dv) -> (T, H * Dv)
+
+    def gated_activation(self, gate: mx.array, up: mx.array, kind: str) -> mx.array:
+        if kind == "silu":
+            return gate * mx.sigmoid(gate) * up
+        if kind == "gelu_tanh":
+            inner = math.sqrt(2.0 / math.pi) * gate * (1.0 + 0.044715 * gate * gate)
+            return 0.5 * gate * (1.0 + mx.tanh(inner)) * up
+        raise ValueError(f"unknown activation {kind!r}")
+
+    def add(self, a: mx.array, b: mx.array) -> mx.array:
+        return a + b
+
+    def softcap(self, x: mx.array, cap: float) -> mx.array:
+        return cap * mx.tanh(x / cap)
+
+    def to_host(self, x: mx.array) -> np.ndarray:
+        return np.array(x.astype(mx.float32))
+
+    # -- KV cache storage ----------------------------------------------------------
+
+    def allocate_kv(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int, value_dim: int) -> MLXKV:
+        return MLXKV(n_layers, n_ctx, n_kv_heads, head_dim, value_dim)
+
+    def kv_bytes(self, cache: MLXKV) -> int:
+        return sum(a.nbytes for a in cache.keys + cache.values)
+
+    def close(self) -> None:
+        mx.clear_cache()
+
+    # -- decoding hooks (optional; the engine looks for them) ------------------------
+
+    def compile_decode(self, forward: Callable[[mx.array, mx.array, StepStart], mx.array],
+                       cache: MLXKV) -> Callable[[Any, int], mx.array]:
+        """A one-token decode step as one compiled function, made once per KV storage.
+
+        `forward(token_ids, positions, start)` is the transformer's forward pass on this
+        storage, returning logits (1, vocab). The returned `step(token, start)` takes the
+        token as a host int or a device array from `argmax`, and the position as an int;
+        it queues the step (`mx.async_eval`) and returns its logits without waiting.
+
+        The position reaches the trace as a device array (slice updates and RoPE take array
+        offsets) and the cache through `mx.compile`'s captured state, so a trace serves
+        every position of a bucket of SPAN_BUCKET: attention reads the cache up to the
+        bucket's end, masking what lies past the token. Crossing into the next bucket
+        traces once more; MLX keeps every trace.
+        """
+        if cache.decode_step is None:
+            def traced(token_ids: mx.array, position: mx.array, span: int) -> mx.array:
+                self.decode_traces += 1  # Python runs only while MLX traces
+                return forward(token_ids, position, StepStart(position, span))
+
+            compiled = mx.compile(traced, inputs=cache.state, outputs=cache.state)
+
+            def step(token: Any, start: int) -> mx.array:
+                span = min(cache.n_ctx, (start // SPAN_BUCKET + 1) * SPAN_BUCKET)
+                logits = compiled(_token_array(token), mx.array([start], dtype=mx.int32), span)
+                mx.async_eval(logits)
+                return logits
+
+            cache.decode_step = step
+        return cache.decode_step
+
+    def argmax(self, logits: mx.array) -> mx.array:
+        """The most likely token after the last position, (1,) int32, left on the device, queued."""
+        token = mx.argmax(logits[-1], axis=-1, keepdims=True).astype(mx.int32)  # (1,)
+        mx.async_eval(token)
+        return token
+
+
+# -- helpers ----------------------------------------------------------------------------
+
+
+def _has_one_bit_kernels() -> bool:
+    """Whether this MLX build multiplies 1-bit affine codes on its default device."""
+    try:
+        x = mx.ones((1, 128))
+        codes = mx.zeros((1, 128 // 32), dtype=mx.uint32)
+        mx.eval(mx.quantized_matmul(x, codes, mx.ones((1, 1)), mx.zeros((1, 1)), group_size=128, bits=1))
+    except (ValueError, RuntimeError):
+        return False
+    return True
+
+
+def _float16_rows(spec: WeightSpec) -> np.ndarray:
+    """A matrix dequantized to float16, through float32 a slice of rows at a time."""
+    n_rows, n_cols = spec.shape
+    out = np.empty((n_rows, n_cols), dtype=np.float16)
+    step = max(1, _HALF_CHUNK_WEIGHTS // n_cols)
+    for lo in range(0, n_rows, step):
+        out[lo:lo + step] = dequantize_rows(spec.raw, spec.ggml_type, spec.shape, slice(lo, lo + step))
+    return out
+
+
+def _token_array(token_ids: Any) -> mx.array:
+    """Token ids as a device int32 array: (T,)."""
+    if isinstance(token_ids, mx.array):
+        return token_ids
+    return mx.array(np.asarray(token_ids, dtype=np.int32).reshape(-1))
+
+
+def _first_position(positions: Any) -> int | mx.array:
+    """The first of consecutive positions: a host int, or a (1,)-array's element in a trace."""
+    if isinstance(positions, mx.array):
+        return positions[0]
+    positions = np.asarray(positions)
+    if np.any(np.diff(positions) != 1):
+        raise ValueError("the MLX backend rotates consecutive positions only")
+    return int(positions[0])
+
+
+def _visible(start: int | StepStart, n_new: int, window: int | None) -> tuple[Any, int, Any]:
+    """Which cache positions the queries at start .. start + n_new - 1 read.
+
+    Returns (first, length, mask): positions first .. first + length - 1, and the mask for
+    the fast attention kernel (None, "causal" or a boolean (T, S) array). A compiled step
+    reads a fixed span and masks by position; a host `start` reads exactly what is visible.
+    """
+    if isinstance(start, StepStart):
+        length, first = start.span, 0
+        if window is not None and window + n_new - 1 < length:  # only the window's positions
+            length = window + n_new - 1
+            first = mx.maximum(start.position + n_new - length, 0)
+        return first, length, _mask(start.position, n_new, first, length, window)
+    first = 0 if window is None else max(0, start - window + 1)
+    length = start + n_new - first
+    if n_new == 1:
+        return first, length, None
+    if window is None:
+        return first, length, "causal"  # lower-right aligned: the last query sees the last key
+    return first, length, _mask(start, n_new, first, length, window)
+
+
+def _mask(start: Any, n_new: int, first: Any, length: int, window: int | None) -> mx.array:
+    """Which keys each query may see, causally and within the window: (T, S) bool."""
+    query = start + mx.arange(n_new)[:, None]  # (T, 1) positions
+    key = first + mx.arange(length)[None, :]  # (1, S) positions
+    allowed = key <= query
+    if window is not None:
+        allowed = allowed & (key > query - window)
+    return allowed
+
+
+def _positions(storage: mx.array, first: Any, length: int) -> mx.array:
+    """Positions first .. first + length - 1 of a layer's keys or values: (1, Hkv, S, D)."""
+    if isinstance(first, int):
+        return storage[:, :, first:first + length]
+    batch, heads, _, dim = storage.shape
+    return mx.slice(storage, first, axes=(2,), slice_size=(batch, heads, length, dim))
+
+
+def _softcapped_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, cap: float,
+                          mask: Any) -> mx.array:
+    """Attention with scores soft-capped before the softmax, which the fast kernel cannot do.
+
+    q (1, H, T, Dh), k (1, Hkv, S, Dh), v (1, Hkv, S, Dv) -> (1, H, T, Dv).
+    """
+    _, n_heads, n_new, head_dim = q.shape
+    n_kv_heads, n_keys = k.shape[1], k.shape[2]
+    if isinstance(mask, str):  # "causal", lower-right aligned
+        mask = mx.arange(n_keys)[None, :] <= mx.arange(n_keys - n_new, n_keys)[:, None]  # (T, S)
+    grouped = q.reshape(n_kv_heads, n_heads // n_kv_heads, n_new, head_dim)  # (Hkv, group, T, Dh)
+    scores = (grouped * scale) @ k[0][:, None].swapaxes(-1, -2)  # (Hkv, group, T, S)
+    scores = cap * mx.tanh(scores / cap)
+    if mask is not None:
+        scores = mx.where(mask, scores, -math.inf)
+    out = mx.softmax(scores, axis=-1, precise=True) @ v[0][:, None]  # (Hkv, group, T, Dv)
+    return out.reshape(1, n_heads, n_new, -1)  # (1, H, T, Dv)
