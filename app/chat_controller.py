@@ -1,0 +1,348 @@
+"""The chat controller: the one place where the GUI meets the engine and the store.
+
+It lives on the GUI thread. Slow work (loading a model, answering) runs as jobs on the
+engine thread; their results come back as queued signals. The store is the source of
+truth for conversations: before each answer the controller hands the engine the stored
+history, and the `ChatSession` reuses whatever prefix of it the KV cache already holds,
+so a new turn prefills only its new tokens and an edit or regenerate rewinds the cache
+to where the conversation diverged. Answers are saved while they stream.
+
+No widgets here: the window connects these signals to its widgets.
+"""
+
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+from PySide6.QtCore import QObject, Signal
+
+from app.model_library import ModelInfo, available_memory, read_model_info
+from app.settings import Settings, effective_sampling, sampling_params
+from app.storage import Conversation, Message, Store, ThrottledSaver
+from app.worker import EngineThread, Job
+from engine.chat_session import ChatSession
+from engine.errors import SprigError
+from engine.generation import FINISH_CANCELLED, GenerationEvent
+from engine.loader import LoadedModel, load_model
+
+TITLE_LENGTH = 48
+
+
+class OutOfMemory(SprigError):
+    """The model would not fit in the memory available."""
+
+
+def title_from(text: str) -> str:
+    """A conversation title from its first message: the first line, shortened."""
+    line = text.strip().splitlines()[0] if text.strip() else "New chat"
+    return line if len(line) <= TITLE_LENGTH else line[:TITLE_LENGTH - 1].rstrip() + "…"
+
+
+def message_dict(message: Message) -> dict:
+    """A stored message as the chat view takes it."""
+    return {"position": message.position, "role": message.role, "content": message.content,
+            "model": message.model, "metrics": message.metrics, "state": message.state}
+
+
+class ChatController(QObject):
+    """Loads models, runs answers, and keeps the store up to date."""
+
+    model_loading = Signal(str)  # model file name
+    load_progress = Signal(float, str)  # fraction, stage
+    model_loaded = Signal(object)  # ModelInfo; re-emitted when a failed load left the model in place
+    model_unloaded = Signal()
+    backend_changed = Signal(str, str, list)  # backend name, device, reasons others were passed over
+    busy_changed = Signal(bool)  # an answer is being generated
+    conversations_changed = Signal()
+    conversation_opened = Signal(object, list)  # Conversation, [message dicts]
+    messages_truncated = Signal(int)  # messages at and after this position were removed
+    message_added = Signal(dict)  # a stored user message
+    answer_started = Signal(dict)  # the assistant message dict, empty content
+    answer_text = Signal(str)  # the whole answer so far
+    answer_metrics = Signal(dict)  # Metrics.as_dict() of the answer so far
+    answer_finished = Signal(dict, str)  # final metrics, state
+    notice = Signal(str)  # something the user should know (dropped turns, slow model)
+    error = Signal(str)  # something went wrong; the engine's message, intact
+
+    def __init__(self, store: Store, settings: Settings, parent: QObject | None = None):
+        super().__init__(parent)
+        self.store = store
+        self.settings = settings
+        self.engine = EngineThread()
+        self.engine.worker.yielded.connect(self._on_yielded)
+        self.engine.worker.errored.connect(self._on_errored)
+        self.engine.worker.finished.connect(self._on_finished)
+        self.loaded: LoadedModel | None = None
+        self.model_info: ModelInfo | None = None
+        self.conversation: Conversation | None = None
+        self._session: ChatSession | None = None
+        self._job: Job | None = None
+        self._answer: dict | None = None  # the streaming answer: message id, text, metrics, saver
+
+    # -- state -------------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        """True while a job (loading or answering) runs on the engine thread."""
+        return self._job is not None
+
+    @property
+    def answering(self) -> bool:
+        """True while an answer is being generated."""
+        return self._job is not None and self._job.kind == "answer"
+
+    @property
+    def loading(self) -> bool:
+        """True while a model is loading."""
+        return self._job is not None and self._job.kind == "load"
+
+    def shutdown(self) -> None:
+        """Stop the current job, save what streamed, and end the engine thread."""
+        job = self._job
+        self.engine.stop(job)
+        if self._answer is not None:
+            self._answer["saver"].flush(self._answer["metrics"], "cancelled")
+        if self.loaded is not None:
+            self.loaded.close()
+            self.loaded = None
+
+    # -- models ------------------------------------------------------------------
+
+    def load(self, path: str | Path, name: str | None = None) -> bool:
+        """Load a model file on the engine thread; False if something else is running."""
+        if self.busy:
+            self.error.emit("Wait for the current answer or load to finish, or stop it first.")
+            return False
+        path = Path(path)
+        settings = self.settings
+        self.model_loading.emit(path.name)
+
+        def run(cancel: threading.Event) -> tuple[LoadedModel, ModelInfo, ChatSession]:
+            # Validate the file and check its size before letting go of the current model,
+            # so a bad or oversized file leaves the chat as it was.
+            info = read_model_info(path, name)
+            current = self.model_info
+            freed = current.memory_needed(settings.context_length) if current and self.loaded else 0
+            fits, verdict = info.memory_verdict(settings.context_length, available_memory() + freed)
+            if not fits and "will not fit" in verdict:
+                raise OutOfMemory(f"{info.name} {verdict}.")
+            if not fits:
+                self.notice.emit(f"{info.name} {verdict}.")
+            self._release_model()
+            loaded = load_model(path, settings.backend, progress=self.load_progress.emit, cancel=cancel)
+            try:
+                session = self._new_session(loaded, settings)
+            except BaseException:
+                loaded.close()
+                raise
+            return loaded, info, session
+
+        self._start(Job(run, "load"))
+        return True
+
+    def unload(self) -> None:
+        """Release the loaded model (on the engine thread, after any running job)."""
+        if self.busy:
+            return
+        self._start(Job(lambda cancel: self._release_model(), "unload"))
+
+    def cancel(self) -> None:
+        """Cancel the running load or answer; it stops within one step."""
+        if self._job is not None:
+            self._job.cancel.set()
+
+    def apply_settings(self, settings: Settings) -> None:
+        """Use new settings: reload for a new backend, rebuild the session for a new context."""
+        old, self.settings = self.settings, settings
+        if self.loaded is None or self.busy:
+            return
+        if settings.backend != old.backend:
+            self.load(self.loaded.path, self.model_info.name if self.model_info else None)
+        elif settings.context_length != old.context_length:
+            loaded = self.loaded
+            self._start(Job(lambda cancel: self._new_session(loaded, settings), "session"))
+
+    def _release_model(self) -> None:
+        """Engine thread: drop the session and close the model."""
+        self._session = None
+        if self.loaded is not None:
+            self.loaded.close()
+            self.loaded = None
+
+    @staticmethod
+    def _new_session(loaded: LoadedModel, settings: Settings) -> ChatSession:
+        return ChatSession(loaded, n_ctx=settings.context_length, max_tokens=settings.max_tokens)
+
+    # -- conversations -----------------------------------------------------------
+
+    def open_conversation(self, conversation_id: int | None) -> None:
+        """Show a stored conversation (None: a fresh, unsaved one)."""
+        if self.busy and self._answer is not None:
+            self.error.emit("Stop the current answer before switching conversations.")
+            return
+        if conversation_id is None:
+            self.conversation = None
+            self.conversation_opened.emit(None, [])
+            return
+        self.conversation = self.store.conversation(conversation_id)
+        messages = [message_dict(m) for m in self.store.messages(conversation_id)]
+        self.conversation_opened.emit(self.conversation, messages)
+
+    def rename_conversation(self, conversation_id: int, title: str) -> None:
+        """Give a conversation a new title."""
+        self.store.rename_conversation(conversation_id, title.strip() or "Untitled")
+        self.conversations_changed.emit()
+
+    def delete_conversation(self, conversation_id: int) -> None:
+        """Delete a conversation and its messages."""
+        if self.conversation is not None and self.conversation.id == conversation_id:
+            if self._answer is not None:
+                self.error.emit("Stop the current answer before deleting this conversation.")
+                return
+            self.open_conversation(None)
+        self.store.delete_conversation(conversation_id)
+        self.conversations_changed.emit()
+
+    def set_overrides(self, overrides: dict) -> None:
+        """Per-conversation sampling overrides for the open conversation."""
+        if self.conversation is None:
+            self.conversation = self.store.create_conversation()
+            self.conversations_changed.emit()
+        self.store.set_overrides(self.conversation.id, overrides)
+        self.conversation = self.store.conversation(self.conversation.id)
+
+    # -- answering -----------------------------------------------------------------
+
+    def send(self, text: str) -> bool:
+        """Store a user message and answer it. False (with an error) if that cannot start."""
+        text = text.strip()
+        if not text or not self._can_answer():
+            return False
+        if self.conversation is None:
+            self.conversation = self.store.create_conversation(title_from(text))
+            self.conversation_opened.emit(self.conversation, [])
+        self.message_added.emit(message_dict(self.store.add_message(self.conversation.id, "user", text)))
+        self.conversations_changed.emit()
+        self._begin_answer()
+        return True
+
+    def regenerate(self) -> bool:
+        """Replace the last answer with a new one."""
+        if self.conversation is None or not self._can_answer():
+            return False
+        messages = self.store.messages(self.conversation.id)
+        if messages and messages[-1].role == "assistant":
+            self.store.delete_messages_from(self.conversation.id, messages[-1].position)
+            self.messages_truncated.emit(messages[-1].position)
+        if not self.store.messages(self.conversation.id):
+            return False
+        self._begin_answer()
+        return True
+
+    def edit(self, position: int, text: str) -> bool:
+        """Replace the user message at `position`, drop everything after it, answer again."""
+        text = text.strip()
+        if self.conversation is None or not text or not self._can_answer():
+            return False
+        self.store.delete_messages_from(self.conversation.id, position)
+        self.messages_truncated.emit(position)
+        self.message_added.emit(message_dict(self.store.add_message(self.conversation.id, "user", text)))
+        self._begin_answer()
+        return True
+
+    def _can_answer(self) -> bool:
+        if self.busy:
+            self.error.emit("Sprig is still busy with the last request; stop it or wait.")
+            return False
+        if self._session is None:
+            self.error.emit("No model is loaded. Choose one in the model picker, or drop a .gguf file here.")
+            return False
+        return True
+
+    def _begin_answer(self) -> None:
+        conversation = self.conversation
+        history = [m for m in self.store.messages(conversation.id) if m.state != "error" and m.content]
+        settings = effective_sampling(self.settings, conversation.overrides)
+        model_name = self.model_info.name if self.model_info else self.loaded.path.name
+        assistant = self.store.add_message(conversation.id, "assistant", "", model=model_name, state="streaming")
+        self._answer = {"id": assistant.id, "text": "", "metrics": {}, "state": "complete",
+                        "saver": ThrottledSaver(self.store, assistant.id)}
+        session = self._session
+        turns = [{"role": m.role, "content": m.content} for m in history]
+        system = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt.strip() else []
+
+        def run(cancel: threading.Event):
+            session.params = sampling_params(settings)
+            session.max_tokens = settings.max_tokens
+            session.messages = system + turns[:-1]
+            return session.send(turns[-1]["content"], cancel)
+
+        self.answer_started.emit(message_dict(assistant))
+        self._start(Job(run, "answer"))
+
+    # -- job plumbing --------------------------------------------------------------
+
+    def _start(self, job: Job) -> None:
+        self._job = job
+        self.busy_changed.emit(True)
+        self.engine.worker.submit(job)
+
+    def _on_yielded(self, job: Job, events: list[GenerationEvent]) -> None:
+        answer = self._answer
+        if job is not self._job or answer is None:
+            return
+        for event in events:
+            if event.notice:
+                self.notice.emit(event.notice)
+            answer["text"] += event.text
+            answer["metrics"] = event.metrics.as_dict()
+            if event.finish_reason == FINISH_CANCELLED:
+                answer["state"] = "cancelled"
+        answer["saver"].set_text(answer["text"])
+        self.answer_text.emit(answer["text"])
+        self.answer_metrics.emit(answer["metrics"])
+
+    def _on_errored(self, job: Job, message: str) -> None:
+        if job is not self._job:
+            return
+        if self._answer is not None:
+            self._answer["state"] = "error"
+            self._answer["metrics"] = {**self._answer["metrics"], "error": message}
+        self.error.emit(message)
+
+    def _on_finished(self, job: Job, result: object) -> None:
+        if job is not self._job:
+            return
+        self._job = None
+        if job.kind == "load":
+            self._finish_load(result)
+        elif job.kind == "unload":
+            self.model_info = None
+            self.model_unloaded.emit()
+        elif job.kind == "session" and result is not None:
+            self._session = result
+        elif job.kind == "answer":
+            self._finish_answer()
+        self.busy_changed.emit(False)
+
+    def _finish_load(self, result: tuple | None) -> None:
+        if result is None:  # failed or cancelled
+            if self.loaded is not None:  # failed before the current model was released
+                self.model_loaded.emit(self.model_info)
+                return
+            self._session, self.model_info = None, None
+            self.model_unloaded.emit()
+            return
+        self.loaded, self.model_info, self._session = result
+        self.settings = replace(self.settings, last_model=str(self.loaded.path))
+        self.store.add_model(str(self.loaded.path), self.model_info.name)
+        self.store.touch_model(str(self.loaded.path))
+        backend = self.loaded.backend
+        self.backend_changed.emit(backend.name, backend.device_name, list(self.loaded.backend_notes))
+        self.model_loaded.emit(self.model_info)
+
+    def _finish_answer(self) -> None:
+        answer, self._answer = self._answer, None
+        answer["saver"].flush(answer["metrics"], answer["state"])
+        self.answer_finished.emit(answer["metrics"], answer["state"])
+        self.conversations_changed.emit()

@@ -1,0 +1,429 @@
+"""The main window: wiring between the widgets and the chat controller.
+
+Layout: the conversation sidebar on the left; in the middle the model bar (model picker,
+backend, load progress), banners, the chat view and the message box; the collapsible
+metrics panel on the right. Widgets only talk to the controller through its methods and
+signals, so every engine call stays on the engine thread.
+"""
+
+import json
+from pathlib import Path
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
+from PySide6.QtWidgets import (
+    QApplication, QFileDialog, QFrame, QHBoxLayout, QLabel, QMainWindow, QMessageBox,
+    QProgressBar, QPushButton, QSplitter, QToolButton, QVBoxLayout, QWidget,
+)
+
+from app.chat_controller import ChatController
+from app.model_library import ModelInfo, format_bytes, format_parameters, library_entries
+from app.settings import Settings, save_settings
+from app.storage import Conversation, Store
+from app.theme import apply_theme
+from app.transcript import TranscriptError, import_json, read_json_file, to_json, to_markdown
+from app.widgets.chat_view import ChatView
+from app.widgets.conversation_list import ConversationList
+from app.widgets.message_input import MessageInput
+from app.widgets.metrics_panel import MetricsPanel
+from app.widgets.model_picker import InfoCache, ModelPicker
+from app.widgets.settings_dialog import ConversationSettingsDialog, SettingsDialog
+
+
+class Banner(QFrame):
+    """A dismissable one-line message above the chat (errors in red, notices in blue)."""
+
+    def __init__(self, object_name: str, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName(object_name)
+        self.label = QLabel()
+        self.label.setWordWrap(True)
+        self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        close = QToolButton()
+        close.setText("✕")
+        close.setAutoRaise(True)
+        close.clicked.connect(self.hide)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(12, 8, 8, 8)
+        layout.addWidget(self.label, 1)
+        layout.addWidget(close, 0, Qt.AlignmentFlag.AlignTop)
+        self.hide()
+
+    def show_text(self, text: str) -> None:
+        """Show `text`, replacing what was there."""
+        self.label.setText(text)
+        self.show()
+
+
+class ModelBar(QFrame):
+    """The top bar: the current model (click to pick another), backend, load progress."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("ModelBar")
+        self.model_button = QPushButton("No model loaded  ▾")
+        self.model_button.setObjectName("ModelButton")
+        self.model_button.setToolTip("Choose, add or remove models (Ctrl+L)")
+        self.details = QLabel()
+        self.details.setObjectName("MutedLabel")
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 1000)
+        self.progress.setFixedWidth(220)
+        self.progress.setTextVisible(True)
+        self.cancel_button = QPushButton("Cancel")
+        self.unload_button = QPushButton("Unload")
+        self.unload_button.setToolTip("Release the model's memory")
+        self.backend_label = QLabel()
+        self.backend_label.setObjectName("BackendLabel")
+        self.chat_settings_button = QPushButton("Chat settings")
+        self.chat_settings_button.setToolTip("Sampling settings for this conversation only")
+        self.settings_button = QPushButton("Settings")
+        self.metrics_button = QToolButton()
+        self.metrics_button.setText("Metrics")
+        self.metrics_button.setCheckable(True)
+        self.metrics_button.setChecked(True)
+
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(12, 8, 12, 8)
+        layout.addWidget(self.model_button)
+        layout.addWidget(self.details)
+        layout.addWidget(self.progress)
+        layout.addWidget(self.cancel_button)
+        layout.addStretch(1)
+        layout.addWidget(self.backend_label)
+        layout.addWidget(self.unload_button)
+        layout.addWidget(self.chat_settings_button)
+        layout.addWidget(self.settings_button)
+        layout.addWidget(self.metrics_button)
+        self.set_loading(False)
+
+    def set_loading(self, loading: bool) -> None:
+        """Show the progress bar and Cancel while a model loads."""
+        self.progress.setVisible(loading)
+        self.cancel_button.setVisible(loading)
+        self.details.setVisible(not loading)
+        if loading:
+            self.progress.setValue(0)
+
+    def set_model(self, info: ModelInfo | None) -> None:
+        """Name the loaded model (None: nothing loaded)."""
+        if info is None:
+            self.model_button.setText("No model loaded  ▾")
+            self.details.setText("")
+            self.unload_button.setEnabled(False)
+            return
+        self.model_button.setText(f"{info.name}  ▾")
+        self.details.setText(f"{info.architecture} · {format_parameters(info.parameters)} · {info.quantization} · "
+                             f"{format_bytes(info.file_size)} · ctx {info.context_length:,}")
+        self.unload_button.setEnabled(True)
+
+    def set_backend(self, name: str, device: str, reasons: list[str]) -> None:
+        """Show the backend in use; a warning with the reasons when no GPU backend runs."""
+        gpu_reasons = [r for r in reasons if r.split(":", 1)[0] in ("cuda", "mlx")]
+        fell_back = name == "numpy" and bool(gpu_reasons)
+        self.backend_label.setText(f"{'⚠ ' if fell_back else ''}{name} · {device}")
+        tip = "Backends passed over:\n" + "\n".join(reasons) if reasons else "The preferred backend is in use."
+        self.backend_label.setToolTip(tip)
+        self.backend_label.setProperty("warning", fell_back)
+
+
+class MainWindow(QMainWindow):
+    """Sprig's window."""
+
+    def __init__(self, store: Store, settings: Settings, settings_path: Path | None = None):
+        super().__init__()
+        self.setWindowTitle("Sprig")
+        self.resize(1280, 800)
+        self.setAcceptDrops(True)
+        self.store = store
+        self.settings_path = settings_path
+        self.controller = ChatController(store, settings, self)
+        self.info_cache = InfoCache()
+
+        self.sidebar = ConversationList()
+        self.model_bar = ModelBar()
+        self.error_banner = Banner("ErrorBanner")
+        self.info_banner = Banner("InfoBanner")
+        self.chat_view = ChatView()
+        self.input = MessageInput()
+        self.send_button = QPushButton("Send")
+        self.send_button.setObjectName("SendButton")
+        self.metrics = MetricsPanel()
+
+        input_row = QHBoxLayout()
+        input_row.setContentsMargins(16, 8, 16, 16)
+        input_row.addWidget(self.input, 1)
+        input_row.addWidget(self.send_button, 0, Qt.AlignmentFlag.AlignBottom)
+        center = QWidget()
+        center_layout = QVBoxLayout(center)
+        center_layout.setContentsMargins(0, 0, 0, 0)
+        center_layout.setSpacing(0)
+        center_layout.addWidget(self.model_bar)
+        center_layout.addWidget(self.error_banner)
+        center_layout.addWidget(self.info_banner)
+        center_layout.addWidget(self.chat_view, 1)
+        center_layout.addLayout(input_row)
+        splitter = QSplitter()
+        splitter.addWidget(self.sidebar)
+        splitter.addWidget(center)
+        splitter.addWidget(self.metrics)
+        splitter.setStretchFactor(1, 1)
+        splitter.setSizes([250, 760, 270])
+        splitter.setCollapsible(1, False)
+        self.setCentralWidget(splitter)
+
+        self._connect()
+        self._add_shortcuts()
+        self.refresh_conversations()
+        self._show_empty_state()
+        self._set_busy(False)
+
+    # -- wiring --------------------------------------------------------------------
+
+    def _connect(self) -> None:
+        c = self.controller
+        self.input.submitted.connect(self.send)
+        self.send_button.clicked.connect(self._send_or_stop)
+        self.sidebar.new_requested.connect(self.new_conversation)
+        self.sidebar.opened.connect(c.open_conversation)
+        self.sidebar.search_changed.connect(lambda _text: self.refresh_conversations())
+        self.sidebar.rename_requested.connect(c.rename_conversation)
+        self.sidebar.delete_requested.connect(c.delete_conversation)
+        self.sidebar.export_requested.connect(self.export_conversation)
+        self.sidebar.import_requested.connect(self.import_conversation)
+        self.chat_view.edit_submitted.connect(c.edit)
+        self.chat_view.regenerate_requested.connect(c.regenerate)
+        self.model_bar.model_button.clicked.connect(self.open_model_picker)
+        self.model_bar.cancel_button.clicked.connect(c.cancel)
+        self.model_bar.unload_button.clicked.connect(c.unload)
+        self.model_bar.settings_button.clicked.connect(self.open_settings)
+        self.model_bar.chat_settings_button.clicked.connect(self.open_conversation_settings)
+        self.model_bar.metrics_button.toggled.connect(self.metrics.setVisible)
+
+        c.model_loading.connect(self._on_model_loading)
+        c.load_progress.connect(self._on_load_progress)
+        c.model_loaded.connect(self._on_model_loaded)
+        c.model_unloaded.connect(self._on_model_unloaded)
+        c.backend_changed.connect(self.model_bar.set_backend)
+        c.backend_changed.connect(self.metrics.set_backend)
+        c.busy_changed.connect(self._set_busy)
+        c.conversations_changed.connect(self.refresh_conversations)
+        c.conversation_opened.connect(self._on_conversation_opened)
+        c.messages_truncated.connect(self.chat_view.truncate_from)
+        c.message_added.connect(self.chat_view.append_message)
+        c.answer_started.connect(self._on_answer_started)
+        c.answer_text.connect(self.chat_view.update_streaming)
+        c.answer_metrics.connect(self.metrics.update_metrics)
+        c.answer_finished.connect(self._on_answer_finished)
+        c.notice.connect(self._on_notice)
+        c.error.connect(self.error_banner.show_text)
+
+    def _add_shortcuts(self) -> None:
+        for keys, handler in (("Ctrl+N", self.new_conversation), ("Ctrl+L", self.open_model_picker),
+                              ("Ctrl+,", self.open_settings), ("Escape", self.controller.cancel)):
+            action = QAction(self)
+            action.setShortcut(QKeySequence(keys))
+            action.triggered.connect(handler)
+            self.addAction(action)
+
+    # -- chatting --------------------------------------------------------------------
+
+    def send(self, text: str) -> None:
+        """Send the message box's text (Enter or the Send button)."""
+        self.error_banner.hide()
+        if self.controller.send(text):
+            self.input.clear()
+
+    def _send_or_stop(self) -> None:
+        if self.controller.answering:
+            self.controller.cancel()
+        else:
+            self.send(self.input.toPlainText())
+
+    def new_conversation(self) -> None:
+        """Start a fresh conversation; it is saved with its first message."""
+        self.controller.open_conversation(None)
+        self.input.setFocus()
+
+    def _on_conversation_opened(self, conversation: Conversation | None, messages: list[dict]) -> None:
+        self.info_banner.hide()
+        self.chat_view.set_messages(messages)
+        if not messages:
+            self._show_empty_state()
+        self.metrics.clear()
+        self.refresh_conversations()
+
+    def _on_answer_started(self, message: dict) -> None:
+        self.chat_view.append_message(message)
+        self.metrics.start_answer()
+
+    def _on_answer_finished(self, metrics: dict, state: str) -> None:
+        self.chat_view.finish_streaming(metrics, state)
+        self.metrics.finish_answer(metrics)
+
+    def _on_notice(self, text: str) -> None:
+        self.info_banner.show_text(text)
+        self.chat_view.show_notice(text)
+
+    def _set_busy(self, busy: bool) -> None:
+        answering = busy and self.controller.answering
+        self.send_button.setText("Stop" if answering else "Send")
+        self.send_button.setProperty("stop", answering)
+        self.send_button.style().unpolish(self.send_button)
+        self.send_button.style().polish(self.send_button)
+        self.send_button.setEnabled(answering or not busy)
+        self.model_bar.model_button.setEnabled(not busy)
+
+    def _show_empty_state(self) -> None:
+        info = self.controller.model_info
+        if self.controller.loading:
+            text = "Loading the model…"
+        elif info is None:
+            text = "No model loaded.\nChoose one with the model button above, or drop a .gguf file here."
+        else:
+            text = f"{info.name} is ready.\nType a message to start."
+        self.chat_view.set_placeholder(text)
+
+    # -- conversations ---------------------------------------------------------------
+
+    def refresh_conversations(self) -> None:
+        """Re-read the sidebar from the store, with the current search."""
+        conversations = self.store.conversations(self.sidebar.search.text().strip())
+        current = self.controller.conversation.id if self.controller.conversation else None
+        self.sidebar.set_conversations(conversations, current)
+
+    def export_conversation(self, conversation_id: int, fmt: str) -> None:
+        """Save a conversation as Markdown or JSON where the user chooses."""
+        conversation = self.store.conversation(conversation_id)
+        messages = self.store.messages(conversation_id)
+        suffix, kind = (".md", "Markdown (*.md)") if fmt == "markdown" else (".json", "JSON (*.json)")
+        safe_title = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in conversation.title).strip()
+        path, _ = QFileDialog.getSaveFileName(self, "Export chat", (safe_title or "chat") + suffix, kind)
+        if not path:
+            return
+        text = to_markdown(conversation, messages) if fmt == "markdown" else json.dumps(
+            to_json(conversation, messages), ensure_ascii=False, indent=2)
+        try:
+            Path(path).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            self.error_banner.show_text(f"Could not write {path}: {exc.strerror}.")
+
+    def import_conversation(self) -> None:
+        """Import a conversation exported as JSON."""
+        path, _ = QFileDialog.getOpenFileName(self, "Import chat", "", "JSON (*.json);;All files (*)")
+        if not path:
+            return
+        try:
+            conversation = import_json(self.store, read_json_file(path))
+        except TranscriptError as exc:
+            self.error_banner.show_text(str(exc))
+            return
+        self.controller.open_conversation(conversation.id)
+
+    # -- models ------------------------------------------------------------------------
+
+    def library(self):
+        """The library entries: bundled, models folder, added before."""
+        added = [(m.path, m.name) for m in self.store.models()]
+        return library_entries(Path(self.controller.settings.models_folder), added)
+
+    def open_model_picker(self) -> ModelPicker:
+        """Show the model picker (non-modal); returns it."""
+        current = self.controller.loaded.path if self.controller.loaded else None
+        picker = ModelPicker(self.library(), self.info_cache, self.controller.settings.context_length,
+                             Path(self.controller.settings.models_folder), current, self)
+        picker.load_requested.connect(self.controller.load)
+        picker.add_requested.connect(self.add_model)
+        picker.remove_requested.connect(self.store.remove_model)
+        picker.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        picker.show()
+        return picker
+
+    def add_model(self, path: str) -> None:
+        """Add a model file to the library and load it (file dialog, drop, command line)."""
+        file = Path(path)
+        if file.suffix.lower() != ".gguf":
+            self.error_banner.show_text(f"{file.name} is not a GGUF model file (.gguf); Sprig cannot open it.")
+            return
+        if not file.is_file():
+            self.error_banner.show_text(f"{file} does not exist: it may have been moved or deleted.")
+            return
+        self.error_banner.hide()
+        known = {entry.path.resolve(): entry.name for entry in self.library() if entry.path.exists()}
+        self.controller.load(file, known.get(file.resolve()))
+
+    def _on_model_loading(self, name: str) -> None:
+        self.model_bar.set_loading(True)
+        self.model_bar.model_button.setText(f"Loading {name}…")
+        self.metrics.clear()
+        self._show_empty_state()
+
+    def _on_load_progress(self, fraction: float, stage: str) -> None:
+        self.model_bar.progress.setValue(int(fraction * 1000))
+        self.model_bar.progress.setFormat(f"{stage} %p%")
+
+    def _on_model_loaded(self, info: ModelInfo) -> None:
+        self.model_bar.set_loading(False)
+        self.model_bar.set_model(info)
+        self._save_settings()
+        if not self.chat_view.has_messages():
+            self._show_empty_state()
+
+    def _on_model_unloaded(self) -> None:
+        self.model_bar.set_loading(False)
+        self.model_bar.set_model(None)
+        self.model_bar.set_backend("none", "no model loaded", [])
+        if not self.chat_view.has_messages():
+            self._show_empty_state()
+
+    # -- settings ------------------------------------------------------------------------
+
+    def open_settings(self) -> None:
+        """The settings dialog; changes apply at once and are saved."""
+        reasons = list(self.controller.loaded.backend_notes) if self.controller.loaded else []
+        dialog = SettingsDialog(self.controller.settings, reasons, self)
+        if dialog.exec():
+            self.apply_settings(dialog.settings())
+
+    def apply_settings(self, settings: Settings) -> None:
+        """Use and save `settings`: theme now, engine changes through the controller."""
+        self.controller.apply_settings(settings)
+        apply_theme(QApplication.instance(), settings.theme)
+        self.chat_view.set_dark(settings.theme == "dark")
+        self._save_settings()
+
+    def open_conversation_settings(self) -> None:
+        """Sampling overrides for the open conversation."""
+        conversation = self.controller.conversation
+        overrides = conversation.overrides if conversation else {}
+        dialog = ConversationSettingsDialog(self.controller.settings, overrides, self)
+        if dialog.exec():
+            self.controller.set_overrides(dialog.overrides())
+
+    def _save_settings(self) -> None:
+        try:
+            save_settings(self.controller.settings, self.settings_path)
+        except OSError as exc:
+            self.error_banner.show_text(f"Could not save the settings: {exc}.")
+
+    # -- drag and drop, closing ------------------------------------------------------------
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:
+        """Accept dragged files (the drop says whether they are models)."""
+        if event.mimeData().hasUrls():
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:
+        """Add a dropped .gguf file to the library and load it; explain anything else."""
+        files = [url.toLocalFile() for url in event.mimeData().urls() if url.isLocalFile()]
+        if not files:
+            self.error_banner.show_text("Only files on this computer can be dropped here.")
+            return
+        event.acceptProposedAction()
+        self.add_model(files[0])
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        """Stop the engine, keep what streamed, save the settings."""
+        self.controller.shutdown()
+        self._save_settings()
+        super().closeEvent(event)

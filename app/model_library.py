@@ -1,0 +1,128 @@
+"""The models the picker offers, and what each one needs.
+
+The library is the bundled models, every `.gguf` file in the user's models folder, and
+every file added before (kept in the store). `read_model_info` opens a file's header
+only (no weights) to describe it: architecture, parameters, quantization, size, context
+length, and the memory it needs on the NumPy backend against the memory available.
+Reading a header with a large vocabulary takes seconds, so the window calls it off the
+GUI thread. Nothing here imports Qt.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import psutil
+
+from engine.bundled import bundled_models
+from engine.config import ModelConfig
+from engine.gguf_file import open_gguf
+
+
+@dataclass(frozen=True)
+class LibraryEntry:
+    """A model file the library lists, before its header has been read."""
+
+    path: Path
+    name: str
+    bundled: bool = False
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the picker shows about one model file."""
+
+    path: Path
+    name: str
+    architecture: str
+    parameters: int
+    quantization: str
+    file_size: int
+    context_length: int
+    weight_bytes_f32: int  # what the NumPy backend's float32 cache holds once loaded
+    kv_bytes_per_token: int  # float32 keys and values of every layer, for one position
+
+    def memory_needed(self, n_ctx: int) -> int:
+        """Bytes a NumPy load needs: float32 weights plus a KV cache of `n_ctx` positions."""
+        return self.weight_bytes_f32 + self.kv_bytes_per_token * min(n_ctx, self.context_length)
+
+    def memory_verdict(self, n_ctx: int, available: int) -> tuple[bool, str]:
+        """(fits, sentence) comparing the memory needed with `available` bytes."""
+        needed = self.memory_needed(n_ctx)
+        text = f"needs {format_bytes(needed)} of {format_bytes(available)} available"
+        if needed <= available // 2:  # the NumPy backend caches up to half the free memory
+            return True, text
+        if self.file_size + self.kv_bytes_per_token * min(n_ctx, self.context_length) <= available:
+            return False, text + ": it will run, slowly, dequantizing weights on every step"
+        return False, text + ": it will not fit; choose a smaller model or a shorter context"
+
+
+def format_bytes(n: int) -> str:
+    """A byte count for people: '98.4 MB', '1.07 GB'."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}" if n < 100 * size else f"{n / size:.0f} {unit}"
+    return f"{n} B"
+
+
+def format_parameters(n: int) -> str:
+    """A parameter count for people: '135M', '8.0B'."""
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
+def available_memory() -> int:
+    """Bytes of memory the OS could give the app now."""
+    return psutil.virtual_memory().available
+
+
+def read_model_info(path: str | Path, name: str | None = None) -> ModelInfo:
+    """Describe a GGUF file from its header. Raises ModelFileError for bad files."""
+    with open_gguf(path) as model_file:
+        config = ModelConfig.from_gguf(model_file)
+        tensors = model_file.tensors.values()
+        matrices = [t for t in tensors if len(t.shape) >= 2]
+        file_type = model_file.get("general.file_type")
+        if file_type is not None and file_type in gguf.LlamaFileType._value2member_map_:
+            quantization = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_")
+        else:  # no file type recorded: name the type most of the weights are in
+            by_type: dict[str, int] = {}
+            for t in matrices:
+                by_type[t.type_name] = by_type.get(t.type_name, 0) + t.n_bytes
+            quantization = max(by_type, key=by_type.get) if by_type else "?"
+        kv_per_token = 4 * config.n_layers * config.n_kv_heads * (config.head_dim + config.value_head_dim)
+        return ModelInfo(
+            path=model_file.path,
+            name=name or model_file.get("general.name") or model_file.path.stem,
+            architecture=config.architecture,
+            parameters=sum(t.n_elements for t in tensors),
+            quantization=quantization,
+            file_size=model_file.path.stat().st_size,
+            context_length=config.context_length,
+            weight_bytes_f32=4 * sum(t.n_elements for t in matrices),
+            kv_bytes_per_token=kv_per_token,
+        )
+
+
+def library_entries(models_folder: Path, added: list[tuple[str, str]]) -> list[LibraryEntry]:
+    """Bundled models, then `.gguf` files in `models_folder`, then added files `(path, name)`.
+
+    Each path appears once. Added files that no longer exist are still listed, so the
+    picker can say they moved.
+    """
+    entries: list[LibraryEntry] = []
+    seen: set[Path] = set()
+
+    def add(entry: LibraryEntry) -> None:
+        key = entry.path.resolve() if entry.path.exists() else entry.path
+        if key not in seen:
+            seen.add(key)
+            entries.append(entry)
+
+    for model in bundled_models():
+        add(LibraryEntry(model.path, model.name, bundled=True))
+    if models_folder.is_dir():
+        for path in sorted(models_folder.glob("*.gguf")):
+            add(LibraryEntry(path, path.stem))
+    for path, name in added:
+        add(LibraryEntry(Path(path), name))
+    return entries

@@ -1,0 +1,124 @@
+"""The sidebar: new chat, search, the list of conversations, import."""
+
+import time
+
+from PySide6.QtCore import QPoint, Qt, QTimer, Signal
+from PySide6.QtWidgets import (
+    QFrame, QHBoxLayout, QInputDialog, QLabel, QLineEdit, QListWidget, QListWidgetItem, QMenu,
+    QMessageBox, QPushButton, QVBoxLayout, QWidget,
+)
+
+from app.storage import Conversation
+
+SEARCH_DELAY_MS = 200
+
+
+def age_text(timestamp: float, now: float | None = None) -> str:
+    """'just now', '5 min ago', '3 h ago', '2 days ago' for a list subtitle."""
+    seconds = max(0.0, (now or time.time()) - timestamp)
+    if seconds < 60:
+        return "just now"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min ago"
+    if seconds < 86400:
+        return f"{int(seconds // 3600)} h ago"
+    days = int(seconds // 86400)
+    return f"{days} day{'s' if days > 1 else ''} ago"
+
+
+class ConversationList(QFrame):
+    """Lists conversations; asks the window to open, rename, delete, export or import them."""
+
+    new_requested = Signal()
+    opened = Signal(int)  # conversation id
+    search_changed = Signal(str)
+    rename_requested = Signal(int, str)
+    delete_requested = Signal(int)
+    export_requested = Signal(int, str)  # conversation id, "markdown" or "json"
+    import_requested = Signal()
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("Sidebar")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(10, 10, 10, 10)
+        layout.setSpacing(8)
+
+        title = QLabel("Sprig")
+        title.setObjectName("AppTitle")
+        self.new_button = QPushButton("＋  New chat")
+        self.new_button.setObjectName("NewChatButton")
+        self.new_button.clicked.connect(self.new_requested)
+        self.search = QLineEdit()
+        self.search.setPlaceholderText("Search chats…")
+        self.search.setClearButtonEnabled(True)
+        self._search_timer = QTimer(self, singleShot=True, interval=SEARCH_DELAY_MS)
+        self._search_timer.timeout.connect(lambda: self.search_changed.emit(self.search.text()))
+        self.search.textChanged.connect(self._search_timer.start)
+
+        self.list = QListWidget()
+        self.list.setObjectName("ConversationList")
+        self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.list.customContextMenuRequested.connect(self._context_menu)
+        self.list.itemClicked.connect(lambda item: self.opened.emit(item.data(Qt.ItemDataRole.UserRole)))
+        self.empty_label = QLabel("No chats yet")
+        self.empty_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.empty_label.setObjectName("MutedLabel")
+
+        self.import_button = QPushButton("Import…")
+        self.import_button.setToolTip("Import a conversation exported as JSON")
+        self.import_button.clicked.connect(self.import_requested)
+        footer = QHBoxLayout()
+        footer.addWidget(self.import_button)
+        footer.addStretch(1)
+
+        layout.addWidget(title)
+        layout.addWidget(self.new_button)
+        layout.addWidget(self.search)
+        layout.addWidget(self.list, 1)
+        layout.addWidget(self.empty_label)
+        layout.addLayout(footer)
+
+    def set_conversations(self, conversations: list[Conversation], current: int | None) -> None:
+        """Show `conversations` (newest first) and highlight `current`."""
+        self.list.clear()
+        now = time.time()
+        for conversation in conversations:
+            item = QListWidgetItem(f"{conversation.title}\n{age_text(conversation.updated_at, now)}")
+            item.setData(Qt.ItemDataRole.UserRole, conversation.id)
+            item.setToolTip(conversation.title)
+            self.list.addItem(item)
+            if conversation.id == current:
+                item.setSelected(True)
+                self.list.setCurrentItem(item)
+        searching = bool(self.search.text().strip())
+        self.empty_label.setText("No chat matches" if searching else "No chats yet")
+        self.empty_label.setVisible(not conversations)
+
+    def ids(self) -> list[int]:
+        """The listed conversation ids, top to bottom."""
+        return [self.list.item(i).data(Qt.ItemDataRole.UserRole) for i in range(self.list.count())]
+
+    def _context_menu(self, point: QPoint) -> None:
+        item = self.list.itemAt(point)
+        if item is None:
+            return
+        conversation_id = item.data(Qt.ItemDataRole.UserRole)
+        title = item.toolTip()
+        menu = QMenu(self)
+        menu.addAction("Rename…", lambda: self._rename(conversation_id, title))
+        menu.addAction("Export as Markdown…", lambda: self.export_requested.emit(conversation_id, "markdown"))
+        menu.addAction("Export as JSON…", lambda: self.export_requested.emit(conversation_id, "json"))
+        menu.addSeparator()
+        menu.addAction("Delete…", lambda: self._delete(conversation_id, title))
+        menu.exec(self.list.mapToGlobal(point))
+
+    def _rename(self, conversation_id: int, title: str) -> None:
+        new_title, ok = QInputDialog.getText(self, "Rename chat", "Title:", text=title)
+        if ok and new_title.strip():
+            self.rename_requested.emit(conversation_id, new_title.strip())
+
+    def _delete(self, conversation_id: int, title: str) -> None:
+        answer = QMessageBox.question(self, "Delete chat", f"Delete “{title}” and all its messages?")
+        if answer == QMessageBox.StandardButton.Yes:
+            self.delete_requested.emit(conversation_id)

@@ -1,0 +1,106 @@
+"""The engine thread: every slow call (loading, generating, reading headers) runs here.
+
+Modelled on superqt's generator workers. A `Job` wraps a function of a cancel flag; if
+the function returns a generator, its items are streamed back. The worker lives on one
+QThread and emits typed signals (`started`, `yielded`, `errored`, `finished`) that Qt
+queues to the GUI thread, where slots touch widgets. Items are batched so the GUI
+repaints at most about 30 times a second however fast the engine goes.
+"""
+
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from itertools import count
+from typing import Any
+
+from PySide6.QtCore import QObject, QThread, Signal, Slot
+
+from engine.errors import SprigError
+
+EMIT_INTERVAL = 1 / 30  # seconds between batches of yielded items
+
+
+@dataclass
+class Job:
+    """One piece of engine work. `run(cancel)` returns a result or a generator of items."""
+
+    run: Callable[[threading.Event], Any]
+    kind: str = ""
+    cancel: threading.Event = field(default_factory=threading.Event)
+    id: int = field(default_factory=count(1).__next__)
+
+
+def error_message(exc: BaseException) -> str:
+    """What the user reads for an exception: the engine's own message, intact."""
+    if isinstance(exc, SprigError):
+        return str(exc)
+    if isinstance(exc, MemoryError):
+        return "Out of memory. Close other programs, or use a smaller model or a shorter context."
+    return f"{type(exc).__name__}: {exc}"
+
+
+class Worker(QObject):
+    """Runs jobs one at a time on the engine thread."""
+
+    started = Signal(object)  # Job
+    yielded = Signal(object, object)  # Job, list of the items since the last batch
+    errored = Signal(object, str)  # Job, message for the user
+    finished = Signal(object, object)  # Job, result (None for generators); always emitted
+
+    _submit = Signal(object)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._submit.connect(self._run)
+
+    def submit(self, job: Job) -> Job:
+        """Queue `job` on the engine thread (callable from the GUI thread)."""
+        self._submit.emit(job)
+        return job
+
+    @Slot(object)
+    def _run(self, job: Job) -> None:
+        self.started.emit(job)
+        result = None
+        try:
+            result = job.run(job.cancel)
+            if isinstance(result, Iterator):
+                self._stream(job, result)
+                result = None
+        except Exception as exc:  # the GUI must always hear back, whatever went wrong
+            traceback.print_exc()
+            self.errored.emit(job, error_message(exc))
+        finally:
+            self.finished.emit(job, result)
+
+    def _stream(self, job: Job, items: Iterator) -> None:
+        batch: list = []
+        last_emit = 0.0
+        for item in items:
+            batch.append(item)
+            now = time.monotonic()
+            if now - last_emit >= EMIT_INTERVAL:
+                self.yielded.emit(job, batch)
+                batch, last_emit = [], now
+        if batch:
+            self.yielded.emit(job, batch)
+
+
+class EngineThread:
+    """A QThread with one Worker on it; `stop()` waits for the current job to end."""
+
+    def __init__(self) -> None:
+        self.thread = QThread()
+        self.thread.setObjectName("sprig-engine")
+        self.worker = Worker()
+        self.worker.moveToThread(self.thread)
+        self.thread.start()
+
+    def stop(self, current: Job | None = None) -> None:
+        """Cancel `current` (if any), then end the thread."""
+        if current is not None:
+            current.cancel.set()
+        self.thread.quit()
+        self.thread.wait()

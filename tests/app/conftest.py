@@ -1,0 +1,58 @@
+"""Fixtures for the window tests: a real MainWindow on the real bundled model, offscreen."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from app.main_window import MainWindow
+from app.settings import Settings
+from app.storage import Store
+from engine.bundled import bundled_model
+
+LOAD_TIMEOUT_MS = 120_000
+ANSWER_TIMEOUT_MS = 180_000
+
+
+def quick_settings(tmp_path: Path, **changes) -> Settings:
+    """Defaults with greedy, short answers and a models folder inside tmp_path."""
+    base = replace(Settings.defaults(), temperature=0.0, max_tokens=24, models_folder=tmp_path / "models")
+    return replace(base, **changes)
+
+
+def make_window(qtbot, data_dir: Path, settings: Settings) -> MainWindow:
+    """A shown MainWindow with its store and settings in `data_dir`."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    store = Store(data_dir / "sprig.sqlite3")
+    window = MainWindow(store, settings, data_dir / "settings.json")
+    qtbot.addWidget(window)
+    window.show()
+    return window
+
+
+def close_window(window: MainWindow) -> None:
+    """Close the window (stopping the engine thread) and its store."""
+    window.close()
+    window.store.close()
+
+
+def load(qtbot, window: MainWindow, path: Path | str) -> None:
+    """Load `path` through the window and wait until it is ready."""
+    with qtbot.waitSignal(window.controller.model_loaded, timeout=LOAD_TIMEOUT_MS):
+        window.add_model(str(path))
+
+
+def answer(qtbot, window: MainWindow, send) -> tuple[dict, str]:
+    """Run `send()` and wait for the answer to finish; returns (metrics, state)."""
+    with qtbot.waitSignal(window.controller.answer_finished, timeout=ANSWER_TIMEOUT_MS) as finished:
+        assert send() is not False
+    return tuple(finished.args)
+
+
+@pytest.fixture
+def window(qtbot, tmp_path):
+    """A window with SmolLM2 loaded, greedy and short answers."""
+    win = make_window(qtbot, tmp_path / "data", quick_settings(tmp_path))
+    load(qtbot, win, bundled_model("smollm2").path)
+    yield win
+    close_window(win)
