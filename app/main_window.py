@@ -168,7 +168,9 @@ class MainWindow(QMainWindow):
         splitter.addWidget(center)
         splitter.addWidget(self.metrics)
         splitter.setStretchFactor(1, 1)
-        splitter.setSizes([250, 760, 270])
+        self.sidebar.setMinimumWidth(230)
+        self.metrics.setMinimumWidth(250)
+        splitter.setSizes([260, 900, 280])
         splitter.setCollapsible(1, False)
         self.setCentralWidget(splitter)
 

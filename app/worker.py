@@ -70,7 +70,8 @@ class Worker(QObject):
                 self._stream(job, result)
                 result = None
         except Exception as exc:  # the GUI must always hear back, whatever went wrong
-            traceback.print_exc()
+            if not isinstance(exc, SprigError):  # an engine error is expected; anything else is a bug
+                traceback.print_exc()
             self.errored.emit(job, error_message(exc))
         finally:
             self.finished.emit(job, result)

@@ -46,7 +46,7 @@ class ConversationList(QFrame):
 
         title = QLabel("Sprig")
         title.setObjectName("AppTitle")
-        self.new_button = QPushButton("＋  New chat")
+        self.new_button = QPushButton("+  New chat")
         self.new_button.setObjectName("NewChatButton")
         self.new_button.clicked.connect(self.new_requested)
         self.search = QLineEdit()
@@ -58,6 +58,9 @@ class ConversationList(QFrame):
 
         self.list = QListWidget()
         self.list.setObjectName("ConversationList")
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.list.setWordWrap(False)
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._context_menu)
         self.list.itemClicked.connect(lambda item: self.opened.emit(item.data(Qt.ItemDataRole.UserRole)))
@@ -75,8 +78,8 @@ class ConversationList(QFrame):
         layout.addWidget(title)
         layout.addWidget(self.new_button)
         layout.addWidget(self.search)
-        layout.addWidget(self.list, 1)
         layout.addWidget(self.empty_label)
+        layout.addWidget(self.list, 1)
         layout.addLayout(footer)
 
     def set_conversations(self, conversations: list[Conversation], current: int | None) -> None:
