@@ -16,17 +16,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.model_library import format_bytes
 from app.widgets.sparkline import Sparkline
 
 NONE = "—"
 SMOOTHING = 5  # tokens averaged into the "right now" rate
-
-
-def format_size(n_bytes: int) -> str:
-    """Bytes as people read them: "812 MiB", "1.42 GiB"."""
-    if n_bytes < 2**30:
-        return f"{n_bytes / 2**20:,.0f} MiB"
-    return f"{n_bytes / 2**30:,.2f} GiB"
 
 
 def format_rate(tok_s: float | None) -> str:
@@ -161,7 +155,7 @@ class MetricsPanel(QFrame):
 
     def _refresh_memory(self) -> None:
         """Show this process's resident memory."""
-        self.memory.setText(format_size(self._process.memory_info().rss))
+        self.memory.setText(format_bytes(self._process.memory_info().rss))
 
     # ---- figures ----------------------------------------------------------------
 

@@ -3,11 +3,15 @@ models coming and going, settings, restarts, responsiveness."""
 
 import time
 from dataclasses import replace
+from pathlib import Path
+
+import pytest
 
 from PySide6.QtCore import QMimeData, QPointF, Qt, QTimer, QUrl
 from PySide6.QtGui import QDropEvent
 
 from engine.bundled import bundled_model
+from tests.gguf_factory import write_tiny_model
 from tests.app.conftest import (
     ANSWER_TIMEOUT_MS, LOAD_TIMEOUT_MS, answer, close_window, load, make_window, quick_settings,
 )
@@ -276,3 +280,32 @@ def test_the_event_loop_never_stalls_while_generating(qtbot, window):
     print(f"\nlongest event-loop stall while generating {metrics['decode_tokens']} tokens: "
           f"{max(gaps) * 1000:.1f} ms over {len(gaps)} ticks")
     assert max(gaps) < 0.100
+
+
+def test_rename_and_delete_conversations(qtbot, window):
+    answer(qtbot, window, lambda: window.controller.send("Hello there"))
+    conversation_id = window.controller.conversation.id
+    window.sidebar.rename_requested.emit(conversation_id, "Greetings")
+    assert window.store.conversation(conversation_id).title == "Greetings"
+    assert window.sidebar.list.item(0).text().startswith("Greetings")
+    window.sidebar.delete_requested.emit(conversation_id)
+    assert window.store.conversations() == [] and window.sidebar.ids() == []
+    assert window.controller.conversation is None and not window.chat_view.has_messages()
+
+
+def test_the_backend_can_be_chosen_in_the_settings(qtbot, window):
+    pytest.importorskip("mlx.core", reason="the mlx package is not installed, so MLX cannot be chosen")
+    with qtbot.waitSignal(window.controller.model_loaded, timeout=LOAD_TIMEOUT_MS):
+        window.apply_settings(replace(window.controller.settings, backend="mlx"))
+    assert window.controller.loaded.backend.name == "mlx"
+    assert window.model_bar.backend_label.text().startswith("mlx")
+    _metrics, state = answer(qtbot, window, lambda: window.controller.send("What is the capital of France?"))
+    assert state == "complete" and "Paris" in stored(window)[-1].content
+
+
+def test_a_model_named_on_the_command_line_is_opened_first(tmp_path):
+    from app.main import model_to_open
+    last = write_tiny_model(tmp_path / "last.gguf")
+    assert model_to_open("/models/asked.gguf", str(last)) == Path("/models/asked.gguf")
+    assert model_to_open(None, str(last)) == last
+    assert model_to_open(None, str(tmp_path / "deleted.gguf")) == bundled_model("smollm2").path

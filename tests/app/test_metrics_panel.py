@@ -110,9 +110,9 @@ def test_header_click_collapses_and_expands(panel, qtbot):
 
 def test_memory_shows_this_process_while_visible(panel):
     panel.show()
-    match = re.fullmatch(r"([\d,.]+) (MiB|GiB)", panel.memory.text())
+    match = re.fullmatch(r"([\d.]+) (MB|GB)", panel.memory.text())
     assert match, panel.memory.text()
-    shown = float(match[1].replace(",", "")) * (2**20 if match[2] == "MiB" else 2**30)
+    shown = float(match[1]) * (1e6 if match[2] == "MB" else 1e9)
     rss = psutil.Process().memory_info().rss
     assert 10 * 2**20 < shown and 0.5 * rss < shown < 2 * rss
 
