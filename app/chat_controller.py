@@ -123,8 +123,9 @@ class ChatController(QObject):
             info = read_model_info(path, name)
             current = self.model_info
             freed = current.memory_needed(settings.context_length) if current and self.loaded else 0
-            fits, verdict = info.memory_verdict(settings.context_length, available_memory() + freed)
-            if not fits and "will not fit" in verdict:
+            available = available_memory() + freed
+            fits, verdict = info.memory_verdict(settings.context_length, available)
+            if not info.can_run(settings.context_length, available):
                 raise OutOfMemory(f"{info.name} {verdict}.")
             if not fits:
                 self.notice.emit(f"{info.name} {verdict}.")

@@ -46,13 +46,17 @@ class ModelInfo:
         """Bytes a NumPy load needs: float32 weights plus a KV cache of `n_ctx` positions."""
         return self.weight_bytes_f32 + self.kv_bytes_per_token * min(n_ctx, self.context_length)
 
+    def can_run(self, n_ctx: int, available: int) -> bool:
+        """Whether the file's pages and the KV cache fit in `available` bytes at all."""
+        return self.file_size + self.kv_bytes_per_token * min(n_ctx, self.context_length) <= available
+
     def memory_verdict(self, n_ctx: int, available: int) -> tuple[bool, str]:
         """(fits, sentence) comparing the memory needed with `available` bytes."""
         needed = self.memory_needed(n_ctx)
         text = f"needs {format_bytes(needed)} of {format_bytes(available)} available"
         if needed <= available // 2:  # the NumPy backend caches up to half the free memory
             return True, text
-        if self.file_size + self.kv_bytes_per_token * min(n_ctx, self.context_length) <= available:
+        if self.can_run(n_ctx, available):
             return False, text + ": it will run, slowly, dequantizing weights on every step"
         return False, text + ": it will not fit; choose a smaller model or a shorter context"
 
