@@ -16,13 +16,14 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
-from app.model_library import ModelInfo, available_memory, read_model_info
+from app.model_library import ModelInfo, available_memory, describe_model
 from app.settings import Settings, effective_sampling, sampling_params
 from app.storage import Conversation, Message, Store, ThrottledSaver
 from app.worker import EngineThread, Job
 from engine.chat_session import ChatSession
 from engine.errors import SprigError
 from engine.generation import FINISH_CANCELLED, GenerationEvent
+from engine.gguf_file import open_gguf
 from engine.loader import LoadedModel, load_model
 
 TITLE_LENGTH = 48
@@ -119,18 +120,23 @@ class ChatController(QObject):
 
         def run(cancel: threading.Event) -> tuple[LoadedModel, ModelInfo, ChatSession]:
             # Validate the file and check its size before letting go of the current model,
-            # so a bad or oversized file leaves the chat as it was.
-            info = read_model_info(path, name)
-            current = self.model_info
-            freed = current.memory_needed(settings.context_length) if current and self.loaded else 0
-            available = available_memory() + freed
-            fits, verdict = info.memory_verdict(settings.context_length, available)
-            if not info.can_run(settings.context_length, available):
-                raise OutOfMemory(f"{info.name} {verdict}.")
+            # so a bad or oversized file leaves the chat as it was. The header is read once.
+            model_file = open_gguf(path)
+            try:
+                info = describe_model(model_file, name)
+                current = self.model_info
+                freed = current.memory_needed(settings.context_length) if current and self.loaded else 0
+                available = available_memory() + freed
+                fits, verdict = info.memory_verdict(settings.context_length, available)
+                if not info.can_run(settings.context_length, available):
+                    raise OutOfMemory(f"{info.name} {verdict}.")
+            except BaseException:
+                model_file.close()
+                raise
             if not fits:
                 self.notice.emit(f"{info.name} {verdict}.")
             self._release_model()
-            loaded = load_model(path, settings.backend, progress=self.load_progress.emit, cancel=cancel)
+            loaded = load_model(model_file, settings.backend, progress=self.load_progress.emit, cancel=cancel)
             try:
                 session = self._new_session(loaded, settings)
             except BaseException:

@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from PySide6.QtWidgets import QApplication, QMessageBox
+from PySide6.QtWidgets import QApplication
 
 from app.main_window import MainWindow
 from app.settings import default_settings_path, load_settings

@@ -12,12 +12,12 @@ from pathlib import Path
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
 from PySide6.QtWidgets import (
-    QApplication, QFileDialog, QFrame, QHBoxLayout, QLabel, QMainWindow, QMessageBox,
+    QApplication, QFileDialog, QFrame, QHBoxLayout, QLabel, QMainWindow,
     QProgressBar, QPushButton, QSplitter, QToolButton, QVBoxLayout, QWidget,
 )
 
 from app.chat_controller import ChatController
-from app.model_library import ModelInfo, format_bytes, format_parameters, library_entries
+from app.model_library import LibraryEntry, ModelInfo, format_bytes, format_parameters, library_entries
 from app.settings import Settings, save_settings
 from app.storage import Conversation, Store
 from app.theme import apply_theme
@@ -324,7 +324,7 @@ class MainWindow(QMainWindow):
 
     # -- models ------------------------------------------------------------------------
 
-    def library(self):
+    def library(self) -> list[LibraryEntry]:
         """The library entries: bundled, models folder, added before."""
         added = [(m.path, m.name) for m in self.store.models()]
         return library_entries(Path(self.controller.settings.models_folder), added)

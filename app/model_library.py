@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
-import psutil
 
 from engine.bundled import bundled_models
 from engine.config import ModelConfig
-from engine.gguf_file import open_gguf
+from backends.numpy_backend import available_memory_bytes, default_cache_budget
+from engine.gguf_file import GGUFFile, open_gguf
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class ModelInfo:
         """(fits, sentence) comparing the memory needed with `available` bytes."""
         needed = self.memory_needed(n_ctx)
         text = f"needs {format_bytes(needed)} of {format_bytes(available)} available"
-        if needed <= available // 2:  # the NumPy backend caches up to half the free memory
+        if needed <= default_cache_budget(available):  # cached whole by the NumPy backend
             return True, text
         if self.can_run(n_ctx, available):
             return False, text + ": it will run, slowly, dequantizing weights on every step"
@@ -75,36 +75,41 @@ def format_parameters(n: int) -> str:
 
 
 def available_memory() -> int:
-    """Bytes of memory the OS could give the app now."""
-    return psutil.virtual_memory().available
+    """Bytes of memory the OS could give the app now (what the NumPy backend budgets from)."""
+    return available_memory_bytes()
 
 
 def read_model_info(path: str | Path, name: str | None = None) -> ModelInfo:
     """Describe a GGUF file from its header. Raises ModelFileError for bad files."""
     with open_gguf(path) as model_file:
-        config = ModelConfig.from_gguf(model_file)
-        tensors = model_file.tensors.values()
-        matrices = [t for t in tensors if len(t.shape) >= 2]
-        file_type = model_file.get("general.file_type")
-        if file_type is not None and file_type in gguf.LlamaFileType._value2member_map_:
-            quantization = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_")
-        else:  # no file type recorded: name the type most of the weights are in
-            by_type: dict[str, int] = {}
-            for t in matrices:
-                by_type[t.type_name] = by_type.get(t.type_name, 0) + t.n_bytes
-            quantization = max(by_type, key=by_type.get) if by_type else "?"
-        kv_per_token = 4 * config.n_layers * config.n_kv_heads * (config.head_dim + config.value_head_dim)
-        return ModelInfo(
-            path=model_file.path,
-            name=name or model_file.get("general.name") or model_file.path.stem,
-            architecture=config.architecture,
-            parameters=sum(t.n_elements for t in tensors),
-            quantization=quantization,
-            file_size=model_file.path.stat().st_size,
-            context_length=config.context_length,
-            weight_bytes_f32=4 * sum(t.n_elements for t in matrices),
-            kv_bytes_per_token=kv_per_token,
-        )
+        return describe_model(model_file, name)
+
+
+def describe_model(model_file: GGUFFile, name: str | None = None) -> ModelInfo:
+    """Describe an open GGUF file. Raises ModelFileError (UnsupportedModelError) for bad ones."""
+    config = ModelConfig.from_gguf(model_file)
+    tensors = model_file.tensors.values()
+    matrices = [t for t in tensors if len(t.shape) >= 2]
+    file_type = model_file.get("general.file_type")
+    if file_type is not None and file_type in gguf.LlamaFileType._value2member_map_:
+        quantization = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_")
+    else:  # no file type recorded: name the type most of the weights are in
+        by_type: dict[str, int] = {}
+        for t in matrices:
+            by_type[t.type_name] = by_type.get(t.type_name, 0) + t.n_bytes
+        quantization = max(by_type, key=by_type.get) if by_type else "?"
+    kv_per_token = 4 * config.n_layers * config.n_kv_heads * (config.head_dim + config.value_head_dim)
+    return ModelInfo(
+        path=model_file.path,
+        name=name or model_file.get("general.name") or model_file.path.stem,
+        architecture=config.architecture,
+        parameters=sum(t.n_elements for t in tensors),
+        quantization=quantization,
+        file_size=model_file.path.stat().st_size,
+        context_length=config.context_length,
+        weight_bytes_f32=4 * sum(t.n_elements for t in matrices),
+        kv_bytes_per_token=kv_per_token,
+    )
 
 
 def library_entries(models_folder: Path, added: list[tuple[str, str]]) -> list[LibraryEntry]:

@@ -5,7 +5,6 @@ writes anything, and then writes the whole chat in one transaction.
 """
 
 import json
-import math
 from pathlib import Path
 
 from app.storage import MESSAGE_STATES, ROLES, Conversation, Message, Store

@@ -12,23 +12,23 @@ the least recently used one would make every access a miss.
 import os
 
 import numpy as np
+import psutil
 
-from backends.base import Backend, LayerAttention, Tensor, WeightSpec
+from backends.base import Backend, LayerAttention, WeightSpec
 from backends.dequant import dequantize, dequantize_rows
 
 _STREAM_CHUNK_BYTES = 64 << 20  # float32 bytes dequantized at once for an uncached matrix
+CACHE_FRACTION = 0.5  # of the memory available when the backend starts
 
 
 def available_memory_bytes() -> int:
-    """Memory the OS could give us now (MemAvailable on Linux, physical pages elsewhere)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    """Memory the OS could give us now."""
+    return psutil.virtual_memory().available
+
+
+def default_cache_budget(available: int) -> int:
+    """How much of `available` memory the dequantization cache may fill by default."""
+    return int(available * CACHE_FRACTION)
 
 
 class DequantCache:
@@ -104,7 +104,7 @@ class NumpyBackend(Backend):
 
     def __init__(self, memory_budget_bytes: int | None = None):
         if memory_budget_bytes is None:
-            memory_budget_bytes = available_memory_bytes() // 2
+            memory_budget_bytes = default_cache_budget(available_memory_bytes())
         self.cache = DequantCache(memory_budget_bytes)
 
     @property

@@ -48,9 +48,12 @@ class LoadedModel:
 ProgressCallback = Callable[[float, str], None]
 
 
-def load_model(path: str | Path, backend: str = "auto", progress: ProgressCallback | None = None,
+def load_model(path: str | Path | GGUFFile, backend: str = "auto", progress: ProgressCallback | None = None,
                cancel: threading.Event | None = None) -> LoadedModel:
     """Validate and open a GGUF file, build its tokenizer, template and model on a backend.
+
+    `path` may also be a GGUFFile the caller opened already (its header is not read
+    again); the loaded model then owns it, and closes it if loading fails.
 
     `progress(fraction, stage)` follows the load from 0 to 1; setting `cancel` stops it
     between steps with LoadCancelled, releasing everything opened so far.
@@ -59,12 +62,13 @@ def load_model(path: str | Path, backend: str = "auto", progress: ProgressCallba
     """
     def step(fraction: float, stage: str) -> None:
         if cancel is not None and cancel.is_set():
-            raise LoadCancelled(f"Loading {Path(path).name} was cancelled.")
+            raise LoadCancelled(f"Loading {model_file.path.name} was cancelled.")
         if progress is not None:
             progress(fraction, stage)
 
-    step(0.0, "Reading the model file")
-    model_file = open_gguf(path)
+    if progress is not None:
+        progress(0.0, "Reading the model file")
+    model_file = path if isinstance(path, GGUFFile) else open_gguf(path)
     chosen = None
     try:
         step(0.1, "Building the tokenizer")

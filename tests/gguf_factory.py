@@ -173,3 +173,15 @@ def write_tiny_model(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def write_mamba_model(path: str | Path) -> Path:
+    """A well-formed GGUF file of an architecture Sprig does not run (mamba)."""
+    writer = GGUFWriter(path, "mamba")
+    writer.add_uint32("mamba.block_count", 1)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(path)

@@ -4,13 +4,13 @@ import math
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType, GGUFWriter
+from gguf import GGMLQuantizationType
 
 from engine.bundled import bundled_model
 from engine.config import ModelConfig
 from engine.errors import ModelFileError, UnsupportedModelError
 from engine.gguf_file import open_gguf
-from tests.gguf_factory import write_tiny_model
+from tests.gguf_factory import write_mamba_model, write_tiny_model
 
 
 def config_of(path) -> ModelConfig:
@@ -151,14 +151,7 @@ def test_rope_scaling_is_recorded(tmp_path):
 
 
 def test_unsupported_architecture_is_named(tmp_path):
-    path = tmp_path / "mamba.gguf"
-    writer = GGUFWriter(path, "mamba")
-    writer.add_uint32("mamba.block_count", 1)
-    writer.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    path = write_mamba_model(tmp_path / "mamba.gguf")
     with pytest.raises(UnsupportedModelError) as caught:
         config_of(path)
     message = str(caught.value)
