@@ -14,7 +14,7 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, Qt, Signal
 
 from app.model_library import ModelInfo, available_memory, describe_model
 from app.settings import Settings, effective_sampling, sampling_params
@@ -65,6 +65,11 @@ class ChatController(QObject):
     notice = Signal(str)  # something the user should know (dropped turns, slow model)
     error = Signal(str)  # something went wrong; the engine's message, intact
 
+    # Emitted on the engine thread and re-emitted on the GUI thread, so that the public
+    # signals above are only ever emitted on the GUI thread, whatever is connected to them.
+    _engine_progress = Signal(float, str)
+    _engine_notice = Signal(str)
+
     def __init__(self, store: Store, settings: Settings, parent: QObject | None = None):
         super().__init__(parent)
         self.store = store
@@ -73,6 +78,8 @@ class ChatController(QObject):
         self.engine.worker.yielded.connect(self._on_yielded)
         self.engine.worker.errored.connect(self._on_errored)
         self.engine.worker.finished.connect(self._on_finished)
+        self._engine_progress.connect(self.load_progress, Qt.ConnectionType.QueuedConnection)
+        self._engine_notice.connect(self.notice, Qt.ConnectionType.QueuedConnection)
         self.loaded: LoadedModel | None = None
         self.model_info: ModelInfo | None = None
         self.conversation: Conversation | None = None
@@ -134,9 +141,9 @@ class ChatController(QObject):
                 model_file.close()
                 raise
             if not fits:
-                self.notice.emit(f"{info.name} {verdict}.")
+                self._engine_notice.emit(f"{info.name} {verdict}.")
             self._release_model()
-            loaded = load_model(model_file, settings.backend, progress=self.load_progress.emit, cancel=cancel)
+            loaded = load_model(model_file, settings.backend, progress=self._engine_progress.emit, cancel=cancel)
             try:
                 session = self._new_session(loaded, settings)
             except BaseException:

@@ -248,6 +248,34 @@ def test_loading_can_be_cancelled(qtbot, window):
     assert window.controller.loaded is None and not window.model_bar.progress.isVisible()
 
 
+def test_load_reports_reach_listeners_on_the_gui_thread(qtbot, window, monkeypatch):
+    """Progress and notices from a load on the engine thread are emitted on the GUI thread,
+    so any listener (a widget, a lambda, a test's signal spy) is safe."""
+    import threading
+    import app.chat_controller
+    from app.model_library import read_model_info
+    with qtbot.waitSignal(window.controller.model_unloaded, timeout=LOAD_TIMEOUT_MS):
+        window.controller.unload()
+    info = read_model_info(TINY_QWEN3)
+    n_ctx = window.controller.settings.context_length
+    fits_uncached = max(info.file_size, info.weight_bytes_f32) + info.kv_bytes_per_token * min(n_ctx, info.context_length)
+    monkeypatch.setattr(app.chat_controller, "available_memory", lambda: fits_uncached)  # runs, but slowly
+    threads: list[tuple[str, bool]] = []
+
+    def record(name):
+        return lambda *_args: threads.append((name, threading.current_thread() is threading.main_thread()))
+
+    direct = Qt.ConnectionType.DirectConnection  # runs in whichever thread emits
+    window.controller.load_progress.connect(record("progress"), direct)
+    window.controller.notice.connect(record("notice"), direct)
+    with qtbot.waitSignal(window.controller.model_loaded, timeout=LOAD_TIMEOUT_MS):
+        window.controller.load(TINY_QWEN3)
+    names = {name for name, _ in threads}
+    assert names == {"progress", "notice"}  # both kinds were heard
+    assert all(on_gui_thread for _, on_gui_thread in threads)
+    assert "slowly" in window.info_banner.label.text()
+
+
 def test_unload_releases_the_model(qtbot, window):
     with qtbot.waitSignal(window.controller.model_unloaded, timeout=LOAD_TIMEOUT_MS):
         window.model_bar.unload_button.click()
