@@ -6,7 +6,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from engine.sampling import Sampler, SamplingParams
+from engine.sampling import Sampler, SamplingParams, largest_first, nucleus_superset
 
 PLAIN = dict(top_k=0, top_p=1.0, min_p=0.0)
 
@@ -87,3 +87,58 @@ def test_penalty_changes_the_greedy_choice():
     logits = np.array([3.0, 2.0], dtype=np.float32)
     assert Sampler(SamplingParams(temperature=0.0, repeat_penalty=2.0)).sample(logits, [0]) == 1
     assert math.isclose(float(logits[0]), 3.0)  # the caller's logits are not modified
+
+
+# -- a Gemma-sized vocabulary: the candidates are found without sorting everything ----------
+
+VOCAB = 262_144
+
+
+def ranking(logits):
+    """The reference order: a full stable sort, largest first (ties by lower id)."""
+    return np.argsort(-logits, kind="stable")
+
+
+def test_largest_first_matches_a_full_sort_even_with_ties():
+    rng = np.random.default_rng(0)
+    logits = np.round(rng.normal(size=VOCAB), 1).astype(np.float32)  # many equal values
+    for k in (1, 40, 1000):
+        np.testing.assert_array_equal(largest_first(logits, k), ranking(logits)[:k])
+
+
+def test_nucleus_superset_is_a_short_prefix_of_the_ranking_holding_the_mass():
+    rng = np.random.default_rng(1)
+    plateau = np.full(VOCAB, -20.0, dtype=np.float32)
+    plateau[rng.permutation(VOCAB)[:500]] = rng.uniform(0, 0.1, size=500)  # 500 near-equal best
+    spread = (rng.normal(size=VOCAB) * 3).astype(np.float32)  # a nucleus of thousands
+    for logits in (plateau, spread):
+        weights = np.exp(logits.astype(np.float64))
+        ranked = ranking(logits)
+        for top_p in (0.05, 0.5, 0.9):
+            candidates = nucleus_superset(logits, top_p)
+            np.testing.assert_array_equal(candidates, ranked[: len(candidates)])
+            assert weights[candidates].sum() >= top_p * weights.sum()
+            exact = int(np.searchsorted(np.cumsum(weights[ranked]), top_p * weights.sum())) + 1
+            assert len(candidates) <= max(2 * exact, 600)  # not the whole vocabulary
+
+
+def test_top_k_on_a_large_vocabulary_draws_only_from_the_k_best():
+    rng = np.random.default_rng(2)
+    logits = rng.normal(size=VOCAB).astype(np.float32) * 3
+    counts = draw(SamplingParams(temperature=1.0, seed=6, top_k=40, top_p=1.0, min_p=0.0), logits, n=1000)
+    assert set(counts) <= set(ranking(logits)[:40].tolist())
+    assert len(counts) > 10  # and really draws among them
+
+
+def test_top_p_on_a_large_vocabulary_keeps_the_whole_nucleus():
+    # 300 equal tokens hold 0.96 of the mass: top-p 0.5 keeps the best ~157 of them (by id
+    # among ties), which needs the search past the first 64 candidates.
+    logits = np.full(VOCAB, -30.0, dtype=np.float32)
+    plateau = np.arange(1000, 1300)
+    logits[plateau] = 0.0
+    mass = np.exp(logits.astype(np.float64))
+    mass /= mass.sum()
+    nucleus = int(np.searchsorted(np.cumsum(mass[ranking(logits)]), 0.5)) + 1  # worked out independently
+    counts = draw(SamplingParams(temperature=1.0, seed=7, top_k=0, top_p=0.5, min_p=0.0), logits, n=600)
+    assert set(counts) <= set(plateau[:nucleus].tolist())
+    assert max(counts) > plateau[64]  # tokens beyond the first 64 candidates were drawn
