@@ -3,7 +3,8 @@
     sprig [MODEL.gguf] [--data-dir DIR] [--self-test]
 
 Opens the window and loads, in order of preference: the model given on the command line,
-the model used last, or the bundled default. `--data-dir` keeps the chats database and
+the model used last, or the bundled default. If Sprig is already running on the same
+chats database, the model is handed to that window instead (app/single_instance.py). `--data-dir` keeps the chats database and
 the settings in DIR instead of the per-user folders (for tests, screenshots and portable
 installs). `--self-test` runs headless checks and exits (see app/self_test.py).
 """
@@ -12,10 +13,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QMessageBox
 
 from app.main_window import MainWindow
 from app.settings import default_settings_path, load_settings
+from app.single_instance import claim_or_hand_over
 from app.storage import DEFAULT_DB_NAME, Store, StorageError, default_db_path
 from app.theme import apply_theme
 from engine.bundled import default_model
@@ -59,6 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     db_path = args.data_dir / DEFAULT_DB_NAME if args.data_dir else default_db_path()
     if args.data_dir:
         args.data_dir.mkdir(parents=True, exist_ok=True)
+    instance, refusal = claim_or_hand_over(db_path.parent, args.model)
+    if instance is None:
+        if refusal:
+            print(refusal, file=sys.stderr)
+            QMessageBox.critical(None, "Sprig is already running", refusal)
+        return 1 if refusal else 0
     settings, warnings = load_settings(settings_path)
     store, store_warning = open_store(db_path)
     apply_theme(app, settings.theme)
@@ -67,9 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     window.show()
     for warning in warnings + ([store_warning] if store_warning else []):
         window.error_banner.show_text(warning)
+    instance.activated.connect(window.open_from_launch)
     window.add_model(str(model_to_open(args.model, settings.last_model)))
     code = app.exec()
     store.close()
+    instance.release()
     return code
 
 

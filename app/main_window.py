@@ -341,6 +341,15 @@ class MainWindow(QMainWindow):
         picker.show()
         return picker
 
+    def open_from_launch(self, model: str) -> None:
+        """Another `sprig` was started on these chats: come to the front, load its model if any."""
+        self.setWindowState(self.windowState() & ~Qt.WindowState.WindowMinimized)
+        self.show()
+        self.raise_()
+        self.activateWindow()
+        if model:
+            self.add_model(model)
+
     def add_model(self, path: str) -> None:
         """Add a model file to the library and load it (file dialog, drop, command line)."""
         file = Path(path)
