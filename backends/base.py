@@ -92,6 +92,16 @@ class Backend(ABC):
     def linear(self, x: Tensor, weight: Any, bias: Any = None) -> Tensor:
         """x (T, in) times the transpose of weight (out, in), plus bias (out,): (T, out)."""
 
+    def fuse_linear(self, weights: list[Any]) -> Any:
+        """Several weights that multiply the same input (q, k, v; gate, up), as one handle
+        for `linear_fused`. Called once at load time. A backend may join them into one
+        matrix, so one product reads them all; by default they stay apart."""
+        return tuple(weights)
+
+    def linear_fused(self, x: Tensor, fused: Any, biases: tuple[Any, ...]) -> list[Tensor]:
+        """`linear(x, w, b)` for each weight of `fused` (from `fuse_linear`) and its bias."""
+        return [self.linear(x, weight, bias) for weight, bias in zip(fused, biases)]
+
     @abstractmethod
     def rms_norm(self, x: Tensor, weight: Any, eps: float) -> Tensor:
         """RMS-normalise the last axis of x, then multiply by weight.

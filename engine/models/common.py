@@ -45,6 +45,8 @@ class LayerWeights:
     k_norm: Any = None
     post_attn_norm: Any = None
     post_ffw_norm: Any = None
+    qkv: Any = None  # wq, wk, wv joined by the backend's fuse_linear
+    gate_up: Any = None  # w_gate, w_up joined the same way
 
 
 _LAYER_TENSORS = {
@@ -97,7 +99,10 @@ class Transformer:
             for field, suffix in _LAYER_TENSORS.items()
             if f"blk.{i}.{suffix}" in self._file.tensors
         }
-        return LayerWeights(**present)
+        layer = LayerWeights(**present)
+        layer.qkv = self.backend.fuse_linear([layer.wq, layer.wk, layer.wv])
+        layer.gate_up = self.backend.fuse_linear([layer.w_gate, layer.w_up])
+        return layer
 
     # -- what architectures override -----------------------------------------------
 
@@ -175,9 +180,10 @@ class Transformer:
     def _attention(self, i: int, layer: LayerWeights, h: Any, positions: Any, start: Any, kv_storage: Any) -> Any:
         be, cfg = self.backend, self.config
         n = len(positions)
-        q = be.linear(h, layer.wq, layer.bq).reshape(n, cfg.n_heads, cfg.head_dim)  # (T, H, Dh)
-        k = be.linear(h, layer.wk, layer.bk).reshape(n, cfg.n_kv_heads, cfg.head_dim)  # (T, Hkv, Dh)
-        v = be.linear(h, layer.wv, layer.bv).reshape(n, cfg.n_kv_heads, cfg.value_head_dim)  # (T, Hkv, Dv)
+        q, k, v = be.linear_fused(h, layer.qkv, (layer.bq, layer.bk, layer.bv))
+        q = q.reshape(n, cfg.n_heads, cfg.head_dim)  # (T, H, Dh)
+        k = k.reshape(n, cfg.n_kv_heads, cfg.head_dim)  # (T, Hkv, Dh)
+        v = v.reshape(n, cfg.n_kv_heads, cfg.value_head_dim)  # (T, Hkv, Dv)
         if layer.q_norm is not None:
             q = be.rms_norm(q, layer.q_norm, cfg.rms_eps)
             k = be.rms_norm(k, layer.k_norm, cfg.rms_eps)
@@ -189,5 +195,6 @@ class Transformer:
 
     def _mlp(self, layer: LayerWeights, h: Any) -> Any:
         be = self.backend
-        gated = be.gated_activation(be.linear(h, layer.w_gate), be.linear(h, layer.w_up), self.config.activation)
+        gate, up = be.linear_fused(h, layer.gate_up, (None, None))
+        gated = be.gated_activation(gate, up, self.config.activation)
         return be.linear(gated, layer.w_down)

@@ -112,6 +112,35 @@ def test_linear_streams_rows_when_the_budget_is_spent():
     assert starved.cache.used_bytes == 0
 
 
+def test_joined_projections_give_each_product_and_share_the_cache():
+    rng = np.random.default_rng(3)
+    shapes = [(12, 8), (4, 8), (6, 8)]  # q, k, v of different widths on one input
+    ws = [rng.standard_normal(shape).astype(np.float32) for shape in shapes]
+    biases = (rng.standard_normal(12).astype(np.float32), None, rng.standard_normal(6).astype(np.float32))
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    be = NumpyBackend(memory_budget_bytes=1 << 30)
+    prepared = [be.prepare_weight(f32_spec(name, w)) for name, w in zip("qkv", ws)]
+    used = be.cache.used_bytes
+    joined = be.fuse_linear(prepared)
+    outs = be.linear_fused(x, joined, biases)
+    for out, w, b in zip(outs, ws, biases):
+        np.testing.assert_allclose(out, x @ w.T + (0 if b is None else b), rtol=1e-5, atol=1e-5)
+    assert be.cache.used_bytes == used  # joined, not copied twice
+    assert all(np.shares_memory(be.cache.peek(name), joined.matrix) for name in "qkv")
+    np.testing.assert_allclose(be.linear(x, prepared[1]), x @ ws[1].T, rtol=1e-5, atol=1e-5)  # still usable alone
+
+
+def test_streamed_projections_stay_apart_and_still_multiply():
+    rng = np.random.default_rng(4)
+    ws = [rng.standard_normal((5, 8)).astype(np.float32) for _ in range(2)]
+    x = rng.standard_normal((2, 8)).astype(np.float32)
+    be = NumpyBackend(memory_budget_bytes=ws[0].nbytes)  # room for the first only
+    joined = be.fuse_linear([be.prepare_weight(f32_spec(name, w)) for name, w in zip("gu", ws)])
+    assert isinstance(joined, tuple)
+    for out, w in zip(be.linear_fused(x, joined, (None, None)), ws):
+        np.testing.assert_allclose(out, x @ w.T, rtol=1e-5, atol=1e-5)
+
+
 def test_embedding_reads_rows_and_scales():
     table = np.arange(12, dtype=np.float32).reshape(4, 3)
     be = NumpyBackend(memory_budget_bytes=0)
