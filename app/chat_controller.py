@@ -86,6 +86,7 @@ class ChatController(QObject):
         self._session: ChatSession | None = None
         self._job: Job | None = None
         self._answer: dict | None = None  # the streaming answer: message id, text, metrics, saver
+        self._built_for: tuple[str, int] | None = None  # (backend, context) of the last load or session job
 
     # -- state -------------------------------------------------------------------
 
@@ -123,6 +124,7 @@ class ChatController(QObject):
             return False
         path = Path(path)
         settings = self.settings
+        self._built_for = (settings.backend, settings.context_length)
         self.model_loading.emit(path.name)
 
         def run(cancel: threading.Event) -> tuple[LoadedModel, ModelInfo, ChatSession]:
@@ -166,14 +168,24 @@ class ChatController(QObject):
             self._job.cancel.set()
 
     def apply_settings(self, settings: Settings) -> None:
-        """Use new settings: reload for a new backend, rebuild the session for a new context."""
-        old, self.settings = self.settings, settings
-        if self.loaded is None or self.busy:
+        """Use new settings: reload for a new backend, rebuild the session for a new context.
+
+        While an answer or a load runs, those two wait until it ends; the rest (sampling,
+        max tokens, system prompt) applies from the next answer.
+        """
+        self.settings = settings
+        self._apply_model_settings()
+
+    def _apply_model_settings(self) -> None:
+        settings = self.settings
+        if self.loaded is None or self.busy or self._built_for is None:
             return
-        if settings.backend != old.backend:
+        backend, context_length = self._built_for
+        if settings.backend != backend:
             self.load(self.loaded.path, self.model_info.name if self.model_info else None)
-        elif settings.context_length != old.context_length:
+        elif settings.context_length != context_length:
             loaded = self.loaded
+            self._built_for = (backend, settings.context_length)
             self._start(Job(lambda cancel: self._new_session(loaded, settings), "session"))
 
     def _release_model(self) -> None:
@@ -338,6 +350,7 @@ class ChatController(QObject):
         elif job.kind == "answer":
             self._finish_answer()
         self.busy_changed.emit(False)
+        self._apply_model_settings()  # a backend or context change made while busy
 
     def _finish_load(self, result: tuple | None) -> None:
         if result is None:  # failed or cancelled

@@ -191,6 +191,19 @@ def test_settings_apply_and_persist(qtbot, window):
     assert window.palette().window().color().lightness() < 80  # the dark theme is in use
 
 
+def test_a_context_change_made_while_answering_applies_when_the_answer_ends(qtbot, window):
+    window.apply_settings(replace(window.controller.settings, max_tokens=64))
+    before = window.controller.settings.context_length
+    with qtbot.waitSignal(window.controller.answer_finished, timeout=ANSWER_TIMEOUT_MS) as finished:
+        window.controller.send("Tell me about the sea.")
+        qtbot.waitSignal(window.controller.answer_text, timeout=ANSWER_TIMEOUT_MS).wait()
+        window.apply_settings(replace(window.controller.settings, context_length=512))
+    assert finished.args[0]["context_size"] == before != 512  # the running answer kept its context
+    qtbot.waitUntil(lambda: not window.controller.busy, timeout=LOAD_TIMEOUT_MS)
+    metrics, state = answer(qtbot, window, lambda: window.controller.send("And about the mountains?"))
+    assert state == "complete" and metrics["context_size"] == 512
+
+
 def test_per_conversation_overrides_win_over_the_settings(qtbot, window):
     answer(qtbot, window, lambda: window.controller.send("Hello"))
     window.controller.set_overrides({"max_tokens": 3})
