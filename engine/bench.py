@@ -1,33 +1,32 @@
 """Prefill and decode speed of a loaded model, measured after a warm-up.
 
 Prompt tokens are drawn from the vocabulary with a fixed seed; decoding is greedy and
-ignores end-of-generation tokens, so every run does the same amount of work.
+ignores end-of-generation tokens, so every run does the same amount of work. Both phases
+run through `generate`, the loop the app and the CLI use (with the backend's pipelined
+decode steps and the detokenizer), so the figures are what a user gets.
 """
 
-import time
 
 import numpy as np
 
+from engine.generation import generate
 from engine.loader import LoadedModel
+from engine.sampling import SamplingParams
 
 
 def bench(loaded: LoadedModel, prompt_tokens: int = 256, gen_tokens: int = 128, repeats: int = 1) -> dict:
     """Time a prefill of `prompt_tokens` and `gen_tokens` decode steps; best of `repeats`."""
     rng = np.random.default_rng(0)
-    prompt = rng.integers(0, loaded.config.vocab_size, size=prompt_tokens)
+    prompt = rng.integers(0, loaded.config.vocab_size, size=prompt_tokens).tolist()
     cache = loaded.new_cache(prompt_tokens + gen_tokens + 1)
-    model = loaded.model
 
     def run_once(n_prompt: int, n_gen: int) -> tuple[float, float]:
         cache.truncate(0)
-        started = time.perf_counter()
-        logits = model.forward(prompt[:n_prompt], 0, cache.storage)
-        prefill_s = time.perf_counter() - started
-        started = time.perf_counter()
-        for pos in range(n_prompt, n_prompt + n_gen):
-            token = int(np.argmax(logits[-1]))
-            logits = model.forward(np.asarray([token]), pos, cache.storage)
-        return prefill_s, time.perf_counter() - started
+        # n_gen + 1 tokens: the first comes from the prefill's logits, each of the others
+        # from one decode step, so decode_seconds covers n_gen steps.
+        *_, last = generate(loaded.model, loaded.tokenizer, cache, prompt[:n_prompt], SamplingParams.greedy(),
+                            max_tokens=n_gen + 1, ignore_stop_tokens=True)
+        return last.metrics.prefill_seconds, last.metrics.decode_seconds
 
     run_once(min(32, prompt_tokens), 4)  # warm-up: fills the dequantization cache
     timings = [run_once(prompt_tokens, gen_tokens) for _ in range(repeats)]

@@ -130,11 +130,13 @@ def generate(
     max_tokens: int = 256,
     stop_strings: Sequence[str] = (),
     cancel: threading.Event | None = None,
+    ignore_stop_tokens: bool = False,
 ) -> Iterator[GenerationEvent]:
     """Continue `prompt` token by token, reusing whatever prefix the cache already holds.
 
-    Stops on the model's end-of-generation tokens, a stop string, `max_tokens`, a full
-    context, or `cancel` being set (checked between decode steps).
+    Stops on the model's end-of-generation tokens (unless `ignore_stop_tokens`, as for
+    benchmarks), a stop string, `max_tokens`, a full context, or `cancel` being set
+    (checked between decode steps).
     """
     reused = cache.common_prefix(list(prompt))
     if reused == len(prompt):  # logits of the last prompt token are needed again
@@ -167,7 +169,7 @@ def generate(
         token = sampler.sample(logits, history) if pending is None else steps.read(pending, history)
         history.append(token)
         generated += 1
-        if token in tokenizer.stop_ids:
+        if token in tokenizer.stop_ids and not ignore_stop_tokens:
             text, finish = stops.flush() + detok.flush(), FINISH_STOP_TOKEN
         else:
             text, stopped = stops.feed(detok.push(token))

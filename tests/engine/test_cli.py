@@ -29,6 +29,16 @@ def test_info_json_reports_the_published_shape():
     assert info["tensor_types"]["Q4_1"]["tensors"] == sum(t.tensor_type.name == "Q4_1" for t in reader.tensors)
 
 
+def test_bench_json_on_a_bundled_model():
+    result = engine("bench", "--model", "smollm2", "--backend", "numpy", "--prompt-tokens", "32",
+                    "--gen-tokens", "8", "--json")
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)
+    assert {"prefill_tok_s", "decode_tok_s", "backend", "device"} <= set(figures)
+    assert figures["backend"] == "numpy" and figures["prompt_tokens"] == 32 and figures["gen_tokens"] == 8
+    assert figures["prefill_tok_s"] > 0 and figures["decode_tok_s"] > 0
+
+
 def test_tokenize_matches_llama_cpp_fixture():
     corpus = json.loads((FIXTURES / "tokenizer_corpus.json").read_text(encoding="utf-8"))
     ids = json.loads((FIXTURES / "tokenizer_ids.json").read_text(encoding="utf-8"))["models"]["smollm2"]["ids"]

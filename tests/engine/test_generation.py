@@ -5,6 +5,7 @@ import threading
 import numpy as np
 import pytest
 
+from engine.bench import bench
 from engine.bundled import bundled_model
 from engine.chat_session import ChatSession, chat_prompt_tokens
 from engine.errors import ContextFullError
@@ -57,6 +58,34 @@ def test_greedy_answer_streams_and_stops_on_end_of_turn(smollm2):
 def test_max_tokens(smollm2):
     events, cache = run(smollm2, chat_prompt(smollm2, "Write a long story about a dragon."), max_tokens=5)
     assert len(events) == 5 and events[-1].finish_reason == "length"
+
+
+def test_ignoring_stop_tokens_runs_on_to_max_tokens(smollm2):
+    prompt = chat_prompt(smollm2, "What is the capital of France?")
+    stopped, _ = run(smollm2, prompt, max_tokens=40)
+    end = len(stopped) - 1  # where the answer ended on its end-of-turn token
+    assert stopped[end].token in smollm2.tokenizer.stop_ids
+    events, _ = run(smollm2, prompt, max_tokens=end + 3, ignore_stop_tokens=True)
+    assert [e.token for e in events[:end + 1]] == [e.token for e in stopped]
+    assert events[end].finish_reason is None and len(events) == end + 3
+    assert events[-1].finish_reason == "length"
+
+
+def test_bench_times_the_asked_steps_through_generate(smollm2, monkeypatch):
+    steps = []
+    decode_step = smollm2.model.decode_step
+
+    def counted(kv_storage):
+        step = decode_step(kv_storage)
+        return lambda token, start: steps.append(start) or step(token, start)
+
+    monkeypatch.setattr(smollm2.model, "decode_step", counted)
+    result = bench(smollm2, prompt_tokens=24, gen_tokens=10)
+    assert steps[-10:] == list(range(24, 34))  # the measured run: 10 steps after 24 prompt tokens
+    assert len(steps) == 4 + 10  # after the warm-up's 4
+    assert result["prompt_tokens"] == 24 and result["gen_tokens"] == 10
+    assert result["prefill_tok_s"] > 0 and result["decode_tok_s"] > 0
+    assert result["decode_tok_s"] == pytest.approx(10 / result["decode_s"])
 
 
 def test_stop_string_ends_generation_and_is_not_shown(smollm2):
