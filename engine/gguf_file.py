@@ -1,14 +1,19 @@
 """GGUF model files: validated, memory-mapped, and exposed without copying.
 
 A GGUF file is a header (magic, version, counts, metadata key/values, tensor infos)
-followed by aligned tensor data. `gguf.GGUFReader` parses it, but trusts every count
-it reads: an absurd array length makes it loop in Python for hours, and a tensor that
-points past the end of the file gives a short view or a NumPy error. So `GGUFFile`
-first walks the header itself, checking each count, length, type and offset against
-the size of the file, and only then lets GGUFReader parse it. Every failure, in either
-step, raises `ModelFileError` (or `UnsupportedModelError`) naming the file.
-"""
+followed by aligned tensor data. Sprig reads the header itself, in one pass that checks
+each count, length, type and offset against the size of the file before using it, and
+decodes the values on the way: every failure raises `ModelFileError` (or
+`UnsupportedModelError`) naming the file.
 
+Why not `gguf.GGUFReader`: it trusts the counts it reads (an absurd array length makes
+it loop in Python for hours), and it builds several NumPy views per array element, so a
+262k-token vocabulary took 3.2 s to open (Gemma 3) before a single weight was touched;
+the upstream fix (llama.cpp PR 13378) is still open. Decoding numeric arrays with one
+`np.frombuffer` each and strings with one `struct` call each takes 0.2 s. The `gguf`
+package still supplies the format's constants, and its reader is the independent
+reference the tests compare this one with, value by value.
+"""
 import math
 import mmap
 import struct
@@ -33,11 +38,11 @@ MAX_TENSORS = 1 << 16
 MAX_ARRAY_VALUES = 1 << 22
 
 _CORRUPT_ADVICE = "The file is damaged, truncated or not a GGUF model; download it again."
-_SCALAR_SIZES = {
-    GGUFValueType.UINT8: 1, GGUFValueType.INT8: 1, GGUFValueType.BOOL: 1,
-    GGUFValueType.UINT16: 2, GGUFValueType.INT16: 2,
-    GGUFValueType.UINT32: 4, GGUFValueType.INT32: 4, GGUFValueType.FLOAT32: 4,
-    GGUFValueType.UINT64: 8, GGUFValueType.INT64: 8, GGUFValueType.FLOAT64: 8,
+_SCALAR_DTYPES = {  # little-endian, as GGUF stores them
+    GGUFValueType.UINT8: np.dtype("<u1"), GGUFValueType.INT8: np.dtype("<i1"), GGUFValueType.BOOL: np.dtype("?"),
+    GGUFValueType.UINT16: np.dtype("<u2"), GGUFValueType.INT16: np.dtype("<i2"),
+    GGUFValueType.UINT32: np.dtype("<u4"), GGUFValueType.INT32: np.dtype("<i4"), GGUFValueType.FLOAT32: np.dtype("<f4"),
+    GGUFValueType.UINT64: np.dtype("<u8"), GGUFValueType.INT64: np.dtype("<i8"), GGUFValueType.FLOAT64: np.dtype("<f8"),
 }
 _MIN_KV_BYTES = 8 + 4 + 1  # empty key, value type, one-byte value
 _MIN_TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8  # empty name, n_dims, one dim, type, offset
@@ -78,11 +83,20 @@ class TensorInfo:
         return self.data.nbytes
 
 
-class _HeaderWalker:
-    """Walks a GGUF header, checking every count, length, type and offset before use.
+@dataclass(frozen=True)
+class _Header:
+    """What a header walk found: the version, the metadata, and where each tensor lies."""
+
+    version: int
+    metadata: dict[str, Any]
+    tensors: list[tuple[str, int, tuple[int, ...], int, int]]  # name, ggml type, dims (GGUF order), start, bytes
+
+
+class _HeaderReader:
+    """Reads a GGUF header, checking every count, length, type and offset before use.
 
     Nothing is allocated from a size read in the file: each length is compared with the
-    bytes that remain before it is used. The walk reads, it does not keep values.
+    bytes that remain before it is used.
     """
 
     def __init__(self, path: Path, buf: mmap.mmap):
@@ -110,14 +124,15 @@ class _HeaderWalker:
     def u64(self, what: str) -> int:
         return struct.unpack_from("<Q", self.buf, self.take(8, what))[0]
 
-    def text(self, what: str) -> str:
-        """Read a GGUF string (u64 length, UTF-8 bytes) that names something."""
+    def text(self, what: str, key: str | None = None) -> str:
+        """Read a GGUF string (u64 length, UTF-8 bytes): a name, or the value of `key`."""
         length = self.u64(f"the length of {what}")
         start = self.take(length, what)
         try:
             return self.buf[start:start + length].decode("utf-8")
         except UnicodeDecodeError:
-            self.fail(f"{what} at byte {start} is not valid UTF-8")
+            self.fail(f"the metadata key {key!r} holds text that is not valid UTF-8" if key
+                      else f"{what} at byte {start} is not valid UTF-8")
 
     def check_count(self, count: int, min_bytes: int, what: str, limit: int = MAX_ARRAY_VALUES) -> None:
         """Reject a count above `limit`, or one whose items could not fit in the rest of the file."""
@@ -126,50 +141,58 @@ class _HeaderWalker:
         if count * min_bytes > self.size - self.pos:
             self.fail(f"it claims {count} {what}, more than the {self.size} bytes of the file can hold")
 
-    def skip_strings(self, count: int, key: str) -> None:
-        """Step over the `count` strings of the array `key`: one pass per token of a vocabulary."""
+    def strings(self, count: int, key: str) -> list[str]:
+        """The `count` strings of the array `key`: one pass per token of a vocabulary."""
         problem = f"the strings of the array {key!r} run past the end of the file"
         pos, size, buf = self.pos, self.size, self.buf
-        for _ in range(count):
-            if pos + 8 > size:
-                self.fail(problem)
-            pos += 8 + struct.unpack_from("<Q", buf, pos)[0]
-        if pos > size:
-            self.fail(problem)
+        values = []
+        try:
+            for _ in range(count):
+                if pos + 8 > size:
+                    self.fail(problem)
+                length = struct.unpack_from("<Q", buf, pos)[0]
+                pos += 8
+                if length > size - pos:
+                    self.fail(problem)
+                values.append(buf[pos:pos + length].decode("utf-8"))
+                pos += length
+        except UnicodeDecodeError:
+            self.fail(f"the metadata key {key!r} holds text that is not valid UTF-8")
         self.pos = pos
+        return values
 
-    def skip_value(self, value_type: int, key: str) -> None:
-        """Step over the value of `key`, of GGUF type `value_type`."""
-        if value_type in _SCALAR_SIZES:
-            self.take(_SCALAR_SIZES[value_type], f"the value of {key!r}")
-        elif value_type == GGUFValueType.STRING:
-            self.take(self.u64(f"the length of {key!r}"), f"the string value of {key!r}")
-        elif value_type == GGUFValueType.ARRAY:
-            item_type = self.u32(f"the item type of {key!r}")
-            count = self.u64(f"the length of {key!r}")
-            self.array_values += count
-            if self.array_values > MAX_ARRAY_VALUES:
-                self.fail(f"its metadata arrays hold more than {MAX_ARRAY_VALUES} values (at {key!r})")
-            if item_type in _SCALAR_SIZES:
-                self.take(count * _SCALAR_SIZES[item_type], f"the array {key!r}")
-            elif item_type == GGUFValueType.STRING:
-                self.check_count(count, 8, f"strings in the array {key!r}")
-                self.skip_strings(count, key)
-            elif item_type == GGUFValueType.ARRAY:
-                self.fail(f"the metadata key {key!r} holds nested arrays, which GGUF models do not use")
-            else:
-                self.fail(f"the array {key!r} has unknown item type {item_type}")
-        else:
+    def value(self, value_type: int, key: str) -> Any:
+        """The value of `key`, of GGUF type `value_type`, as plain Python values."""
+        if value_type in _SCALAR_DTYPES:
+            dtype = _SCALAR_DTYPES[value_type]
+            return np.frombuffer(self.buf, dtype, 1, self.take(dtype.itemsize, f"the value of {key!r}")).item()
+        if value_type == GGUFValueType.STRING:
+            return self.text(f"the string value of {key!r}", key)
+        if value_type != GGUFValueType.ARRAY:
             self.fail(f"the metadata key {key!r} has unknown value type {value_type}")
+        item_type = self.u32(f"the item type of {key!r}")
+        count = self.u64(f"the length of {key!r}")
+        self.array_values += count
+        if self.array_values > MAX_ARRAY_VALUES:
+            self.fail(f"its metadata arrays hold more than {MAX_ARRAY_VALUES} values (at {key!r})")
+        if item_type in _SCALAR_DTYPES:
+            dtype = _SCALAR_DTYPES[item_type]
+            start = self.take(count * dtype.itemsize, f"the array {key!r}")
+            return np.frombuffer(self.buf, dtype, count, start).tolist()
+        if item_type == GGUFValueType.STRING:
+            self.check_count(count, 8, f"strings in the array {key!r}")
+            return self.strings(count, key)
+        if item_type == GGUFValueType.ARRAY:
+            self.fail(f"the metadata key {key!r} holds nested arrays, which GGUF models do not use")
+        self.fail(f"the array {key!r} has unknown item type {item_type}")
 
-    def walk_metadata(self, count: int) -> None:
-        """Step over `count` key/value entries, noting general.alignment on the way."""
-        keys: set[str] = set()
+    def metadata(self, count: int) -> dict[str, Any]:
+        """Read `count` key/value entries, checking general.alignment on the way."""
+        entries: dict[str, Any] = {}
         for _ in range(count):
             key = self.text("a metadata key")
-            if key in keys:
+            if key in entries:
                 self.fail(f"the metadata key {key!r} appears twice")
-            keys.add(key)
             value_type = self.u32(f"the value type of {key!r}")
             if key == gguf.Keys.General.ALIGNMENT:
                 if value_type != GGUFValueType.UINT32:
@@ -177,11 +200,13 @@ class _HeaderWalker:
                 self.alignment = self.u32(key)
                 if self.alignment == 0 or self.alignment & (self.alignment - 1):
                     self.fail(f"{key!r} is {self.alignment}, which is not a power of two")
+                entries[key] = self.alignment
             else:
-                self.skip_value(value_type, key)
+                entries[key] = self.value(value_type, key)
+        return entries
 
-    def tensor_info(self, names: set[str]) -> tuple[int, int, str]:
-        """Read one tensor info; return its data offset, size in bytes and name."""
+    def tensor_info(self, names: set[str]) -> tuple[int, int, str, int, tuple[int, ...]]:
+        """Read one tensor info; return its data offset, size in bytes, name, type and dims."""
         name = self.text("a tensor name")
         if name in names:
             self.fail(f"the tensor {name!r} appears twice")
@@ -189,9 +214,9 @@ class _HeaderWalker:
         n_dims = self.u32(f"the dimension count of {name!r}")
         if not 1 <= n_dims <= MAX_DIMS:
             self.fail(f"the tensor {name!r} has {n_dims} dimensions; GGUF allows 1 to {MAX_DIMS}")
-        dims = [self.u64(f"a dimension of {name!r}") for _ in range(n_dims)]  # GGUF order: ne[0] is a row
+        dims = tuple(self.u64(f"a dimension of {name!r}") for _ in range(n_dims))  # GGUF order: ne[0] is a row
         if not all(0 < d < 2**63 for d in dims):
-            self.fail(f"the tensor {name!r} has an impossible shape {dims}")
+            self.fail(f"the tensor {name!r} has an impossible shape {list(dims)}")
         raw_type = self.u32(f"the type of {name!r}")
         try:
             block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(raw_type)]
@@ -203,10 +228,10 @@ class _HeaderWalker:
         offset = self.u64(f"the data offset of {name!r}")
         if offset % self.alignment:
             self.fail(f"the data of {name!r} starts at offset {offset}, not a multiple of {self.alignment}")
-        return offset, math.prod(dims) // block_size * type_size, name
+        return offset, math.prod(dims) // block_size * type_size, name, raw_type, dims
 
-    def walk(self) -> None:
-        """Check the whole layout of the file, or raise ModelFileError."""
+    def read(self) -> _Header:
+        """Read and check the whole header, or raise ModelFileError."""
         start = self.take(4, "the magic bytes")
         if self.buf[start:start + 4] != b"GGUF":
             self.fail("it does not start with the GGUF magic bytes")
@@ -222,39 +247,25 @@ class _HeaderWalker:
         n_tensors = self.u64("the tensor count")
         n_kv = self.u64("the metadata count")
         self.check_count(n_kv, _MIN_KV_BYTES, "metadata entries", MAX_METADATA_ENTRIES)
-        self.walk_metadata(n_kv)
+        metadata = self.metadata(n_kv)
         self.check_count(n_tensors, _MIN_TENSOR_INFO_BYTES, "tensors", MAX_TENSORS)
         names: set[str] = set()
-        spans = sorted(self.tensor_info(names) for _ in range(n_tensors))
+        infos = [self.tensor_info(names) for _ in range(n_tensors)]
         data_start = -(-self.pos // self.alignment) * self.alignment
         previous_end, previous_name = 0, ""
-        for offset, n_bytes, name in spans:
+        for offset, n_bytes, name, _type, _dims in sorted(infos):
             if data_start + offset + n_bytes > self.size:
                 self.fail(f"the data of {name!r} ({n_bytes} bytes at offset {offset}) runs past the end")
             if offset < previous_end:
                 self.fail(f"the data of {name!r} overlaps the data of {previous_name!r}")
             previous_end, previous_name = offset + n_bytes, name
+        tensors = [(name, raw_type, dims, data_start + offset, n_bytes)
+                   for offset, n_bytes, name, raw_type, dims in infos]
+        return _Header(version, metadata, tensors)
 
 
-class _MappedReader(gguf.GGUFReader):
-    """GGUFReader over a plain ndarray view of its memory map.
-
-    GGUFReader slices its `np.memmap` once per metadata value, and np.memmap's subclass
-    hooks on each slice make up most of its parse time on a large vocabulary (about 3x).
-    The plain view shares the same mapping, so nothing is copied and it stays read-only.
-    """
-
-    @property
-    def data(self) -> np.ndarray:
-        return self._mapped
-
-    @data.setter
-    def data(self, value: np.memmap) -> None:
-        self._mapped = value.view(np.ndarray)
-
-
-def _validate_layout(path: Path) -> None:
-    """Walk the header of `path` through a read-only map, or raise ModelFileError."""
+def _read_header(path: Path) -> tuple[_Header, np.ndarray]:
+    """The checked header of `path` and a read-only uint8 view of the whole file's map."""
     try:
         if not path.exists():
             _fail(path, "the file does not exist", "Check the path, or choose another model file.")
@@ -264,52 +275,35 @@ def _validate_layout(path: Path) -> None:
         with open(path, "rb") as fh:
             if path.stat().st_size == 0:
                 _fail(path, "the file is empty")
-            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-                _HeaderWalker(path, buf).walk()
+            buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            header = _HeaderReader(path, buf).read()
+        except BaseException:
+            buf.close()  # a rejected file is not left mapped (or, on Windows, locked)
+            raise
+        return header, np.frombuffer(buf, dtype=np.uint8)  # the tensor views keep the map alive
     except (OSError, ValueError) as exc:  # ValueError: mmap of a file emptied meanwhile
         reason = getattr(exc, "strerror", None) or exc
         _fail(path, f"it cannot be read ({reason})", "Check that you may read the file.")
 
 
-def _plain_metadata(path: Path, reader: gguf.GGUFReader) -> dict[str, Any]:
-    """Metadata as plain Python values, without GGUFReader's own "GGUF.*" header fields."""
-    metadata = {}
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        try:
-            metadata[key] = field.contents()
-        except UnicodeDecodeError:
-            _fail(path, f"the metadata key {key!r} holds text that is not valid UTF-8")
-    return metadata
-
-
 class GGUFFile:
-    """A validated, memory-mapped GGUF file: its metadata as plain values and its tensors as views.
-
-    The GGUFReader is dropped once its values are copied out: it holds one NumPy view per
-    metadata value (about 200 MB for a 262k-token vocabulary). The tensor views keep the
-    memory map alive by themselves.
-    """
+    """A validated, memory-mapped GGUF file: its metadata as plain values and its tensors as views."""
 
     def __init__(self, path: str | Path):
-        """Validate `path`, then parse it with gguf.GGUFReader. Raises ModelFileError."""
+        """Read and validate the header of `path`. Raises ModelFileError."""
         self.path = Path(path)
-        _validate_layout(self.path)
-        try:
-            reader = _MappedReader(self.path)
-        except Exception as exc:  # the layout was checked, so this is a value GGUFReader rejects
-            _fail(self.path, f"gguf could not read it ({type(exc).__name__}: {exc})")
-        self.version = int(reader.fields["GGUF.version"].contents())
-        self.metadata: dict[str, Any] = _plain_metadata(self.path, reader)
+        header, data = _read_header(self.path)
+        self.version = header.version
+        self.metadata: dict[str, Any] = header.metadata
         self.tensors: dict[str, TensorInfo] = {
-            t.name: TensorInfo(
-                name=t.name,
-                ggml_type=int(t.tensor_type),
-                shape=tuple(int(d) for d in reversed(t.shape.tolist())),
-                data=reader.data[t.data_offset:t.data_offset + t.n_bytes],
+            name: TensorInfo(
+                name=name,
+                ggml_type=ggml_type,
+                shape=tuple(reversed(dims)),
+                data=data[start:start + n_bytes],
             )
-            for t in reader.tensors
+            for name, ggml_type, dims, start, n_bytes in header.tensors
         }
         architecture = self.metadata.get(gguf.Keys.General.ARCHITECTURE)
         if not isinstance(architecture, str) or not architecture:

@@ -4,7 +4,7 @@ import mmap
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType, GGUFWriter, quants
+from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, quants
 
 from engine.bundled import bundled_model
 from engine.errors import ModelFileError
@@ -88,6 +88,8 @@ def test_tensor_data_lives_in_the_memory_map(known_file):
     base = info.data
     while isinstance(base, np.ndarray):
         base = base.base
+    if isinstance(base, memoryview):  # np.frombuffer over the map
+        base = base.obj
     assert isinstance(base, mmap.mmap)
 
 
@@ -122,3 +124,22 @@ def test_real_smollm2_file_opens_as_views():
     assert f.tensors["blk.0.ffn_down.weight"].shape == (576, 1536)
     assert f.metadata["tokenizer.ggml.model"] == "gpt2"
     assert len(f.metadata["tokenizer.ggml.tokens"]) == 49152
+
+
+@pytest.mark.parametrize("model", ["smollm2", "gemma3", "tests/fixtures/models/tiny-qwen3-q1_0.gguf"])
+def test_every_value_and_tensor_matches_gguf_py_reader(model):
+    """gguf-py's GGUFReader is the independent reference for the whole header."""
+    path = bundled_model(model).path if "/" not in model else model
+    ours, theirs = open_gguf(path), GGUFReader(path)
+    reference = {key: field.contents() for key, field in theirs.fields.items() if not key.startswith("GGUF.")}
+    assert ours.metadata.keys() == reference.keys()
+    for key, value in reference.items():
+        assert ours.metadata[key] == value, key
+        assert type(ours.metadata[key]) is type(value), key
+    assert ours.version == theirs.fields["GGUF.version"].contents()
+    assert list(ours.tensors) == [t.name for t in theirs.tensors]
+    for t in theirs.tensors:
+        info = ours.tensors[t.name]
+        assert info.ggml_type == int(t.tensor_type) and info.shape == tuple(reversed(t.shape.tolist()))
+        start = info.data.__array_interface__["data"][0] - ours.tensors[theirs.tensors[0].name].data.__array_interface__["data"][0]
+        assert start == t.data_offset - theirs.tensors[0].data_offset and info.n_bytes == t.n_bytes
