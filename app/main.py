@@ -4,9 +4,10 @@
 
 Opens the window and loads, in order of preference: the model given on the command line,
 the model used last, or the bundled default. If Sprig is already running on the same
-chats database, the model is handed to that window instead (app/single_instance.py). `--data-dir` keeps the chats database and
-the settings in DIR instead of the per-user folders (for tests, screenshots and portable
-installs). `--self-test` runs headless checks and exits (see app/self_test.py).
+chats database, the model is handed to that window instead (app/single_instance.py).
+`--data-dir` keeps the chats database and the settings in DIR instead of the per-user
+folders (for tests, screenshots and portable installs). `--self-test` runs headless
+checks and exits (see app/self_test.py).
 """
 
 import argparse

@@ -6,7 +6,6 @@ run through `generate`, the loop the app and the CLI use (with the backend's pip
 decode steps and the detokenizer), so the figures are what a user gets.
 """
 
-
 import numpy as np
 
 from engine.generation import generate
