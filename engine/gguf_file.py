@@ -29,8 +29,8 @@ from engine.errors import ModelFileError, UnsupportedModelError
 
 SUPPORTED_VERSIONS = (2, 3)
 MAX_DIMS = 4
-# GGUFReader keeps a few NumPy views per metadata entry, array element and tensor, so
-# these caps bound its time and memory whatever a file claims. Real models stay far
+# Every metadata entry, array element and tensor becomes a Python object, so these caps
+# bound the time and memory a header takes whatever a file claims. Real models stay far
 # below them: ~50 entries, a few thousand tensors, and vocabularies of up to ~262k
 # tokens stored in three arrays (the array cap leaves room for five times that).
 MAX_METADATA_ENTRIES = 1 << 16
