@@ -8,9 +8,9 @@ decodes the values on the way: every failure raises `ModelFileError` (or
 
 Why not `gguf.GGUFReader`: it trusts the counts it reads (an absurd array length makes
 it loop in Python for hours), and it builds several NumPy views per array element, so a
-262k-token vocabulary took 3.2 s to open (Gemma 3) before a single weight was touched;
+262k-token vocabulary took about 3.5 s to open (Gemma 3) before a single weight was touched;
 the upstream fix (llama.cpp PR 13378) is still open. Decoding numeric arrays with one
-`np.frombuffer` each and strings with one `struct` call each takes 0.2 s. The `gguf`
+`np.frombuffer` each and strings with one `struct` call each takes 0.12 s. The `gguf`
 package still supplies the format's constants, and its reader is the independent
 reference the tests compare this one with, value by value.
 """
