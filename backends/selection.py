@@ -11,7 +11,8 @@ from backends.base import Backend
 from backends.errors import BackendUnavailable
 from backends.numpy_backend import NumpyBackend
 
-PREFERENCES = ("auto", "numpy", "mlx", "cuda")
+PREFERENCES = ("auto", "cpu", "numpy", "mlx", "cuda")
+_CPU_SIDE = ("cpu", "numpy")
 
 
 def _is_apple_silicon() -> bool:
@@ -30,8 +31,8 @@ def _mlx(preference: str) -> tuple[Backend | None, str]:
         where = f"{platform.system()} {platform.machine()}"
         return None, (f"mlx: not Apple silicon ({where}: MLX runs on the CPU there, slower than NumPy; "
                       "choose it explicitly to use it)")
-    if preference == "numpy":
-        return None, "mlx: not chosen (the numpy backend was asked for)"
+    if preference in _CPU_SIDE:
+        return None, f"mlx: not chosen (the {preference} backend was asked for)"
     try:
         from backends.mlx_backend import MLXBackend
         return MLXBackend(), ""
@@ -46,12 +47,23 @@ def _cuda_unavailable_reason() -> str:
     return "cuda: Sprig's CUDA backend is not part of this version yet"
 
 
+def _cpu(preference: str) -> tuple[Backend | None, str]:
+    """The native CPU backend unless `preference` names NumPy; and why it was not used."""
+    if preference == "numpy":
+        return None, "cpu: not chosen (the numpy backend was asked for)"
+    try:
+        from backends.cpu_backend import CpuBackend
+        return CpuBackend(), ""
+    except BackendUnavailable as exc:
+        return None, str(exc)
+
+
 def select(preference: str = "auto") -> tuple[Backend, list[str]]:
     """Return a ready backend for `preference` and the reasons the others were passed over.
 
-    "auto" takes the first of CUDA, MLX (on Apple silicon only) and NumPy that can run;
-    NumPy always can. Naming a backend that cannot run raises BackendUnavailable with
-    the reason.
+    "auto" takes the first of CUDA, MLX (on Apple silicon only), the native CPU kernels
+    and NumPy that can run; NumPy always can. Naming a backend that cannot run raises
+    BackendUnavailable with the reason.
     """
     if preference not in PREFERENCES:
         raise BackendUnavailable(f"unknown backend {preference!r}; choose one of {', '.join(PREFERENCES)}")
@@ -63,4 +75,10 @@ def select(preference: str = "auto") -> tuple[Backend, list[str]]:
         return mlx, reasons
     if preference == "mlx":
         raise BackendUnavailable(why_not_mlx)
-    return NumpyBackend(), reasons + [why_not_mlx]
+    reasons.append(why_not_mlx)
+    cpu, why_not_cpu = _cpu(preference)
+    if cpu is not None:
+        return cpu, reasons
+    if preference == "cpu":
+        raise BackendUnavailable(why_not_cpu)
+    return NumpyBackend(), reasons + [why_not_cpu]

@@ -15,6 +15,7 @@ import numpy as np
 
 from backends.dequant import dequantize
 from backends.errors import BackendError
+from backends.selection import PREFERENCES as BACKENDS
 from engine.bench import bench
 from engine.bundled import resolve_model_path
 from engine.chat_session import ChatSession, chat_prompt_tokens
@@ -28,7 +29,6 @@ from engine.perplexity import perplexity
 from engine.sampling import SamplingParams
 from engine.tokenizer import Tokenizer
 
-BACKENDS = ("auto", "numpy", "mlx", "cuda")
 
 
 class UsageError(SprigError):

@@ -5,14 +5,34 @@ Run with the dev-only reference venv that has llama-cpp-python installed:
 It mirrors `python -m engine bench`: 256 random prompt tokens (seed 0), then 128 decode
 steps one token at a time, after a warm-up, and prints the same JSON keys. The decoded
 tokens are taken from the prompt rather than by argmax: a step costs the same either way.
+It also prints `load_s`, the seconds it takes to construct `Llama` (read and map the
+file, build the vocabulary, allocate the context), and `rss_bytes`, the process's
+resident memory after that load and after the timed run. llama.cpp maps the file and
+prefetches it while loading, so the weights' pages count from the first figure on.
 """
 
 import argparse
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 from llama_cpp import Llama
+
+try:
+    import psutil
+except ImportError:  # the reference venv may lack it
+    psutil = None
+
+
+def rss_bytes() -> int:
+    """This process's resident memory in bytes: psutil's figure, or VmRSS from /proc/self/status."""
+    if psutil is not None:
+        return psutil.Process().memory_info().rss
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024  # "VmRSS:   123456 kB"
+    raise RuntimeError("no VmRSS in /proc/self/status")
 
 
 def main() -> None:
@@ -24,8 +44,11 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
+    started = time.perf_counter()
     llm = Llama(model_path=args.model, n_ctx=args.prompt_tokens + args.gen_tokens + 8, n_batch=args.prompt_tokens,
                 n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
+    load_s = time.perf_counter() - started
+    rss_after_load = rss_bytes()
     prompt = np.random.default_rng(0).integers(0, llm.n_vocab(), size=args.prompt_tokens).tolist()
 
     def run_once(n_prompt: int, n_gen: int) -> tuple[float, float]:
@@ -41,7 +64,8 @@ def main() -> None:
     run_once(32, 4)
     prefill_s, decode_s = run_once(args.prompt_tokens, args.gen_tokens)
     figures = {"peer": "llama.cpp (llama-cpp-python)", "threads": args.threads,
-               "prefill_tok_s": args.prompt_tokens / prefill_s, "decode_tok_s": args.gen_tokens / decode_s}
+               "prefill_tok_s": args.prompt_tokens / prefill_s, "decode_tok_s": args.gen_tokens / decode_s,
+               "load_s": load_s, "rss_bytes": {"after_load": rss_after_load, "after_run": rss_bytes()}}
     print(json.dumps(figures) if args.json else figures)
 
 

@@ -1,0 +1,359 @@
+"""The native CPU backend: C kernels that multiply GGUF blocks where they lie in the file.
+
+Weights are never copied to float: each matrix stays a view of the memory-mapped model
+file, and the kernels (`backends/cpu_kernels/`) unpack each block as they go. Activations
+are float32 NumPy arrays; before a matrix product each row is quantized to int8 in groups
+of 32 (once, shared by q/k/v and by gate/up), as llama.cpp does. Types without a kernel
+are converted once at load to Q8_0 and the load notes say so.
+
+Every op is a tuple (see module.c) that runs at once. `compile_decode` instead records the
+one-token forward pass once, with stand-in tensors, into a list of such tuples over one
+preallocated arena, and replays it in C: one call per token, no Python per op. The token
+and position it reads live in the KV storage's `step_state` array.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType, quants
+
+from backends import cpu_native
+from backends.base import Backend, LayerAttention, WeightSpec
+from backends.dequant import block_size, dequantize
+from backends.errors import TensorDataError
+
+OP_EMBED, OP_LINEAR, OP_RMSNORM, OP_ROPE, OP_ATTN, OP_GATED, OP_ADD, OP_SOFTCAP = range(1, 9)
+NATIVE_TYPES = frozenset(int(t) for t in (
+    GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16,
+    GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q5_1,
+    GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q1_0,
+    GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K,
+))
+_ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
+_Q8_0 = GGMLQuantizationType.Q8_0
+
+
+def _bufs(a=None, b=None, c=None, out=None, ids=None, pos=None, table=None, kcache=None, vcache=None) -> tuple:
+    return (a, b, c, out, ids, pos, table, kcache, vcache)
+
+
+class CpuMatrix:
+    """A weight matrix as GGUF blocks: `raw` holds `rows` rows of `cols` weights of `ggml_type`."""
+
+    def __init__(self, name: str, raw: np.ndarray, ggml_type: int, rows: int, cols: int):
+        self.name, self.raw, self.ggml_type, self.rows, self.cols = name, raw, ggml_type, rows, cols
+
+    def entry(self, out: Any, bias: Any = None) -> tuple:
+        """This matrix in an op tuple, writing `out` and adding `bias`."""
+        return (self.raw, self.ggml_type, self.rows, self.cols, out, bias)
+
+
+class CpuKV:
+    """KV cache storage: keys (L, Hkv, N, Dh) and values (L, Hkv, N, Dv), float32.
+
+    `step_state` ([token, position], int64) is what a compiled decode step reads; the engine
+    never rebuilds it, the step writes both before it runs. `decode_step` is the compiled step.
+    """
+
+    def __init__(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int, value_dim: int):
+        self.k = np.zeros((n_layers, n_kv_heads, n_ctx, head_dim), dtype=np.float32)
+        self.v = np.zeros((n_layers, n_kv_heads, n_ctx, value_dim), dtype=np.float32)
+        self.n_ctx = n_ctx
+        self.step_state = np.zeros(2, dtype=np.int64)
+        self.decode_step: Callable[[Any, int], np.ndarray] | None = None
+
+
+class _Slot:
+    """A stand-in activation while a decode step is recorded: a buffer of the arena."""
+
+    def __init__(self, recorder: "_Recorder", shape: tuple[int, ...], buffer: int):
+        self.recorder, self.shape, self.buffer = recorder, shape, buffer
+
+    def reshape(self, *shape: int) -> "_Slot":
+        """The same buffer with another shape (as NumPy's reshape of a contiguous array)."""
+        assert int(np.prod(shape)) == int(np.prod(self.shape)), (shape, self.shape)
+        return _Slot(self.recorder, tuple(shape), self.buffer)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index: slice) -> "_Slot":
+        assert index == slice(-1, None) and self.shape[0] == 1, index  # x[-1:] of a one-token step
+        return self
+
+
+class _StepInput:
+    """The token or the position of a compiled step: one element of the KV's `step_state`."""
+
+    def __init__(self, view: np.ndarray):
+        self.view = view
+
+    def __len__(self) -> int:
+        return 1
+
+
+class _Recorder:
+    """Collects the ops of one forward pass over stand-in buffers, then lays them out in one
+    arena, reusing a buffer once its last reader has run."""
+
+    def __init__(self):
+        self.ops: list[tuple] = []
+        self.sizes: list[int] = []
+
+    def new(self, shape: tuple[int, ...]) -> _Slot:
+        self.sizes.append(int(np.prod(shape)))
+        return _Slot(self, shape, len(self.sizes) - 1)
+
+    def build(self, output: _Slot) -> tuple[list[tuple], np.ndarray]:
+        """The op list with arena views in place of the stand-ins, and the output's view."""
+        last_use: dict[int, int] = {}
+        for i, op in enumerate(self.ops):
+            for slot in _slots_in(op):
+                last_use[slot.buffer] = i
+        last_use[output.buffer] = len(self.ops)  # the logits are read after the last op
+        placed: dict[int, int] = {}  # buffer -> offset in the arena
+        free: list[tuple[int, int]] = []  # (size, offset) of space whose buffer is dead
+        end = 0
+        for i, op in enumerate(self.ops):
+            slots = _slots_in(op)
+            for slot in slots:
+                if slot.buffer in placed:
+                    continue
+                size = self.sizes[slot.buffer]
+                fits = [entry for entry in free if entry[0] >= size]
+                if fits:
+                    best = min(fits)
+                    free.remove(best)
+                    placed[slot.buffer] = best[1]
+                    if best[0] > size:
+                        free.append((best[0] - size, best[1] + size))
+                else:
+                    placed[slot.buffer] = end
+                    end += size
+            for buffer in {slot.buffer for slot in slots if last_use[slot.buffer] == i}:
+                free.append((self.sizes[buffer], placed[buffer]))
+        arena = np.zeros(end, dtype=np.float32)
+
+        def view(slot: _Slot) -> np.ndarray:
+            start = placed[slot.buffer]
+            return arena[start:start + self.sizes[slot.buffer]]
+
+        resolved = [_replace_slots(op, view) for op in self.ops]
+        return resolved, view(output).reshape(output.shape)
+
+
+def _slots_in(op: tuple) -> list[_Slot]:
+    code, bufs, mats, ints, floats = op
+    found = [b for b in bufs if isinstance(b, _Slot)]
+    for mat in mats:
+        found += [m for m in mat[4:] if isinstance(m, _Slot)]
+    return found
+
+
+def _replace_slots(op: tuple, view: Callable[[_Slot], np.ndarray]) -> tuple:
+    def resolve(value: Any) -> Any:
+        if isinstance(value, _Slot):
+            return view(value)
+        if isinstance(value, _StepInput):
+            return value.view
+        return value
+
+    code, bufs, mats, ints, floats = op
+    mats = tuple(mat[:4] + tuple(resolve(m) for m in mat[4:]) for mat in mats)
+    return (code, tuple(resolve(b) for b in bufs), mats, ints, floats)
+
+
+class CpuBackend(Backend):
+    """Runs every op in Sprig's C kernels, on quantized weights, with a thread pool."""
+
+    name = "cpu"
+
+    def __init__(self, threads: int | None = None, tier: str | None = None):
+        self.native = cpu_native.load(tier)
+        self.threads = self.native.set_threads(threads or cpu_native.default_threads())
+        self.load_notes: list[str] = []
+        self._recorder: _Recorder | None = None
+        self._rope_tables: dict[tuple, np.ndarray] = {}
+
+    @property
+    def device_name(self) -> str:
+        return f"CPU ({self.threads} threads, {self.native.TIER} kernels)"
+
+    # -- weights ---------------------------------------------------------------------
+
+    def prepare_weight(self, spec: WeightSpec) -> np.ndarray | CpuMatrix:
+        if len(spec.shape) == 1:  # norms and biases: small, always float32
+            return dequantize(spec.raw, spec.ggml_type, spec.shape)
+        if len(spec.shape) != 2:
+            raise TensorDataError(f"{spec.name} has {len(spec.shape)} dimensions; a weight matrix has 2")
+        rows, cols = spec.shape
+        raw, ggml_type = spec.raw, int(spec.ggml_type)
+        per_block, block_bytes = block_size(ggml_type)
+        if ggml_type not in NATIVE_TYPES or cols % per_block:
+            raw, ggml_type = self._convert(spec)
+            per_block, block_bytes = block_size(ggml_type)
+        raw = raw.reshape(-1)
+        n_blocks = rows * cols // per_block
+        if raw.size != n_blocks * block_bytes:
+            raise TensorDataError(f"{spec.name}: {raw.size} bytes of data for a {rows} x {cols} "
+                                  f"{GGMLQuantizationType(ggml_type).name} matrix, which needs {n_blocks * block_bytes}")
+        bad = self.native.count_bad_scales(raw, ggml_type, n_blocks)
+        if bad:
+            raise TensorDataError(f"{spec.name} has {bad} blocks whose scale is infinite or not a number: "
+                                  "the model file is damaged")
+        return CpuMatrix(spec.name, raw, ggml_type, rows, cols)
+
+    def _convert(self, spec: WeightSpec) -> tuple[np.ndarray, int]:
+        """Blocks of a type without a kernel, as Q8_0 (float32 if rows do not split into 32s)."""
+        dense = dequantize(spec.raw, spec.ggml_type, spec.shape)
+        source = GGMLQuantizationType(spec.ggml_type).name
+        if spec.shape[1] % 32:
+            target, raw = GGMLQuantizationType.F32, dense.view(np.uint8)
+        else:
+            target, raw = _Q8_0, quants.quantize(dense, _Q8_0)
+        self.load_notes.append(f"{spec.name} is {source}, which the cpu backend has no kernel for: "
+                               f"converted to {target.name} at load")
+        return np.ascontiguousarray(raw), int(target)
+
+    def fuse_linear(self, weights: list[CpuMatrix]) -> tuple[CpuMatrix, ...]:
+        """The matrices stay apart; one op multiplies them all after quantizing the input once."""
+        return tuple(weights)
+
+    # -- running ops ------------------------------------------------------------------
+
+    def _new(self, shape: tuple[int, ...]) -> Any:
+        return self._recorder.new(shape) if self._recorder else np.empty(shape, dtype=np.float32)
+
+    def _emit(self, code: int, bufs: tuple, mats: tuple = (), ints: tuple = (), floats: tuple = ()) -> None:
+        op = (code, bufs, mats, tuple(int(i) for i in ints), tuple(float(f) for f in floats))
+        if self._recorder:
+            self._recorder.ops.append(op)
+        else:
+            self.native.run(op)
+
+    def _position(self, positions: Any) -> Any:
+        """The first position as a one-element int64 buffer (or the compiled step's)."""
+        if isinstance(positions, _StepInput):
+            return positions
+        return np.asarray(positions[:1], dtype=np.int64)
+
+    # -- ops ----------------------------------------------------------------------------
+
+    def embedding(self, weight: CpuMatrix, token_ids: Any, scale: float = 1.0) -> Any:
+        ids = token_ids if isinstance(token_ids, _StepInput) else np.ascontiguousarray(token_ids, dtype=np.int64)
+        out = self._new((len(ids), weight.cols))
+        self._emit(OP_EMBED, _bufs(out=out, ids=ids), (weight.entry(None),), (len(ids),), (scale,))
+        return out
+
+    def linear(self, x: Any, weight: CpuMatrix, bias: Any = None) -> Any:
+        return self.linear_fused(x, (weight,), (bias,))[0]
+
+    def linear_fused(self, x: Any, fused: tuple[CpuMatrix, ...], biases: tuple[Any, ...]) -> list[Any]:
+        x = _contiguous(x)
+        outs = [self._new((len(x), w.rows)) for w in fused]
+        mats = tuple(w.entry(out, bias) for w, out, bias in zip(fused, outs, biases))
+        self._emit(OP_LINEAR, _bufs(a=x), mats, (len(x),))
+        return outs
+
+    def rms_norm(self, x: Any, weight: np.ndarray, eps: float) -> Any:
+        x = _contiguous(x)
+        out = self._new(x.shape)
+        dim = x.shape[-1]
+        self._emit(OP_RMSNORM, _bufs(a=x, b=weight, out=out), (), (int(np.prod(x.shape)) // dim, dim), (eps,))
+        return out
+
+    def rope(self, x: Any, positions: Any, base: float, rope_dim: int, neox: bool,
+             freq_factors: np.ndarray | None = None) -> Any:
+        if not isinstance(positions, _StepInput) and np.any(np.diff(positions) != 1):
+            # the kernel takes consecutive positions; others (tests, never the engine) go one by one
+            return np.concatenate([self.rope(x[t:t + 1], positions[t:t + 1], base, rope_dim, neox, freq_factors)
+                                   for t in range(len(positions))])
+        x = _contiguous(x)
+        out = self._new(x.shape)
+        n_tokens, heads, dim = x.shape
+        table = self._rope_table(base, rope_dim, freq_factors)
+        self._emit(OP_ROPE, _bufs(a=x, out=out, pos=self._position(positions), table=table), (),
+                   (n_tokens, heads, dim, rope_dim, neox))
+        return out
+
+    def _rope_table(self, base: float, rope_dim: int, freq_factors: np.ndarray | None) -> np.ndarray:
+        """Inverse frequencies (rope_dim / 2,) float64, one array per distinct setting."""
+        key = (base, rope_dim, None if freq_factors is None else np.asarray(freq_factors).tobytes())
+        table = self._rope_tables.get(key)
+        if table is None:
+            table = base ** (-np.arange(rope_dim // 2, dtype=np.float64) * 2.0 / rope_dim)
+            if freq_factors is not None:
+                table = table / np.asarray(freq_factors, dtype=np.float64)
+            table = self._rope_tables[key] = np.ascontiguousarray(table)
+        return table
+
+    def attention(self, q: Any, k: Any, v: Any, cache: CpuKV, layer: int, start: Any,
+                  settings: LayerAttention) -> Any:
+        q, k, v = _contiguous(q), _contiguous(k), _contiguous(v)
+        n_tokens, heads, head_dim = q.shape
+        kv_heads, value_dim = k.shape[1], v.shape[2]
+        out = self._new((n_tokens, heads * value_dim))
+        pos = start if isinstance(start, _StepInput) else np.array([start], dtype=np.int64)
+        self._emit(OP_ATTN, _bufs(a=q, b=k, c=v, out=out, pos=pos, kcache=cache.k[layer], vcache=cache.v[layer]), (),
+                   (n_tokens, heads, kv_heads, head_dim, value_dim, cache.n_ctx, settings.window or 0),
+                   (settings.scale, settings.softcap or 0.0))
+        return out
+
+    def gated_activation(self, gate: Any, up: Any, kind: str) -> Any:
+        if kind not in _ACTIVATIONS:
+            raise ValueError(f"unknown activation {kind!r}")
+        out = self._new(gate.shape)
+        self._emit(OP_GATED, _bufs(a=_contiguous(gate), b=_contiguous(up), out=out), (),
+                   (int(np.prod(gate.shape)), _ACTIVATIONS[kind]))
+        return out
+
+    def add(self, a: Any, b: Any) -> Any:
+        out = self._new(a.shape)
+        self._emit(OP_ADD, _bufs(a=_contiguous(a), b=_contiguous(b), out=out), (), (int(np.prod(a.shape)),))
+        return out
+
+    def softcap(self, x: Any, cap: float) -> Any:
+        out = self._new(x.shape)
+        self._emit(OP_SOFTCAP, _bufs(a=_contiguous(x), out=out), (), (int(np.prod(x.shape)),), (cap,))
+        return out
+
+    def to_host(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x, dtype=np.float32)
+
+    # -- KV cache and the compiled decode step ---------------------------------------------
+
+    def allocate_kv(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int, value_dim: int) -> CpuKV:
+        return CpuKV(n_layers, n_ctx, n_kv_heads, head_dim, value_dim)
+
+    def kv_bytes(self, cache: CpuKV) -> int:
+        return cache.k.nbytes + cache.v.nbytes
+
+    def compile_decode(self, forward: Callable[[Any, Any, Any], Any], cache: CpuKV) -> Callable[[Any, int], np.ndarray]:
+        """Record `forward` for one token on `cache` once, then replay it in C per call."""
+        if cache.decode_step is None:
+            token, position = _StepInput(cache.step_state[0:1]), _StepInput(cache.step_state[1:2])
+            self._recorder = recorder = _Recorder()
+            try:
+                logits = forward(token, position, position)
+            finally:
+                self._recorder = None
+            ops, logits_view = recorder.build(logits)
+            graph = self.native.graph(ops)
+
+            def step(token_id: Any, start: int) -> np.ndarray:
+                cache.step_state[0] = int(token_id)
+                cache.step_state[1] = start
+                self.native.graph_run(graph)
+                return logits_view.copy()  # (1, vocab); the arena is reused by the next step
+
+            cache.decode_step = step
+        return cache.decode_step
+
+    def close(self) -> None:
+        self._rope_tables.clear()
+
+
+def _contiguous(x: Any) -> Any:
+    return x if isinstance(x, _Slot) else np.ascontiguousarray(x, dtype=np.float32)
+

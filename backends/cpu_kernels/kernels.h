@@ -1,0 +1,81 @@
+/* Sprig's native CPU kernels: shared declarations.
+ *
+ * The same sources are compiled once per instruction-set tier (scalar, AVX2, AVX-512 VNNI,
+ * NEON dot product); the Python side picks the best tier the CPU supports at run time.
+ * Only the int8 dot product of one 32-weight group differs between tiers (simd.h); every
+ * float operation is shared C, compiled with -ffp-contract=off, so all tiers give the same
+ * results bit for bit.
+ *
+ * A matrix product quantizes each activation row to int8 in groups of 32 (one float scale
+ * per group, as llama.cpp's Q8_0/Q8_1), unpacks each weight row once into int8 codes plus
+ * per-lane float scales, and dots it with every token. Within a group of 32 the products
+ * are summed in 8 lanes of 4 bytes each (what maddubs+madd, vpdpbusd and sdot all give),
+ * and each lane keeps its own float accumulator:
+ *     acc[l] += (float)isum[l] * (wscale[l] * xscale)
+ * The row's result is reduce8(acc) + sum over groups of wmin[g] * xsum[g].
+ */
+#ifndef SPRIG_KERNELS_H
+#define SPRIG_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* GGML type numbers (ggml.h / gguf-py's GGMLQuantizationType). */
+enum {
+    T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
+    T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_BF16 = 30, T_Q1_0 = 41,
+};
+
+#define GROUP 32 /* weights per quantization group of the activations */
+#define LANES 8  /* float accumulators per row product */
+
+/* A weight matrix as it lies in the model file: `rows` rows of `row_bytes` bytes. */
+typedef struct {
+    const uint8_t *data;
+    int type;
+    int64_t rows, cols;
+    size_t row_bytes;
+} Matrix;
+
+/* Activations quantized to int8 groups of 32: T rows of K codes, G = K / 32 groups each.
+ * xsum[g] is d[g] * (sum of the group's codes), the term affine weights (Q4_1, Q4_K, ...) need. */
+typedef struct {
+    int8_t *q;
+    float *d;
+    float *xsum;
+    int64_t K;
+} QuantRows;
+
+/* One weight row unpacked: int8 codes, 8 lane scales per group, one min term per group. */
+typedef struct {
+    int8_t *q;
+    float *scale;
+    float *min;
+    float *f; /* float weights (F32/F16/BF16 rows) */
+} RowBuffer;
+
+/* quants.c */
+int type_block(int type, int *weights, int *bytes);     /* 0 if the type is not native */
+int type_is_float(int type);
+int type_has_min(int type);
+float fp16_to_float(uint16_t h);
+void unpack_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf);
+void dequantize_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf, float *out);
+void quantize_row(const float *x, int64_t K, int8_t *q, float *d, float *xsum);
+float dot_quant(const RowBuffer *w, int has_min, const int8_t *xq, const float *xd, const float *xs, int64_t K);
+float dot_float(const float *w, const float *x, int64_t K);
+int64_t count_bad_scales(int type, const uint8_t *data, int64_t n_blocks);
+
+/* pool.c */
+typedef void (*task_fn)(void *ctx, int ith, int nth);
+void pool_set_threads(int n);
+int pool_threads(void);
+void pool_run(task_fn fn, void *ctx);
+void split_range(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi);
+
+/* scratch.c: per-thread buffers, grown before a parallel call (never inside one) */
+int scratch_reserve(int64_t cols, int64_t floats);
+RowBuffer *scratch_row(int ith);
+float *scratch_floats(int ith);
+
+#endif

@@ -1,0 +1,317 @@
+/* Python bindings: one module per instruction-set tier (_cpu_scalar, _cpu_avx2, ...), built
+ * from the same sources. Ops arrive as tuples
+ *     (code, (a, b, c, out, ids, pos, table, kcache, vcache), mats, ints, floats)
+ * with mats a tuple of (raw uint8 array, ggml type, rows, cols, out array, bias array or None).
+ * `run` executes one op now; `graph` parses a list of them once, and `graph_run` replays it,
+ * one call per decode step. Every buffer's size is checked against what the op will touch. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#endif
+
+#include "ops.h"
+#include "simd.h"
+
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#define STR_(a) #a
+#define STR(a) STR_(a)
+
+static pthread_mutex_t exec_lock = PTHREAD_MUTEX_INITIALIZER;
+
+typedef struct {
+    void *ptr;
+    Py_ssize_t len; /* bytes */
+} Buf;
+
+static int get_buf(PyObject *obj, int writable, Py_ssize_t itemsize, Buf *out, const char *what) {
+    out->ptr = NULL;
+    out->len = 0;
+    if (obj == Py_None) return 0;
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) != 0)
+        return -1;
+    if (view.itemsize != itemsize) {
+        PyBuffer_Release(&view);
+        PyErr_Format(PyExc_TypeError, "%s: expected items of %zd bytes, got %zd", what, itemsize, view.itemsize);
+        return -1;
+    }
+    out->ptr = view.buf;
+    out->len = view.len;
+    PyBuffer_Release(&view); /* the caller keeps the array alive */
+    return 0;
+}
+
+static int need(const Buf *b, int64_t elements, Py_ssize_t itemsize, const char *what) {
+    if (elements < 0 || b->ptr == NULL || b->len < elements * itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s is missing or smaller than the op needs (%lld elements)", what,
+                     (long long)elements);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_matrix(PyObject *item, Matrix *m, Buf *out, Buf *bias) {
+    PyObject *raw, *out_obj, *bias_obj;
+    long long rows, cols;
+    if (!PyArg_ParseTuple(item, "OiLLOO", &raw, &m->type, &rows, &cols, &out_obj, &bias_obj)) return -1;
+    int weights, bytes;
+    if (!type_block(m->type, &weights, &bytes)) {
+        PyErr_Format(PyExc_ValueError, "GGML type %d has no native kernel", m->type);
+        return -1;
+    }
+    if (rows <= 0 || cols <= 0 || cols % weights) {
+        PyErr_Format(PyExc_ValueError, "a %lld x %lld matrix cannot be made of blocks of %d weights", rows, cols,
+                     weights);
+        return -1;
+    }
+    Buf data;
+    if (get_buf(raw, 0, 1, &data, "weight blocks") != 0) return -1;
+    m->rows = rows;
+    m->cols = cols;
+    m->row_bytes = (size_t)(cols / weights * bytes);
+    if (need(&data, rows * (int64_t)m->row_bytes, 1, "weight blocks") != 0) return -1;
+    m->data = data.ptr;
+    if (get_buf(out_obj, 1, 4, out, "matrix output") != 0 || get_buf(bias_obj, 0, 4, bias, "bias") != 0) return -1;
+    return 0;
+}
+
+static int parse_op(PyObject *tuple, Op *op) {
+    PyObject *bufs, *mats, *ints, *floats;
+    memset(op, 0, sizeof *op);
+    if (!PyArg_ParseTuple(tuple, "iO!O!O!O!", &op->code, &PyTuple_Type, &bufs, &PyTuple_Type, &mats, &PyTuple_Type,
+                          &ints, &PyTuple_Type, &floats))
+        return -1;
+    if (PyTuple_GET_SIZE(bufs) != 9 || PyTuple_GET_SIZE(ints) > 8 || PyTuple_GET_SIZE(floats) > 4 ||
+        PyTuple_GET_SIZE(mats) > MAX_FUSED) {
+        PyErr_SetString(PyExc_ValueError, "malformed op");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(ints); i++) {
+        op->n[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(ints, i));
+        if (op->n[i] == -1 && PyErr_Occurred()) return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(floats); i++) {
+        op->f[i] = (float)PyFloat_AsDouble(PyTuple_GET_ITEM(floats, i));
+        if (PyErr_Occurred()) return -1;
+    }
+    Buf a, b, c, out, ids, pos, table, kc, vc;
+    if (get_buf(PyTuple_GET_ITEM(bufs, 0), 0, 4, &a, "a") || get_buf(PyTuple_GET_ITEM(bufs, 1), 0, 4, &b, "b") ||
+        get_buf(PyTuple_GET_ITEM(bufs, 2), 0, 4, &c, "c") || get_buf(PyTuple_GET_ITEM(bufs, 3), 1, 4, &out, "out") ||
+        get_buf(PyTuple_GET_ITEM(bufs, 4), 0, 8, &ids, "ids") || get_buf(PyTuple_GET_ITEM(bufs, 5), 0, 8, &pos, "pos") ||
+        get_buf(PyTuple_GET_ITEM(bufs, 6), 0, 8, &table, "table") ||
+        get_buf(PyTuple_GET_ITEM(bufs, 7), 1, 4, &kc, "kcache") || get_buf(PyTuple_GET_ITEM(bufs, 8), 1, 4, &vc, "vcache"))
+        return -1;
+    op->a = a.ptr;
+    op->b = b.ptr;
+    op->c = c.ptr;
+    op->out = out.ptr;
+    op->ids = ids.ptr;
+    op->pos = pos.ptr;
+    op->table = table.ptr;
+    op->kcache = kc.ptr;
+    op->vcache = vc.ptr;
+    op->n_mats = (int)PyTuple_GET_SIZE(mats);
+    Buf outs[MAX_FUSED], biases[MAX_FUSED];
+    for (int m = 0; m < op->n_mats; m++) {
+        PyObject *item = PyTuple_GET_ITEM(mats, m);
+        if (!PyTuple_Check(item)) {
+            PyErr_SetString(PyExc_TypeError, "a matrix is a tuple");
+            return -1;
+        }
+        if (parse_matrix(item, &op->mats[m], &outs[m], &biases[m]) != 0) return -1;
+        op->outs[m] = outs[m].ptr;
+        op->bias[m] = biases[m].ptr;
+    }
+    int64_t *n = op->n;
+    switch (op->code) {
+    case OP_EMBED:
+        if (op->n_mats != 1) break;
+        return need(&ids, n[0], 8, "ids") || need(&out, n[0] * op->mats[0].cols, 4, "out");
+    case OP_LINEAR:
+        if (op->n_mats < 1) break;
+        if (need(&a, n[0] * op->mats[0].cols, 4, "x")) return -1;
+        for (int m = 0; m < op->n_mats; m++) {
+            if (op->mats[m].cols != op->mats[0].cols) goto inconsistent;
+            if (need(&outs[m], n[0] * op->mats[m].rows, 4, "matrix output")) return -1;
+            if (op->bias[m] && need(&biases[m], op->mats[m].rows, 4, "bias")) return -1;
+        }
+        return 0;
+    case OP_RMSNORM:
+        return need(&a, n[0] * n[1], 4, "x") || need(&out, n[0] * n[1], 4, "out") || need(&b, n[1], 4, "weight");
+    case OP_ROPE:
+        if (n[3] > n[2] || n[3] % 2) break;
+        return need(&a, n[0] * n[1] * n[2], 4, "x") || need(&out, n[0] * n[1] * n[2], 4, "out") ||
+               need(&table, n[3] / 2, 8, "table") || need(&pos, 1, 8, "pos");
+    case OP_ATTN:
+        if (n[1] <= 0 || n[2] <= 0 || n[1] % n[2]) break;
+        return need(&a, n[0] * n[1] * n[3], 4, "q") || need(&b, n[0] * n[2] * n[3], 4, "k") ||
+               need(&c, n[0] * n[2] * n[4], 4, "v") || need(&out, n[0] * n[1] * n[4], 4, "out") ||
+               need(&kc, n[2] * n[5] * n[3], 4, "key cache") || need(&vc, n[2] * n[5] * n[4], 4, "value cache") ||
+               need(&pos, 1, 8, "pos");
+    case OP_GATED: case OP_ADD:
+        return need(&a, n[0], 4, "a") || need(&b, n[0], 4, "b") || need(&out, n[0], 4, "out");
+    case OP_SOFTCAP:
+        if (op->f[0] == 0.0f) break;
+        return need(&a, n[0], 4, "a") || need(&out, n[0], 4, "out");
+    }
+inconsistent:
+    PyErr_Format(PyExc_ValueError, "op %d has inconsistent arguments", op->code);
+    return -1;
+}
+
+static int exec_ops(const Op *ops, Py_ssize_t n) {
+    const char *error = NULL;
+    int status = 0;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&exec_lock);
+    for (Py_ssize_t i = 0; i < n && status == 0; i++) status = exec_op(&ops[i], &error);
+    pthread_mutex_unlock(&exec_lock);
+    Py_END_ALLOW_THREADS
+    if (status != 0) PyErr_SetString(PyExc_RuntimeError, error);
+    return status;
+}
+
+static PyObject *py_run(PyObject *self, PyObject *args) {
+    PyObject *tuple;
+    Op op;
+    if (!PyArg_ParseTuple(args, "O!", &PyTuple_Type, &tuple) || parse_op(tuple, &op) != 0) return NULL;
+    if (exec_ops(&op, 1) != 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+typedef struct {
+    Py_ssize_t n;
+    Op *ops;
+    PyObject *keep; /* the op list: it owns every array the ops point into */
+} Graph;
+
+static void graph_free(PyObject *capsule) {
+    Graph *g = PyCapsule_GetPointer(capsule, "sprig.graph");
+    if (!g) return;
+    free(g->ops);
+    Py_XDECREF(g->keep);
+    free(g);
+}
+
+static PyObject *py_graph(PyObject *self, PyObject *args) {
+    PyObject *list;
+    if (!PyArg_ParseTuple(args, "O!", &PyList_Type, &list)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    Graph *g = calloc(1, sizeof *g);
+    Op *ops = calloc(n ? (size_t)n : 1, sizeof(Op));
+    if (!g || !ops) {
+        free(g);
+        free(ops);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(list, i);
+        if (!PyTuple_Check(item) || parse_op(item, &ops[i]) != 0) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "an op is a tuple");
+            free(g);
+            free(ops);
+            return NULL;
+        }
+    }
+    g->n = n;
+    g->ops = ops;
+    g->keep = Py_NewRef(list);
+    PyObject *capsule = PyCapsule_New(g, "sprig.graph", graph_free);
+    if (!capsule) {
+        g->keep = NULL;
+        Py_DECREF(list);
+        free(ops);
+        free(g);
+    }
+    return capsule;
+}
+
+static PyObject *py_graph_run(PyObject *self, PyObject *args) {
+    PyObject *capsule;
+    if (!PyArg_ParseTuple(args, "O", &capsule)) return NULL;
+    Graph *g = PyCapsule_GetPointer(capsule, "sprig.graph");
+    if (!g || exec_ops(g->ops, g->n) != 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_set_threads(PyObject *self, PyObject *args) {
+    int n;
+    if (!PyArg_ParseTuple(args, "i", &n)) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&exec_lock);
+    pool_set_threads(n);
+    pthread_mutex_unlock(&exec_lock);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(pool_threads());
+}
+
+static PyObject *py_threads(PyObject *self, PyObject *noargs) { return PyLong_FromLong(pool_threads()); }
+
+static PyObject *py_count_bad_scales(PyObject *self, PyObject *args) {
+    PyObject *raw;
+    int type;
+    long long n_blocks;
+    if (!PyArg_ParseTuple(args, "OiL", &raw, &type, &n_blocks)) return NULL;
+    int weights, bytes;
+    Buf data;
+    if (!type_block(type, &weights, &bytes)) return PyErr_Format(PyExc_ValueError, "GGML type %d is not native", type);
+    if (get_buf(raw, 0, 1, &data, "blocks") != 0 || need(&data, n_blocks * bytes, 1, "blocks") != 0) return NULL;
+    int64_t bad;
+    Py_BEGIN_ALLOW_THREADS
+    bad = count_bad_scales(type, data.ptr, n_blocks);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLongLong(bad);
+}
+
+/* Whether this CPU has a feature; asked of the scalar module before loading a faster tier. */
+static PyObject *py_cpu_has(PyObject *self, PyObject *args) {
+    const char *name;
+    if (!PyArg_ParseTuple(args, "s", &name)) return NULL;
+    int has = 0;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (!strcmp(name, "avx2")) has = __builtin_cpu_supports("avx2");
+    else if (!strcmp(name, "fma")) has = __builtin_cpu_supports("fma");
+    else if (!strcmp(name, "f16c")) has = __builtin_cpu_supports("f16c");
+    else if (!strcmp(name, "avx512f")) has = __builtin_cpu_supports("avx512f");
+    else if (!strcmp(name, "avx512bw")) has = __builtin_cpu_supports("avx512bw");
+    else if (!strcmp(name, "avx512vl")) has = __builtin_cpu_supports("avx512vl");
+    else if (!strcmp(name, "avx512vnni")) has = __builtin_cpu_supports("avx512vnni");
+#elif defined(__aarch64__)
+    if (!strcmp(name, "neon")) has = 1;
+#if defined(__linux__)
+    else if (!strcmp(name, "dotprod")) has = (getauxval(AT_HWCAP) & (1UL << 20)) != 0; /* HWCAP_ASIMDDP */
+#elif defined(__APPLE__)
+    else if (!strcmp(name, "dotprod")) has = 1; /* every Apple silicon core has it */
+#endif
+#endif
+    return PyBool_FromLong(has);
+}
+
+static PyMethodDef methods[] = {
+    {"run", py_run, METH_VARARGS, "Run one op now (GIL released)."},
+    {"graph", py_graph, METH_VARARGS, "Parse a list of ops once; returns a handle for graph_run."},
+    {"graph_run", py_graph_run, METH_VARARGS, "Replay a parsed op list (GIL released)."},
+    {"set_threads", py_set_threads, METH_VARARGS, "Use n threads, the caller included; returns the count."},
+    {"threads", py_threads, METH_NOARGS, "Threads in use, the caller included."},
+    {"count_bad_scales", py_count_bad_scales, METH_VARARGS, "Blocks of a tensor with an inf or nan scale."},
+    {"cpu_has", py_cpu_has, METH_VARARGS, "Whether the CPU has an instruction-set feature."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, STR(SPRIG_MODULE), "Sprig's native CPU kernels.", -1,
+                                    methods};
+
+PyMODINIT_FUNC CAT(PyInit_, SPRIG_MODULE)(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddStringConstant(m, "TIER", SPRIG_TIER) != 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,46 @@
+/* Per-thread scratch buffers: an unpacked weight row and a float work area.
+ * Grown by the caller before a parallel task starts, never inside one. */
+#include <stdlib.h>
+
+#include "kernels.h"
+
+#define MAX_SLOTS 256
+
+static struct {
+    RowBuffer row;
+    float *floats;
+} slots[MAX_SLOTS];
+static int64_t reserved_cols, reserved_floats;
+static int reserved_threads;
+
+static void *grow(void *p, size_t bytes) {
+    void *q = realloc(p, bytes ? bytes : 1);
+    return q;
+}
+
+int scratch_reserve(int64_t cols, int64_t floats) {
+    cols = (cols + 255) / 256 * 256;
+    int n = pool_threads();
+    if (cols <= reserved_cols && floats <= reserved_floats && n <= reserved_threads) return 0;
+    if (cols < reserved_cols) cols = reserved_cols;
+    if (floats < reserved_floats) floats = reserved_floats;
+    for (int i = 0; i < n && i < MAX_SLOTS; i++) {
+        RowBuffer *r = &slots[i].row;
+        void *q = grow(r->q, (size_t)cols), *s = grow(r->scale, sizeof(float) * (size_t)(cols / GROUP * LANES)),
+             *m = grow(r->min, sizeof(float) * (size_t)(cols / GROUP)), *f = grow(r->f, sizeof(float) * (size_t)cols),
+             *w = grow(slots[i].floats, sizeof(float) * (size_t)floats);
+        if (q) r->q = q;
+        if (s) r->scale = s;
+        if (m) r->min = m;
+        if (f) r->f = f;
+        if (w) slots[i].floats = w;
+        if (!q || !s || !m || !f || !w) return -1;
+    }
+    reserved_threads = n;
+    reserved_cols = cols;
+    reserved_floats = floats;
+    return 0;
+}
+
+RowBuffer *scratch_row(int ith) { return &slots[ith].row; }
+float *scratch_floats(int ith) { return slots[ith].floats; }

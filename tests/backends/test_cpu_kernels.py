@@ -1,0 +1,143 @@
+"""The native CPU kernels on random GGUF blocks.
+
+- The portable (scalar) kernels unpack every block exactly as gguf-py dequantizes it.
+- Every tier this machine runs (AVX2, AVX-512, NEON) gives the scalar tier's products bit
+  for bit, for T = 1..16 tokens, 1-3 threads, odd row counts, extreme and zero scales
+  and blocks with every bit set.
+- A product is x @ W.T within the error that quantizing x to int8 groups of 32 allows
+  (a bound worked out per element from the data), W dequantized by gguf-py.
+"""
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from backends import cpu_native
+from backends.cpu_backend import NATIVE_TYPES, CpuBackend, CpuMatrix
+from backends.dequant import dequantize
+from backends.errors import BackendUnavailable
+
+T = GGMLQuantizationType
+# Byte offsets of each block's fp16 scales (d, and m or dmin where the type has one).
+SCALE_OFFSETS = {
+    T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,), T.Q1_0: (0,),
+    T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
+}
+QUANT_TYPES = sorted(SCALE_OFFSETS, key=int)
+FLOAT_TYPES = [T.F32, T.F16, T.BF16]
+EXTREME_SCALES = np.array([65504.0, -65504.0, 6e-8, 0.0, 1.0, -0.5], dtype=np.float16)
+TIERS = cpu_native.runnable_tiers()
+
+
+def random_matrix(qtype: T, rows: int, cols: int, rng: np.random.Generator, kind: str = "random") -> np.ndarray:
+    """(rows, bytes per row) uint8 blocks: random bytes, with finite fp16 scales.
+
+    kind "random": scales ~ N(0, 0.05); "extreme": scales drawn from EXTREME_SCALES;
+    "ones": every byte 0xFF except the scales.
+    """
+    if qtype in FLOAT_TYPES:
+        values = rng.standard_normal((rows, cols)).astype(np.float32)
+        if qtype == T.F16:
+            return values.astype(np.float16).view(np.uint8)
+        if qtype == T.BF16:
+            return (values.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+        return values.view(np.uint8)
+    per_block, block_bytes = GGML_QUANT_SIZES[qtype]
+    n_blocks = rows * cols // per_block
+    if kind == "ones":
+        blocks = np.full((n_blocks, block_bytes), 0xFF, dtype=np.uint8)
+    else:
+        blocks = rng.integers(0, 256, size=(n_blocks, block_bytes), dtype=np.uint8)
+    for offset in SCALE_OFFSETS[qtype]:
+        if kind == "extreme":
+            scales = rng.choice(EXTREME_SCALES, size=n_blocks)
+        else:
+            scales = (0.05 * rng.standard_normal(n_blocks)).astype(np.float16)
+        blocks[:, offset:offset + 2] = scales.view(np.uint8).reshape(n_blocks, 2)  # (n_blocks, 2)
+    return blocks.reshape(rows, -1)  # (rows, n_blocks_per_row * block_bytes)
+
+
+def product(tier: str, threads: int, qtype: T, raw: np.ndarray, cols: int, x: np.ndarray) -> np.ndarray:
+    backend = CpuBackend(threads=threads, tier=tier)
+    return backend.linear(x, CpuMatrix("w", raw.reshape(-1), int(qtype), raw.shape[0], cols))
+
+
+def test_every_native_type_is_covered():
+    assert {int(t) for t in QUANT_TYPES + FLOAT_TYPES} == NATIVE_TYPES
+
+
+@pytest.mark.parametrize("kind", ["random", "extreme", "ones"])
+@pytest.mark.parametrize("qtype", QUANT_TYPES + FLOAT_TYPES, ids=lambda t: t.name)
+def test_scalar_unpacking_matches_gguf_py(qtype, kind):
+    rng = np.random.default_rng(int(qtype))
+    rows, cols = 5, 512
+    raw = random_matrix(qtype, rows, cols, rng, kind)
+    backend = CpuBackend(threads=1, tier="scalar")
+    matrix = CpuMatrix("w", raw.reshape(-1), int(qtype), rows, cols)
+    ours = backend.embedding(matrix, np.arange(rows))
+    reference = dequantize(raw.reshape(-1), int(qtype), (rows, cols))
+    np.testing.assert_array_equal(ours, reference)
+
+
+@pytest.mark.parametrize("tier", [t for t in TIERS if t != "scalar"] or
+                         [pytest.param("none", marks=pytest.mark.skip(reason="this CPU runs only the scalar tier"))])
+@pytest.mark.parametrize("qtype", QUANT_TYPES + FLOAT_TYPES, ids=lambda t: t.name)
+def test_every_tier_matches_scalar_bit_for_bit(tier, qtype):
+    rng = np.random.default_rng(100 + int(qtype))
+    cols = 768 if GGML_QUANT_SIZES[qtype][0] != 256 else 1024
+    for kind in ("random", "extreme", "ones"):
+        for rows, n_tokens, threads in [(7, 1, 1), (33, 2, 2), (64, 3, 3), (5, 7, 2), (31, 16, 3), (96, 11, 1)]:
+            raw = random_matrix(qtype, rows, cols, rng, kind)
+            x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
+            x[0, :32] *= 1000.0  # one group with a large scale
+            x[-1, 32:64] = 0.0  # one all-zero group
+            expected = product("scalar", 1, qtype, raw, cols, x)
+            got = product(tier, threads, qtype, raw, cols, x)
+            np.testing.assert_array_equal(got, expected, err_msg=f"{kind} rows={rows} T={n_tokens} threads={threads}")
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
+def test_products_are_within_the_activation_quantization_bound(qtype, threads):
+    rng = np.random.default_rng(200 + int(qtype))
+    rows, cols = 37, 512
+    raw = random_matrix(qtype, rows, cols, rng)
+    weights = dequantize(raw.reshape(-1), int(qtype), (rows, cols)).astype(np.float64)
+    for n_tokens in (1, 4, 16):
+        x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
+        got = product(TIERS[0], threads, qtype, raw, cols, x)
+        exact = x.astype(np.float64) @ weights.T
+        # each x is off by at most half a step, amax / 254, of its group of 32
+        step = np.abs(x).reshape(n_tokens, cols // 32, 32).max(-1) / 254.0  # (T, groups)
+        bound = (step @ np.abs(weights).reshape(rows, cols // 32, 32).sum(-1).T) * 1.001 + 1e-4 * np.abs(exact).max()
+        assert np.all(np.abs(got - exact) <= bound), np.max(np.abs(got - exact) - bound)
+
+
+@pytest.mark.parametrize("qtype", FLOAT_TYPES, ids=lambda t: t.name)
+def test_float_weights_multiply_without_quantizing(qtype):
+    rng = np.random.default_rng(5)
+    rows, cols = 19, 300  # no multiple of 8: the tail lanes
+    raw = random_matrix(qtype, rows, cols, rng)
+    weights = dequantize(raw.reshape(-1), int(qtype), (rows, cols)).astype(np.float64)
+    x = rng.standard_normal((3, cols)).astype(np.float32)
+    np.testing.assert_allclose(product(TIERS[0], 2, qtype, raw, cols, x), x @ weights.T, rtol=1e-5, atol=1e-4)
+
+
+def test_a_tier_can_be_forced_and_a_wrong_one_is_refused(monkeypatch):
+    monkeypatch.setenv(cpu_native.TIER_ENV, "scalar")
+    assert CpuBackend().native.TIER == "scalar"
+    monkeypatch.setenv(cpu_native.TIER_ENV, "sse9")
+    with pytest.raises(BackendUnavailable, match="unknown instruction-set tier 'sse9'"):
+        CpuBackend()
+    unrunnable = [t for t in cpu_native.TIERS if t not in TIERS]
+    if unrunnable:
+        monkeypatch.setenv(cpu_native.TIER_ENV, unrunnable[0])
+        with pytest.raises(BackendUnavailable, match="cannot run here"):
+            CpuBackend()
+
+
+def test_thread_count_is_set_and_reported(monkeypatch):
+    assert CpuBackend(threads=3).threads == 3
+    monkeypatch.setenv(cpu_native.THREADS_ENV, "1")
+    backend = CpuBackend()
+    assert backend.threads == 1 and "1 threads" in backend.device_name
