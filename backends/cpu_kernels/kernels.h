@@ -52,11 +52,15 @@ typedef struct {
     float *scale;
     float *min;
     float *f; /* float weights (F32/F16/BF16 rows) */
+    const uint8_t *raw; /* the row's blocks (Q1_0, which is multiplied in place) */
 } RowBuffer;
 
 /* quants.c */
 int type_block(int type, int *weights, int *bytes);     /* 0 if the type is not native */
 int type_is_float(int type);
+int type_takes_float(int type); /* multiplied with float activations: float types and Q1_0 */
+void kernels_init(void);
+float dot_q1_0(const uint8_t *row, const float *x, int64_t K);
 int type_has_min(int type);
 float fp16_to_float(uint16_t h);
 void unpack_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf);
@@ -64,6 +68,10 @@ void dequantize_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf, 
 void quantize_row(const float *x, int64_t K, int8_t *q, float *d, float *xsum);
 float dot_quant(const RowBuffer *w, int has_min, const int8_t *xq, const float *xd, const float *xs, int64_t K);
 float dot_float(const float *w, const float *x, int64_t K);
+float dot_row(int type, const uint8_t *row, int64_t K, const int8_t *xq, const float *xd, const float *xs,
+              float *mins);
+void dot_tokens(const RowBuffer *w, int type, const float *x, const int8_t *xq, const float *xd, const float *xs,
+                int64_t K, int64_t t0, int64_t t1, float *out, int64_t stride);
 int64_t count_bad_scales(int type, const uint8_t *data, int64_t n_blocks);
 
 /* pool.c */

@@ -308,6 +308,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, STR(SPRIG_MODULE), "S
                                     methods};
 
 PyMODINIT_FUNC CAT(PyInit_, SPRIG_MODULE)(void) {
+    kernels_init();
     PyObject *m = PyModule_Create(&module);
     if (m && PyModule_AddStringConstant(m, "TIER", SPRIG_TIER) != 0) {
         Py_DECREF(m);

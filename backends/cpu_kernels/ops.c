@@ -47,7 +47,7 @@ static void quantize_task(void *vctx, int ith, int nth) {
 static void linear_task(void *vctx, int ith, int nth) {
     const LinearCtx *c = vctx;
     const Op *op = c->op;
-    int64_t lo, hi, K = c->K, G = K / GROUP;
+    int64_t lo, hi, K = c->K;
     split_range(c->total_rows, ith, nth, &lo, &hi);
     RowBuffer *buf = scratch_row(ith);
     for (int64_t t0 = 0; t0 < c->T; t0 += TOKEN_TILE) {
@@ -56,14 +56,18 @@ static void linear_task(void *vctx, int ith, int nth) {
         for (int m = 0; m < op->n_mats; m++) {
             const Matrix *w = &op->mats[m];
             int64_t r0 = lo > base ? lo - base : 0, r1 = hi - base < w->rows ? hi - base : w->rows;
-            int floats = type_is_float(w->type), has_min = type_has_min(w->type);
-            float *out = op->outs[m];
+            if (t1 - t0 == 1 && !type_takes_float(w->type)) { /* one token: no row buffer */
+                int64_t G = K / GROUP;
+                for (int64_t r = r0; r < r1; r++)
+                    op->outs[m][t0 * w->rows + r] = dot_row(w->type, w->data + r * w->row_bytes, K, acts.q + t0 * K,
+                                                            acts.d + t0 * G, acts.xsum + t0 * G, buf->min);
+                base += w->rows;
+                continue;
+            }
             for (int64_t r = r0; r < r1; r++) {
-                unpack_row(w->type, w->data + r * w->row_bytes, K, buf);
-                for (int64_t t = t0; t < t1; t++)
-                    out[t * w->rows + r] = floats ? dot_float(buf->f, op->a + t * K, K)
-                                                  : dot_quant(buf, has_min, acts.q + t * K, acts.d + t * G,
-                                                              acts.xsum + t * G, K);
+                if (w->type == T_Q1_0) buf->raw = w->data + r * w->row_bytes; /* read in place */
+                else unpack_row(w->type, w->data + r * w->row_bytes, K, buf);
+                dot_tokens(buf, w->type, op->a, acts.q, acts.d, acts.xsum, K, t0, t1, op->outs[m] + r, w->rows);
             }
             base += w->rows;
         }
@@ -74,7 +78,7 @@ static int linear(const Op *op, const char **error) {
     LinearCtx c = {op, op->n[0], op->mats[0].cols, 0, 0};
     for (int m = 0; m < op->n_mats; m++) {
         c.total_rows += op->mats[m].rows;
-        c.any_quant |= !type_is_float(op->mats[m].type);
+        c.any_quant |= !type_takes_float(op->mats[m].type);
     }
     if (scratch_reserve(c.K, 0) != 0 || (c.any_quant && reserve_acts(c.T * c.K) != 0)) {
         *error = "out of memory for the matrix product's buffers";

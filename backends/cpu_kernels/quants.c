@@ -5,6 +5,9 @@
 
 #include "kernels.h"
 #include "simd.h"
+#if defined(__F16C__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 float fp16_to_float(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu, bits;
@@ -23,9 +26,48 @@ float fp16_to_float(uint16_t h) {
 }
 
 static inline uint16_t u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+#if defined(__F16C__)
+static inline float f16(const uint8_t *p) { return _cvtsh_ss(u16(p)); } /* exact, as fp16_to_float */
+#else
 static inline float f16(const uint8_t *p) { return fp16_to_float(u16(p)); }
+#endif
+
+/* Byte vectors (GCC/Clang vector extensions: one AVX2 or two SSE/NEON registers). */
+typedef uint8_t u8x16 __attribute__((vector_size(16)));
+typedef int8_t i8x16 __attribute__((vector_size(16)));
+typedef uint8_t u8x32 __attribute__((vector_size(32)));
+typedef int8_t i8x32 __attribute__((vector_size(32)));
+
+static inline u8x16 load16(const uint8_t *p) {
+    u8x16 v;
+    memcpy(&v, p, 16);
+    return v;
+}
+static inline u8x32 load32(const uint8_t *p) {
+    u8x32 v;
+    memcpy(&v, p, 32);
+    return v;
+}
+
 static inline uint32_t u32(const uint8_t *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+/* Bit j of `bits` (LSB first) as byte j, 0 or 1. */
+static inline u8x32 expand_bits(uint32_t bits) {
+    const u8x32 select = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128,
+                          1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+#if defined(__AVX2__)
+    /* byte k of the 4 to the 8 positions 8k .. 8k+7, in one in-lane shuffle of a broadcast */
+    const __m256i spread_index = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                  2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    u8x32 spread = (u8x32)_mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread_index);
+#else
+    uint8_t b0 = (uint8_t)bits, b1 = (uint8_t)(bits >> 8), b2 = (uint8_t)(bits >> 16), b3 = (uint8_t)(bits >> 24);
+    u8x32 spread = {b0, b0, b0, b0, b0, b0, b0, b0, b1, b1, b1, b1, b1, b1, b1, b1,
+                    b2, b2, b2, b2, b2, b2, b2, b2, b3, b3, b3, b3, b3, b3, b3, b3};
+#endif
+    return (u8x32)((spread & select) != 0) & 1;
 }
 
 int type_block(int type, int *weights, int *bytes) {
@@ -47,6 +89,7 @@ int type_block(int type, int *weights, int *bytes) {
 }
 
 int type_is_float(int type) { return type == T_F32 || type == T_F16 || type == T_BF16; }
+int type_takes_float(int type) { return type_is_float(type) || type == T_Q1_0; }
 int type_has_min(int type) { return type == T_Q4_1 || type == T_Q5_1 || type == T_Q4_K || type == T_Q5_K; }
 
 /* lanes 0-3 scale bytes 0-15 of a group, lanes 4-7 bytes 16-31 */
@@ -59,24 +102,21 @@ static inline void set_scales(float *scale, float lo, float hi) {
 
 /* Q4_0, 32 weights in 18 bytes:  | d: fp16 | qs: 16 bytes |
  * weight j < 16 is (low nibble of qs[j]) - 8, weight j + 16 is (high nibble of qs[j]) - 8; times d. */
-static void unpack_q4_0(const uint8_t *b, int8_t *q, float *scale, float *min) {
-    const uint8_t *qs = b + 2;
-    for (int j = 0; j < 16; j++) {
-        q[j] = (int8_t)((qs[j] & 15) - 8);
-        q[j + 16] = (int8_t)((qs[j] >> 4) - 8);
-    }
+static inline void unpack_q4_0(const uint8_t *b, int8_t *q, float *scale, float *min) {
+    u8x16 qs = load16(b + 2);
+    i8x16 lo = (i8x16)(qs & 15) - 8, hi = (i8x16)(qs >> 4) - 8;
+    memcpy(q, &lo, 16);
+    memcpy(q + 16, &hi, 16);
     float d = f16(b);
     set_scales(scale, d, d);
     min[0] = 0.0f;
 }
 
 /* Q4_1, 32 weights in 20 bytes:  | d: fp16 | m: fp16 | qs: 16 bytes |   weight = d * nibble + m */
-static void unpack_q4_1(const uint8_t *b, int8_t *q, float *scale, float *min) {
-    const uint8_t *qs = b + 4;
-    for (int j = 0; j < 16; j++) {
-        q[j] = (int8_t)(qs[j] & 15);
-        q[j + 16] = (int8_t)(qs[j] >> 4);
-    }
+static inline void unpack_q4_1(const uint8_t *b, int8_t *q, float *scale, float *min) {
+    u8x16 qs = load16(b + 4), lo = qs & 15, hi = qs >> 4;
+    memcpy(q, &lo, 16);
+    memcpy(q + 16, &hi, 16);
     float d = f16(b);
     set_scales(scale, d, d);
     min[0] = f16(b + 2);
@@ -84,33 +124,32 @@ static void unpack_q4_1(const uint8_t *b, int8_t *q, float *scale, float *min) {
 
 /* Q5_0, 32 weights in 22 bytes:  | d: fp16 | qh: 32 bits | qs: 16 bytes |
  * weight j = ((nibble j) | (bit j of qh) << 4) - 16, times d (nibbles as in Q4_0). */
-static void unpack_q5_0(const uint8_t *b, int8_t *q, float *scale, float *min) {
-    uint32_t qh = u32(b + 2);
-    const uint8_t *qs = b + 6;
-    for (int j = 0; j < 16; j++) {
-        q[j] = (int8_t)(((qs[j] & 15) | (((qh >> j) & 1) << 4)) - 16);
-        q[j + 16] = (int8_t)(((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
-    }
+static inline void unpack_q5_0(const uint8_t *b, int8_t *q, float *scale, float *min) {
+    u8x32 high = expand_bits(u32(b + 2)) << 4;
+    u8x16 qs = load16(b + 6);
+    u8x32 nibbles = __builtin_shufflevector(qs & 15, qs >> 4, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
+                                            16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+    i8x32 codes = (i8x32)(nibbles | high) - 16;
+    memcpy(q, &codes, 32);
     float d = f16(b);
     set_scales(scale, d, d);
     min[0] = 0.0f;
 }
 
 /* Q5_1, 32 weights in 24 bytes:  | d: fp16 | m: fp16 | qh: 32 bits | qs: 16 bytes |   d * q5 + m */
-static void unpack_q5_1(const uint8_t *b, int8_t *q, float *scale, float *min) {
-    uint32_t qh = u32(b + 4);
-    const uint8_t *qs = b + 8;
-    for (int j = 0; j < 16; j++) {
-        q[j] = (int8_t)((qs[j] & 15) | (((qh >> j) & 1) << 4));
-        q[j + 16] = (int8_t)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
-    }
+static inline void unpack_q5_1(const uint8_t *b, int8_t *q, float *scale, float *min) {
+    u8x32 high = expand_bits(u32(b + 4)) << 4;
+    u8x16 qs = load16(b + 8);
+    u8x32 codes = __builtin_shufflevector(qs & 15, qs >> 4, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
+                                          16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31) | high;
+    memcpy(q, &codes, 32);
     float d = f16(b);
     set_scales(scale, d, d);
     min[0] = f16(b + 2);
 }
 
 /* Q8_0, 32 weights in 34 bytes:  | d: fp16 | qs: 32 int8 | */
-static void unpack_q8_0(const uint8_t *b, int8_t *q, float *scale, float *min) {
+static inline void unpack_q8_0(const uint8_t *b, int8_t *q, float *scale, float *min) {
     memcpy(q, b + 2, 32);
     float d = f16(b);
     set_scales(scale, d, d);
@@ -119,9 +158,11 @@ static void unpack_q8_0(const uint8_t *b, int8_t *q, float *scale, float *min) {
 
 /* Q1_0 (PrismML Bonsai), 128 weights in 18 bytes:  | d: fp16 | 16 bytes of bits, LSB first |
  * weight j is +d if bit j is set, else -d. */
-static void unpack_q1_0(const uint8_t *b, int8_t *q, float *scale, float *min) {
-    const uint8_t *bits = b + 2;
-    for (int j = 0; j < 128; j++) q[j] = (int8_t)((((bits[j >> 3] >> (j & 7)) & 1) << 1) - 1);
+static inline void unpack_q1_0(const uint8_t *b, int8_t *q, float *scale, float *min) {
+    for (int g = 0; g < 4; g++) {
+        i8x32 codes = (i8x32)(expand_bits(u32(b + 2 + 4 * g)) << 1) - 1; /* bit 1 -> +1, bit 0 -> -1 */
+        memcpy(q + 32 * g, &codes, 32);
+    }
     float d = f16(b);
     for (int g = 0; g < 4; g++) {
         set_scales(scale + 8 * g, d, d);
@@ -143,14 +184,13 @@ static inline void scale_min_k4(int j, const uint8_t *s, int *sc, int *m) {
 /* Q4_K, 256 weights in 144 bytes:  | d: fp16 | dmin: fp16 | scales: 12 bytes | qs: 128 bytes |
  * 8 sub-blocks of 32, each with a 6-bit scale and min. Each 32 bytes of qs hold two
  * sub-blocks: low nibbles the first, high nibbles the second. weight = d*sc*q - dmin*m. */
-static void unpack_q4_k(const uint8_t *b, int8_t *q, float *scale, float *min) {
+static inline void unpack_q4_k(const uint8_t *b, int8_t *q, float *scale, float *min) {
     float d = f16(b), dmin = f16(b + 2);
     const uint8_t *s = b + 4, *qs = b + 16;
     for (int i = 0; i < 4; i++) {
-        for (int l = 0; l < 32; l++) {
-            q[64 * i + l] = (int8_t)(qs[32 * i + l] & 15);
-            q[64 * i + 32 + l] = (int8_t)(qs[32 * i + l] >> 4);
-        }
+        u8x32 packed = load32(qs + 32 * i), lo = packed & 15, hi = packed >> 4;
+        memcpy(q + 64 * i, &lo, 32);
+        memcpy(q + 64 * i + 32, &hi, 32);
     }
     for (int j = 0; j < 8; j++) {
         int sc, m;
@@ -163,14 +203,16 @@ static void unpack_q4_k(const uint8_t *b, int8_t *q, float *scale, float *min) {
 
 /* Q5_K, 256 weights in 176 bytes:  | d | dmin | scales: 12 | qh: 32 | qs: 128 |
  * as Q4_K, plus a fifth bit: bit (2i) of qh[l] for weight 64i + l, bit (2i+1) for 64i + 32 + l. */
-static void unpack_q5_k(const uint8_t *b, int8_t *q, float *scale, float *min) {
+static inline void unpack_q5_k(const uint8_t *b, int8_t *q, float *scale, float *min) {
     float d = f16(b), dmin = f16(b + 2);
     const uint8_t *s = b + 4, *qh = b + 16, *qs = b + 48;
+    u8x32 high = load32(qh);
     for (int i = 0; i < 4; i++) {
-        for (int l = 0; l < 32; l++) {
-            q[64 * i + l] = (int8_t)((qs[32 * i + l] & 15) | (((qh[l] >> (2 * i)) & 1) << 4));
-            q[64 * i + 32 + l] = (int8_t)((qs[32 * i + l] >> 4) | (((qh[l] >> (2 * i + 1)) & 1) << 4));
-        }
+        u8x32 packed = load32(qs + 32 * i);
+        u8x32 lo = (packed & 15) | (((high >> (2 * i)) & 1) << 4);
+        u8x32 hi = (packed >> 4) | (((high >> (2 * i + 1)) & 1) << 4);
+        memcpy(q + 64 * i, &lo, 32);
+        memcpy(q + 64 * i + 32, &hi, 32);
     }
     for (int j = 0; j < 8; j++) {
         int sc, m;
@@ -188,40 +230,26 @@ static void unpack_q5_k(const uint8_t *b, int8_t *q, float *scale, float *min) {
  *   w[l + 64] = (ql[l] >> 4      | (qh[l] >> 4 & 3) << 4) - 32
  *   w[l + 96] = (ql[l + 32] >> 4 | (qh[l] >> 6 & 3) << 4) - 32
  * and weight e is scaled by d * scales[e / 16]. */
-static void unpack_q6_k(const uint8_t *b, int8_t *q, float *scale, float *min) {
+static inline void unpack_q6_k(const uint8_t *b, int8_t *q, float *scale, float *min) {
     const uint8_t *ql = b, *qh = b + 128;
     const int8_t *sc = (const int8_t *)(b + 192);
     float d = f16(b + 208);
     for (int n = 0; n < 2; n++) {
         const uint8_t *l4 = ql + 64 * n, *h2 = qh + 32 * n;
         int8_t *y = q + 128 * n;
-        for (int l = 0; l < 32; l++) {
-            y[l] = (int8_t)(((l4[l] & 15) | (((h2[l] >> 0) & 3) << 4)) - 32);
-            y[l + 32] = (int8_t)(((l4[l + 32] & 15) | (((h2[l] >> 2) & 3) << 4)) - 32);
-            y[l + 64] = (int8_t)(((l4[l] >> 4) | (((h2[l] >> 4) & 3) << 4)) - 32);
-            y[l + 96] = (int8_t)(((l4[l + 32] >> 4) | (((h2[l] >> 6) & 3) << 4)) - 32);
-        }
+        u8x32 a = load32(l4), c = load32(l4 + 32), h = load32(h2);
+        i8x32 y0 = (i8x32)((a & 15) | ((h & 3) << 4)) - 32;
+        i8x32 y1 = (i8x32)((c & 15) | (((h >> 2) & 3) << 4)) - 32;
+        i8x32 y2 = (i8x32)((a >> 4) | (((h >> 4) & 3) << 4)) - 32;
+        i8x32 y3 = (i8x32)((c >> 4) | (((h >> 6) & 3) << 4)) - 32;
+        memcpy(y, &y0, 32);
+        memcpy(y + 32, &y1, 32);
+        memcpy(y + 64, &y2, 32);
+        memcpy(y + 96, &y3, 32);
     }
     for (int g = 0; g < 8; g++) {
         set_scales(scale + 8 * g, d * (float)sc[2 * g], d * (float)sc[2 * g + 1]);
         min[g] = 0.0f;
-    }
-}
-
-typedef void (*unpack_fn)(const uint8_t *, int8_t *, float *, float *);
-
-static unpack_fn unpacker(int type) {
-    switch (type) {
-    case T_Q4_0: return unpack_q4_0;
-    case T_Q4_1: return unpack_q4_1;
-    case T_Q5_0: return unpack_q5_0;
-    case T_Q5_1: return unpack_q5_1;
-    case T_Q8_0: return unpack_q8_0;
-    case T_Q1_0: return unpack_q1_0;
-    case T_Q4_K: return unpack_q4_k;
-    case T_Q5_K: return unpack_q5_k;
-    case T_Q6_K: return unpack_q6_k;
-    default: return NULL;
     }
 }
 
@@ -233,23 +261,42 @@ static inline float bf16_to_float(uint16_t h) {
 }
 
 void unpack_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf) {
+    buf->raw = row;
     if (type == T_F32) {
         memcpy(buf->f, row, 4 * (size_t)cols);
         return;
     }
     if (type == T_F16 || type == T_BF16) {
-        for (int64_t i = 0; i < cols; i++) {
+        int64_t i = 0;
+#if defined(__F16C__)
+        if (type == T_F16)
+            for (; i + 8 <= cols; i += 8)
+                _mm256_storeu_ps(buf->f + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * i))));
+#endif
+        for (; i < cols; i++) {
             uint16_t h = u16(row + 2 * i);
             buf->f[i] = type == T_F16 ? fp16_to_float(h) : bf16_to_float(h);
         }
         return;
     }
-    int weights, bytes;
-    type_block(type, &weights, &bytes);
-    unpack_fn unpack = unpacker(type);
-    int groups = weights / GROUP;
-    for (int64_t blk = 0; blk < cols / weights; blk++)
-        unpack(row + blk * bytes, buf->q + blk * weights, buf->scale + blk * groups * LANES, buf->min + blk * groups);
+    /* one loop per type, so that each block's unpacking is inlined into it */
+#define UNPACK_BLOCKS(unpack, weights, bytes)                                                               \
+    for (int64_t blk = 0; blk < cols / (weights); blk++)                                                    \
+        unpack(row + blk * (bytes), buf->q + blk * (weights), buf->scale + blk * ((weights) / GROUP) * LANES, \
+               buf->min + blk * ((weights) / GROUP));                                                        \
+    break
+    switch (type) {
+    case T_Q4_0: UNPACK_BLOCKS(unpack_q4_0, 32, 18);
+    case T_Q4_1: UNPACK_BLOCKS(unpack_q4_1, 32, 20);
+    case T_Q5_0: UNPACK_BLOCKS(unpack_q5_0, 32, 22);
+    case T_Q5_1: UNPACK_BLOCKS(unpack_q5_1, 32, 24);
+    case T_Q8_0: UNPACK_BLOCKS(unpack_q8_0, 32, 34);
+    case T_Q1_0: UNPACK_BLOCKS(unpack_q1_0, 128, 18);
+    case T_Q4_K: UNPACK_BLOCKS(unpack_q4_k, 256, 144);
+    case T_Q5_K: UNPACK_BLOCKS(unpack_q5_k, 256, 176);
+    case T_Q6_K: UNPACK_BLOCKS(unpack_q6_k, 256, 210);
+    }
+#undef UNPACK_BLOCKS
 }
 
 void dequantize_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf, float *out) {
@@ -294,22 +341,15 @@ void quantize_row(const float *x, int64_t K, int8_t *q, float *d, float *xsum) {
 static inline float reduce8(v8f a) { return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])); }
 
 float dot_quant(const RowBuffer *w, int has_min, const int8_t *xq, const float *xd, const float *xs, int64_t K) {
-    v8f acc = {0};
+    v8f chain[2] = {{0}, {0}}; /* even and odd groups: one group's add need not wait for the last */
     int64_t groups = K / GROUP;
     for (int64_t g = 0; g < groups; g++) {
-        v8i p = dot32(w->q + g * GROUP, xq + g * GROUP);
-        v8f s;
-        memcpy(&s, w->scale + g * LANES, sizeof s);
-        s = s * xd[g];
-        acc += __builtin_convertvector(p, v8f) * s;
+        v8f ws;
+        memcpy(&ws, w->scale + g * LANES, sizeof ws);
+        chain[g & 1] += __builtin_convertvector(dot32(w->q + g * GROUP, xq + g * GROUP), v8f) * (ws * xd[g]);
     }
-    float total = reduce8(acc);
-    if (has_min) {
-        float m = 0.0f;
-        for (int64_t g = 0; g < groups; g++) m += w->min[g] * xs[g];
-        total += m;
-    }
-    return total;
+    float total = reduce8(chain[0] + chain[1]);
+    return has_min ? total + dot_float(w->min, xs, groups) : total;
 }
 
 float dot_float(const float *w, const float *x, int64_t K) {
@@ -348,4 +388,123 @@ int64_t count_bad_scales(int type, const uint8_t *data, int64_t n_blocks) {
         }
     }
     return bad;
+}
+
+/* Q1_0 against float activations, exactly: weight j is +-d, so the product is
+ * d * (sum of x_j with the sign of bit j). Each byte of bits picks, from a table, the sign
+ * masks of its 8 weights; xor flips the float's sign. No rounding of the activations, and
+ * no multiplies but one per block. Sums run in 8 lanes and 4 chains, one per byte mod 4. */
+typedef uint32_t u32x8 __attribute__((vector_size(32)));
+
+static u32x8 sign_masks[256];
+
+void kernels_init(void) {
+    for (int byte = 0; byte < 256; byte++)
+        for (int i = 0; i < 8; i++) sign_masks[byte][i] = (byte >> i) & 1 ? 0u : 0x80000000u;
+}
+
+/* The products of one Q1_0 row with `n` (1 or 2) tokens x[0], x[1]; each token's sums as
+ * in the one-token case, so pairing tokens does not change a bit. */
+static inline void dot_q1_0_tokens(const uint8_t *row, const float *const *x, int n, int64_t K, float *out) {
+    v8f acc[2] = {{0}, {0}};
+    for (int64_t blk = 0; blk < K / 128; blk++) {
+        const uint8_t *b = row + blk * 18;
+        v8f chain[2][4] = {{{0}, {0}, {0}, {0}}, {{0}, {0}, {0}, {0}}};
+#pragma GCC unroll 16
+        for (int k = 0; k < 16; k++) {
+            u32x8 mask = sign_masks[b[2 + k]];
+            for (int t = 0; t < n; t++) {
+                u32x8 xv;
+                memcpy(&xv, x[t] + blk * 128 + 8 * k, sizeof xv);
+                chain[t][k & 3] += (v8f)(xv ^ mask);
+            }
+        }
+        float d = f16(b);
+        for (int t = 0; t < n; t++) acc[t] += ((chain[t][0] + chain[t][1]) + (chain[t][2] + chain[t][3])) * d;
+    }
+    for (int t = 0; t < n; t++) out[t] = reduce8(acc[t]);
+}
+
+float dot_q1_0(const uint8_t *row, const float *x, int64_t K) {
+    float out;
+    dot_q1_0_tokens(row, &x, 1, K, &out);
+    return out;
+}
+
+/* The unpacked row `w` times tokens t0 .. t1 - 1 (x float, or quantized xq/xd/xs), into
+ * out[t * stride]. Four tokens share each pass over the row; each token's arithmetic is
+ * exactly dot_quant's, so the result does not depend on how tokens are grouped. */
+void dot_tokens(const RowBuffer *w, int type, const float *x, const int8_t *xq, const float *xd, const float *xs,
+                int64_t K, int64_t t0, int64_t t1, float *out, int64_t stride) {
+    if (type == T_Q1_0) {
+        int64_t t = t0;
+        for (; t + 2 <= t1; t += 2) {
+            const float *pair[2] = {x + t * K, x + (t + 1) * K};
+            float both[2];
+            dot_q1_0_tokens(w->raw, pair, 2, K, both);
+            out[t * stride] = both[0];
+            out[(t + 1) * stride] = both[1];
+        }
+        if (t < t1) out[t * stride] = dot_q1_0(w->raw, x + t * K, K);
+        return;
+    }
+    if (type_is_float(type)) {
+        for (int64_t t = t0; t < t1; t++) out[t * stride] = dot_float(w->f, x + t * K, K);
+        return;
+    }
+    int64_t G = K / GROUP, t = t0;
+    int has_min = type_has_min(type);
+    for (; t + 4 <= t1; t += 4) {
+        v8f chain[4][2] = {{{0}, {0}}, {{0}, {0}}, {{0}, {0}}, {{0}, {0}}};
+        for (int64_t g = 0; g < G; g++) {
+            v8f ws;
+            memcpy(&ws, w->scale + g * LANES, sizeof ws);
+            const int8_t *wq = w->q + g * GROUP;
+            for (int k = 0; k < 4; k++) {
+                v8i p = dot32(wq, xq + (t + k) * K + g * GROUP);
+                chain[k][g & 1] += __builtin_convertvector(p, v8f) * (ws * xd[(t + k) * G + g]);
+            }
+        }
+        for (int k = 0; k < 4; k++) {
+            float total = reduce8(chain[k][0] + chain[k][1]);
+            out[(t + k) * stride] = has_min ? total + dot_float(w->min, xs + (t + k) * G, G) : total;
+        }
+    }
+    for (; t < t1; t++) out[t * stride] = dot_quant(w, has_min, xq + t * K, xd + t * G, xs + t * G, K);
+}
+
+/* One token's product with one row, unpacking block by block into registers and the stack
+ * instead of a whole-row buffer (decode: each row is read once, for one token). The
+ * arithmetic is dot_quant's, in the same order. `mins` is scratch for the row's min terms. */
+float dot_row(int type, const uint8_t *row, int64_t K, const int8_t *xq, const float *xd, const float *xs,
+              float *mins) {
+    v8f chain[2] = {{0}, {0}};
+    int has_min = type_has_min(type);
+#define DOT_BLOCKS(unpack, weights, bytes)                                                          \
+    for (int64_t blk = 0; blk < K / (weights); blk++) {                                             \
+        int8_t q[weights];                                                                          \
+        float scale[(weights) / GROUP * LANES];                                                     \
+        int64_t g0 = blk * ((weights) / GROUP);                                                     \
+        unpack(row + blk * (bytes), q, scale, mins + g0);                                           \
+        for (int g = 0; g < (weights) / GROUP; g++) {                                               \
+            v8f ws;                                                                                 \
+            memcpy(&ws, scale + g * LANES, sizeof ws);                                              \
+            v8i p = dot32(q + g * GROUP, xq + (g0 + g) * GROUP);                                    \
+            chain[(g0 + g) & 1] += __builtin_convertvector(p, v8f) * (ws * xd[g0 + g]);             \
+        }                                                                                           \
+    }                                                                                               \
+    break
+    switch (type) {
+    case T_Q4_0: DOT_BLOCKS(unpack_q4_0, 32, 18);
+    case T_Q4_1: DOT_BLOCKS(unpack_q4_1, 32, 20);
+    case T_Q5_0: DOT_BLOCKS(unpack_q5_0, 32, 22);
+    case T_Q5_1: DOT_BLOCKS(unpack_q5_1, 32, 24);
+    case T_Q8_0: DOT_BLOCKS(unpack_q8_0, 32, 34);
+    case T_Q4_K: DOT_BLOCKS(unpack_q4_k, 256, 144);
+    case T_Q5_K: DOT_BLOCKS(unpack_q5_k, 256, 176);
+    case T_Q6_K: DOT_BLOCKS(unpack_q6_k, 256, 210);
+    }
+#undef DOT_BLOCKS
+    float total = reduce8(chain[0] + chain[1]);
+    return has_min ? total + dot_float(mins, xs, K / GROUP) : total;
 }

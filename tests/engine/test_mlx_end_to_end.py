@@ -27,59 +27,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.bundled import bundled_model
 from engine.generation import generate
 from engine.loader import LoadedModel, load_model
 from engine.sampling import SamplingParams
-from tests.gguf_factory import write_tiny_model
+from tests.engine.parity_models import FIXTURES, greedy_forward, model_path
 
 pytest.importorskip("mlx.core", reason="mlx is not installed (pip install 'sprig[mlx]')")
 
 from backends import mlx_backend  # noqa: E402  (after the skip)
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "models"
 REPO_ROOT = FIXTURES.parents[2]
 LOGIT_TOLERANCE = 1e-2  # of the NumPy logit vector's range (max - min)
 N_GREEDY = 32
 GREEDY = SamplingParams.greedy()
 TEXT_PROMPTS = ["The capital of France is", "def fibonacci(n):\n    "]
-
-
-def model_path(key: str, tmp_dir: Path) -> Path:
-    """The GGUF file of `key`: a bundled model, a fixture, or a tiny model written now."""
-    if key in ("smollm2", "gemma3"):
-        return bundled_model(key).path
-    if key.startswith("tiny-qwen3"):
-        return FIXTURES / f"{key}.gguf"
-    arch = key.removeprefix("tiny-")
-    # Caps small enough to change the tiny model's scores and logits, so that ignoring them shows.
-    caps = {"gemma2.attn_logit_softcapping": 2.0, "gemma2.final_logit_softcapping": 3.0} if arch == "gemma2" else {}
-    return write_tiny_model(tmp_dir / f"{key}.gguf", arch=arch, seed=11, **caps)
-
-
-@dataclass
-class Pair:
-    """One model on both backends, and what each computed."""
-
-    key: str
-    numpy: LoadedModel
-    mlx: LoadedModel
-    prompts: list[list[int]]
-    logits: dict[str, list[np.ndarray]]  # backend -> last-position logits per prompt, (vocab,)
-    forward_greedy: dict[str, list[int]]  # backend -> greedy tokens through forward, after prompts[0]
-    generated: dict[str, tuple[list[int], str]]  # backend -> generate's tokens and text, after prompts[-1]
-
-
-def greedy_forward(loaded: LoadedModel, prompt: list[int], n: int) -> tuple[np.ndarray, list[int]]:
-    """Prefill `prompt`, then take the argmax `n` times through `forward`: (prompt logits, tokens)."""
-    cache = loaded.new_cache(len(prompt) + n)
-    logits = loaded.model.forward(np.asarray(prompt), 0, cache.storage)[-1]
-    prompt_logits, tokens = logits, []
-    for step in range(n):
-        tokens.append(int(np.argmax(logits)))
-        if step < n - 1:
-            logits = loaded.model.forward(np.asarray(tokens[-1:]), len(prompt) + step, cache.storage)[-1]
-    return prompt_logits, tokens
 
 
 def run_generate(loaded: LoadedModel, prompt: list[int], params: SamplingParams = GREEDY,

@@ -1,0 +1,35 @@
+"""Models and helpers shared by the backend parity tests (MLX and native CPU against NumPy)."""
+
+from pathlib import Path
+
+import numpy as np
+
+from engine.bundled import bundled_model
+from engine.loader import LoadedModel
+from tests.gguf_factory import write_tiny_model
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "models"
+
+
+def model_path(key: str, tmp_dir: Path) -> Path:
+    """The GGUF file of `key`: a bundled model, a fixture, or a tiny model written now."""
+    if key in ("smollm2", "gemma3"):
+        return bundled_model(key).path
+    if key.startswith("tiny-qwen3"):
+        return FIXTURES / f"{key}.gguf"
+    arch = key.removeprefix("tiny-")
+    # Caps small enough to change the tiny model's scores and logits, so that ignoring them shows.
+    caps = {"gemma2.attn_logit_softcapping": 2.0, "gemma2.final_logit_softcapping": 3.0} if arch == "gemma2" else {}
+    return write_tiny_model(tmp_dir / f"{key}.gguf", arch=arch, seed=11, **caps)
+
+
+def greedy_forward(loaded: LoadedModel, prompt: list[int], n: int) -> tuple[np.ndarray, list[int]]:
+    """Prefill `prompt`, then take the argmax `n` times through `forward`: (prompt logits, tokens)."""
+    cache = loaded.new_cache(len(prompt) + n)
+    logits = loaded.model.forward(np.asarray(prompt), 0, cache.storage)[-1]
+    prompt_logits, tokens = logits, []
+    for step in range(n):
+        tokens.append(int(np.argmax(logits)))
+        if step < n - 1:
+            logits = loaded.model.forward(np.asarray(tokens[-1:]), len(prompt) + step, cache.storage)[-1]
+    return prompt_logits, tokens
