@@ -20,6 +20,7 @@ from app.model_library import ModelInfo, available_memory, describe_model
 from app.settings import Settings, effective_sampling, sampling_params
 from app.storage import Conversation, Message, Store, ThrottledSaver
 from app.worker import EngineThread, Job
+from backends.selection import planned_backend
 from engine.chat_session import ChatSession
 from engine.errors import SprigError
 from engine.generation import FINISH_CANCELLED, GenerationEvent
@@ -86,7 +87,7 @@ class ChatController(QObject):
         self._session: ChatSession | None = None
         self._job: Job | None = None
         self._answer: dict | None = None  # the streaming answer: message id, text, metrics, saver
-        self._built_for: tuple[str, int] | None = None  # (backend, context) of the last load or session job
+        self._built_for: tuple[str, int, int] | None = None  # (backend, threads, context) of the last load or session
 
     # -- state -------------------------------------------------------------------
 
@@ -124,7 +125,7 @@ class ChatController(QObject):
             return False
         path = Path(path)
         settings = self.settings
-        self._built_for = (settings.backend, settings.context_length)
+        self._built_for = (settings.backend, settings.cpu_threads, settings.context_length)
         self.model_loading.emit(path.name)
 
         def run(cancel: threading.Event) -> tuple[LoadedModel, ModelInfo, ChatSession]:
@@ -133,10 +134,10 @@ class ChatController(QObject):
             model_file = open_gguf(path)
             try:
                 info = describe_model(model_file, name)
-                current = self.model_info
-                freed = current.memory_needed(settings.context_length) if current and self.loaded else 0
+                current, backend = self.model_info, planned_backend(settings.backend)
+                freed = current.memory_needed(settings.context_length, backend) if current and self.loaded else 0
                 available = available_memory() + freed
-                fits, verdict = info.memory_verdict(settings.context_length, available)
+                fits, verdict = info.memory_verdict(settings.context_length, available, backend)
                 if not info.can_run(settings.context_length, available):
                     raise OutOfMemory(f"{info.name} {verdict}.")
             except BaseException:
@@ -145,7 +146,10 @@ class ChatController(QObject):
             if not fits:
                 self._engine_notice.emit(f"{info.name} {verdict}.")
             self._release_model()
-            loaded = load_model(model_file, settings.backend, progress=self._engine_progress.emit, cancel=cancel)
+            loaded = load_model(model_file, settings.backend, progress=self._engine_progress.emit, cancel=cancel,
+                                threads=settings.cpu_threads or None)
+            for note in loaded.load_notes:
+                self._engine_notice.emit(f"{info.name}: {note}.")
             try:
                 session = self._new_session(loaded, settings)
             except BaseException:
@@ -168,7 +172,8 @@ class ChatController(QObject):
             self._job.cancel.set()
 
     def apply_settings(self, settings: Settings) -> None:
-        """Use new settings: reload for a new backend, rebuild the session for a new context.
+        """Use new settings: reload for a new backend or thread count, rebuild the session for a
+        new context.
 
         While an answer or a load runs, those two wait until it ends; the rest (sampling,
         max tokens, system prompt) applies from the next answer.
@@ -180,12 +185,12 @@ class ChatController(QObject):
         settings = self.settings
         if self.loaded is None or self.busy or self._built_for is None:
             return
-        backend, context_length = self._built_for
-        if settings.backend != backend:
+        backend, threads, context_length = self._built_for
+        if (settings.backend, settings.cpu_threads) != (backend, threads):
             self.load(self.loaded.path, self.model_info.name if self.model_info else None)
         elif settings.context_length != context_length:
             loaded = self.loaded
-            self._built_for = (backend, settings.context_length)
+            self._built_for = (backend, threads, settings.context_length)
             self._start(Job(lambda cancel: self._new_session(loaded, settings), "session"))
 
     def _release_model(self) -> None:

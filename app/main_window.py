@@ -28,6 +28,7 @@ from app.widgets.message_input import MessageInput
 from app.widgets.metrics_panel import MetricsPanel
 from app.widgets.model_picker import InfoCache, ModelPicker
 from app.widgets.settings_dialog import ConversationSettingsDialog, SettingsDialog
+from backends.selection import planned_backend
 
 
 class Banner(QFrame):
@@ -332,8 +333,9 @@ class MainWindow(QMainWindow):
     def open_model_picker(self) -> ModelPicker:
         """Show the model picker (non-modal); returns it."""
         current = self.controller.loaded.path if self.controller.loaded else None
-        picker = ModelPicker(self.library(), self.info_cache, self.controller.settings.context_length,
-                             Path(self.controller.settings.models_folder), current, self)
+        settings = self.controller.settings
+        picker = ModelPicker(self.library(), self.info_cache, settings.context_length, Path(settings.models_folder),
+                             current, self, backend=planned_backend(settings.backend))
         picker.load_requested.connect(self.controller.load)
         picker.add_requested.connect(self.add_model)
         picker.remove_requested.connect(self.store.remove_model)

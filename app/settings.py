@@ -50,6 +50,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "max_tokens": (1, 32_768),
     "seed": (0, 2**31 - 1),
     "context_length": (256, 131_072),
+    "cpu_threads": (0, 256),
 }
 
 
@@ -58,7 +59,8 @@ class Settings:
     """Every user setting. Build the defaults with `Settings.defaults()`.
 
     `seed` None draws a fresh random seed for each answer. `last_model` is the path
-    of the model file opened last, or None.
+    of the model file opened last, or None. `cpu_threads` 0 gives the cpu backend one
+    thread per physical core.
     """
 
     system_prompt: str
@@ -71,6 +73,7 @@ class Settings:
     seed: int | None
     context_length: int
     backend: str
+    cpu_threads: int
     models_folder: Path
     theme: str
     last_model: str | None
@@ -152,6 +155,7 @@ _PARSERS: dict[str, Callable[[str, object], object]] = {
     "seed": _optional(_number(int)),
     "context_length": _number(int),
     "backend": _choice(BACKENDS),
+    "cpu_threads": _number(int),
     "models_folder": _folder,
     "theme": _choice(THEMES),
     "last_model": _optional(_text),

@@ -20,7 +20,7 @@ THREADS_ENV = "SPRIG_CPU_THREADS"
 TIERS: dict[str, tuple[str, ...]] = {
     "avx512": ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni"),
     "avx2": ("avx2", "fma", "f16c"),
-    "neon": ("dotprod",),
+    "neon": ("neon",),
     "scalar": (),
 }
 

@@ -7,6 +7,7 @@ so `select` returns a reason for every backend it did not pick, and the GUI show
 import importlib.util
 import platform
 
+from backends import cpu_native
 from backends.base import Backend
 from backends.errors import BackendUnavailable
 from backends.numpy_backend import NumpyBackend
@@ -47,23 +48,38 @@ def _cuda_unavailable_reason() -> str:
     return "cuda: Sprig's CUDA backend is not part of this version yet"
 
 
-def _cpu(preference: str) -> tuple[Backend | None, str]:
+def _cpu(preference: str, threads: int | None) -> tuple[Backend | None, str]:
     """The native CPU backend unless `preference` names NumPy; and why it was not used."""
     if preference == "numpy":
         return None, "cpu: not chosen (the numpy backend was asked for)"
     try:
         from backends.cpu_backend import CpuBackend
-        return CpuBackend(), ""
+        return CpuBackend(threads), ""
     except BackendUnavailable as exc:
         return None, str(exc)
 
 
-def select(preference: str = "auto") -> tuple[Backend, list[str]]:
+def planned_backend(preference: str) -> str:
+    """The name of the backend `select(preference)` would start, without starting it (the
+    model picker estimates memory with it)."""
+    if preference != "auto":
+        return preference
+    if _is_apple_silicon() and importlib.util.find_spec("mlx") is not None:
+        return "mlx"
+    try:
+        cpu_native.runnable_tiers()
+    except BackendUnavailable:
+        return "numpy"
+    return "cpu"
+
+
+def select(preference: str = "auto", threads: int | None = None) -> tuple[Backend, list[str]]:
     """Return a ready backend for `preference` and the reasons the others were passed over.
 
     "auto" takes the first of CUDA, MLX (on Apple silicon only), the native CPU kernels
     and NumPy that can run; NumPy always can. Naming a backend that cannot run raises
-    BackendUnavailable with the reason.
+    BackendUnavailable with the reason. `threads` is the cpu backend's thread count
+    (default: the physical cores).
     """
     if preference not in PREFERENCES:
         raise BackendUnavailable(f"unknown backend {preference!r}; choose one of {', '.join(PREFERENCES)}")
@@ -76,7 +92,7 @@ def select(preference: str = "auto") -> tuple[Backend, list[str]]:
     if preference == "mlx":
         raise BackendUnavailable(why_not_mlx)
     reasons.append(why_not_mlx)
-    cpu, why_not_cpu = _cpu(preference)
+    cpu, why_not_cpu = _cpu(preference, threads)
     if cpu is not None:
         return cpu, reasons
     if preference == "cpu":

@@ -8,10 +8,12 @@ import argparse
 import json
 import sys
 import threading
+import time
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 from backends.dequant import dequantize
 from backends.errors import BackendError
@@ -24,7 +26,7 @@ from engine.config import ModelConfig
 from engine.errors import SprigError
 from engine.generation import generate
 from engine.gguf_file import open_gguf
-from engine.loader import load_model
+from engine.loader import LoadedModel, load_model
 from engine.perplexity import perplexity
 from engine.sampling import SamplingParams
 from engine.tokenizer import Tokenizer
@@ -125,9 +127,17 @@ def _sampling(args) -> SamplingParams:
                           min_p=args.min_p, seed=args.seed)
 
 
+def _load(args) -> LoadedModel:
+    """Load --model on --backend (with --threads), saying on stderr what the backend changed."""
+    loaded = load_model(resolve_model_path(args.model), args.backend, threads=args.threads)
+    for note in loaded.load_notes:
+        print(f"note: {note}", file=sys.stderr)
+    return loaded
+
+
 def cmd_generate(args) -> None:
     """Continue a prompt (through the chat template) or raw token ids."""
-    loaded = load_model(resolve_model_path(args.model), args.backend)
+    loaded = _load(args)
     if args.tokens is not None:
         prompt = _token_list(args.tokens)
     else:
@@ -150,7 +160,7 @@ def cmd_generate(args) -> None:
 
 def cmd_chat(args) -> None:
     """An interactive chat in the terminal. Ctrl-C stops an answer; Ctrl-D quits."""
-    loaded = load_model(resolve_model_path(args.model), args.backend)
+    loaded = _load(args)
     session = ChatSession(loaded, system_prompt=args.system, n_ctx=args.ctx, params=_sampling(args),
                           max_tokens=args.max_tokens)
     print(f"{loaded.path.name} on {loaded.backend.device_name}. Ctrl-D to quit.", file=sys.stderr)
@@ -173,7 +183,7 @@ def cmd_chat(args) -> None:
 
 def cmd_logits(args) -> None:
     """Last-position logits of raw token ids, float32 (vocab,), to a .npy file."""
-    loaded = load_model(resolve_model_path(args.model), args.backend)
+    loaded = _load(args)
     tokens = _token_list(args.tokens)
     cache = loaded.new_cache(len(tokens) + 1)
     logits = loaded.model.forward(np.asarray(tokens, dtype=np.int64), 0, cache.storage)
@@ -182,15 +192,18 @@ def cmd_logits(args) -> None:
 
 def cmd_perplexity(args) -> None:
     """Perplexity of a text file with llama.cpp's protocol."""
-    loaded = load_model(resolve_model_path(args.model), args.backend)
+    loaded = _load(args)
     result = perplexity(loaded, _read_text(args.text_file), args.ctx, args.max_windows)
     _print_json({"ppl": result.ppl, "tokens_scored": result.tokens_scored})
 
 
 def cmd_bench(args) -> None:
-    """Prefill and decode tokens/s after a warm-up."""
-    loaded = load_model(resolve_model_path(args.model), args.backend)
+    """Prefill and decode tokens/s after a warm-up; load time and resident memory."""
+    started = time.perf_counter()
+    loaded = _load(args)
+    load_s, rss_after_load = time.perf_counter() - started, psutil.Process().memory_info().rss
     figures = bench(loaded, args.prompt_tokens, args.gen_tokens, args.repeats)
+    figures.update(load_s=load_s, rss_bytes={"after_load": rss_after_load, "after_run": psutil.Process().memory_info().rss})
     if args.json:
         _print_json(figures)
     else:
@@ -213,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--model", required=True, help="GGUF path, or a bundled model: smollm2, gemma3")
         if needs_backend:
             p.add_argument("--backend", choices=BACKENDS, default="auto")
+            p.add_argument("--threads", type=int, default=None,
+                           help="threads of the cpu backend (default: the physical cores)")
         return p
 
     p = command("info", cmd_info)

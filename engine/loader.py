@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backends.base import Backend
-from backends.errors import BackendUnavailable
+from backends.errors import BackendError, BackendUnavailable
 from backends.selection import select
 from engine.chat_template import ChatTemplate
 from engine.config import ModelConfig
-from engine.errors import BackendFailure, LoadCancelled
+from engine.errors import BackendFailure, LoadCancelled, ModelFileError
 from engine.gguf_file import GGUFFile, open_gguf
 from engine.kv_cache import KVCache
 from engine.models import build_model
@@ -31,7 +31,8 @@ class LoadedModel:
     template: ChatTemplate
     backend: Backend
     model: Transformer
-    backend_notes: list[str] = field(default_factory=list)
+    backend_notes: list[str] = field(default_factory=list)  # why the other backends were passed over
+    load_notes: list[str] = field(default_factory=list)  # what the backend changed (a type converted at load)
 
     def new_cache(self, n_ctx: int | None = None) -> KVCache:
         """A KV cache of `n_ctx` positions (default: 4096, capped at the model's own limit)."""
@@ -49,12 +50,13 @@ ProgressCallback = Callable[[float, str], None]
 
 
 def load_model(path: str | Path | GGUFFile, backend: str = "auto", progress: ProgressCallback | None = None,
-               cancel: threading.Event | None = None) -> LoadedModel:
+               cancel: threading.Event | None = None, threads: int | None = None) -> LoadedModel:
     """Validate and open a GGUF file, build its tokenizer, template and model on a backend.
 
     `path` may also be a GGUFFile the caller opened already (its header is not read
     again); the loaded model then owns it, and closes it if loading fails.
 
+    `threads` sets the cpu backend's thread count (default: the physical cores).
     `progress(fraction, stage)` follows the load from 0 to 1; setting `cancel` stops it
     between steps with LoadCancelled, releasing everything opened so far.
     Raises ModelFileError (bad or unsupported file) or BackendFailure (backend unusable,
@@ -77,7 +79,7 @@ def load_model(path: str | Path | GGUFFile, backend: str = "auto", progress: Pro
         template = ChatTemplate.from_metadata(model_file.metadata, origin=model_file.path.name)
         step(0.2, "Preparing the weights")
         try:
-            chosen, notes = select(backend)
+            chosen, notes = select(backend, threads)
         except BackendUnavailable as exc:
             raise BackendFailure(f"Cannot use the {backend} backend: {exc}") from exc
         try:
@@ -88,10 +90,13 @@ def load_model(path: str | Path | GGUFFile, backend: str = "auto", progress: Pro
                 f"Not enough memory to load {model_file.path.name} on the {chosen.name} backend. "
                 "Close other programs, or choose a smaller or more strongly quantized model."
             ) from exc
+        except BackendError as exc:  # a tensor the backend cannot take: its bytes, its shape
+            raise ModelFileError(f"Cannot load {model_file.path}: {exc}.") from exc
         step(1.0, "Ready")
     except BaseException:
         if chosen is not None:
             chosen.close()
         model_file.close()
         raise
-    return LoadedModel(model_file.path, model_file, config, tokenizer, template, chosen, model, notes)
+    return LoadedModel(model_file.path, model_file, config, tokenizer, template, chosen, model, notes,
+                       list(getattr(chosen, "load_notes", [])))

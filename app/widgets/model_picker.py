@@ -77,13 +77,14 @@ class ModelPicker(QDialog):
     remove_requested = Signal(str)
 
     def __init__(self, entries: list[LibraryEntry], cache: InfoCache, n_ctx: int, models_folder: Path,
-                 current: Path | None = None, parent: QWidget | None = None):
+                 current: Path | None = None, parent: QWidget | None = None, backend: str = "numpy"):
         super().__init__(parent)
         self.setWindowTitle("Models")
         self.resize(980, 420)
         self._entries = list(entries)
         self._removed: set[int] = set()
         self._n_ctx = n_ctx
+        self._backend = backend  # the one that will run a model: the memory estimate depends on it
         self._models_folder = models_folder
         self._infos: dict[int, ModelInfo | str] = {}
 
@@ -104,7 +105,7 @@ class ModelPicker(QDialog):
                 self.table.selectRow(row)
 
         self.memory_label = QLabel(f"Memory available now: {format_bytes(available_memory())} · "
-                                   f"context length {n_ctx:,} tokens")
+                                   f"context length {n_ctx:,} tokens · {backend} backend")
         self.memory_label.setObjectName("MutedLabel")
         self.load_button = QPushButton("Load")
         self.load_button.setDefault(True)
@@ -164,7 +165,7 @@ class ModelPicker(QDialog):
                 self._set(row, 1, "—")
                 self._set(row, 6, value, tooltip=value, warn=True)
                 continue
-            fits, verdict = value.memory_verdict(self._n_ctx, available)
+            fits, verdict = value.memory_verdict(self._n_ctx, available, self._backend)
             self._set(row, 1, value.architecture)
             self._set(row, 2, format_parameters(value.parameters), tooltip=f"{value.parameters:,} parameters")
             self._set(row, 3, value.quantization)

@@ -42,7 +42,8 @@ _SAMPLING_SPECS: dict[str, tuple[str, str, int | None, float]] = {
 }
 _BACKEND_LABELS = {
     "auto": "Automatic (fastest available)",
-    "numpy": "NumPy (CPU)",
+    "cpu": "Native CPU kernels",
+    "numpy": "NumPy (CPU, reference)",
     "mlx": "MLX (Apple silicon)",
     "cuda": "CUDA (NVIDIA GPU)",
 }
@@ -207,6 +208,9 @@ class SettingsDialog(QDialog):
         self.context_length.setToolTip("How many tokens of the conversation the model can see at once.")
         self.sampling = SamplingForm(settings)
         self.backend = _combo(BACKENDS, _BACKEND_LABELS)
+        self.cpu_threads = _spin_box("cpu_threads", None, 1)
+        self.cpu_threads.setSpecialValueText("One per core")
+        self.cpu_threads.setToolTip("Threads of the native CPU backend; a change reloads the model.")
         passed_over = "\n".join(["Not available on this computer:", *(f"• {r}" for r in backend_reasons)])
         reasons = QLabel(passed_over, objectName="BackendReasons", wordWrap=True)
         reasons.setVisible(bool(backend_reasons))
@@ -224,7 +228,7 @@ class SettingsDialog(QDialog):
         self.tabs = QTabWidget()
         self.tabs.addTab(_tab(("System prompt", self.system_prompt), ("Context length", self.context_length)), "Chat")
         self.tabs.addTab(self.sampling, "Sampling")
-        self.tabs.addTab(_tab(("Backend", self.backend), reasons), "Engine")
+        self.tabs.addTab(_tab(("Backend", self.backend), reasons, ("CPU threads", self.cpu_threads)), "Engine")
         self.tabs.addTab(_tab(("Theme", self.theme)), "Appearance")
         hint = QLabel("Where Sprig looks for .gguf model files.", objectName="SettingsHint")
         self.tabs.addTab(_tab(("Models folder", folder), hint), "Models")
@@ -241,6 +245,7 @@ class SettingsDialog(QDialog):
         self.context_length.setValue(settings.context_length)
         self.sampling.set_values(settings)
         _select(self.backend, settings.backend)
+        self.cpu_threads.setValue(settings.cpu_threads)
         _select(self.theme, settings.theme)
         self.models_folder.setText(str(settings.models_folder))
 
@@ -251,6 +256,7 @@ class SettingsDialog(QDialog):
             "context_length": self.context_length.value(),
             **self.sampling.values(),
             "backend": self.backend.currentData(),
+            "cpu_threads": self.cpu_threads.value(),
             "theme": self.theme.currentData(),
             "models_folder": self.models_folder.text().strip(),
         }

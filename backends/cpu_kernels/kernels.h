@@ -1,18 +1,20 @@
 /* Sprig's native CPU kernels: shared declarations.
  *
  * The same sources are compiled once per instruction-set tier (scalar, AVX2, AVX-512 VNNI,
- * NEON dot product); the Python side picks the best tier the CPU supports at run time.
- * Only the int8 dot product of one 32-weight group differs between tiers (simd.h); every
- * float operation is shared C, compiled with -ffp-contract=off, so all tiers give the same
- * results bit for bit.
+ * NEON); the Python side picks the best tier the CPU supports at run time. Only the integer
+ * dot product of one 32-weight group differs between tiers (simd.h); every float operation
+ * is shared C, compiled with -ffp-contract=off, so all tiers give the same results bit for bit.
  *
- * A matrix product quantizes each activation row to int8 in groups of 32 (one float scale
- * per group, as llama.cpp's Q8_0/Q8_1), unpacks each weight row once into int8 codes plus
- * per-lane float scales, and dots it with every token. Within a group of 32 the products
- * are summed in 8 lanes of 4 bytes each (what maddubs+madd, vpdpbusd and sdot all give),
- * and each lane keeps its own float accumulator:
- *     acc[l] += (float)isum[l] * (wscale[l] * xscale)
- * The row's result is reduce8(acc) + sum over groups of wmin[g] * xsum[g].
+ * A matrix product quantizes each activation row to int16 in groups of 32 (one float scale
+ * per group: 15 bits, where llama.cpp's Q8 activations keep 7, so the products stay within
+ * float32 rounding of the reference), unpacks each weight row once into int8 codes plus the
+ * scales of each half group, and dots it with every token. Within a group the products are
+ * summed exactly in 8 int32 lanes, lane l of each half taking weights 2l and 2l + 1, and each
+ * lane keeps its own float accumulator:
+ *     acc[l] += (float)(isum_lo[l] + isum_hi[l]) * (wscale * xscale)
+ * (Q6_K, whose halves have their own scales, adds the two halves separately). The row's
+ * result is reduce8(acc) + the min terms, wmin[g] * xsum[g], summed in lanes g mod 8.
+ * Q1_0 and the float types take the float activations as they are.
  */
 #ifndef SPRIG_KERNELS_H
 #define SPRIG_KERNELS_H
@@ -28,6 +30,7 @@ enum {
 
 #define GROUP 32 /* weights per quantization group of the activations */
 #define LANES 8  /* float accumulators per row product */
+#define HALVES 2 /* scales per group of 32 weights: weights 0-15, 16-31 */
 
 /* A weight matrix as it lies in the model file: `rows` rows of `row_bytes` bytes. */
 typedef struct {
@@ -37,16 +40,8 @@ typedef struct {
     size_t row_bytes;
 } Matrix;
 
-/* Activations quantized to int8 groups of 32: T rows of K codes, G = K / 32 groups each.
- * xsum[g] is d[g] * (sum of the group's codes), the term affine weights (Q4_1, Q4_K, ...) need. */
-typedef struct {
-    int8_t *q;
-    float *d;
-    float *xsum;
-    int64_t K;
-} QuantRows;
-
-/* One weight row unpacked: int8 codes, 8 lane scales per group, one min term per group. */
+/* One weight row unpacked: int8 codes, the scales of each group's two halves, one min term
+ * per group (the factor of the group's activation sum, for Q4_1, Q5_1, Q4_K, Q5_K). */
 typedef struct {
     int8_t *q;
     float *scale;
@@ -65,12 +60,12 @@ int type_has_min(int type);
 float fp16_to_float(uint16_t h);
 void unpack_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf);
 void dequantize_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf, float *out);
-void quantize_row(const float *x, int64_t K, int8_t *q, float *d, float *xsum);
-float dot_quant(const RowBuffer *w, int has_min, const int8_t *xq, const float *xd, const float *xs, int64_t K);
+void quantize_row(const float *x, int64_t K, int16_t *q, float *d, float *xsum);
+float dot_quant(const RowBuffer *w, int type, const int16_t *xq, const float *xd, const float *xs, int64_t K);
 float dot_float(const float *w, const float *x, int64_t K);
-float dot_row(int type, const uint8_t *row, int64_t K, const int8_t *xq, const float *xd, const float *xs,
+float dot_row(int type, const uint8_t *row, int64_t K, const int16_t *xq, const float *xd, const float *xs,
               float *mins);
-void dot_tokens(const RowBuffer *w, int type, const float *x, const int8_t *xq, const float *xd, const float *xs,
+void dot_tokens(const RowBuffer *w, int type, const float *x, const int16_t *xq, const float *xd, const float *xs,
                 int64_t K, int64_t t0, int64_t t1, float *out, int64_t stride);
 int64_t count_bad_scales(int type, const uint8_t *data, int64_t n_blocks);
 

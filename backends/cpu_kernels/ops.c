@@ -12,14 +12,14 @@
 /* -- activations quantized once per product, shared by every matrix of a fused op ------ */
 
 static struct {
-    int8_t *q;
+    int16_t *q;
     float *d, *xsum;
     int64_t capacity;
 } acts;
 
 static int reserve_acts(int64_t elements) {
     if (elements <= acts.capacity) return 0;
-    int8_t *q = realloc(acts.q, (size_t)elements);
+    int16_t *q = realloc(acts.q, sizeof(int16_t) * (size_t)elements);
     if (q) acts.q = q;
     float *d = realloc(acts.d, sizeof(float) * (size_t)(elements / GROUP + 1));
     if (d) acts.d = d;

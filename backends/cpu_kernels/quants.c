@@ -92,12 +92,10 @@ int type_is_float(int type) { return type == T_F32 || type == T_F16 || type == T
 int type_takes_float(int type) { return type_is_float(type) || type == T_Q1_0; }
 int type_has_min(int type) { return type == T_Q4_1 || type == T_Q5_1 || type == T_Q4_K || type == T_Q5_K; }
 
-/* lanes 0-3 scale bytes 0-15 of a group, lanes 4-7 bytes 16-31 */
+/* the scale of weights 0-15 of a group, then of weights 16-31 */
 static inline void set_scales(float *scale, float lo, float hi) {
-    for (int l = 0; l < 4; l++) {
-        scale[l] = lo;
-        scale[l + 4] = hi;
-    }
+    scale[0] = lo;
+    scale[1] = hi;
 }
 
 /* Q4_0, 32 weights in 18 bytes:  | d: fp16 | qs: 16 bytes |
@@ -165,7 +163,7 @@ static inline void unpack_q1_0(const uint8_t *b, int8_t *q, float *scale, float 
     }
     float d = f16(b);
     for (int g = 0; g < 4; g++) {
-        set_scales(scale + 8 * g, d, d);
+        set_scales(scale + HALVES * g, d, d);
         min[g] = 0.0f;
     }
 }
@@ -196,7 +194,7 @@ static inline void unpack_q4_k(const uint8_t *b, int8_t *q, float *scale, float 
         int sc, m;
         scale_min_k4(j, s, &sc, &m);
         float ds = d * (float)sc;
-        set_scales(scale + 8 * j, ds, ds);
+        set_scales(scale + HALVES * j, ds, ds);
         min[j] = -(dmin * (float)m);
     }
 }
@@ -218,7 +216,7 @@ static inline void unpack_q5_k(const uint8_t *b, int8_t *q, float *scale, float 
         int sc, m;
         scale_min_k4(j, s, &sc, &m);
         float ds = d * (float)sc;
-        set_scales(scale + 8 * j, ds, ds);
+        set_scales(scale + HALVES * j, ds, ds);
         min[j] = -(dmin * (float)m);
     }
 }
@@ -248,7 +246,7 @@ static inline void unpack_q6_k(const uint8_t *b, int8_t *q, float *scale, float 
         memcpy(y + 96, &y3, 32);
     }
     for (int g = 0; g < 8; g++) {
-        set_scales(scale + 8 * g, d * (float)sc[2 * g], d * (float)sc[2 * g + 1]);
+        set_scales(scale + HALVES * g, d * (float)sc[2 * g], d * (float)sc[2 * g + 1]);
         min[g] = 0.0f;
     }
 }
@@ -282,7 +280,7 @@ void unpack_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf) {
     /* one loop per type, so that each block's unpacking is inlined into it */
 #define UNPACK_BLOCKS(unpack, weights, bytes)                                                               \
     for (int64_t blk = 0; blk < cols / (weights); blk++)                                                    \
-        unpack(row + blk * (bytes), buf->q + blk * (weights), buf->scale + blk * ((weights) / GROUP) * LANES, \
+        unpack(row + blk * (bytes), buf->q + blk * (weights), buf->scale + blk * ((weights) / GROUP) * HALVES, \
                buf->min + blk * ((weights) / GROUP));                                                        \
     break
     switch (type) {
@@ -307,12 +305,12 @@ void dequantize_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf, 
     }
     for (int64_t i = 0; i < cols; i++) {
         int64_t g = i / GROUP;
-        float s = buf->scale[g * LANES + (i % GROUP) / 4];
+        float s = buf->scale[g * HALVES + (i % GROUP) / 16];
         out[i] = s * (float)buf->q[i] + buf->min[g];
     }
 }
 
-void quantize_row(const float *x, int64_t K, int8_t *q, float *d, float *xsum) {
+void quantize_row(const float *x, int64_t K, int16_t *q, float *d, float *xsum) {
     for (int64_t g = 0; g < K / GROUP; g++) {
         const float *xg = x + g * GROUP;
         float amax = 0.0f;
@@ -321,16 +319,16 @@ void quantize_row(const float *x, int64_t K, int8_t *q, float *d, float *xsum) {
             amax = a > amax ? a : amax;
         }
         if (!(amax <= 3.4e38f)) { /* inf or nan: the result must not look finite */
-            memset(q + g * GROUP, 0, GROUP);
+            memset(q + g * GROUP, 0, GROUP * sizeof *q);
             d[g] = NAN;
             xsum[g] = NAN;
             continue;
         }
-        float scale = amax / 127.0f, inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+        float scale = amax / 32767.0f, inverse = amax > 0.0f ? 32767.0f / amax : 0.0f;
         int32_t sum = 0;
         for (int i = 0; i < GROUP; i++) {
             int32_t v = (int32_t)nearbyintf(xg[i] * inverse);
-            q[g * GROUP + i] = (int8_t)v;
+            q[g * GROUP + i] = (int16_t)v;
             sum += v;
         }
         d[g] = scale;
@@ -340,16 +338,23 @@ void quantize_row(const float *x, int64_t K, int8_t *q, float *d, float *xsum) {
 
 static inline float reduce8(v8f a) { return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])); }
 
-float dot_quant(const RowBuffer *w, int has_min, const int8_t *xq, const float *xd, const float *xs, int64_t K) {
-    v8f chain[2] = {{0}, {0}}; /* even and odd groups: one group's add need not wait for the last */
+/* One group's contribution to a row's 8 float lanes. Weights with one scale per group sum
+ * both halves in int32 first (exact); Q6_K's halves have a scale each. */
+static inline v8f group_term(const int8_t *w, const int16_t *x, const float *scale, float xd, int split) {
+    v8i lo, hi;
+    dot32(w, x, &lo, &hi);
+    if (!split) return __builtin_convertvector(lo + hi, v8f) * (scale[0] * xd);
+    return __builtin_convertvector(lo, v8f) * (scale[0] * xd) + __builtin_convertvector(hi, v8f) * (scale[1] * xd);
+}
+
+float dot_quant(const RowBuffer *w, int type, const int16_t *xq, const float *xd, const float *xs, int64_t K) {
+    v8f acc = {0};
     int64_t groups = K / GROUP;
-    for (int64_t g = 0; g < groups; g++) {
-        v8f ws;
-        memcpy(&ws, w->scale + g * LANES, sizeof ws);
-        chain[g & 1] += __builtin_convertvector(dot32(w->q + g * GROUP, xq + g * GROUP), v8f) * (ws * xd[g]);
-    }
-    float total = reduce8(chain[0] + chain[1]);
-    return has_min ? total + dot_float(w->min, xs, groups) : total;
+    int split = type == T_Q6_K;
+    for (int64_t g = 0; g < groups; g++)
+        acc += group_term(w->q + g * GROUP, xq + g * GROUP, w->scale + g * HALVES, xd[g], split);
+    float total = reduce8(acc);
+    return type_has_min(type) ? total + dot_float(w->min, xs, groups) : total;
 }
 
 float dot_float(const float *w, const float *x, int64_t K) {
@@ -434,7 +439,7 @@ float dot_q1_0(const uint8_t *row, const float *x, int64_t K) {
 /* The unpacked row `w` times tokens t0 .. t1 - 1 (x float, or quantized xq/xd/xs), into
  * out[t * stride]. Four tokens share each pass over the row; each token's arithmetic is
  * exactly dot_quant's, so the result does not depend on how tokens are grouped. */
-void dot_tokens(const RowBuffer *w, int type, const float *x, const int8_t *xq, const float *xd, const float *xs,
+void dot_tokens(const RowBuffer *w, int type, const float *x, const int16_t *xq, const float *xd, const float *xs,
                 int64_t K, int64_t t0, int64_t t1, float *out, int64_t stride) {
     if (type == T_Q1_0) {
         int64_t t = t0;
@@ -453,45 +458,39 @@ void dot_tokens(const RowBuffer *w, int type, const float *x, const int8_t *xq, 
         return;
     }
     int64_t G = K / GROUP, t = t0;
-    int has_min = type_has_min(type);
+    int has_min = type_has_min(type), split = type == T_Q6_K;
     for (; t + 4 <= t1; t += 4) {
-        v8f chain[4][2] = {{{0}, {0}}, {{0}, {0}}, {{0}, {0}}, {{0}, {0}}};
+        v8f acc[4] = {{0}, {0}, {0}, {0}};
         for (int64_t g = 0; g < G; g++) {
-            v8f ws;
-            memcpy(&ws, w->scale + g * LANES, sizeof ws);
             const int8_t *wq = w->q + g * GROUP;
-            for (int k = 0; k < 4; k++) {
-                v8i p = dot32(wq, xq + (t + k) * K + g * GROUP);
-                chain[k][g & 1] += __builtin_convertvector(p, v8f) * (ws * xd[(t + k) * G + g]);
-            }
+            const float *scale = w->scale + g * HALVES;
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++)
+                acc[k] += group_term(wq, xq + (t + k) * K + g * GROUP, scale, xd[(t + k) * G + g], split);
         }
         for (int k = 0; k < 4; k++) {
-            float total = reduce8(chain[k][0] + chain[k][1]);
+            float total = reduce8(acc[k]);
             out[(t + k) * stride] = has_min ? total + dot_float(w->min, xs + (t + k) * G, G) : total;
         }
     }
-    for (; t < t1; t++) out[t * stride] = dot_quant(w, has_min, xq + t * K, xd + t * G, xs + t * G, K);
+    for (; t < t1; t++) out[t * stride] = dot_quant(w, type, xq + t * K, xd + t * G, xs + t * G, K);
 }
 
 /* One token's product with one row, unpacking block by block into registers and the stack
  * instead of a whole-row buffer (decode: each row is read once, for one token). The
  * arithmetic is dot_quant's, in the same order. `mins` is scratch for the row's min terms. */
-float dot_row(int type, const uint8_t *row, int64_t K, const int8_t *xq, const float *xd, const float *xs,
+float dot_row(int type, const uint8_t *row, int64_t K, const int16_t *xq, const float *xd, const float *xs,
               float *mins) {
-    v8f chain[2] = {{0}, {0}};
-    int has_min = type_has_min(type);
+    v8f acc = {0};
+    int split = type == T_Q6_K;
 #define DOT_BLOCKS(unpack, weights, bytes)                                                          \
     for (int64_t blk = 0; blk < K / (weights); blk++) {                                             \
         int8_t q[weights];                                                                          \
-        float scale[(weights) / GROUP * LANES];                                                     \
+        float scale[(weights) / GROUP * HALVES];                                                    \
         int64_t g0 = blk * ((weights) / GROUP);                                                     \
         unpack(row + blk * (bytes), q, scale, mins + g0);                                           \
-        for (int g = 0; g < (weights) / GROUP; g++) {                                               \
-            v8f ws;                                                                                 \
-            memcpy(&ws, scale + g * LANES, sizeof ws);                                              \
-            v8i p = dot32(q + g * GROUP, xq + (g0 + g) * GROUP);                                    \
-            chain[(g0 + g) & 1] += __builtin_convertvector(p, v8f) * (ws * xd[g0 + g]);             \
-        }                                                                                           \
+        for (int g = 0; g < (weights) / GROUP; g++)                                                 \
+            acc += group_term(q + g * GROUP, xq + (g0 + g) * GROUP, scale + g * HALVES, xd[g0 + g], split); \
     }                                                                                               \
     break
     switch (type) {
@@ -505,6 +504,6 @@ float dot_row(int type, const uint8_t *row, int64_t K, const int8_t *xq, const f
     case T_Q6_K: DOT_BLOCKS(unpack_q6_k, 256, 210);
     }
 #undef DOT_BLOCKS
-    float total = reduce8(chain[0] + chain[1]);
-    return has_min ? total + dot_float(mins, xs, K / GROUP) : total;
+    float total = reduce8(acc);
+    return type_has_min(type) ? total + dot_float(mins, xs, K / GROUP) : total;
 }

@@ -1,7 +1,8 @@
-/* The one piece that differs between tiers: the int8 dot product of a group of 32 weights
- * with 32 activation codes, as 8 int32 lanes, lane l summing bytes 4l .. 4l+3.
- * Integer sums are exact in every tier, so the tiers agree bit for bit.
- * Weight codes lie in [-128, 127]; activation codes in [-127, 127]. */
+/* The one piece that differs between tiers: the integer dot product of a group of 32 int8
+ * weights with 32 int16 activation codes. It gives two vectors of 8 int32 lanes, one per half
+ * group: lane l of half h sums weights 16h + 2l and 16h + 2l + 1. Integer sums are exact in
+ * every tier, so the tiers agree bit for bit. Weight codes lie in [-128, 127], activation
+ * codes in [-32767, 32767]: a lane is at most 2 * 128 * 32767, far from overflowing. */
 #ifndef SPRIG_SIMD_H
 #define SPRIG_SIMD_H
 
@@ -13,43 +14,42 @@ typedef float v8f __attribute__((vector_size(32)));
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #include <immintrin.h>
 #define SPRIG_TIER "avx512"
-static inline v8i dot32(const int8_t *w, const int8_t *x) {
-    __m256i a = _mm256_loadu_si256((const __m256i *)w);
-    __m256i b = _mm256_loadu_si256((const __m256i *)x);
-    /* vpdpbusd multiplies unsigned by signed: move w's sign onto x */
-    return (v8i)_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(a), _mm256_sign_epi8(b, a));
+static inline void dot32(const int8_t *w, const int16_t *x, v8i *lo, v8i *hi) {
+    __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w));
+    __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16)));
+    *lo = (v8i)_mm256_dpwssd_epi32(_mm256_setzero_si256(), w0, _mm256_loadu_si256((const __m256i *)x));
+    *hi = (v8i)_mm256_dpwssd_epi32(_mm256_setzero_si256(), w1, _mm256_loadu_si256((const __m256i *)(x + 16)));
 }
 #elif defined(__AVX2__)
 #include <immintrin.h>
 #define SPRIG_TIER "avx2"
-static inline v8i dot32(const int8_t *w, const int8_t *x) {
-    __m256i a = _mm256_loadu_si256((const __m256i *)w);
-    __m256i b = _mm256_loadu_si256((const __m256i *)x);
-    /* |w| * (x * sign w): pairs in int16 (at most 2 * 128 * 127, no saturation), then fours in int32 */
-    __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(a), _mm256_sign_epi8(b, a));
-    return (v8i)_mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+static inline void dot32(const int8_t *w, const int16_t *x, v8i *lo, v8i *hi) {
+    __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w));
+    __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16)));
+    *lo = (v8i)_mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)x));
+    *hi = (v8i)_mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(x + 16)));
 }
-#elif defined(__ARM_FEATURE_DOTPROD)
+#elif defined(__ARM_NEON) && defined(__aarch64__)
 #include <arm_neon.h>
 #define SPRIG_TIER "neon"
-static inline v8i dot32(const int8_t *w, const int8_t *x) {
-    int32x4_t lo = vdotq_s32(vdupq_n_s32(0), vld1q_s8(w), vld1q_s8(x));
-    int32x4_t hi = vdotq_s32(vdupq_n_s32(0), vld1q_s8(w + 16), vld1q_s8(x + 16));
-    v8i out;
-    vst1q_s32((int32_t *)&out, lo);
-    vst1q_s32((int32_t *)&out + 4, hi);
-    return out;
+static inline int32x4_t pair_sums(int8x8_t w, int16x8_t x) { /* 8 weights: 4 lanes of 2 */
+    int16x8_t w16 = vmovl_s8(w);
+    return vpaddq_s32(vmull_s16(vget_low_s16(w16), vget_low_s16(x)), vmull_high_s16(w16, x));
+}
+static inline void dot32(const int8_t *w, const int16_t *x, v8i *lo, v8i *hi) {
+    int32_t *l = (int32_t *)lo, *h = (int32_t *)hi;
+    vst1q_s32(l, pair_sums(vld1_s8(w), vld1q_s16(x)));
+    vst1q_s32(l + 4, pair_sums(vld1_s8(w + 8), vld1q_s16(x + 8)));
+    vst1q_s32(h, pair_sums(vld1_s8(w + 16), vld1q_s16(x + 16)));
+    vst1q_s32(h + 4, pair_sums(vld1_s8(w + 24), vld1q_s16(x + 24)));
 }
 #else
 #define SPRIG_TIER "scalar"
-static inline v8i dot32(const int8_t *w, const int8_t *x) {
-    v8i out;
+static inline void dot32(const int8_t *w, const int16_t *x, v8i *lo, v8i *hi) {
     for (int l = 0; l < 8; l++) {
-        int32_t s = 0;
-        for (int i = 0; i < 4; i++) s += (int32_t)w[4 * l + i] * (int32_t)x[4 * l + i];
-        out[l] = s;
+        (*lo)[l] = (int32_t)w[2 * l] * x[2 * l] + (int32_t)w[2 * l + 1] * x[2 * l + 1];
+        (*hi)[l] = (int32_t)w[16 + 2 * l] * x[16 + 2 * l] + (int32_t)w[17 + 2 * l] * x[17 + 2 * l];
     }
-    return out;
 }
 #endif
 

@@ -6,7 +6,7 @@ import gguf
 import pytest
 
 from app.model_library import (
-    LibraryEntry, ModelInfo, format_bytes, format_parameters, library_entries, read_model_info,
+    RUNTIME_OVERHEAD, LibraryEntry, ModelInfo, format_bytes, format_parameters, library_entries, read_model_info,
 )
 from engine.bundled import bundled_model
 from engine.errors import ModelFileError, UnsupportedModelError
@@ -54,6 +54,17 @@ def made_up_info(file_size: int) -> ModelInfo:
 def test_memory_verdicts(available, fits, phrase):
     got_fits, text = made_up_info(file_size=250_000_000).memory_verdict(1000, available)
     assert got_fits == fits and phrase in text
+
+
+@pytest.mark.parametrize("available, fits", [
+    (800_000_000, True),  # 250 MB file + 100 MB KV + 256 MiB overhead = 618 MB
+    (600_000_000, False),
+])
+def test_memory_verdict_of_the_cpu_backend_counts_the_file_not_float32_weights(available, fits):
+    info = made_up_info(file_size=250_000_000)
+    assert info.memory_needed(1000, "cpu") == 250_000_000 + 1000 * 100_000 + RUNTIME_OVERHEAD
+    got_fits, text = info.memory_verdict(1000, available, "cpu")
+    assert got_fits == fits and ("will not fit" in text) == (not fits) and "slowly" not in text
 
 
 def test_kv_is_counted_up_to_the_model_context_only():

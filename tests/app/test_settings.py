@@ -41,6 +41,7 @@ def custom_settings() -> Settings:
         seed=1234,
         context_length=8192,
         backend="numpy",
+        cpu_threads=3,
         models_folder=Path("/tmp/sprig-models"),
         theme="dark",
         last_model="/tmp/sprig-models/smol.gguf",
@@ -57,6 +58,7 @@ def test_defaults_come_from_the_resource_file():
     assert (defaults.temperature, defaults.top_k, defaults.top_p, defaults.min_p) == (0.7, 40, 0.95, 0.05)
     assert (defaults.repeat_penalty, defaults.max_tokens, defaults.context_length) == (1.1, 512, 4096)
     assert (defaults.seed, defaults.backend, defaults.theme, defaults.last_model) == (None, "auto", "light", None)
+    assert defaults.cpu_threads == 0  # one thread per physical core
     assert defaults.models_folder == default_models_folder()
     assert default_models_folder().parts[-2:] == ("Sprig", "models")
 
@@ -208,6 +210,7 @@ def test_dialog_returns_what_the_widgets_show(dialog):
     form["seed"].random.setChecked(False)
     form["seed"].spin.setValue(77)
     dialog.backend.setCurrentIndex(dialog.backend.findData("numpy"))
+    dialog.cpu_threads.setValue(2)
     dialog.theme.setCurrentIndex(dialog.theme.findData("dark"))
     dialog.models_folder.setText("/data/models")
 
@@ -222,6 +225,7 @@ def test_dialog_returns_what_the_widgets_show(dialog):
         seed=77,
         context_length=8192,
         backend="numpy",
+        cpu_threads=2,
         models_folder=Path("/data/models"),
         theme="dark",
         last_model="/models/a.gguf",
