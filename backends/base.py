@@ -18,7 +18,13 @@ Two optional hooks let a backend fuse a decode step and keep tokens on its devic
 engine looks for them with `getattr` and works op by op without them (NumPy):
     compile_decode(forward, kv) -> step(token, start) -> logits (1, vocab)
         wraps the transformer's one-token forward pass on one KV storage into a single
-        fused call (MLX: one mx.compile'd function, queued without waiting).
+        fused call (MLX: one mx.compile'd function, queued without waiting; cpu: the op
+        list recorded once and replayed in C, one call per token). `forward(ids,
+        positions, start)` may be called with the backend's own stand-ins for the three
+        (device arrays, recorded buffers); the step state they stand for (the token, the
+        position, and so the KV length) belongs to the KV storage object, which the step
+        updates in place, so nothing is rebuilt on the host per token. The step is made
+        once per KV storage and kept on it.
     argmax(logits) -> token
         the most likely next token, left on the device, so greedy decoding can queue the
         next step before the current token is read back (mlx-lm's generate_step).

@@ -69,6 +69,35 @@ def _weight(rng: np.random.Generator, shape: tuple[int, ...], kind: str) -> np.n
     return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)  # (n_out, n_in)
 
 
+def model_metadata(arch: str, n_layers: int, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int,
+                   d_ff: int, vocab: int, context_length: int = 256) -> dict[str, Any]:
+    """The GGUF metadata of a model of these shapes, under llama.cpp's key names, with the
+    tiny byte-level BPE vocabulary (padded with reserved tokens to `vocab`) and ChatML."""
+    tokens, token_types = tiny_vocab(vocab)
+    return {
+        "general.name": f"tiny-{arch}",
+        f"{arch}.block_count": n_layers,
+        f"{arch}.context_length": context_length,
+        f"{arch}.embedding_length": d_model,
+        f"{arch}.feed_forward_length": d_ff,
+        f"{arch}.attention.head_count": n_heads,
+        f"{arch}.attention.head_count_kv": n_kv_heads,
+        f"{arch}.attention.key_length": head_dim,
+        f"{arch}.attention.value_length": head_dim,
+        f"{arch}.attention.layer_norm_rms_epsilon": 1e-6,
+        f"{arch}.rope.freq_base": _ROPE_BASE[arch],
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "default",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": token_types,
+        "tokenizer.ggml.merges": list(MERGES),
+        "tokenizer.ggml.bos_token_id": tokens.index("<|endoftext|>"),
+        "tokenizer.ggml.eos_token_id": tokens.index("<|im_end|>"),
+        "tokenizer.ggml.add_bos_token": False,
+        "tokenizer.chat_template": CHATML_TEMPLATE,
+    }
+
+
 def write_tiny_model(
     path: str | Path,
     arch: str = "qwen3",
@@ -98,29 +127,7 @@ def write_tiny_model(
     """
     path = Path(path)
     rng = np.random.default_rng(seed)
-    tokens, token_types = tiny_vocab(vocab)
-    metadata: dict[str, Any] = {
-        "general.name": f"tiny-{arch}",
-        f"{arch}.block_count": n_layers,
-        f"{arch}.context_length": 256,
-        f"{arch}.embedding_length": d_model,
-        f"{arch}.feed_forward_length": d_ff,
-        f"{arch}.attention.head_count": n_heads,
-        f"{arch}.attention.head_count_kv": n_kv_heads,
-        f"{arch}.attention.key_length": head_dim,
-        f"{arch}.attention.value_length": head_dim,
-        f"{arch}.attention.layer_norm_rms_epsilon": 1e-6,
-        f"{arch}.rope.freq_base": _ROPE_BASE[arch],
-        "tokenizer.ggml.model": "gpt2",
-        "tokenizer.ggml.pre": "default",
-        "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.token_type": token_types,
-        "tokenizer.ggml.merges": list(MERGES),
-        "tokenizer.ggml.bos_token_id": tokens.index("<|endoftext|>"),
-        "tokenizer.ggml.eos_token_id": tokens.index("<|im_end|>"),
-        "tokenizer.ggml.add_bos_token": False,
-        "tokenizer.chat_template": CHATML_TEMPLATE,
-    }
+    metadata = model_metadata(arch, n_layers, d_model, n_heads, n_kv_heads, head_dim, d_ff, vocab)
     if arch.startswith("gemma"):
         metadata[f"{arch}.attention.sliding_window"] = 16
     metadata.update(extra_metadata)

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 from gguf import GGUFWriter
 
-from tests.gguf_factory import CHATML_TEMPLATE, MERGES, _value_type, tiny_vocab
+from tests.gguf_factory import _value_type, model_metadata
 from tools.make_synthetic_qwen3 import Q1_0, Q1_0_BLOCK, QWEN_TOKENIZER
 
 ARCH = "qwen3"
@@ -55,9 +55,7 @@ class BonsaiShape:
     d_ff: int
     vocab: int = 151936
     tie_embeddings: bool = True  # no output.weight: the output projection is token_embd.weight
-    context_length: int = 4096
-    rope_base: float = 1e6
-    rms_eps: float = 1e-6
+    context_length: int = 4096  # rope base 1e6 and rms eps 1e-6 come from model_metadata's qwen3
 
 
 # Bonsai's published configs (they are Qwen3-1.7B's and Qwen3-8B's).
@@ -87,29 +85,9 @@ def random_q1_0_blocks(rng: np.random.Generator, rows: int, cols: int) -> np.nda
 
 def bonsai_metadata(shape: BonsaiShape, name: str) -> dict[str, Any]:
     """The GGUF metadata of a qwen3 model of `shape`: tests/gguf_factory.py's keys and vocabulary."""
-    tokens, token_types = tiny_vocab(shape.vocab)
-    return {
-        "general.name": name,
-        f"{ARCH}.block_count": shape.n_layers,
-        f"{ARCH}.context_length": shape.context_length,
-        f"{ARCH}.embedding_length": shape.d_model,
-        f"{ARCH}.feed_forward_length": shape.d_ff,
-        f"{ARCH}.attention.head_count": shape.n_heads,
-        f"{ARCH}.attention.head_count_kv": shape.n_kv_heads,
-        f"{ARCH}.attention.key_length": shape.head_dim,
-        f"{ARCH}.attention.value_length": shape.head_dim,
-        f"{ARCH}.attention.layer_norm_rms_epsilon": shape.rms_eps,
-        f"{ARCH}.rope.freq_base": shape.rope_base,
-        "tokenizer.ggml.model": "gpt2",
-        **QWEN_TOKENIZER,
-        "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.token_type": token_types,
-        "tokenizer.ggml.merges": list(MERGES),
-        "tokenizer.ggml.bos_token_id": tokens.index("<|endoftext|>"),
-        "tokenizer.ggml.eos_token_id": tokens.index("<|im_end|>"),
-        "tokenizer.ggml.add_bos_token": False,
-        "tokenizer.chat_template": CHATML_TEMPLATE,
-    }
+    metadata = model_metadata(ARCH, shape.n_layers, shape.d_model, shape.n_heads, shape.n_kv_heads, shape.head_dim,
+                              shape.d_ff, shape.vocab, shape.context_length)
+    return {**metadata, **QWEN_TOKENIZER, "general.name": name}
 
 
 def tensor_plan(shape: BonsaiShape) -> list[tuple[str, tuple[int, ...]]]:

@@ -70,11 +70,12 @@ void dot_tokens(const RowBuffer *w, int type, const float *x, const int16_t *xq,
 int64_t count_bad_scales(int type, const uint8_t *data, int64_t n_blocks);
 
 /* pool.c */
-typedef void (*task_fn)(void *ctx, int ith, int nth);
+/* A task's chunk `chunk` of `chunks`, run by thread `thread` (which owns scratch slot `thread`). */
+typedef void (*task_fn)(void *ctx, int chunk, int chunks, int thread);
 void pool_set_threads(int n);
 int pool_threads(void);
 void pool_run(task_fn fn, void *ctx);
-void split_range(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi);
+void split_range(int64_t n, int part, int parts, int64_t *lo, int64_t *hi); /* part of [0, n) */
 
 /* scratch.c: per-thread buffers, grown before a parallel call (never inside one) */
 int scratch_reserve(int64_t cols, int64_t floats);

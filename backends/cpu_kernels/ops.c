@@ -36,20 +36,20 @@ typedef struct {
     int any_quant;
 } LinearCtx;
 
-static void quantize_task(void *vctx, int ith, int nth) {
+static void quantize_task(void *vctx, int chunk, int chunks, int thread) {
     const LinearCtx *c = vctx;
     int64_t lo, hi, G = c->K / GROUP;
-    split_range(c->T, ith, nth, &lo, &hi);
+    split_range(c->T, chunk, chunks, &lo, &hi);
     for (int64_t t = lo; t < hi; t++)
         quantize_row(c->op->a + t * c->K, c->K, acts.q + t * c->K, acts.d + t * G, acts.xsum + t * G);
 }
 
-static void linear_task(void *vctx, int ith, int nth) {
+static void linear_task(void *vctx, int chunk, int chunks, int thread) {
     const LinearCtx *c = vctx;
     const Op *op = c->op;
     int64_t lo, hi, K = c->K;
-    split_range(c->total_rows, ith, nth, &lo, &hi);
-    RowBuffer *buf = scratch_row(ith);
+    split_range(c->total_rows, chunk, chunks, &lo, &hi);
+    RowBuffer *buf = scratch_row(thread);
     for (int64_t t0 = 0; t0 < c->T; t0 += TOKEN_TILE) {
         int64_t t1 = t0 + TOKEN_TILE < c->T ? t0 + TOKEN_TILE : c->T;
         int64_t base = 0;
@@ -86,7 +86,7 @@ static int linear(const Op *op, const char **error) {
     }
     if (c.any_quant) {
         if (c.T > 1) pool_run(quantize_task, &c);
-        else quantize_task(&c, 0, 1);
+        else quantize_task(&c, 0, 1, 0);
     }
     pool_run(linear_task, &c);
     for (int m = 0; m < op->n_mats; m++) {
@@ -171,10 +171,10 @@ typedef struct {
     const Op *op;
 } ElementCtx;
 
-static void elementwise_task(void *vctx, int ith, int nth) {
+static void elementwise_task(void *vctx, int chunk, int chunks, int thread) {
     const Op *op = ((const ElementCtx *)vctx)->op;
     int64_t lo, hi;
-    split_range(op->n[0], ith, nth, &lo, &hi);
+    split_range(op->n[0], chunk, chunks, &lo, &hi);
     const float *a = op->a, *b = op->b;
     float *out = op->out;
     switch (op->code) {
@@ -201,7 +201,7 @@ static void elementwise_task(void *vctx, int ith, int nth) {
 static void elementwise(const Op *op) {
     ElementCtx c = {op};
     if (op->n[0] >= PARALLEL_ELEMENTS) pool_run(elementwise_task, &c);
-    else elementwise_task(&c, 0, 1);
+    else elementwise_task(&c, 0, 1, 0);
 }
 
 /* -- attention ----------------------------------------------------------------------------
@@ -209,12 +209,12 @@ static void elementwise(const Op *op) {
  * Dh, Dv, N, window (0: none)}; f = {scale, softcap (0: none)}. Keys and values are written
  * into the cache first; each (token, head) then attends to positions max(0, p - window + 1) .. p. */
 
-static void attention_task(void *vctx, int ith, int nth) {
+static void attention_task(void *vctx, int chunk, int chunks, int thread) {
     const Op *op = ((const ElementCtx *)vctx)->op;
     int64_t T = op->n[0], H = op->n[1], Hkv = op->n[2], Dh = op->n[3], Dv = op->n[4], N = op->n[5], window = op->n[6];
     int64_t group = H / Hkv, lo, hi;
-    split_range(T * H, ith, nth, &lo, &hi);
-    float *scores = scratch_floats(ith);
+    split_range(T * H, chunk, chunks, &lo, &hi);
+    float *scores = scratch_floats(thread);
     for (int64_t task = lo; task < hi; task++) {
         int64_t t = task / H, h = task % H, kv = h / group, p = *op->pos + t;
         int64_t first = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;

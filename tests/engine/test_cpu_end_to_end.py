@@ -128,7 +128,7 @@ def test_compiled_step_equals_the_op_by_op_pass(pair):
 @pytest.mark.parametrize("batch", [2, 5, 16])
 def test_a_small_batch_equals_feeding_its_tokens_one_by_one(pair, batch):
     model, prompt = pair.cpu, pair.prompts[-1]
-    tokens = (prompt * 4)[:len(prompt) + batch]
+    tokens = (prompt * (batch + 2))[:len(prompt) + batch]
     head, tail = tokens[:-batch], tokens[-batch:]
     together, one_by_one = model.new_cache(len(tokens)), model.new_cache(len(tokens))
     for cache in (together, one_by_one):

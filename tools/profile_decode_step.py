@@ -1,0 +1,85 @@
+"""Where a decode step's time goes on the native CPU backend, for docs/benchmarks.md.
+
+    .venv/bin/python -m tools.profile_decode_step smollm2 [--context 256] [--steps 64]
+
+It times, on the same filled KV cache:
+- the compiled step (the op list recorded once and replayed in C, one call per token);
+- the same forward pass op by op from Python, and within it the time of each kind of op
+  (each op's C call, timed around `native.run`), so that the rest is Python dispatch;
+- the bytes one step reads (every weight matrix once, the token's embedding row, the KV
+  cache so far) and the rate that makes against the machine's bandwidth.
+"""
+
+import argparse
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from backends import cpu_backend
+from engine.bundled import resolve_model_path
+from engine.loader import load_model
+
+OP_NAMES = {cpu_backend.OP_EMBED: "embedding", cpu_backend.OP_LINEAR: "matrix products",
+            cpu_backend.OP_RMSNORM: "rms norm", cpu_backend.OP_ROPE: "rope", cpu_backend.OP_ATTN: "attention",
+            cpu_backend.OP_GATED: "gated activation", cpu_backend.OP_ADD: "residual add",
+            cpu_backend.OP_SOFTCAP: "soft-cap"}
+
+
+def step_bytes(loaded, context: int) -> int:
+    """Bytes one decode step reads: the matrices, one embedding row, the keys and values so far."""
+    model, config = loaded.model, loaded.config
+    matrices = [model.output] + [w for layer in model.layers
+                                 for w in (layer.wq, layer.wk, layer.wv, layer.wo, layer.w_gate, layer.w_up, layer.w_down)]
+    weights = sum(m.raw.nbytes for m in matrices)
+    embedding_row = model.token_embd.raw.nbytes // model.token_embd.rows
+    kv = 4 * config.n_layers * config.n_kv_heads * (config.head_dim + config.value_head_dim) * context
+    return weights + embedding_row + kv
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    loaded = load_model(resolve_model_path(args.model), "cpu", threads=args.threads)
+    cache = loaded.new_cache(args.context + args.steps + 1)
+    prompt = np.random.default_rng(0).integers(0, loaded.config.vocab_size, size=args.context)
+    loaded.model.forward(prompt, 0, cache.storage)
+    step = loaded.model.decode_step(cache.storage)
+    step(1, args.context)  # records and compiles
+    started = time.perf_counter()
+    for i in range(args.steps):
+        step(1, args.context + i % 4)
+    compiled = (time.perf_counter() - started) / args.steps
+
+    native, per_op = loaded.backend.native, defaultdict(float)
+    run = native.run
+
+    def timed(op):
+        t = time.perf_counter()
+        run(op)
+        per_op[op[0]] += time.perf_counter() - t
+
+    loaded.backend.native = type("Timed", (), {"run": staticmethod(timed)})
+    started = time.perf_counter()
+    for i in range(args.steps):
+        position = args.context + i % 4
+        loaded.model.logits(np.array([1]), np.arange(position, position + 1), position, cache.storage)
+    eager = (time.perf_counter() - started) / args.steps
+    loaded.backend.native = native
+
+    bytes_read = step_bytes(loaded, args.context)
+    print(f"{loaded.path.name} on {loaded.backend.device_name}, context {args.context}")
+    print(f"compiled step: {compiled * 1e3:.2f} ms ({1 / compiled:.1f} tok/s); "
+          f"reads {bytes_read / 1e6:.1f} MB: {bytes_read / compiled / 1e9:.1f} GB/s")
+    print(f"op by op from Python: {eager * 1e3:.2f} ms")
+    for code, seconds in sorted(per_op.items(), key=lambda kv: -kv[1]):
+        print(f"  {OP_NAMES[code]:18s} {seconds / args.steps * 1e3:7.3f} ms")
+    print(f"  {'Python dispatch':18s} {(eager - sum(per_op.values()) / args.steps) * 1e3:7.3f} ms")
+
+
+if __name__ == "__main__":
+    main()
