@@ -22,7 +22,6 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -41,6 +40,19 @@ LOGIT_TOLERANCE = 1e-2  # of the NumPy logit vector's range (max - min)
 N_GREEDY = 32
 GREEDY = SamplingParams.greedy()
 TEXT_PROMPTS = ["The capital of France is", "def fibonacci(n):\n    "]
+
+
+@dataclass
+class Pair:
+    """One model on both backends, and what each computed."""
+
+    key: str
+    numpy: LoadedModel
+    mlx: LoadedModel
+    prompts: list[list[int]]
+    logits: dict[str, list[np.ndarray]]  # backend -> last-position logits per prompt, (vocab,)
+    forward_greedy: dict[str, list[int]]  # backend -> greedy tokens through forward, after prompts[0]
+    generated: dict[str, tuple[list[int], str]]  # backend -> generate's tokens and text, after prompts[-1]
 
 
 def run_generate(loaded: LoadedModel, prompt: list[int], params: SamplingParams = GREEDY,
