@@ -179,31 +179,35 @@ static inline void scale_min_k4(int j, const uint8_t *s, int *sc, int *m) {
     }
 }
 
-/* Q4_K, 256 weights in 144 bytes:  | d: fp16 | dmin: fp16 | scales: 12 bytes | qs: 128 bytes |
- * 8 sub-blocks of 32, each with a 6-bit scale and min. Each 32 bytes of qs hold two
- * sub-blocks: low nibbles the first, high nibbles the second. weight = d*sc*q - dmin*m. */
-static inline void unpack_q4_k(const uint8_t *b, int8_t *q, float *scale, float *min) {
+/* The 8 sub-block scales (d * sc) and min terms (-dmin * m) of a Q4_K or Q5_K block. */
+static inline void k_scales(const uint8_t *b, float *scale, float *min) {
     float d = f16(b), dmin = f16(b + 2);
-    const uint8_t *s = b + 4, *qs = b + 16;
-    for (int i = 0; i < 4; i++) {
-        u8x32 packed = load32(qs + 32 * i), lo = packed & 15, hi = packed >> 4;
-        memcpy(q + 64 * i, &lo, 32);
-        memcpy(q + 64 * i + 32, &hi, 32);
-    }
     for (int j = 0; j < 8; j++) {
         int sc, m;
-        scale_min_k4(j, s, &sc, &m);
+        scale_min_k4(j, b + 4, &sc, &m);
         float ds = d * (float)sc;
         set_scales(scale + HALVES * j, ds, ds);
         min[j] = -(dmin * (float)m);
     }
 }
 
+/* Q4_K, 256 weights in 144 bytes:  | d: fp16 | dmin: fp16 | scales: 12 bytes | qs: 128 bytes |
+ * 8 sub-blocks of 32, each with a 6-bit scale and min. Each 32 bytes of qs hold two
+ * sub-blocks: low nibbles the first, high nibbles the second. weight = d*sc*q - dmin*m. */
+static inline void unpack_q4_k(const uint8_t *b, int8_t *q, float *scale, float *min) {
+    const uint8_t *qs = b + 16;
+    for (int i = 0; i < 4; i++) {
+        u8x32 packed = load32(qs + 32 * i), lo = packed & 15, hi = packed >> 4;
+        memcpy(q + 64 * i, &lo, 32);
+        memcpy(q + 64 * i + 32, &hi, 32);
+    }
+    k_scales(b, scale, min);
+}
+
 /* Q5_K, 256 weights in 176 bytes:  | d | dmin | scales: 12 | qh: 32 | qs: 128 |
  * as Q4_K, plus a fifth bit: bit (2i) of qh[l] for weight 64i + l, bit (2i+1) for 64i + 32 + l. */
 static inline void unpack_q5_k(const uint8_t *b, int8_t *q, float *scale, float *min) {
-    float d = f16(b), dmin = f16(b + 2);
-    const uint8_t *s = b + 4, *qh = b + 16, *qs = b + 48;
+    const uint8_t *qh = b + 16, *qs = b + 48;
     u8x32 high = load32(qh);
     for (int i = 0; i < 4; i++) {
         u8x32 packed = load32(qs + 32 * i);
@@ -212,13 +216,7 @@ static inline void unpack_q5_k(const uint8_t *b, int8_t *q, float *scale, float 
         memcpy(q + 64 * i, &lo, 32);
         memcpy(q + 64 * i + 32, &hi, 32);
     }
-    for (int j = 0; j < 8; j++) {
-        int sc, m;
-        scale_min_k4(j, s, &sc, &m);
-        float ds = d * (float)sc;
-        set_scales(scale + HALVES * j, ds, ds);
-        min[j] = -(dmin * (float)m);
-    }
+    k_scales(b, scale, min);
 }
 
 /* Q6_K, 256 weights in 210 bytes:  | ql: 128 | qh: 64 | scales: 16 int8 | d: fp16 |
