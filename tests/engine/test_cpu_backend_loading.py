@@ -35,11 +35,6 @@ def test_without_the_extension_auto_falls_back_to_numpy_and_says_why(monkeypatch
         selection.select("cpu")
 
 
-def test_numpy_can_still_be_chosen():
-    backend, reasons = selection.select("numpy")
-    assert backend.name == "numpy" and "cpu: not chosen (the numpy backend was asked for)" in reasons
-
-
 def test_a_damaged_scale_is_refused_at_load_with_the_tensor_named(tmp_path):
     path = write_tiny_model(tmp_path / "q8.gguf", arch="qwen3", tensor_type=GGMLQuantizationType.Q8_0)
     target = next(t for t in gguf.GGUFReader(path).tensors if t.name == "blk.1.ffn_up.weight")
