@@ -50,13 +50,16 @@ typedef struct {
     const uint8_t *raw; /* the row's blocks (Q1_0, which is multiplied in place) */
 } RowBuffer;
 
+static inline int type_is_float(int type) { return type == T_F32 || type == T_F16 || type == T_BF16; }
+/* multiplied with float activations: the float types and Q1_0 */
+static inline int type_takes_float(int type) { return type_is_float(type) || type == T_Q1_0; }
+/* a min term per group, times the group's activation sum */
+static inline int type_has_min(int type) { return type == T_Q4_1 || type == T_Q5_1 || type == T_Q4_K || type == T_Q5_K; }
+
 /* quants.c */
 int type_block(int type, int *weights, int *bytes);     /* 0 if the type is not native */
-int type_is_float(int type);
-int type_takes_float(int type); /* multiplied with float activations: float types and Q1_0 */
 void kernels_init(void);
 float dot_q1_0(const uint8_t *row, const float *x, int64_t K);
-int type_has_min(int type);
 float fp16_to_float(uint16_t h);
 void unpack_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf);
 void dequantize_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf, float *out);

@@ -88,9 +88,6 @@ int type_block(int type, int *weights, int *bytes) {
     }
 }
 
-int type_is_float(int type) { return type == T_F32 || type == T_F16 || type == T_BF16; }
-int type_takes_float(int type) { return type_is_float(type) || type == T_Q1_0; }
-int type_has_min(int type) { return type == T_Q4_1 || type == T_Q5_1 || type == T_Q4_K || type == T_Q5_K; }
 
 /* the scale of weights 0-15 of a group, then of weights 16-31 */
 static inline void set_scales(float *scale, float lo, float hi) {
@@ -505,3 +502,4 @@ float dot_row(int type, const uint8_t *row, int64_t K, const int16_t *xq, const 
     float total = reduce8(acc);
     return type_has_min(type) ? total + dot_float(mins, xs, K / GROUP) : total;
 }
+
