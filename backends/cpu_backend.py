@@ -32,6 +32,7 @@ NATIVE_TYPES = frozenset(int(t) for t in (
 ))
 _ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 _Q8_0 = GGMLQuantizationType.Q8_0
+_ALIGN = 16  # floats: recorded buffers start on 64-byte cache lines
 
 
 def _bufs(a=None, b=None, c=None, out=None, ids=None, pos=None, table=None, kcache=None, vcache=None) -> tuple:
@@ -102,7 +103,7 @@ class _Recorder:
         self.sizes: list[int] = []
 
     def new(self, shape: tuple[int, ...]) -> _Slot:
-        self.sizes.append(int(np.prod(shape)))
+        self.sizes.append(-(-int(np.prod(shape)) // _ALIGN) * _ALIGN)  # whole cache lines: aligned loads
         return _Slot(self, shape, len(self.sizes) - 1)
 
     def build(self, output: _Slot) -> tuple[list[tuple], np.ndarray]:
@@ -133,14 +134,21 @@ class _Recorder:
                     end += size
             for buffer in {slot.buffer for slot in slots if last_use[slot.buffer] == i}:
                 free.append((self.sizes[buffer], placed[buffer]))
-        arena = np.zeros(end, dtype=np.float32)
+        arena = _aligned_zeros(end)
 
         def view(slot: _Slot) -> np.ndarray:
             start = placed[slot.buffer]
-            return arena[start:start + self.sizes[slot.buffer]]
+            return arena[start:start + int(np.prod(slot.shape))]
 
         resolved = [_replace_slots(op, view) for op in self.ops]
         return resolved, view(output).reshape(output.shape)
+
+
+def _aligned_zeros(n: int) -> np.ndarray:
+    """n float32 zeros starting on a cache line (64 bytes)."""
+    raw = np.zeros(n + _ALIGN, dtype=np.float32)
+    skip = (-raw.ctypes.data // 4) % _ALIGN
+    return raw[skip:skip + n]
 
 
 def _slots_in(op: tuple) -> list[_Slot]:
