@@ -4,13 +4,14 @@ Models: SmolLM2 (llama; Q4_1, Q8_0 embeddings) and Gemma-3-270M (gemma3; Q8_0, Q
 Q4_K, Q6_K), the synthetic Qwen3 fixtures (F32 and Q1_0), and tiny Qwen2 (biases),
 Gemma 3 (sliding window) and Gemma 2 (soft-capping) models written here.
 
-The CPU backend quantizes activations to int8 groups of 32 before every matrix product,
-as llama.cpp does, so its logits differ from NumPy's float32 ones by a little (up to a few
-percent of the logit range on the real models). What must hold:
+The CPU backend rounds activations to int16 groups of 32 before the products with
+quantized blocks (Q1_0 and float weights take them as they are), so its logits differ from
+NumPy's float32 ones by a little: at most 2.5e-4 of the logit range on the bundled models.
+What must hold:
 - the top token after every prompt equals NumPy's;
 - perplexity within 1% of NumPy's;
 - 32-token greedy continuations identical for at least 90% of the prompts (a near-tie
-  between two tokens can flip once the activations are rounded; the count is reported);
+  between two tokens can flip once activations are rounded; measured: 10 of 10 on every model);
 - the compiled decode step (recorded once, replayed in C) gives exactly the op-by-op
   pass's logits, and a batch of 2-16 tokens exactly the logits of feeding them one by one.
 """
@@ -97,7 +98,9 @@ def test_top_token_after_every_prompt_matches_numpy(pair):
 def test_logits_stay_close_to_numpy(pair):
     for k, (ours, reference) in enumerate(zip(pair.logits["cpu"], pair.logits["numpy"])):
         span = float(reference.max() - reference.min())
-        tolerance = 1e-5 if pair.key == "tiny-qwen3-f32" else 0.05  # F32 weights: no activation rounding
+        # the tiny models' weights are F32 or Q1_0, which take float activations; the bundled
+        # models' products round activations to int16 (measured: 2.5e-4 SmolLM2, 8e-5 Gemma)
+        tolerance = 1e-5 if pair.key.startswith("tiny") else 2e-3
         assert float(np.abs(ours - reference).max()) <= tolerance * span, f"{pair.key} prompt {k}"
 
 
