@@ -62,7 +62,8 @@ class ChatController(QObject):
     answer_text = Signal(str)  # the whole answer so far
     answer_metrics = Signal(dict)  # Metrics.as_dict() of the answer so far
     answer_finished = Signal(dict, str)  # final metrics, state
-    notice = Signal(str)  # something the user should know (dropped turns, slow model)
+    notice = Signal(str)  # something the user should know about the chat (dropped turns)
+    model_notice = Signal(str)  # something to know about the model being loaded (slow, guessed template)
     error = Signal(str)  # something went wrong; the engine's message, intact
 
     # Emitted on the engine thread and re-emitted on the GUI thread, so that the public
@@ -79,7 +80,7 @@ class ChatController(QObject):
         self.engine.worker.errored.connect(self._on_errored)
         self.engine.worker.finished.connect(self._on_finished)
         self._engine_progress.connect(self.load_progress, Qt.ConnectionType.QueuedConnection)
-        self._engine_notice.connect(self.notice, Qt.ConnectionType.QueuedConnection)
+        self._engine_notice.connect(self.model_notice, Qt.ConnectionType.QueuedConnection)
         self.loaded: LoadedModel | None = None
         self.model_info: ModelInfo | None = None
         self.conversation: Conversation | None = None
@@ -367,6 +368,9 @@ class ChatController(QObject):
         backend = self.loaded.backend
         self.backend_changed.emit(backend.name, backend.device_name, list(self.loaded.backend_notes))
         self.model_loaded.emit(self.model_info)
+        template_notice = self.loaded.template.notice(self.model_info.name)
+        if template_notice:
+            self.model_notice.emit(template_notice)
 
     def _finish_answer(self) -> None:
         answer, self._answer = self._answer, None

@@ -54,6 +54,10 @@ class Banner(QFrame):
         self.label.setText(text)
         self.show()
 
+    def add_text(self, text: str) -> None:
+        """Show `text` below what the banner shows already, or alone when it is hidden."""
+        self.show_text(f"{self.label.text()}\n{text}" if self.isVisible() else text)
+
 
 class ModelBar(QFrame):
     """The top bar: the current model (click to pick another), backend, load progress."""
@@ -218,6 +222,7 @@ class MainWindow(QMainWindow):
         c.answer_metrics.connect(self.metrics.update_metrics)
         c.answer_finished.connect(self._on_answer_finished)
         c.notice.connect(self._on_notice)
+        c.model_notice.connect(self.info_banner.add_text)
         c.error.connect(self.error_banner.show_text)
 
     def _add_shortcuts(self) -> None:
@@ -364,6 +369,7 @@ class MainWindow(QMainWindow):
         self.controller.load(file, known.get(file.resolve()))
 
     def _on_model_loading(self, name: str) -> None:
+        self.info_banner.hide()  # what it said was about the model before
         self.model_bar.set_loading(True)
         self.model_bar.model_button.setText(f"Loading {name}…")
         self.metrics.clear()

@@ -28,6 +28,17 @@ def chat_prompt_tokens(loaded: LoadedModel, messages: list[dict[str, str]]) -> l
     return tokenizer.encode(text, add_bos=add_bos, parse_special=True)
 
 
+def answer_stops(loaded: LoadedModel) -> dict:
+    """Keyword arguments for `generate` that end an answer where the chat format ends a turn.
+
+    The template's end-of-turn texts stop as text, and as tokens where the vocabulary has
+    a token of that text (a control token adds no text to the answer, so only its id shows).
+    """
+    stops = loaded.template.stops
+    special = loaded.tokenizer.special_tokens
+    return {"stop_strings": stops, "stop_ids": {special[text] for text in stops if text in special}}
+
+
 class ChatSession:
     """One conversation with one loaded model."""
 
@@ -99,6 +110,6 @@ class ChatSession:
         answer = {"role": "assistant", "content": ""}
         self.messages.append(answer)
         for event in generate(self.loaded.model, self.loaded.tokenizer, self.cache, tokens, self.params,
-                              max_tokens=self.max_tokens, cancel=cancel):
+                              max_tokens=self.max_tokens, cancel=cancel, **answer_stops(self.loaded)):
             answer["content"] += event.text
             yield event

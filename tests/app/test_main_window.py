@@ -280,7 +280,7 @@ def test_load_reports_reach_listeners_on_the_gui_thread(qtbot, window, monkeypat
 
     direct = Qt.ConnectionType.DirectConnection  # runs in whichever thread emits
     window.controller.load_progress.connect(record("progress"), direct)
-    window.controller.notice.connect(record("notice"), direct)
+    window.controller.model_notice.connect(record("notice"), direct)
     with qtbot.waitSignal(window.controller.model_loaded, timeout=LOAD_TIMEOUT_MS):
         window.controller.load(TINY_QWEN3)
     names = {name for name, _ in threads}
