@@ -332,6 +332,9 @@ class ChatController(QObject):
     def _on_errored(self, job: Job, message: str) -> None:
         if job is not self._job:
             return
+        if job.kind == "load" and job.cancel.is_set():  # the user asked for it: news, not an error
+            self.model_notice.emit(message)
+            return
         if self._answer is not None:
             self._answer["state"] = "error"
             self._answer["metrics"] = {**self._answer["metrics"], "error": message}

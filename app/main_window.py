@@ -24,6 +24,7 @@ from app.theme import apply_theme
 from app.transcript import TranscriptError, import_json, read_json_file, to_json, to_markdown
 from app.widgets.chat_view import ChatView
 from app.widgets.conversation_list import ConversationList
+from app.widgets.elided_label import ElidedButton, ElidedLabel
 from app.widgets.message_input import MessageInput
 from app.widgets.metrics_panel import MetricsPanel
 from app.widgets.model_picker import InfoCache, ModelPicker
@@ -59,28 +60,36 @@ class Banner(QFrame):
         self.show_text(f"{self.label.text()}\n{text}" if self.isVisible() else text)
 
 
+DEFAULT_SIZE = (1280, 800)  # the window's size on a screen with room for it
+MODEL_BUTTON_WIDTH = 300  # the most the model's name may take in the top bar, in pixels
+
+
 class ModelBar(QFrame):
-    """The top bar: the current model (click to pick another), backend, load progress."""
+    """The top bar: the current model (click to pick another), backend, load progress.
+
+    Long names are cut short with "…" (the tooltip has them whole), so a model's name never
+    widens the window.
+    """
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.setObjectName("ModelBar")
-        self.model_button = QPushButton("No model loaded  ▾")
+        self.model_button = ElidedButton("  ▾")
         self.model_button.setObjectName("ModelButton")
-        self.model_button.setToolTip("Choose, add or remove models (Ctrl+L)")
-        self.details = QLabel()
+        self.model_button.setMaximumWidth(MODEL_BUTTON_WIDTH)
+        self.details = ElidedLabel()
         self.details.setObjectName("MutedLabel")
         self.progress = QProgressBar()
         self.progress.setRange(0, 1000)
-        self.progress.setFixedWidth(220)
+        self.progress.setMinimumWidth(100)
+        self.progress.setMaximumWidth(260)
         self.progress.setTextVisible(True)
+        self.progress.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.cancel_button = QPushButton("Cancel")
         self.unload_button = QPushButton("Unload")
         self.unload_button.setToolTip("Release the model's memory")
-        self.backend_label = QLabel()
+        self.backend_label = ElidedLabel()
         self.backend_label.setObjectName("BackendLabel")
-        self.chat_settings_button = QPushButton("Chat settings")
-        self.chat_settings_button.setToolTip("Sampling settings for this conversation only")
         self.settings_button = QPushButton("Settings")
         self.metrics_button = QToolButton()
         self.metrics_button.setText("Metrics")
@@ -90,33 +99,39 @@ class ModelBar(QFrame):
         layout = QHBoxLayout(self)
         layout.setContentsMargins(12, 8, 12, 8)
         layout.addWidget(self.model_button)
-        layout.addWidget(self.details)
-        layout.addWidget(self.progress)
+        layout.addWidget(self.details, 1)
+        layout.addWidget(self.progress, 1)
         layout.addWidget(self.cancel_button)
-        layout.addStretch(1)
         layout.addWidget(self.backend_label)
         layout.addWidget(self.unload_button)
-        layout.addWidget(self.chat_settings_button)
         layout.addWidget(self.settings_button)
         layout.addWidget(self.metrics_button)
+        self.set_model_text("No model loaded", "Choose, add or remove models (Ctrl+L)")
         self.set_loading(False)
 
+    def set_model_text(self, text: str, tip: str) -> None:
+        """Put `text` on the model button, cut short to fit; `tip` becomes its tooltip."""
+        self.model_button.set_full_text(text)
+        self.model_button.setToolTip(tip)
+
     def set_loading(self, loading: bool) -> None:
-        """Show the progress bar and Cancel while a model loads."""
+        """Show the progress bar and Cancel while a model loads; Unload waits until it ends."""
         self.progress.setVisible(loading)
         self.cancel_button.setVisible(loading)
         self.details.setVisible(not loading)
         if loading:
             self.progress.setValue(0)
+            self.progress.setFormat("Starting %p%")
+            self.unload_button.setEnabled(False)
 
     def set_model(self, info: ModelInfo | None) -> None:
         """Name the loaded model (None: nothing loaded)."""
         if info is None:
-            self.model_button.setText("No model loaded  ▾")
+            self.set_model_text("No model loaded", "Choose, add or remove models (Ctrl+L)")
             self.details.setText("")
             self.unload_button.setEnabled(False)
             return
-        self.model_button.setText(f"{info.name}  ▾")
+        self.set_model_text(info.name, f"{info.name}\n{info.path}\nChoose, add or remove models (Ctrl+L)")
         self.details.setText(f"{info.architecture} · {format_parameters(info.parameters)} · {info.quantization} · "
                              f"{format_bytes(info.file_size)} · ctx {info.context_length:,}")
         self.unload_button.setEnabled(True)
@@ -137,7 +152,7 @@ class MainWindow(QMainWindow):
     def __init__(self, store: Store, settings: Settings, settings_path: Path | None = None):
         super().__init__()
         self.setWindowTitle("Sprig")
-        self.resize(1280, 800)
+        self._fit_to_screen()
         self.setAcceptDrops(True)
         self.store = store
         self.settings_path = settings_path
@@ -148,6 +163,9 @@ class MainWindow(QMainWindow):
         self.model_bar = ModelBar()
         self.error_banner = Banner("ErrorBanner")
         self.info_banner = Banner("InfoBanner")
+        self.loading_label = QLabel(objectName="LoadingLabel", visible=False)
+        self.loading_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self._loading_name = ""
         self.chat_view = ChatView()
         self.input = MessageInput()
         self.send_button = QPushButton("Send")
@@ -165,6 +183,7 @@ class MainWindow(QMainWindow):
         center_layout.addWidget(self.model_bar)
         center_layout.addWidget(self.error_banner)
         center_layout.addWidget(self.info_banner)
+        center_layout.addWidget(self.loading_label)
         center_layout.addWidget(self.chat_view, 1)
         center_layout.addLayout(input_row)
         splitter = QSplitter()
@@ -172,9 +191,9 @@ class MainWindow(QMainWindow):
         splitter.addWidget(center)
         splitter.addWidget(self.metrics)
         splitter.setStretchFactor(1, 1)
-        self.sidebar.setMinimumWidth(230)
-        self.metrics.setMinimumWidth(250)
-        splitter.setSizes([260, 900, 280])
+        self.sidebar.setMinimumWidth(170)
+        self.metrics.setMinimumWidth(180)
+        splitter.setSizes([250, 760, 250])
         splitter.setCollapsible(1, False)
         self.setCentralWidget(splitter)
 
@@ -183,6 +202,14 @@ class MainWindow(QMainWindow):
         self.refresh_conversations()
         self._show_empty_state()
         self._set_busy(False)
+
+    def _fit_to_screen(self) -> None:
+        """Open at 1280×800, or smaller where the screen's free area is smaller."""
+        screen = self.screen().availableGeometry() if self.screen() else None
+        width, height = DEFAULT_SIZE
+        if screen is not None:
+            width, height = min(width, screen.width()), min(height, screen.height())
+        self.resize(width, height)
 
     # -- wiring --------------------------------------------------------------------
 
@@ -203,7 +230,6 @@ class MainWindow(QMainWindow):
         self.model_bar.cancel_button.clicked.connect(c.cancel)
         self.model_bar.unload_button.clicked.connect(c.unload)
         self.model_bar.settings_button.clicked.connect(self.open_settings)
-        self.model_bar.chat_settings_button.clicked.connect(self.open_conversation_settings)
         self.model_bar.metrics_button.toggled.connect(self.metrics.setVisible)
 
         c.model_loading.connect(self._on_model_loading)
@@ -255,8 +281,7 @@ class MainWindow(QMainWindow):
     def _on_conversation_opened(self, conversation: Conversation | None, messages: list[dict]) -> None:
         self.info_banner.hide()
         self.chat_view.set_messages(messages)
-        if not messages:
-            self._show_empty_state()
+        self._show_empty_state()
         self.metrics.clear()
         self.refresh_conversations()
 
@@ -280,11 +305,23 @@ class MainWindow(QMainWindow):
         self.send_button.style().polish(self.send_button)
         self.send_button.setEnabled(answering or not busy)
         self.model_bar.model_button.setEnabled(not busy)
+        self.model_bar.unload_button.setEnabled(not busy and self.controller.loaded is not None)
+
+    def loading_text(self) -> str:
+        """What the centre says while a model loads: which one, and the bar's progress."""
+        bar = self.model_bar.progress
+        percent = round(100 * (bar.value() - bar.minimum()) / max(bar.maximum() - bar.minimum(), 1))
+        stage = bar.format().replace("%p%", "").strip()
+        return f"Loading {self._loading_name}…\n{stage}: {percent}%"
 
     def _show_empty_state(self) -> None:
+        """The centre's text while the chat is empty, or the loading line above a chat."""
         info = self.controller.model_info
-        if self.controller.loading:
-            text = "Loading the model…"
+        loading = self.model_bar.progress.isVisible()
+        self.loading_label.setVisible(loading and self.chat_view.has_messages())
+        if loading:
+            text = self.loading_text()
+            self.loading_label.setText(text.replace("\n", " — "))
         elif info is None:
             text = "No model loaded.\nChoose one with the model button above, or drop a .gguf file here."
         else:
@@ -370,28 +407,28 @@ class MainWindow(QMainWindow):
 
     def _on_model_loading(self, name: str) -> None:
         self.info_banner.hide()  # what it said was about the model before
+        self._loading_name = name
         self.model_bar.set_loading(True)
-        self.model_bar.model_button.setText(f"Loading {name}…")
+        self.model_bar.set_model_text(f"Loading {name}…", f"Loading {name}")
         self.metrics.clear()
         self._show_empty_state()
 
     def _on_load_progress(self, fraction: float, stage: str) -> None:
         self.model_bar.progress.setValue(int(fraction * 1000))
         self.model_bar.progress.setFormat(f"{stage} %p%")
+        self._show_empty_state()
 
     def _on_model_loaded(self, info: ModelInfo) -> None:
         self.model_bar.set_loading(False)
         self.model_bar.set_model(info)
         self._save_settings()
-        if not self.chat_view.has_messages():
-            self._show_empty_state()
+        self._show_empty_state()
 
     def _on_model_unloaded(self) -> None:
         self.model_bar.set_loading(False)
         self.model_bar.set_model(None)
         self.model_bar.set_backend("none", "no model loaded", [])
-        if not self.chat_view.has_messages():
-            self._show_empty_state()
+        self._show_empty_state()
 
     # -- settings ------------------------------------------------------------------------
 
