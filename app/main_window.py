@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
     QProgressBar, QPushButton, QSplitter, QToolButton, QVBoxLayout, QWidget,
 )
 
+from app.backend_status import BackendStatus, backend_status, gpu_present
 from app.chat_controller import ChatController
 from app.model_library import LibraryEntry, ModelInfo, format_bytes, format_parameters, library_entries
 from app.settings import Settings, save_settings
@@ -136,14 +137,13 @@ class ModelBar(QFrame):
                              f"{format_bytes(info.file_size)} · ctx {info.context_length:,}")
         self.unload_button.setEnabled(True)
 
-    def set_backend(self, name: str, device: str, reasons: list[str]) -> None:
-        """Show the backend in use; a warning with the reasons when no GPU backend runs."""
-        gpu_reasons = [r for r in reasons if r.split(":", 1)[0] in ("cuda", "mlx")]
-        fell_back = name == "numpy" and bool(gpu_reasons)
-        self.backend_label.setText(f"{'⚠ ' if fell_back else ''}{name} · {device}")
-        tip = "Backends passed over:\n" + "\n".join(reasons) if reasons else "The preferred backend is in use."
-        self.backend_label.setToolTip(tip)
-        self.backend_label.setProperty("warning", fell_back)
+    def set_backend(self, status: BackendStatus) -> None:
+        """Show the backend in use; its details in the tooltip; a warning sign only for an idle GPU."""
+        self.backend_label.setText(f"{'⚠ ' if status.warning else ''}{status.summary}")
+        self.backend_label.setToolTip(status.details)
+        self.backend_label.setProperty("warning", bool(status.warning))
+        self.backend_label.style().unpolish(self.backend_label)
+        self.backend_label.style().polish(self.backend_label)
 
 
 class MainWindow(QMainWindow):
@@ -158,6 +158,7 @@ class MainWindow(QMainWindow):
         self.settings_path = settings_path
         self.controller = ChatController(store, settings, self)
         self.info_cache = InfoCache()
+        self._gpu = gpu_present()
 
         self.sidebar = ConversationList()
         self.model_bar = ModelBar()
@@ -236,8 +237,7 @@ class MainWindow(QMainWindow):
         c.load_progress.connect(self._on_load_progress)
         c.model_loaded.connect(self._on_model_loaded)
         c.model_unloaded.connect(self._on_model_unloaded)
-        c.backend_changed.connect(self.model_bar.set_backend)
-        c.backend_changed.connect(self.metrics.set_backend)
+        c.backend_changed.connect(self._on_backend_changed)
         c.busy_changed.connect(self._set_busy)
         c.conversations_changed.connect(self.refresh_conversations)
         c.conversation_opened.connect(self._on_conversation_opened)
@@ -418,6 +418,11 @@ class MainWindow(QMainWindow):
         self.model_bar.progress.setFormat(f"{stage} %p%")
         self._show_empty_state()
 
+    def _on_backend_changed(self, name: str, device: str, reasons: list[str]) -> None:
+        status = backend_status(name, device, reasons, self._gpu)
+        self.model_bar.set_backend(status)
+        self.metrics.set_backend(status)
+
     def _on_model_loaded(self, info: ModelInfo) -> None:
         self.model_bar.set_loading(False)
         self.model_bar.set_model(info)
@@ -427,7 +432,7 @@ class MainWindow(QMainWindow):
     def _on_model_unloaded(self) -> None:
         self.model_bar.set_loading(False)
         self.model_bar.set_model(None)
-        self.model_bar.set_backend("none", "no model loaded", [])
+        self._on_backend_changed("none", "no model loaded", [])
         self._show_empty_state()
 
     # -- settings ------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.backend_status import BackendStatus
 from app.model_library import format_bytes
 from app.widgets.sparkline import Sparkline
 
@@ -159,13 +160,13 @@ class MetricsPanel(QFrame):
 
     # ---- figures ----------------------------------------------------------------
 
-    def set_backend(self, name: str, device: str, notes: list[str]) -> None:
-        """Show the backend in use and its device; `notes` (why a GPU was passed over) as a warning."""
-        self.backend.setText(f"{name} · {device}")
-        text = "\n".join(f"⚠ {note}" for note in notes)
-        self.notes.setText(text)
-        self.notes.setToolTip(text)
-        self.notes.setVisible(bool(notes))
+    def set_backend(self, status: BackendStatus) -> None:
+        """Show the backend in use (details in its tooltip); a warning only for an unused GPU."""
+        self.backend.setText(status.summary)
+        self.backend.setToolTip(status.details)
+        self.notes.setText(f"⚠ {status.warning}" if status.warning else "")
+        self.notes.setToolTip(status.details)
+        self.notes.setVisible(bool(status.warning))
 
     def clear(self) -> None:
         """Blank every figure of the answer (the backend and memory stay)."""

@@ -99,3 +99,18 @@ def test_loading_over_a_chat_says_so_above_it(qtbot, window):
     with qtbot.waitSignal(window.controller.model_unloaded, timeout=LOAD_TIMEOUT_MS):
         window.controller.cancel()
     assert not window.loading_label.isVisible()
+
+
+def test_backend_notes_warn_only_when_a_gpu_idles(qtbot, window):
+    reasons = list(window.controller.loaded.backend_notes)
+    assert reasons  # the other backends' stories are there to tell
+    window._gpu = None  # a PC without a GPU
+    window.controller.backend_changed.emit("numpy", "CPU", reasons)
+    label = window.model_bar.backend_label
+    assert "⚠" not in label.text() and not label.property("warning")
+    assert all(reason in label.toolTip() for reason in reasons)
+    assert window.metrics.notes.isHidden()
+    window._gpu = "an NVIDIA GPU"
+    window.controller.backend_changed.emit("numpy", "CPU", reasons)
+    assert label.text().startswith("⚠") and label.property("warning")
+    assert "NVIDIA GPU" in label.toolTip() and not window.metrics.notes.isHidden()

@@ -27,7 +27,7 @@ def stored(window):
 def test_opens_ready_on_the_default_model(window):
     assert window.model_bar.model_button.full_text() == window.controller.model_info.name
     assert "SmolLM2" in window.controller.model_info.name
-    assert window.model_bar.backend_label.text().startswith(("numpy", "⚠ numpy"))
+    assert window.model_bar.backend_label.text().startswith(("numpy", "cpu", "⚠ numpy", "⚠ cpu"))
     assert window.send_button.text() == "Send"
 
 
