@@ -18,7 +18,7 @@ from PySide6.QtCore import QObject, Qt, Signal
 
 from app.model_library import ModelInfo, available_memory, describe_model
 from app.settings import Settings, effective_sampling, sampling_params
-from app.storage import Conversation, Message, Store, ThrottledSaver
+from app.storage import Conversation, Message, Store, ThrottledSaver, ended_early
 from app.worker import EngineThread, Job
 from engine.chat_session import ChatSession
 from engine.errors import SprigError
@@ -42,7 +42,8 @@ def title_from(text: str) -> str:
 def message_dict(message: Message) -> dict:
     """A stored message as the chat view takes it."""
     return {"position": message.position, "role": message.role, "content": message.content,
-            "model": message.model, "metrics": message.metrics, "state": message.state}
+            "model": message.model, "metrics": message.metrics, "state": message.state,
+            "versions": len(message.versions) + 1, "active": message.active}
 
 
 class ChatController(QObject):
@@ -254,17 +255,41 @@ class ChatController(QObject):
         return True
 
     def regenerate(self) -> bool:
-        """Replace the last answer with a new one."""
+        """Answer the last message again; the earlier answer stays as a version of it."""
         if self.conversation is None or not self._can_answer():
             return False
         messages = self.store.messages(self.conversation.id)
-        if messages and messages[-1].role == "assistant":
-            self.store.delete_messages_from(self.conversation.id, messages[-1].position)
-            self.messages_truncated.emit(messages[-1].position)
-        if not self.store.messages(self.conversation.id):
+        if not messages:
             return False
-        self._begin_answer()
+        if messages[-1].role != "assistant":
+            self._begin_answer()
+            return True
+        last = messages[-1]
+        self.messages_truncated.emit(last.position)
+        self._begin_answer(self.store.new_version(last.id, model=self._model_name()))
         return True
+
+    def continue_answer(self) -> bool:
+        """Go on writing the last answer, where Stop or the token limit ended it."""
+        if self.conversation is None or not self._can_answer():
+            return False
+        messages = self.store.messages(self.conversation.id)
+        last = messages[-1] if messages else None
+        if last is None or last.role != "assistant" or not last.content or not ended_early(last.state, last.metrics):
+            self.error.emit("There is no stopped or cut-off answer to continue.")
+            return False
+        self.store.update_message(last.id, last.content, state="streaming")
+        self.messages_truncated.emit(last.position)
+        self._begin_answer(self.store.message(last.id), continuing=True)
+        return True
+
+    def show_version(self, position: int, index: int) -> None:
+        """Show version `index` of the message at `position` (the 1/2 switcher)."""
+        if self.conversation is None or self._answer is not None:
+            return
+        message = next(m for m in self.store.messages(self.conversation.id) if m.position == position)
+        self.store.show_version(message.id, index)
+        self.open_conversation(self.conversation.id)
 
     def edit(self, position: int, text: str) -> bool:
         """Replace the user message at `position`, drop everything after it, answer again."""
@@ -286,14 +311,23 @@ class ChatController(QObject):
             return False
         return True
 
-    def _begin_answer(self) -> None:
+    def _model_name(self) -> str:
+        return self.model_info.name if self.model_info else self.loaded.path.name
+
+    def _begin_answer(self, assistant: Message | None = None, continuing: bool = False) -> None:
+        """Answer the stored history into `assistant` (a new message when None).
+
+        `continuing`: `assistant` holds the start of the answer, which is continued.
+        """
         conversation = self.conversation
-        history = [m for m in self.store.messages(conversation.id) if m.state != "error" and m.content]
+        if assistant is None:
+            assistant = self.store.add_message(conversation.id, "assistant", "", model=self._model_name(),
+                                               state="streaming")
+        history = [m for m in self.store.messages(conversation.id)
+                   if m.state != "error" and m.content and m.id != assistant.id]
         settings = effective_sampling(self.settings, conversation.overrides)
-        model_name = self.model_info.name if self.model_info else self.loaded.path.name
-        assistant = self.store.add_message(conversation.id, "assistant", "", model=model_name, state="streaming")
-        self._answer = {"id": assistant.id, "text": "", "metrics": {}, "state": "complete",
-                        "saver": ThrottledSaver(self.store, assistant.id)}
+        self._answer = {"id": assistant.id, "text": assistant.content, "metrics": {}, "state": "complete",
+                        "saver": ThrottledSaver(self.store, assistant.id, text=assistant.content)}
         session = self._session
         turns = [{"role": m.role, "content": m.content} for m in history]
         system = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt.strip() else []
@@ -301,6 +335,9 @@ class ChatController(QObject):
         def run(cancel: threading.Event):
             session.params = sampling_params(settings)
             session.max_tokens = settings.max_tokens
+            if continuing:
+                session.messages = system + turns + [{"role": "assistant", "content": assistant.content}]
+                return session.continue_answer(cancel)
             session.messages = system + turns[:-1]
             return session.send(turns[-1]["content"], cancel)
 
@@ -325,6 +362,8 @@ class ChatController(QObject):
             answer["metrics"] = event.metrics.as_dict()
             if event.finish_reason == FINISH_CANCELLED:
                 answer["state"] = "cancelled"
+            if event.finish_reason is not None:
+                answer["finish_reason"] = event.finish_reason
         answer["saver"].set_text(answer["text"])
         self.answer_text.emit(answer["text"])
         self.answer_metrics.emit(answer["metrics"])
@@ -377,6 +416,8 @@ class ChatController(QObject):
 
     def _finish_answer(self) -> None:
         answer, self._answer = self._answer, None
+        if answer.get("finish_reason"):
+            answer["metrics"] = {**answer["metrics"], "finish_reason": answer["finish_reason"]}
         answer["saver"].flush(answer["metrics"], answer["state"])
         self.answer_finished.emit(answer["metrics"], answer["state"])
         self.conversations_changed.emit()

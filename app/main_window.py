@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
+from PySide6.QtGui import QCloseEvent, QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import (
     QApplication, QFileDialog, QFrame, QHBoxLayout, QLabel, QMainWindow,
     QProgressBar, QPushButton, QSplitter, QToolButton, QVBoxLayout, QWidget,
@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
 
 from app.backend_status import BackendStatus, backend_status, gpu_present
 from app.chat_controller import ChatController
+from app.menu_bar import build_menu_bar
 from app.model_library import LibraryEntry, ModelInfo, format_bytes, format_parameters, library_entries
 from app.settings import Settings, save_settings
 from app.storage import Conversation, Store
@@ -199,7 +200,7 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(splitter)
 
         self._connect()
-        self._add_shortcuts()
+        self.actions = build_menu_bar(self)
         self.refresh_conversations()
         self._show_empty_state()
         self._set_busy(False)
@@ -227,6 +228,8 @@ class MainWindow(QMainWindow):
         self.sidebar.import_requested.connect(self.import_conversation)
         self.chat_view.edit_submitted.connect(c.edit)
         self.chat_view.regenerate_requested.connect(c.regenerate)
+        self.chat_view.continue_requested.connect(c.continue_answer)
+        self.chat_view.version_requested.connect(c.show_version)
         self.model_bar.model_button.clicked.connect(self.open_model_picker)
         self.model_bar.cancel_button.clicked.connect(c.cancel)
         self.model_bar.unload_button.clicked.connect(c.unload)
@@ -250,14 +253,6 @@ class MainWindow(QMainWindow):
         c.notice.connect(self._on_notice)
         c.model_notice.connect(self.info_banner.add_text)
         c.error.connect(self.error_banner.show_text)
-
-    def _add_shortcuts(self) -> None:
-        for keys, handler in (("Ctrl+N", self.new_conversation), ("Ctrl+L", self.open_model_picker),
-                              ("Ctrl+,", self.open_settings), ("Escape", self.controller.cancel)):
-            action = QAction(self)
-            action.setShortcut(QKeySequence(keys))
-            action.triggered.connect(handler)
-            self.addAction(action)
 
     # -- chatting --------------------------------------------------------------------
 

@@ -22,6 +22,12 @@ DEFAULT_DB_NAME = "sprig.sqlite3"
 
 ROLES = ("system", "user", "assistant")
 MESSAGE_STATES = ("complete", "streaming", "interrupted", "cancelled", "error")
+CUT_AT_LIMIT = "length"  # metrics["finish_reason"] of an answer cut by the token limit
+
+
+def ended_early(state: str, metrics: dict | None) -> bool:
+    """Whether an answer stopped before the model was done: Stop, a closed app, the token limit."""
+    return state in ("cancelled", "interrupted") or (metrics or {}).get("finish_reason") == CUT_AT_LIMIT
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 1: the base schema.
@@ -54,10 +60,16 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE conversations ADD COLUMN overrides TEXT NOT NULL DEFAULT '{}'",
         "CREATE INDEX messages_streaming ON messages (id) WHERE state = 'streaming'",
     ),
+    # 3: the other versions of a message (earlier answers kept by Regenerate), as a JSON
+    # list of {content, model, metrics, state}, and where the shown one sits among them all.
+    (
+        "ALTER TABLE messages ADD COLUMN versions TEXT NOT NULL DEFAULT '[]'",
+        "ALTER TABLE messages ADD COLUMN active INTEGER NOT NULL DEFAULT 0",
+    ),
 )
 
 CONVERSATION_COLUMNS = "id, title, created_at, updated_at, overrides"
-MESSAGE_COLUMNS = "id, conversation_id, position, role, content, model, metrics, state, created_at"
+MESSAGE_COLUMNS = "id, conversation_id, position, role, content, model, metrics, state, created_at, versions, active"
 
 
 class StorageError(SprigError):
@@ -82,7 +94,11 @@ class Conversation:
 
 @dataclass(frozen=True)
 class Message:
-    """One turn of a chat; `state` is one of `MESSAGE_STATES`."""
+    """One turn of a chat; `state` is one of `MESSAGE_STATES`.
+
+    `versions` are the message's other versions (dicts of content, model, metrics, state),
+    and `active` is where the shown one sits among all of them, counting from 0.
+    """
 
     id: int
     conversation_id: int
@@ -93,6 +109,13 @@ class Message:
     metrics: dict | None
     state: str
     created_at: float
+    versions: tuple[dict, ...] = ()
+    active: int = 0
+
+    def all_versions(self) -> list[dict]:
+        """Every version in order, the shown one included."""
+        shown = {"content": self.content, "model": self.model, "metrics": self.metrics, "state": self.state}
+        return [*self.versions[:self.active], shown, *self.versions[self.active:]]
 
 
 @dataclass(frozen=True)
@@ -113,7 +136,7 @@ def _message(row: sqlite3.Row) -> Message:
     metrics = None if row["metrics"] is None else json.loads(row["metrics"])
     return Message(
         row["id"], row["conversation_id"], row["position"], row["role"], row["content"],
-        row["model"], metrics, row["state"], row["created_at"],
+        row["model"], metrics, row["state"], row["created_at"], tuple(json.loads(row["versions"])), row["active"],
     )
 
 
@@ -270,22 +293,27 @@ class Store:
         metrics: dict | None = None,
         state: str = "complete",
         created_at: float | None = None,
+        versions: tuple[dict, ...] = (),
+        active: int = 0,
     ) -> Message:
         """Append a message to a chat, which becomes the most recently updated one.
-        `created_at` defaults to now (import keeps the original)."""
+        `created_at` defaults to now (import keeps the original); `versions` and `active`
+        are its other versions and the shown one's place among them (see `Message`)."""
         _check_choice(role, ROLES, "role")
         _check_choice(state, MESSAGE_STATES, "state")
         now = time.time()
         with self.transaction():
             cursor = self._db.execute(
-                """INSERT INTO messages (conversation_id, position, role, content, model, metrics, state, created_at)
+                """INSERT INTO messages (conversation_id, position, role, content, model, metrics, state, created_at,
+                                        versions, active)
                    SELECT :conversation, COALESCE(MAX(position) + 1, 0), :role, :content, :model, :metrics,
-                          :state, :created_at
+                          :state, :created_at, :versions, :active
                    FROM messages WHERE conversation_id = :conversation""",
                 {
                     "conversation": conversation_id, "role": role, "content": content, "model": model,
                     "metrics": _json_or_none(metrics), "state": state,
                     "created_at": now if created_at is None else created_at,
+                    "versions": json.dumps(list(versions)), "active": min(max(active, 0), len(versions)),
                 },
             )
             self._db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, conversation_id))
@@ -304,6 +332,34 @@ class Store:
                WHERE id = ?""",
             (content, _json_or_none(metrics), state, message_id),
         )
+
+    def message(self, message_id: int) -> Message:
+        """One message by its id."""
+        row = self._db.execute(f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE id = ?", (message_id,)).fetchone()
+        if row is None:
+            raise KeyError(f"no message {message_id}")
+        return _message(row)
+
+    def new_version(self, message_id: int, *, model: str | None = None, state: str = "streaming") -> Message:
+        """Keep the message's shown text as an earlier version and start an empty last one."""
+        _check_choice(state, MESSAGE_STATES, "state")
+        versions = self.message(message_id).all_versions()
+        self._db.execute(
+            "UPDATE messages SET content = '', model = ?, metrics = NULL, state = ?, versions = ?, active = ? "
+            "WHERE id = ?", (model, state, json.dumps(versions), len(versions), message_id))
+        return self.message(message_id)
+
+    def show_version(self, message_id: int, index: int) -> Message:
+        """Show version `index` (from 0) of a message; the others are kept."""
+        versions = self.message(message_id).all_versions()
+        if not 0 <= index < len(versions):
+            raise IndexError(f"message {message_id} has {len(versions)} versions, not {index + 1}")
+        shown = versions.pop(index)
+        self._db.execute(
+            "UPDATE messages SET content = ?, model = ?, metrics = ?, state = ?, versions = ?, active = ? "
+            "WHERE id = ?", (shown["content"], shown["model"], _json_or_none(shown["metrics"]), shown["state"],
+                             json.dumps(versions), index, message_id))
+        return self.message(message_id)
 
     def messages(self, conversation_id: int) -> list[Message]:
         """A chat's messages, in order."""
@@ -355,12 +411,13 @@ class ThrottledSaver:
     the whole text so far on every token, and `flush` once at the end.
     """
 
-    def __init__(self, store: Store, message_id: int, interval: float = 0.25):
-        """Save message `message_id` of `store`; the first `set_text` saves at once."""
+    def __init__(self, store: Store, message_id: int, interval: float = 0.25, text: str = ""):
+        """Save message `message_id` of `store`, whose text is `text` so far; the first
+        `set_text` saves at once."""
         self._store = store
         self._message_id = message_id
         self._interval = interval
-        self._text = ""
+        self._text = text
         self._saved_at = float("-inf")
 
     def set_text(self, text: str) -> bool:

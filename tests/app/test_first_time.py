@@ -1,12 +1,14 @@
 """Issue 10, the app for a first-time user: what the window says and does, offscreen."""
 
+import json
 from dataclasses import replace
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QAbstractButton, QLabel
 
+from app.transcript import import_json, to_json, to_markdown
 from engine.bundled import bundled_model
-from tests.app.conftest import LOAD_TIMEOUT_MS, answer, close_window, load, make_window, quick_settings
+from tests.app.conftest import ANSWER_TIMEOUT_MS, LOAD_TIMEOUT_MS, answer, close_window, load, make_window, quick_settings
 from tests.gguf_factory import write_tiny_model
 
 
@@ -114,3 +116,70 @@ def test_backend_notes_warn_only_when_a_gpu_idles(qtbot, window):
     window.controller.backend_changed.emit("numpy", "CPU", reasons)
     assert label.text().startswith("⚠") and label.property("warning")
     assert "NVIDIA GPU" in label.toolTip() and not window.metrics.notes.isHidden()
+
+
+def stored(window):
+    """The open conversation's messages, from the database."""
+    return window.store.messages(window.controller.conversation.id)
+
+
+def test_regenerated_answers_are_versions_stored_exported_and_kept_over_a_restart(qtbot, tmp_path, window):
+    answer(qtbot, window, lambda: window.controller.send("Name a colour."))
+    first = stored(window)[-1].content
+    window.apply_settings(replace(window.controller.settings, temperature=1.0, seed=7))
+    answer(qtbot, window, window.controller.regenerate)
+    last = stored(window)[-1]
+    assert last.content != first and [v["content"] for v in last.all_versions()] == [first, last.content]
+    card = window.chat_view._messages[-1]
+    assert card.version_label.isVisible() and card.version_label.text() == "2/2"
+    card.previous_button.click()
+    assert stored(window)[-1].content == first
+    card = window.chat_view._messages[-1]
+    assert card.version_label.text() == "1/2" and card.content() == first
+    assert not card.previous_button.isEnabled() and card.next_button.isEnabled()
+    # Exported and imported with both versions.
+    conversation = window.controller.conversation
+    exported = to_json(conversation, stored(window))
+    assert [v["content"] for v in exported["messages"][-1]["versions"]] == [last.content]
+    assert "version 1 of 2" in to_markdown(conversation, stored(window))
+    imported = import_json(window.store, json.loads(json.dumps(exported)))
+    copy = window.store.messages(imported.id)[-1]
+    assert [v["content"] for v in copy.all_versions()] == [first, last.content] and copy.active == 0
+    # A restart keeps them.
+    data_dir = window.settings_path.parent
+    close_window(window)
+    again = make_window(qtbot, data_dir, quick_settings(tmp_path))
+    try:
+        again.controller.open_conversation(conversation.id)
+        card = again.chat_view._messages[-1]
+        assert card.version_label.text() == "1/2" and card.content() == first
+    finally:
+        close_window(again)
+
+
+def test_an_answer_cut_by_the_token_limit_says_so_and_continues(qtbot, window):
+    window.apply_settings(replace(window.controller.settings, max_tokens=12))
+    metrics, state = answer(qtbot, window, lambda: window.controller.send("Write a long story about a dragon."))
+    assert state == "complete" and metrics["decode_tokens"] == 12
+    card = window.chat_view._messages[-1]
+    assert card.note.isVisible() and "token limit" in card.note.text()
+    assert card.continue_button.isVisible()
+    before = stored(window)[-1]
+    metrics, state = answer(qtbot, window, card.continue_button.click)
+    after = stored(window)[-1]
+    assert after.id == before.id and after.content.startswith(before.content) and len(after.content) > len(before.content)
+    assert metrics["prefill_tokens"] <= 2  # the answer so far was still in the KV cache
+
+
+def test_continue_after_stop(qtbot, window):
+    window.apply_settings(replace(window.controller.settings, max_tokens=200))
+    with qtbot.waitSignal(window.controller.answer_text, timeout=ANSWER_TIMEOUT_MS):
+        window.controller.send("Write a very long story about a dragon.")
+    with qtbot.waitSignal(window.controller.answer_finished, timeout=ANSWER_TIMEOUT_MS):
+        window.controller.cancel()
+    stopped = stored(window)[-1]
+    assert stopped.state == "cancelled" and window.chat_view._messages[-1].continue_button.isVisible()
+    window.apply_settings(replace(window.controller.settings, max_tokens=8))
+    _metrics, state = answer(qtbot, window, lambda: window.actions["continue"].trigger())
+    assert state == "complete" and stored(window)[-1].content.startswith(stopped.content)
+    assert len(stored(window)) == 2
