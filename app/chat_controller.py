@@ -89,6 +89,7 @@ class ChatController(QObject):
         self._job: Job | None = None
         self._answer: dict | None = None  # the streaming answer: message id, text, metrics, saver
         self._built_for: tuple[str, int] | None = None  # (backend, context) of the last load or session job
+        self._told_overflow: set[int] = set()  # conversations already told that old turns were left out
 
     # -- state -------------------------------------------------------------------
 
@@ -356,7 +357,8 @@ class ChatController(QObject):
         if job is not self._job or answer is None:
             return
         for event in events:
-            if event.notice:
+            if event.notice and self.conversation.id not in self._told_overflow:
+                self._told_overflow.add(self.conversation.id)  # it would say the same every turn from now on
                 self.notice.emit(event.notice)
             answer["text"] += event.text
             answer["metrics"] = event.metrics.as_dict()

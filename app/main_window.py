@@ -357,6 +357,7 @@ class MainWindow(QMainWindow):
         except TranscriptError as exc:
             self.error_banner.show_text(str(exc))
             return
+        self.error_banner.hide()  # an earlier failed import is no longer the news
         self.controller.open_conversation(conversation.id)
 
     # -- models ------------------------------------------------------------------------
@@ -402,6 +403,7 @@ class MainWindow(QMainWindow):
 
     def _on_model_loading(self, name: str) -> None:
         self.info_banner.hide()  # what it said was about the model before
+        self.error_banner.hide()  # a new load is under way: an earlier failure is no longer the news
         self._loading_name = name
         self.model_bar.set_loading(True)
         self.model_bar.set_model_text(f"Loading {name}…", f"Loading {name}")

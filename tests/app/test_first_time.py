@@ -183,3 +183,19 @@ def test_continue_after_stop(qtbot, window):
     _metrics, state = answer(qtbot, window, lambda: window.actions["continue"].trigger())
     assert state == "complete" and stored(window)[-1].content.startswith(stopped.content)
     assert len(stored(window)) == 2
+
+
+def test_error_banners_clear_when_their_cause_is_gone(qtbot, window, tmp_path, monkeypatch):
+    import app.main_window
+    window.add_model(str(tmp_path / "notes.txt"))
+    assert window.error_banner.isVisible()
+    load(qtbot, window, bundled_model("smollm2").path)
+    assert not window.error_banner.isVisible()
+    bad, good = tmp_path / "bad.json", tmp_path / "good.json"
+    bad.write_text("{not json", encoding="utf-8")
+    answer(qtbot, window, lambda: window.controller.send("Hi"))
+    good.write_text(json.dumps(to_json(window.controller.conversation, stored(window))), encoding="utf-8")
+    for path, shown in ((bad, True), (good, False)):
+        monkeypatch.setattr(app.main_window.QFileDialog, "getOpenFileName", lambda *_a, p=path: (str(p), ""))
+        window.import_conversation()
+        assert window.error_banner.isVisible() is shown
