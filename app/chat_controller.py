@@ -209,6 +209,7 @@ class ChatController(QObject):
         if self.busy and self._answer is not None:
             self.error.emit("Stop the current answer before switching conversations.")
             return
+        self.settings = replace(self.settings, last_conversation=conversation_id)
         if conversation_id is None:
             self.conversation = None
             self.conversation_opened.emit(None, [])
@@ -249,6 +250,7 @@ class ChatController(QObject):
             return False
         if self.conversation is None:
             self.conversation = self.store.create_conversation(title_from(text))
+            self.settings = replace(self.settings, last_conversation=self.conversation.id)
             self.conversation_opened.emit(self.conversation, [])
         self.message_added.emit(message_dict(self.store.add_message(self.conversation.id, "user", text)))
         self.conversations_changed.emit()

@@ -7,10 +7,11 @@ signals, so every engine call stays on the engine thread.
 """
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QCloseEvent, QDragEnterEvent, QDropEvent
+from PySide6.QtGui import QCloseEvent, QDragEnterEvent, QDropEvent, QGuiApplication
 from PySide6.QtWidgets import (
     QApplication, QFileDialog, QFrame, QHBoxLayout, QLabel, QMainWindow,
     QProgressBar, QPushButton, QSplitter, QToolButton, QVBoxLayout, QWidget,
@@ -20,9 +21,9 @@ from app.backend_status import BackendStatus, backend_status, gpu_present
 from app.chat_controller import ChatController
 from app.menu_bar import build_menu_bar
 from app.model_library import LibraryEntry, ModelInfo, format_bytes, format_parameters, library_entries
-from app.settings import Settings, save_settings
+from app.settings import RANGES, Settings, save_settings
 from app.storage import Conversation, Store
-from app.theme import apply_theme
+from app.theme import app_icon, apply_text_scale, apply_theme
 from app.transcript import TranscriptError, import_json, read_json_file, to_json, to_markdown
 from app.widgets.chat_view import ChatView
 from app.widgets.conversation_list import ConversationList
@@ -44,6 +45,8 @@ class Banner(QFrame):
         self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         close = QToolButton()
         close.setText("✕")
+        close.setAccessibleName("Dismiss")
+        close.setToolTip("Dismiss")
         close.setAutoRaise(True)
         close.clicked.connect(self.hide)
         layout = QHBoxLayout(self)
@@ -79,6 +82,7 @@ class ModelBar(QFrame):
         self.model_button = ElidedButton("  ▾")
         self.model_button.setObjectName("ModelButton")
         self.model_button.setMaximumWidth(MODEL_BUTTON_WIDTH)
+        self.model_button.setAccessibleName("Choose model")
         self.details = ElidedLabel()
         self.details.setObjectName("MutedLabel")
         self.progress = QProgressBar()
@@ -87,6 +91,7 @@ class ModelBar(QFrame):
         self.progress.setMaximumWidth(260)
         self.progress.setTextVisible(True)
         self.progress.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.progress.setAccessibleName("Loading progress")
         self.cancel_button = QPushButton("Cancel")
         self.unload_button = QPushButton("Unload")
         self.unload_button.setToolTip("Release the model's memory")
@@ -153,6 +158,7 @@ class MainWindow(QMainWindow):
     def __init__(self, store: Store, settings: Settings, settings_path: Path | None = None):
         super().__init__()
         self.setWindowTitle("Sprig")
+        self.setWindowIcon(app_icon())
         self._fit_to_screen()
         self.setAcceptDrops(True)
         self.store = store
@@ -172,6 +178,9 @@ class MainWindow(QMainWindow):
         self.input = MessageInput()
         self.send_button = QPushButton("Send")
         self.send_button.setObjectName("SendButton")
+        self.send_button.setAccessibleName("Send or stop")
+        self.input.setAccessibleName("Message")
+        self.chat_view.setAccessibleName("Conversation")
         self.metrics = MetricsPanel()
 
         input_row = QHBoxLayout()
@@ -204,6 +213,14 @@ class MainWindow(QMainWindow):
         self.refresh_conversations()
         self._show_empty_state()
         self._set_busy(False)
+        self._reopen_last_conversation()
+        QGuiApplication.styleHints().colorSchemeChanged.connect(lambda _scheme: self.apply_look())
+
+    def _reopen_last_conversation(self) -> None:
+        """Open the conversation that was open when Sprig last closed, if it still exists."""
+        last = self.controller.settings.last_conversation
+        if last is not None and last in {c.id for c in self.store.conversations()}:
+            self.controller.open_conversation(last)
 
     def _fit_to_screen(self) -> None:
         """Open at 1280×800, or smaller where the screen's free area is smaller."""
@@ -220,7 +237,7 @@ class MainWindow(QMainWindow):
         self.input.submitted.connect(self.send)
         self.send_button.clicked.connect(self._send_or_stop)
         self.sidebar.new_requested.connect(self.new_conversation)
-        self.sidebar.opened.connect(c.open_conversation)
+        self.sidebar.opened.connect(self._open_from_sidebar)
         self.sidebar.search_changed.connect(lambda _text: self.refresh_conversations())
         self.sidebar.rename_requested.connect(c.rename_conversation)
         self.sidebar.delete_requested.connect(c.delete_conversation)
@@ -272,6 +289,11 @@ class MainWindow(QMainWindow):
         """Start a fresh conversation; it is saved with its first message."""
         self.controller.open_conversation(None)
         self.input.setFocus()
+
+    def _open_from_sidebar(self, conversation_id: int) -> None:
+        """Open a clicked chat; the highlight stays on the open one if it could not be opened."""
+        self.controller.open_conversation(conversation_id)
+        self.refresh_conversations()
 
     def _on_conversation_opened(self, conversation: Conversation | None, messages: list[dict]) -> None:
         self.info_banner.hide()
@@ -326,10 +348,14 @@ class MainWindow(QMainWindow):
     # -- conversations ---------------------------------------------------------------
 
     def refresh_conversations(self) -> None:
-        """Re-read the sidebar from the store, with the current search."""
-        conversations = self.store.conversations(self.sidebar.search.text().strip())
-        current = self.controller.conversation.id if self.controller.conversation else None
-        self.sidebar.set_conversations(conversations, current)
+        """Re-read the sidebar from the store, with the current search; title the window."""
+        needle = self.sidebar.search.text().strip()
+        conversations = self.store.conversations(needle)
+        snippets = {c.id: self.store.snippet(c.id, needle) for c in conversations} if needle else {}
+        current = self.controller.conversation
+        self.sidebar.set_conversations(conversations, current.id if current else None, snippets)
+        title = self.store.conversation(current.id).title if current else ""
+        self.setWindowTitle(f"{title} — Sprig" if title else "Sprig")
 
     def export_conversation(self, conversation_id: int, fmt: str) -> None:
         """Save a conversation as Markdown or JSON where the user chooses."""
@@ -442,11 +468,24 @@ class MainWindow(QMainWindow):
             self.apply_settings(dialog.settings())
 
     def apply_settings(self, settings: Settings) -> None:
-        """Use and save `settings`: theme now, engine changes through the controller."""
+        """Use and save `settings`: theme and text size now, engine changes through the controller."""
         self.controller.apply_settings(settings)
-        apply_theme(QApplication.instance(), settings.theme)
-        self.chat_view.set_dark(settings.theme == "dark")
+        self.apply_look()
         self._save_settings()
+
+    def apply_look(self) -> None:
+        """Apply the settings' theme (the desktop's scheme for "system") and text size."""
+        app = QApplication.instance()
+        settings = self.controller.settings
+        look = apply_theme(app, settings.theme)
+        apply_text_scale(app, settings.text_scale)
+        self.chat_view.set_dark(look == "dark")
+
+    def change_text_size(self, step: int) -> None:
+        """Make the text `step` percent larger (negative: smaller); 0 goes back to 100%."""
+        low, high = RANGES["text_scale"]
+        scale = 100 if step == 0 else min(max(self.controller.settings.text_scale + step, low), high)
+        self.apply_settings(replace(self.controller.settings, text_scale=int(scale)))
 
     def open_conversation_settings(self) -> None:
         """Sampling overrides for the open conversation."""

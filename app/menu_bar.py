@@ -12,9 +12,11 @@ from PySide6.QtWidgets import QMainWindow, QMessageBox
 ABOUT = ("<b>Sprig</b><br>A desktop chat app for local language models, on an inference engine "
          "of its own. Models run on this computer; nothing is sent anywhere.")
 
+TEXT_STEP = 10  # percent per Larger / Smaller text
+
 # Keys handled by widgets themselves rather than by menu actions.
 WIDGET_KEYS = (("Enter", "Send the message"), ("Shift+Enter", "New line in the message"),
-               ("F2", "Rename the selected conversation"))
+               ("F2", "Rename the selected chat (or double-click it)"))
 
 
 def add_action(menu, text: str, handler: Callable, keys: str = "") -> QAction:
@@ -54,6 +56,11 @@ def build_menu_bar(window: QMainWindow) -> dict[str, QAction]:
     actions["metrics"].setChecked(True)
     actions["metrics"].toggled.connect(window.model_bar.metrics_button.setChecked)
     window.model_bar.metrics_button.toggled.connect(actions["metrics"].setChecked)
+    view_menu.addSeparator()
+    actions["larger"] = add_action(view_menu, "&Larger text", lambda: window.change_text_size(TEXT_STEP), "Ctrl++")
+    actions["larger"].setShortcuts([QKeySequence("Ctrl++"), QKeySequence("Ctrl+=")])
+    actions["smaller"] = add_action(view_menu, "&Smaller text", lambda: window.change_text_size(-TEXT_STEP), "Ctrl+-")
+    actions["text_reset"] = add_action(view_menu, "&Actual size", lambda: window.change_text_size(0), "Ctrl+0")
 
     help_menu = bar.addMenu("&Help")
     actions["shortcuts"] = add_action(help_menu, "&Keyboard shortcuts", lambda: show_shortcuts(window, actions), "F1")

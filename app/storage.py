@@ -19,6 +19,7 @@ import platformdirs
 from engine.errors import SprigError
 
 DEFAULT_DB_NAME = "sprig.sqlite3"
+SNIPPET_CHARS = 60  # the length of a search result's snippet
 
 ROLES = ("system", "user", "assistant")
 MESSAGE_STATES = ("complete", "streaming", "interrupted", "cancelled", "error")
@@ -274,6 +275,22 @@ class Store:
             {"needle": search.casefold()},
         )
         return [_conversation(row) for row in rows]
+
+    def snippet(self, conversation_id: int, search: str, width: int = SNIPPET_CHARS) -> str:
+        """The text around the first match of `search` in a chat (title first, then messages).
+
+        About `width` characters on one line, with "…" where it was cut; "" if nothing matches.
+        """
+        needle = search.casefold()
+        title = self.conversation(conversation_id).title
+        texts = [title] + [m.content for m in self.messages(conversation_id)]
+        for text in texts:
+            at = text.casefold().find(needle) if needle else -1
+            if at >= 0:
+                start = max(0, at - width // 3)
+                piece = " ".join(text[start:start + width].split())
+                return ("…" if start > 0 else "") + piece + ("…" if start + width < len(text) else "")
+        return ""
 
     def set_overrides(self, conversation_id: int, overrides: dict) -> None:
         """Replace a chat's sampling overrides ({} for none)."""

@@ -11,7 +11,7 @@ by objectName below.
 """
 
 from PySide6.QtCore import QEvent, QSize, Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QFont, QKeySequence, QShortcut
+from PySide6.QtGui import QDesktopServices, QResizeEvent, QFont, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QApplication, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QSizePolicy,
     QToolButton, QVBoxLayout, QWidget,
@@ -240,6 +240,12 @@ class MessageWidget(QFrame):
         self.set_metrics(message.get("metrics"))
         self.set_state(message.get("state") or COMPLETE)
         self.set_versions(message.get("active", 0), message.get("versions", 1))
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        """At a new width the text wraps anew: ask the layout for the height that now needs."""
+        super().resizeEvent(event)
+        if event.oldSize().width() != event.size().width():
+            self.updateGeometry()
 
     def sizeHint(self) -> QSize:
         """Its height at the width it has: see `hint_at_own_width`."""

@@ -60,6 +60,7 @@ class MetricsPanel(QFrame):
         self._process = psutil.Process()
 
         self.header = QToolButton(objectName="MetricsHeader")
+        self.header.setAccessibleName("Fold or unfold the metrics")
         self.header.clicked.connect(lambda: self.set_collapsed(not self.is_collapsed()))
 
         self.rate = QLabel(NONE, objectName="MetricsRate")

@@ -4,7 +4,10 @@ import json
 from dataclasses import replace
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QAbstractButton, QLabel
+from PySide6.QtGui import QKeySequence
+from PySide6.QtWidgets import (
+    QAbstractButton, QApplication, QCheckBox, QLabel, QLineEdit, QListWidget, QPlainTextEdit, QProgressBar, QWidget,
+)
 
 from app.transcript import import_json, to_json, to_markdown
 from engine.bundled import bundled_model
@@ -199,3 +202,183 @@ def test_error_banners_clear_when_their_cause_is_gone(qtbot, window, tmp_path, m
         monkeypatch.setattr(app.main_window.QFileDialog, "getOpenFileName", lambda *_a, p=path: (str(p), ""))
         window.import_conversation()
         assert window.error_banner.isVisible() is shown
+
+
+def test_the_menu_bar_has_quit_about_and_a_shortcuts_sheet(qtbot, window):
+    from app.menu_bar import shortcuts_text, show_shortcuts
+    menus = [action.text().replace("&", "") for action in window.menuBar().actions()]
+    assert menus == ["File", "Model", "Chat", "View", "Help"]
+    assert window.actions["quit"].shortcut().toString() == "Ctrl+Q"
+    assert window.actions["shortcuts"].shortcut().toString() == "F1"
+    sheet = shortcuts_text(window.actions)
+    for name in ("quit", "new", "choose_model", "continue", "stop", "settings"):
+        assert window.actions[name].shortcut().toString(QKeySequence.SequenceFormat.NativeText) in sheet
+    box = show_shortcuts(window, window.actions)
+    assert box.isVisible() and "Quit" in box.text()
+    box.close()
+    # The View menu and the bar's Metrics button fold the panel together.
+    window.actions["metrics"].trigger()
+    assert window.metrics.isHidden() and not window.model_bar.metrics_button.isChecked()
+    window.model_bar.metrics_button.click()
+    assert not window.metrics.isHidden() and window.actions["metrics"].isChecked()
+    window.actions["quit"].trigger()
+    assert not window.isVisible()
+
+
+def current_id(window):
+    item = window.sidebar.list.currentItem()
+    return item.data(Qt.ItemDataRole.UserRole) if item is not None and item.isSelected() else None
+
+
+def test_rename_inline_with_f2_or_a_double_click(qtbot, window):
+    answer(qtbot, window, lambda: window.controller.send("Hello there"))
+    conversation_id = window.controller.conversation.id
+    window.sidebar.list.setFocus()
+    qtbot.keyClick(window.sidebar.list, Qt.Key.Key_F2)
+    editor = window.sidebar._editor
+    assert editor is not None and editor.isVisible() and editor.text() == "Hello there"
+    editor.setText("Greetings")
+    qtbot.keyClick(editor, Qt.Key.Key_Return)
+    assert window.store.conversation(conversation_id).title == "Greetings"
+    assert window.windowTitle().startswith("Greetings")
+    window.sidebar.list.itemDoubleClicked.emit(window.sidebar.list.item(0))
+    editor = window.sidebar._editor
+    editor.setText("Not kept")
+    qtbot.keyClick(editor, Qt.Key.Key_Escape)
+    assert window.store.conversation(conversation_id).title == "Greetings" and window.sidebar._editor is None
+
+
+def test_search_results_show_the_matching_snippet(qtbot, window):
+    answer(qtbot, window, lambda: window.controller.send("What is the capital of France?"))
+    word = next(w for w in stored(window)[-1].content.split() if len(w) > 5 and w.isalpha())
+    window.sidebar.search.setText(word)
+    window.refresh_conversations()
+    second_line = window.sidebar.list.item(0).text().split("\n")[1]
+    assert word.casefold() in second_line.casefold() and "ago" not in second_line
+
+
+def test_a_restart_reopens_the_last_conversation_highlighted(qtbot, tmp_path, window):
+    answer(qtbot, window, lambda: window.controller.send("First chat"))
+    first = window.controller.conversation.id
+    window.new_conversation()
+    assert current_id(window) is None  # a fresh chat: nothing highlighted
+    answer(qtbot, window, lambda: window.controller.send("Second chat"))
+    assert current_id(window) == window.controller.conversation.id
+    window.sidebar.list.itemClicked.emit(window.sidebar.list.item(1))
+    assert window.controller.conversation.id == first and current_id(window) == first
+    data_dir = window.settings_path.parent
+    close_window(window)
+    from app.settings import load_settings
+    settings, _warnings = load_settings(data_dir / "settings.json")
+    again = make_window(qtbot, data_dir, settings)
+    try:
+        assert again.controller.conversation.id == first and current_id(again) == first
+        assert again.chat_view.message_texts()[0] == "First chat" and again.windowTitle().startswith("First chat")
+    finally:
+        close_window(again)
+
+
+def test_the_highlight_stays_on_the_open_chat_when_switching_is_refused(qtbot, window):
+    answer(qtbot, window, lambda: window.controller.send("One"))
+    window.new_conversation()
+    window.apply_settings(replace(window.controller.settings, max_tokens=200))
+    with qtbot.waitSignal(window.controller.answer_text, timeout=ANSWER_TIMEOUT_MS):
+        window.controller.send("Write a very long story.")
+    open_id = window.controller.conversation.id
+    other = window.sidebar.list.item(1)
+    window.sidebar.list.setCurrentItem(other)
+    window.sidebar.list.itemClicked.emit(other)  # refused: an answer is streaming
+    assert window.controller.conversation.id == open_id and current_id(window) == open_id
+    with qtbot.waitSignal(window.controller.answer_finished, timeout=ANSWER_TIMEOUT_MS):
+        window.controller.cancel()
+
+
+def test_a_conversation_can_have_its_own_system_prompt(qtbot, window):
+    from app.widgets.settings_dialog import ConversationSettingsDialog
+    dialog = ConversationSettingsDialog(window.controller.settings, {"system_prompt": "Answer in French."}, window)
+    assert dialog.own_prompt.isChecked() and dialog.overrides()["system_prompt"] == "Answer in French."
+    dialog.own_prompt.setChecked(False)
+    assert "system_prompt" not in dialog.overrides()
+    window.controller.set_overrides({"system_prompt": "Answer in French."})
+    answer(qtbot, window, lambda: window.controller.send("Hello"))
+    assert window.controller._session.messages[0] == {"role": "system", "content": "Answer in French."}
+    window.new_conversation()
+    answer(qtbot, window, lambda: window.controller.send("Hello"))
+    assert window.controller._session.messages[0]["content"] == window.controller.settings.system_prompt
+
+
+def test_the_theme_can_follow_the_system(qtbot, window):
+    from PySide6.QtGui import QGuiApplication, QPalette
+    hints = QGuiApplication.styleHints()
+    window.apply_settings(replace(window.controller.settings, theme="system"))
+    try:
+        hints.setColorScheme(Qt.ColorScheme.Dark)
+        qtbot.waitUntil(lambda: window.chat_view._dark)
+        dark_window = QApplication.palette().color(QPalette.ColorRole.Window)
+        hints.setColorScheme(Qt.ColorScheme.Light)
+        qtbot.waitUntil(lambda: not window.chat_view._dark)
+        assert QApplication.palette().color(QPalette.ColorRole.Window).lightness() > dark_window.lightness()
+    finally:
+        hints.unsetColorScheme()
+        window.apply_settings(replace(window.controller.settings, theme="light"))
+
+
+def test_text_size_changes_with_ctrl_plus_and_minus_and_is_kept(qtbot, window):
+    from app.settings import load_settings
+    base = QApplication.font().pointSizeF()
+    try:
+        window.actions["larger"].trigger()
+        assert QApplication.font().pointSizeF() > base
+        assert load_settings(window.settings_path)[0].text_scale == 110
+        window.actions["smaller"].trigger()
+        window.actions["smaller"].trigger()
+        assert QApplication.font().pointSizeF() < base
+        assert {k.toString() for k in window.actions["larger"].shortcuts()} >= {"Ctrl++"}
+        assert window.actions["smaller"].shortcut().toString() == "Ctrl+-"
+    finally:
+        window.actions["text_reset"].trigger()
+    assert QApplication.font().pointSizeF() == base
+
+
+def test_icon_title_and_accessible_names(qtbot, window):
+    assert not window.windowIcon().isNull()
+    answer(qtbot, window, lambda: window.controller.send("Hello"))
+    assert window.windowTitle() == "Hello — Sprig"
+    window.error_banner.show_text("something")
+    unnamed = []
+    for widget in window.findChildren(QWidget):
+        if not widget.isVisible():
+            continue
+        wordless = isinstance(widget, QAbstractButton) and not any(ch.isalpha() for ch in widget.text())
+        if (wordless or isinstance(widget, (QLineEdit, QPlainTextEdit, QListWidget, QProgressBar))) \
+                and not widget.accessibleName():
+            unnamed.append(widget)
+    assert not unnamed
+
+
+def test_keyboard_focus_is_visible(qtbot, window):
+    window.activateWindow()
+    qtbot.waitUntil(lambda: QApplication.activeWindow() is window)
+    button = window.model_bar.unload_button
+    window.input.setFocus()
+    qtbot.waitUntil(lambda: not button.hasFocus())
+    unfocused = button.grab().toImage()
+    button.setFocus(Qt.FocusReason.TabFocusReason)
+    qtbot.waitUntil(button.hasFocus)
+    assert button.grab().toImage() != unfocused
+
+
+def test_checkboxes_are_legible_in_the_dark_theme(qtbot, window):
+    from PySide6.QtGui import QColor
+    window.apply_settings(replace(window.controller.settings, theme="dark"))
+    try:
+        box = QCheckBox()
+        qtbot.addWidget(box)
+        box.resize(box.sizeHint())
+        background = QApplication.palette().color(box.backgroundRole())
+        image = box.grab().toImage()
+        contrast = max(abs(QColor(image.pixel(x, y)).lightness() - background.lightness())
+                       for x in range(image.width()) for y in range(image.height()))
+        assert contrast >= 80  # the empty box's outline stands out from the dark background
+    finally:
+        window.apply_settings(replace(window.controller.settings, theme="light"))
