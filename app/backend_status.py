@@ -24,10 +24,12 @@ def gpu_present() -> str | None:
 
 @dataclass(frozen=True)
 class BackendStatus:
-    """`summary`: one line for the window; `details`: every backend's story, for a tooltip;
-    `warning`: set only when a GPU is present but unused."""
+    """`summary`: one line for the window; `short`: the same without the device's particulars
+    (for the top bar); `details`: every backend's story, for a tooltip; `warning`: set only
+    when a GPU is present but unused."""
 
     summary: str
+    short: str
     details: str
     warning: str | None
 
@@ -45,4 +47,4 @@ def backend_status(name: str, device: str, reasons: list[str], gpu: str | None =
         why = "; ".join(r for r in reasons if r.split(":", 1)[0] in ("cuda", "mlx")) or "no GPU backend started"
         warning = f"This computer has {gpu}, but Sprig runs on the CPU: {why}."
         details = f"{warning}\n\n{details}"
-    return BackendStatus(f"{name} · {device}", details, warning)
+    return BackendStatus(f"{name} · {device}", f"{name} · {device.split(' (', 1)[0]}", details, warning)

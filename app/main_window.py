@@ -145,7 +145,7 @@ class ModelBar(QFrame):
 
     def set_backend(self, status: BackendStatus) -> None:
         """Show the backend in use; its details in the tooltip; a warning sign only for an idle GPU."""
-        self.backend_label.setText(f"{'⚠ ' if status.warning else ''}{status.summary}")
+        self.backend_label.setText(f"{'⚠ ' if status.warning else ''}{status.short}")
         self.backend_label.setToolTip(status.details)
         self.backend_label.setProperty("warning", bool(status.warning))
         self.backend_label.style().unpolish(self.backend_label)

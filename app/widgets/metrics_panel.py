@@ -126,7 +126,15 @@ class MetricsPanel(QFrame):
         self._sync_memory_timer()
 
     def _update_header(self) -> None:
-        """The header names the state; collapsed, it also keeps the rate in sight."""
+        """The header names the state; collapsed, it also keeps the rate in sight.
+
+        An empty rate ("—") is drawn muted, so it does not look like a figure.
+        """
+        empty = self.rate.text() == NONE
+        if self.rate.property("empty") != empty:
+            self.rate.setProperty("empty", empty)
+            self.rate.style().unpolish(self.rate)
+            self.rate.style().polish(self.rate)
         if not self.is_collapsed():
             self.header.setText("Metrics ▾")
         elif self.rate.text() == NONE:

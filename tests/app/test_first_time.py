@@ -382,3 +382,34 @@ def test_checkboxes_are_legible_in_the_dark_theme(qtbot, window):
         assert contrast >= 80  # the empty box's outline stands out from the dark background
     finally:
         window.apply_settings(replace(window.controller.settings, theme="light"))
+
+
+def test_the_model_picker_tells_files_apart_sorts_and_filters(qtbot, window, tmp_path):
+    from app.widgets.model_picker import FILE, MODEL, PARAMETERS, QUANTIZATION
+    small = write_tiny_model(tmp_path / "models" / "small-one.gguf", "qwen3", d_model=32, head_dim=8, d_ff=64)
+    large = write_tiny_model(tmp_path / "models" / "large-one.gguf", "qwen3", d_model=128, d_ff=256)
+    picker = window.open_model_picker()
+    try:
+        picker.wait_for_headers()
+        qtbot.wait(50)
+        table = picker.table
+        files = [table.item(row, FILE).text() for row in range(table.rowCount())]
+        assert any(text.startswith("small-one.gguf") and "models" in text for text in files)
+        # Sorting by parameters puts the small tiny model first and the large one after it.
+        table.sortByColumn(PARAMETERS, Qt.SortOrder.AscendingOrder)
+        order = [table.item(row, FILE).text().split()[0] for row in range(table.rowCount())]
+        assert order.index("small-one.gguf") < order.index("large-one.gguf")
+        assert order[-1] != "small-one.gguf"
+        # The filter keeps the matching rows only.
+        picker.filter.setText("large-one")
+        shown = [row for row in range(table.rowCount()) if not table.isRowHidden(row)]
+        assert [table.item(row, FILE).text().split()[0] for row in shown] == ["large-one.gguf"]
+        assert table.item(shown[0], QUANTIZATION).text() == "F32"
+        # The sorted, filtered row still loads its own file.
+        table.selectRow(shown[0])
+        with qtbot.waitSignal(picker.load_requested) as requested:
+            picker.load_button.click()
+        assert requested.args[0] == str(large) and table.item(shown[0], MODEL).text()
+    finally:
+        picker.close()
+    assert small.exists()
