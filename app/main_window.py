@@ -214,7 +214,7 @@ class MainWindow(QMainWindow):
         self._show_empty_state()
         self._set_busy(False)
         self._reopen_last_conversation()
-        QGuiApplication.styleHints().colorSchemeChanged.connect(lambda _scheme: self.apply_look())
+        QGuiApplication.styleHints().colorSchemeChanged.connect(self._on_color_scheme_changed)
 
     def _reopen_last_conversation(self) -> None:
         """Open the conversation that was open when Sprig last closed, if it still exists."""
@@ -480,6 +480,11 @@ class MainWindow(QMainWindow):
         look = apply_theme(app, settings.theme)
         apply_text_scale(app, settings.text_scale)
         self.chat_view.set_dark(look == "dark")
+
+    def _on_color_scheme_changed(self, _scheme: Qt.ColorScheme) -> None:
+        """The desktop went light or dark: follow it if the theme is "system"."""
+        if self.controller.settings.theme == "system":
+            self.apply_look()
 
     def change_text_size(self, step: int) -> None:
         """Make the text `step` percent larger (negative: smaller); 0 goes back to 100%."""

@@ -78,11 +78,16 @@ def app_icon() -> QIcon:
     return QIcon(str(RESOURCES / "sprig.svg"))
 
 
+def system_is_dark() -> bool:
+    """Whether the desktop asks for dark colours."""
+    return QGuiApplication.styleHints().colorScheme() == Qt.ColorScheme.Dark
+
+
 def resolve_theme(name: str) -> str:
     """"light" or "dark": `name` itself, or for "system" the desktop's colour scheme."""
     if name != "system":
         return name
-    return "dark" if QGuiApplication.styleHints().colorScheme() == Qt.ColorScheme.Dark else "light"
+    return "dark" if system_is_dark() else "light"
 
 
 def apply_theme(app: QApplication, name: str) -> str:

@@ -2,8 +2,8 @@
 
 import time
 
-from PySide6.QtCore import QPoint, Qt, QTimer, Signal
-from PySide6.QtGui import QFocusEvent, QKeyEvent, QKeySequence, QShortcut
+from PySide6.QtCore import QEvent, QObject, QPoint, Qt, QTimer, Signal
+from PySide6.QtGui import QFocusEvent, QKeyEvent
 from PySide6.QtWidgets import (
     QFrame, QHBoxLayout, QLabel, QLineEdit, QListWidget, QListWidgetItem, QMenu,
     QMessageBox, QPushButton, QVBoxLayout, QWidget,
@@ -86,8 +86,7 @@ class ConversationList(QFrame):
         self.list.itemDoubleClicked.connect(self.start_rename)
         self.list.setAccessibleName("Conversations")
         self.search.setAccessibleName("Search chats")
-        QShortcut(QKeySequence("F2"), self.list, lambda: self.start_rename(self.list.currentItem()),
-                  context=Qt.ShortcutContext.WidgetShortcut)
+        self.list.installEventFilter(self)  # F2 renames the current chat
         self._editor: QLineEdit | None = None  # the inline rename box, while one is open
         self.empty_label = QLabel("No chats yet")
         self.empty_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
@@ -129,6 +128,13 @@ class ConversationList(QFrame):
         searching = bool(self.search.text().strip())
         self.empty_label.setText("No chat matches" if searching else "No chats yet")
         self.empty_label.setVisible(not conversations)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        """F2 on the list renames the current chat in place."""
+        if watched is self.list and event.type() == QEvent.Type.KeyPress and event.key() == Qt.Key.Key_F2:
+            self.start_rename(self.list.currentItem())
+            return True
+        return super().eventFilter(watched, event)
 
     def start_rename(self, item: QListWidgetItem | None) -> QLineEdit | None:
         """Edit the title of `item` in place: Enter renames, Escape or leaving the box cancels."""

@@ -80,6 +80,7 @@ class MetricsPanel(QFrame):
         self.context = self._add_row(grid, "Context")
         self.context_bar = QProgressBar(objectName="ContextBar", textVisible=False)
         self.context_bar.setFixedHeight(4)
+        self.context_bar.setAccessibleName("Context used")
         grid.addWidget(self.context_bar, grid.rowCount(), 0, 1, 2)
         self.memory = self._add_row(grid, "Memory")
         self.backend = self._add_row(grid, "Backend")

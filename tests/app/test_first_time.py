@@ -48,7 +48,7 @@ def test_the_window_fits_a_laptop_screen(qtbot, window):
         window.resize(width, height)
         qtbot.wait(50)
         window.model_bar.set_model(info)
-        window.model_bar.set_backend("numpy", "CPU, " + "a long device description " * 6, [])
+        window.controller.backend_changed.emit("numpy", "CPU, " + "a long device description " * 6, [])
         window.model_bar.set_loading(True)
         qtbot.wait(50)
         assert window.size().width() == width and window.size().height() == height  # nothing grew it
@@ -307,19 +307,21 @@ def test_a_conversation_can_have_its_own_system_prompt(qtbot, window):
     assert window.controller._session.messages[0]["content"] == window.controller.settings.system_prompt
 
 
-def test_the_theme_can_follow_the_system(qtbot, window):
+def test_the_theme_can_follow_the_system(qtbot, window, monkeypatch):
+    import app.theme
     from PySide6.QtGui import QGuiApplication, QPalette
-    hints = QGuiApplication.styleHints()
+    hints = QGuiApplication.styleHints()  # the offscreen platform cannot switch schemes: tell it
     window.apply_settings(replace(window.controller.settings, theme="system"))
     try:
-        hints.setColorScheme(Qt.ColorScheme.Dark)
-        qtbot.waitUntil(lambda: window.chat_view._dark)
+        monkeypatch.setattr(app.theme, "system_is_dark", lambda: True)
+        hints.colorSchemeChanged.emit(Qt.ColorScheme.Dark)
+        assert window.chat_view._dark
         dark_window = QApplication.palette().color(QPalette.ColorRole.Window)
-        hints.setColorScheme(Qt.ColorScheme.Light)
-        qtbot.waitUntil(lambda: not window.chat_view._dark)
+        monkeypatch.setattr(app.theme, "system_is_dark", lambda: False)
+        hints.colorSchemeChanged.emit(Qt.ColorScheme.Light)
+        assert not window.chat_view._dark
         assert QApplication.palette().color(QPalette.ColorRole.Window).lightness() > dark_window.lightness()
     finally:
-        hints.unsetColorScheme()
         window.apply_settings(replace(window.controller.settings, theme="light"))
 
 
@@ -386,6 +388,7 @@ def test_checkboxes_are_legible_in_the_dark_theme(qtbot, window):
 
 def test_the_model_picker_tells_files_apart_sorts_and_filters(qtbot, window, tmp_path):
     from app.widgets.model_picker import FILE, MODEL, PARAMETERS, QUANTIZATION
+    (tmp_path / "models").mkdir()
     small = write_tiny_model(tmp_path / "models" / "small-one.gguf", "qwen3", d_model=32, head_dim=8, d_ff=64)
     large = write_tiny_model(tmp_path / "models" / "large-one.gguf", "qwen3", d_model=128, d_ff=256)
     picker = window.open_model_picker()
