@@ -295,13 +295,17 @@ class ChatController(QObject):
         self.open_conversation(self.conversation.id)
 
     def edit(self, position: int, text: str) -> bool:
-        """Replace the user message at `position`, drop everything after it, answer again."""
+        """Give the user message at `position` a new version and answer it again.
+
+        The earlier version stays, with the answers that followed it (the 1/2 switcher).
+        """
         text = text.strip()
         if self.conversation is None or not text or not self._can_answer():
             return False
-        self.store.delete_messages_from(self.conversation.id, position)
+        message = next(m for m in self.store.messages(self.conversation.id) if m.position == position)
+        edited = self.store.new_version(message.id, text, state="complete")
         self.messages_truncated.emit(position)
-        self.message_added.emit(message_dict(self.store.add_message(self.conversation.id, "user", text)))
+        self.message_added.emit(message_dict(edited))
         self._begin_answer()
         return True
 

@@ -357,26 +357,48 @@ class Store:
             raise KeyError(f"no message {message_id}")
         return _message(row)
 
-    def new_version(self, message_id: int, *, model: str | None = None, state: str = "streaming") -> Message:
-        """Keep the message's shown text as an earlier version and start an empty last one."""
+    def new_version(self, message_id: int, content: str = "", *, model: str | None = None,
+                    state: str = "streaming") -> Message:
+        """Start a new last version of a message, with `content`, keeping the shown one.
+
+        The messages after it (the answers to an edited question) go with the version they
+        followed, as its `tail`, and come back when that version is shown again.
+        """
         _check_choice(state, MESSAGE_STATES, "state")
-        versions = self.message(message_id).all_versions()
-        self._db.execute(
-            "UPDATE messages SET content = '', model = ?, metrics = NULL, state = ?, versions = ?, active = ? "
-            "WHERE id = ?", (model, state, json.dumps(versions), len(versions), message_id))
+        message = self.message(message_id)
+        with self.transaction():
+            versions = self._versions_with_tail(message)
+            self._db.execute(
+                "UPDATE messages SET content = ?, model = ?, metrics = NULL, state = ?, versions = ?, active = ? "
+                "WHERE id = ?", (content, model, state, json.dumps(versions), len(versions), message_id))
         return self.message(message_id)
 
     def show_version(self, message_id: int, index: int) -> Message:
-        """Show version `index` (from 0) of a message; the others are kept."""
-        versions = self.message(message_id).all_versions()
+        """Show version `index` (from 0) of a message, with the messages that followed it."""
+        message = self.message(message_id)
+        versions = message.all_versions()
         if not 0 <= index < len(versions):
             raise IndexError(f"message {message_id} has {len(versions)} versions, not {index + 1}")
-        shown = versions.pop(index)
-        self._db.execute(
-            "UPDATE messages SET content = ?, model = ?, metrics = ?, state = ?, versions = ?, active = ? "
-            "WHERE id = ?", (shown["content"], shown["model"], _json_or_none(shown["metrics"]), shown["state"],
-                             json.dumps(versions), index, message_id))
+        with self.transaction():
+            versions = self._versions_with_tail(message)
+            shown = versions.pop(index)
+            self._db.execute(
+                "UPDATE messages SET content = ?, model = ?, metrics = ?, state = ?, versions = ?, active = ? "
+                "WHERE id = ?", (shown["content"], shown["model"], _json_or_none(shown["metrics"]), shown["state"],
+                                 json.dumps(versions), index, message_id))
+            for later in shown.get("tail", []):
+                self.add_message(message.conversation_id, **later)
         return self.message(message_id)
+
+    def _versions_with_tail(self, message: Message) -> list[dict]:
+        """All versions of `message`; the shown one takes the later messages along, which are deleted."""
+        later = [m for m in self.messages(message.conversation_id) if m.position > message.position]
+        versions = message.all_versions()
+        versions[message.active]["tail"] = [
+            {"role": m.role, "content": m.content, "model": m.model, "metrics": m.metrics, "state": m.state,
+             "created_at": m.created_at, "versions": m.versions, "active": m.active} for m in later]
+        self.delete_messages_from(message.conversation_id, message.position + 1)
+        return versions
 
     def messages(self, conversation_id: int) -> list[Message]:
         """A chat's messages, in order."""

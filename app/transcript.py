@@ -158,10 +158,21 @@ def _message_fields(message: object, label: str) -> dict:
         active = message.get("active", 0)
         if type(active) is not int or not 0 <= active <= len(versions):
             raise TranscriptError(f"{label}.active must be a whole number from 0 to {len(versions)}.")
-        checked = [_message_fields({**version, "role": role} if isinstance(version, dict) else version,
-                                   f"{label}.versions[{index}]") for index, version in enumerate(versions)]
-        fields["versions"] = tuple({key: v[key] for key in ("content", "model", "metrics", "state")} for v in checked)
+        fields["versions"] = tuple(_version_fields(version, role, f"{label}.versions[{index}]")
+                                   for index, version in enumerate(versions))
         fields["active"] = active
+    return fields
+
+
+def _version_fields(version: object, role: str, label: str) -> dict:
+    """One checked earlier version of a message: its text, model, metrics and state, and the
+    messages that followed it (`tail`, checked as messages without versions of their own)."""
+    checked = _message_fields({**version, "role": role} if isinstance(version, dict) else version, label)
+    tail = version.get("tail", [])
+    if not isinstance(tail, list) or len(tail) > MAX_MESSAGES:
+        raise TranscriptError(f"{label}.tail must be a list of at most {MAX_MESSAGES} messages.")
+    fields = {key: checked[key] for key in ("content", "model", "metrics", "state")}
+    fields["tail"] = [_message_fields(later, f"{label}.tail[{index}]") for index, later in enumerate(tail)]
     return fields
 
 

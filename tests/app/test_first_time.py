@@ -416,3 +416,24 @@ def test_the_model_picker_tells_files_apart_sorts_and_filters(qtbot, window, tmp
     finally:
         picker.close()
     assert small.exists()
+
+
+def test_an_edit_keeps_the_earlier_question_with_its_answers(qtbot, window):
+    answer(qtbot, window, lambda: window.controller.send("What is the capital of France?"))
+    answer(qtbot, window, lambda: window.controller.send("And of Germany?"))
+    before = [m.content for m in stored(window)]
+    answer(qtbot, window, lambda: window.chat_view.edit_submitted.emit(0, "What is the capital of Italy?"))
+    after = [m.content for m in stored(window)]
+    assert len(after) == 2 and after[0] == "What is the capital of Italy?"
+    card = window.chat_view._messages[0]
+    assert card.version_label.text() == "2/2"
+    card.previous_button.click()  # back to the first question, and the talk that followed it
+    assert [m.content for m in stored(window)] == before
+    assert window.chat_view.message_texts() == before
+    exported = to_json(window.controller.conversation, stored(window))
+    imported = import_json(window.store, json.loads(json.dumps(exported)))
+    copy = window.store.messages(imported.id)
+    window.store.show_version(copy[0].id, 1)
+    assert [m.content for m in window.store.messages(imported.id)] == after
+    window.chat_view._messages[0].next_button.click()
+    assert [m.content for m in stored(window)] == after
