@@ -1,9 +1,11 @@
 """Light and dark looks: the Fusion style, a palette, and a stylesheet from resources/.
 
 The palette colours every widget, styled or not; the stylesheets (`light.qss`,
-`dark.qss`) add the rounded inputs, the accent colour and the panels addressed by
-objectName (#Sidebar, #ChatView, #MessageInput, #SendButton, #MetricsPanel, #ModelBar,
-#ErrorBanner, #InfoBanner, MessageWidget[role="user"|"assistant"]).
+`dark.qss`) add the rounded inputs, the accent colour, the focus rings, the checkboxes and
+the panels addressed by objectName (#Sidebar, #ChatView, #MessageInput, #SendButton,
+#MetricsPanel, #ModelBar, #ErrorBanner, #InfoBanner, MessageWidget[role="user"|"assistant"]).
+In them `{RESOURCES}` stands for the folder of their images. "system" follows the
+desktop's light or dark scheme.
 """
 
 from PySide6.QtCore import Qt
@@ -101,7 +103,8 @@ def apply_theme(app: QApplication, name: str) -> str:
     name = resolve_theme(name)
     app.setStyle("Fusion")
     app.setPalette(build_palette(name))
-    app.setStyleSheet((RESOURCES / f"{name}.qss").read_text(encoding="utf-8"))
+    sheet = (RESOURCES / f"{name}.qss").read_text(encoding="utf-8")
+    app.setStyleSheet(sheet.replace("{RESOURCES}", RESOURCES.as_posix()))  # images live beside the sheets
     return name
 
 

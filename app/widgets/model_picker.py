@@ -23,6 +23,8 @@ from app.worker import EngineThread, Job, error_message
 COLUMNS = ("Model", "File", "Architecture", "Parameters", "Quantization", "File size", "Context", "Memory")
 MODEL, FILE, ARCHITECTURE, PARAMETERS, QUANTIZATION, SIZE, CONTEXT, MEMORY = range(len(COLUMNS))
 NUMERIC = (PARAMETERS, SIZE, CONTEXT)
+PICKER_WIDTH = 1200  # room for every column on a screen that has it
+MAX_COLUMN_WIDTH = 320
 ENTRY = Qt.ItemDataRole.UserRole  # column MODEL's item holds the row's index in the entries
 SORT_KEY = Qt.ItemDataRole.UserRole + 1  # a number to sort by, where the text is not one
 WARNING_COLOR = QColor("#c0392b")
@@ -94,7 +96,8 @@ class ModelPicker(QDialog):
                  current: Path | None = None, parent: QWidget | None = None):
         super().__init__(parent)
         self.setWindowTitle("Models")
-        self.resize(980, 420)
+        room = self.screen().availableGeometry().width() - 40 if self.screen() else PICKER_WIDTH
+        self.resize(min(PICKER_WIDTH, room), 420)
         self._entries = list(entries)
         self._removed: set[int] = set()
         self._n_ctx = n_ctx
@@ -107,17 +110,21 @@ class ModelPicker(QDialog):
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.horizontalHeader().setSectionResizeMode(MODEL, QHeaderView.ResizeMode.Stretch)
-        self.table.horizontalHeader().setSectionResizeMode(MEMORY, QHeaderView.ResizeMode.Stretch)
+        header = self.table.horizontalHeader()
+        header.setMaximumSectionSize(MAX_COLUMN_WIDTH)  # longer texts are cut short; tooltips have them whole
+        for column in range(len(COLUMNS)):  # the file name takes what the others leave
+            header.setSectionResizeMode(column, QHeaderView.ResizeMode.Stretch if column == FILE
+                                        else QHeaderView.ResizeMode.ResizeToContents)
+        self.table.setWordWrap(False)
+        self.table.setTextElideMode(Qt.TextElideMode.ElideMiddle)  # a file name's start and end tell most
         self.table.itemDoubleClicked.connect(lambda _item: self._load_selected())
         for row, entry in enumerate(entries):
-            name = entry.name + ("  (bundled)" if entry.bundled else "")
-            item = _Item(name)
+            item = _Item(entry.name)
             item.setData(ENTRY, row)
             item.setToolTip(str(entry.path))
             self.table.setItem(row, MODEL, item)
-            self._set(row, FILE, f"{entry.path.name}  ({entry.path.parent.name or entry.path.parent})",
-                      tooltip=str(entry.path))
+            where = "bundled" if entry.bundled else entry.path.parent.name or str(entry.path.parent)
+            self._set(row, FILE, f"{entry.path.name} — {where}", tooltip=str(entry.path))
             self._set(row, MEMORY, "reading…")
             if current is not None and entry.path == current:
                 self.table.selectRow(row)
