@@ -113,6 +113,7 @@ class ModelBar(QFrame):
         layout.addWidget(self.unload_button)
         layout.addWidget(self.settings_button)
         layout.addWidget(self.metrics_button)
+        self.model_path: Path | None = None  # the file of the model shown
         self.set_model_text("No model loaded", "Choose, add or remove models (Ctrl+L)")
         self.set_loading(False)
 
@@ -134,10 +135,12 @@ class ModelBar(QFrame):
     def set_model(self, info: ModelInfo | None) -> None:
         """Name the loaded model (None: nothing loaded)."""
         if info is None:
+            self.model_path = None
             self.set_model_text("No model loaded", "Choose, add or remove models (Ctrl+L)")
             self.details.setText("")
             self.unload_button.setEnabled(False)
             return
+        self.model_path = info.path
         self.set_model_text(info.name, f"{info.name}\n{info.path}\nChoose, add or remove models (Ctrl+L)")
         self.details.setText(f"{info.architecture} · {format_parameters(info.parameters)} · {info.quantization} · "
                              f"{format_bytes(info.file_size)} · ctx {info.context_length:,}")
@@ -433,7 +436,6 @@ class MainWindow(QMainWindow):
         self._loading_name = name
         self.model_bar.set_loading(True)
         self.model_bar.set_model_text(f"Loading {name}…", f"Loading {name}")
-        self.metrics.clear()
         self._show_empty_state()
 
     def _on_load_progress(self, fraction: float, stage: str) -> None:
@@ -447,6 +449,8 @@ class MainWindow(QMainWindow):
         self.metrics.set_backend(status)
 
     def _on_model_loaded(self, info: ModelInfo) -> None:
+        if self.model_bar.model_path != info.path:  # another model: the last answer's figures are not its own
+            self.metrics.clear()
         self.model_bar.set_loading(False)
         self.model_bar.set_model(info)
         self._save_settings()

@@ -437,3 +437,15 @@ def test_an_edit_keeps_the_earlier_question_with_its_answers(qtbot, window):
     assert [m.content for m in window.store.messages(imported.id)] == after
     window.chat_view._messages[0].next_button.click()
     assert [m.content for m in stored(window)] == after
+
+
+def test_a_failed_load_keeps_the_last_answers_figures(qtbot, window, tmp_path):
+    answer(qtbot, window, lambda: window.controller.send("Hi"))
+    figures = window.metrics.generated.text()
+    assert figures != "—"
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 64)
+    with qtbot.waitSignal(window.controller.error, timeout=LOAD_TIMEOUT_MS):
+        window.add_model(str(broken))
+    qtbot.waitUntil(lambda: not window.controller.busy)
+    assert window.metrics.generated.text() == figures and window.error_banner.isVisible()
