@@ -10,15 +10,15 @@ rendered only when opened. The look comes from the app's stylesheet
 by objectName below.
 """
 
-from PySide6.QtCore import QEvent, QSize, Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QResizeEvent, QFont, QKeySequence, QShortcut
+from PySide6.QtCore import QEvent, QRect, QSize, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QCursor, QDesktopServices, QFont, QKeySequence, QResizeEvent, QShortcut
 from PySide6.QtWidgets import (
     QApplication, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QSizePolicy,
-    QToolButton, QVBoxLayout, QWidget,
+    QToolButton, QToolTip, QVBoxLayout, QWidget,
 )
 
-from app.storage import CUT_AT_LIMIT, ended_early
 from app.markdown_render import COPY_CODE_SCHEME, Segment, code_blocks, render_markdown, segments, split_reasoning
+from app.storage import CUT_AT_LIMIT, ended_early
 
 STREAMING, COMPLETE, CANCELLED, INTERRUPTED, ERROR = "streaming", "complete", "cancelled", "interrupted", "error"
 NOTES = {
@@ -456,6 +456,7 @@ class MessageWidget(QFrame):
             index = int(url.path()) if url.path().isdigit() else len(blocks)
             if index < len(blocks):
                 QApplication.clipboard().setText(blocks[index])
+                QToolTip.showText(QCursor.pos(), "Copied", self, QRect(), COPIED_FEEDBACK_MS)
         elif url.scheme() in WEB_SCHEMES:
             QDesktopServices.openUrl(url)
 

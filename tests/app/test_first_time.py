@@ -449,3 +449,17 @@ def test_a_failed_load_keeps_the_last_answers_figures(qtbot, window, tmp_path):
         window.add_model(str(broken))
     qtbot.waitUntil(lambda: not window.controller.busy)
     assert window.metrics.generated.text() == figures and window.error_banner.isVisible()
+
+
+def test_copying_says_copied(qtbot):
+    from PySide6.QtWidgets import QToolTip
+    from app.widgets.message_widget import COPIED_FEEDBACK_MS, MessageWidget
+    card = MessageWidget({"role": "assistant", "content": "Here:\n\n```python\nprint(1)\n```\n"})
+    qtbot.addWidget(card)
+    card.show()
+    card.copy_button.click()
+    assert card.copy_button.text() == "Copied"
+    qtbot.waitUntil(lambda: card.copy_button.text() == "Copy", timeout=COPIED_FEEDBACK_MS + 2000)
+    card.open_link("copy-code:0", "Here:\n\n```python\nprint(1)\n```\n")
+    assert QApplication.clipboard().text() == "print(1)\n"
+    assert QToolTip.isVisible() and QToolTip.text() == "Copied"
