@@ -18,7 +18,7 @@ from PySide6.QtCore import QObject, Qt, Signal
 
 from app.model_library import ModelInfo, available_memory, describe_model
 from app.settings import Settings, effective_sampling, sampling_params
-from app.storage import Conversation, Message, Store, ThrottledSaver
+from app.storage import Conversation, Message, Store, ThrottledSaver, ended_early
 from app.worker import EngineThread, Job
 from backends.selection import planned_backend
 from engine.chat_session import ChatSession
@@ -43,7 +43,8 @@ def title_from(text: str) -> str:
 def message_dict(message: Message) -> dict:
     """A stored message as the chat view takes it."""
     return {"position": message.position, "role": message.role, "content": message.content,
-            "model": message.model, "metrics": message.metrics, "state": message.state}
+            "model": message.model, "metrics": message.metrics, "state": message.state,
+            "versions": len(message.versions) + 1, "active": message.active}
 
 
 class ChatController(QObject):
@@ -63,7 +64,8 @@ class ChatController(QObject):
     answer_text = Signal(str)  # the whole answer so far
     answer_metrics = Signal(dict)  # Metrics.as_dict() of the answer so far
     answer_finished = Signal(dict, str)  # final metrics, state
-    notice = Signal(str)  # something the user should know (dropped turns, slow model)
+    notice = Signal(str)  # something the user should know about the chat (dropped turns)
+    model_notice = Signal(str)  # something to know about the model being loaded (slow, guessed template)
     error = Signal(str)  # something went wrong; the engine's message, intact
 
     # Emitted on the engine thread and re-emitted on the GUI thread, so that the public
@@ -80,7 +82,7 @@ class ChatController(QObject):
         self.engine.worker.errored.connect(self._on_errored)
         self.engine.worker.finished.connect(self._on_finished)
         self._engine_progress.connect(self.load_progress, Qt.ConnectionType.QueuedConnection)
-        self._engine_notice.connect(self.notice, Qt.ConnectionType.QueuedConnection)
+        self._engine_notice.connect(self.model_notice, Qt.ConnectionType.QueuedConnection)
         self.loaded: LoadedModel | None = None
         self.model_info: ModelInfo | None = None
         self.conversation: Conversation | None = None
@@ -88,6 +90,7 @@ class ChatController(QObject):
         self._job: Job | None = None
         self._answer: dict | None = None  # the streaming answer: message id, text, metrics, saver
         self._built_for: tuple[str, int, int] | None = None  # (backend, threads, context) of the last load or session
+        self._told_overflow: set[int] = set()  # conversations already told that old turns were left out
 
     # -- state -------------------------------------------------------------------
 
@@ -211,6 +214,7 @@ class ChatController(QObject):
         if self.busy and self._answer is not None:
             self.error.emit("Stop the current answer before switching conversations.")
             return
+        self.settings = replace(self.settings, last_conversation=conversation_id)
         if conversation_id is None:
             self.conversation = None
             self.conversation_opened.emit(None, [])
@@ -251,6 +255,7 @@ class ChatController(QObject):
             return False
         if self.conversation is None:
             self.conversation = self.store.create_conversation(title_from(text))
+            self.settings = replace(self.settings, last_conversation=self.conversation.id)
             self.conversation_opened.emit(self.conversation, [])
         self.message_added.emit(message_dict(self.store.add_message(self.conversation.id, "user", text)))
         self.conversations_changed.emit()
@@ -258,26 +263,54 @@ class ChatController(QObject):
         return True
 
     def regenerate(self) -> bool:
-        """Replace the last answer with a new one."""
+        """Answer the last message again; the earlier answer stays as a version of it."""
         if self.conversation is None or not self._can_answer():
             return False
         messages = self.store.messages(self.conversation.id)
-        if messages and messages[-1].role == "assistant":
-            self.store.delete_messages_from(self.conversation.id, messages[-1].position)
-            self.messages_truncated.emit(messages[-1].position)
-        if not self.store.messages(self.conversation.id):
+        if not messages:
             return False
-        self._begin_answer()
+        if messages[-1].role != "assistant":
+            self._begin_answer()
+            return True
+        last = messages[-1]
+        self.messages_truncated.emit(last.position)
+        self._begin_answer(self.store.new_version(last.id, model=self._model_name()))
         return True
 
+    def continue_answer(self) -> bool:
+        """Go on writing the last answer, where Stop or the token limit ended it."""
+        if self.conversation is None or not self._can_answer():
+            return False
+        messages = self.store.messages(self.conversation.id)
+        last = messages[-1] if messages else None
+        if last is None or last.role != "assistant" or not last.content or not ended_early(last.state, last.metrics):
+            self.error.emit("There is no stopped or cut-off answer to continue.")
+            return False
+        self.store.update_message(last.id, last.content, state="streaming")
+        self.messages_truncated.emit(last.position)
+        self._begin_answer(self.store.message(last.id), continuing=True)
+        return True
+
+    def show_version(self, position: int, index: int) -> None:
+        """Show version `index` of the message at `position` (the 1/2 switcher)."""
+        if self.conversation is None or self._answer is not None:
+            return
+        message = next(m for m in self.store.messages(self.conversation.id) if m.position == position)
+        self.store.show_version(message.id, index)
+        self.open_conversation(self.conversation.id)
+
     def edit(self, position: int, text: str) -> bool:
-        """Replace the user message at `position`, drop everything after it, answer again."""
+        """Give the user message at `position` a new version and answer it again.
+
+        The earlier version stays, with the answers that followed it (the 1/2 switcher).
+        """
         text = text.strip()
         if self.conversation is None or not text or not self._can_answer():
             return False
-        self.store.delete_messages_from(self.conversation.id, position)
+        message = next(m for m in self.store.messages(self.conversation.id) if m.position == position)
+        edited = self.store.new_version(message.id, text, state="complete")
         self.messages_truncated.emit(position)
-        self.message_added.emit(message_dict(self.store.add_message(self.conversation.id, "user", text)))
+        self.message_added.emit(message_dict(edited))
         self._begin_answer()
         return True
 
@@ -290,14 +323,23 @@ class ChatController(QObject):
             return False
         return True
 
-    def _begin_answer(self) -> None:
+    def _model_name(self) -> str:
+        return self.model_info.name if self.model_info else self.loaded.path.name
+
+    def _begin_answer(self, assistant: Message | None = None, continuing: bool = False) -> None:
+        """Answer the stored history into `assistant` (a new message when None).
+
+        `continuing`: `assistant` holds the start of the answer, which is continued.
+        """
         conversation = self.conversation
-        history = [m for m in self.store.messages(conversation.id) if m.state != "error" and m.content]
+        if assistant is None:
+            assistant = self.store.add_message(conversation.id, "assistant", "", model=self._model_name(),
+                                               state="streaming")
+        history = [m for m in self.store.messages(conversation.id)
+                   if m.state != "error" and m.content and m.id != assistant.id]
         settings = effective_sampling(self.settings, conversation.overrides)
-        model_name = self.model_info.name if self.model_info else self.loaded.path.name
-        assistant = self.store.add_message(conversation.id, "assistant", "", model=model_name, state="streaming")
-        self._answer = {"id": assistant.id, "text": "", "metrics": {}, "state": "complete",
-                        "saver": ThrottledSaver(self.store, assistant.id)}
+        self._answer = {"id": assistant.id, "text": assistant.content, "metrics": {}, "state": "complete",
+                        "saver": ThrottledSaver(self.store, assistant.id, text=assistant.content)}
         session = self._session
         turns = [{"role": m.role, "content": m.content} for m in history]
         system = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt.strip() else []
@@ -305,6 +347,9 @@ class ChatController(QObject):
         def run(cancel: threading.Event):
             session.params = sampling_params(settings)
             session.max_tokens = settings.max_tokens
+            if continuing:
+                session.messages = system + turns + [{"role": "assistant", "content": assistant.content}]
+                return session.continue_answer(cancel)
             session.messages = system + turns[:-1]
             return session.send(turns[-1]["content"], cancel)
 
@@ -323,18 +368,24 @@ class ChatController(QObject):
         if job is not self._job or answer is None:
             return
         for event in events:
-            if event.notice:
+            if event.notice and self.conversation.id not in self._told_overflow:
+                self._told_overflow.add(self.conversation.id)  # it would say the same every turn from now on
                 self.notice.emit(event.notice)
             answer["text"] += event.text
             answer["metrics"] = event.metrics.as_dict()
             if event.finish_reason == FINISH_CANCELLED:
                 answer["state"] = "cancelled"
+            if event.finish_reason is not None:
+                answer["finish_reason"] = event.finish_reason
         answer["saver"].set_text(answer["text"])
         self.answer_text.emit(answer["text"])
         self.answer_metrics.emit(answer["metrics"])
 
     def _on_errored(self, job: Job, message: str) -> None:
         if job is not self._job:
+            return
+        if job.kind == "load" and job.cancel.is_set():  # the user asked for it: news, not an error
+            self.model_notice.emit(message)
             return
         if self._answer is not None:
             self._answer["state"] = "error"
@@ -372,9 +423,14 @@ class ChatController(QObject):
         backend = self.loaded.backend
         self.backend_changed.emit(backend.name, backend.device_name, list(self.loaded.backend_notes))
         self.model_loaded.emit(self.model_info)
+        template_notice = self.loaded.template.notice(self.model_info.name)
+        if template_notice:
+            self.model_notice.emit(template_notice)
 
     def _finish_answer(self) -> None:
         answer, self._answer = self._answer, None
+        if answer.get("finish_reason"):
+            answer["metrics"] = {**answer["metrics"], "finish_reason": answer["finish_reason"]}
         answer["saver"].flush(answer["metrics"], answer["state"])
         self.answer_finished.emit(answer["metrics"], answer["state"])
         self.conversations_changed.emit()

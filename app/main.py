@@ -20,7 +20,7 @@ from app.main_window import MainWindow
 from app.settings import default_settings_path, load_settings
 from app.single_instance import claim_or_hand_over
 from app.storage import DEFAULT_DB_NAME, Store, StorageError, default_db_path
-from app.theme import apply_theme
+from app.theme import app_icon
 from engine.bundled import default_model
 
 
@@ -70,9 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if refusal else 0
     settings, warnings = load_settings(settings_path)
     store, store_warning = open_store(db_path)
-    apply_theme(app, settings.theme)
+    app.setWindowIcon(app_icon())
     window = MainWindow(store, settings, settings_path)
-    window.chat_view.set_dark(settings.theme == "dark")
+    window.apply_look()
     window.show()
     for warning in warnings + ([store_warning] if store_warning else []):
         window.error_banner.show_text(warning)

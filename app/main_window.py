@@ -7,23 +7,27 @@ signals, so every engine call stays on the engine thread.
 """
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
+from PySide6.QtGui import QCloseEvent, QDragEnterEvent, QDropEvent, QGuiApplication
 from PySide6.QtWidgets import (
     QApplication, QFileDialog, QFrame, QHBoxLayout, QLabel, QMainWindow,
     QProgressBar, QPushButton, QSplitter, QToolButton, QVBoxLayout, QWidget,
 )
 
+from app.backend_status import BackendStatus, backend_status, gpu_present
 from app.chat_controller import ChatController
+from app.menu_bar import build_menu_bar
 from app.model_library import LibraryEntry, ModelInfo, format_bytes, format_parameters, library_entries
-from app.settings import Settings, save_settings
+from app.settings import RANGES, Settings, save_settings
 from app.storage import Conversation, Store
-from app.theme import apply_theme
+from app.theme import app_icon, apply_text_scale, apply_theme
 from app.transcript import TranscriptError, import_json, read_json_file, to_json, to_markdown
 from app.widgets.chat_view import ChatView
 from app.widgets.conversation_list import ConversationList
+from app.widgets.elided_label import ElidedButton, ElidedLabel
 from app.widgets.message_input import MessageInput
 from app.widgets.metrics_panel import MetricsPanel
 from app.widgets.model_picker import InfoCache, ModelPicker
@@ -42,6 +46,8 @@ class Banner(QFrame):
         self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         close = QToolButton()
         close.setText("✕")
+        close.setAccessibleName("Dismiss")
+        close.setToolTip("Dismiss")
         close.setAutoRaise(True)
         close.clicked.connect(self.hide)
         layout = QHBoxLayout(self)
@@ -55,29 +61,43 @@ class Banner(QFrame):
         self.label.setText(text)
         self.show()
 
+    def add_text(self, text: str) -> None:
+        """Show `text` below what the banner shows already, or alone when it is hidden."""
+        self.show_text(f"{self.label.text()}\n{text}" if self.isVisible() else text)
+
+
+DEFAULT_SIZE = (1280, 800)  # the window's size on a screen with room for it
+MODEL_BUTTON_WIDTH = 300  # the most the model's name may take in the top bar, in pixels
+
 
 class ModelBar(QFrame):
-    """The top bar: the current model (click to pick another), backend, load progress."""
+    """The top bar: the current model (click to pick another), backend, load progress.
+
+    Long names are cut short with "…" (the tooltip has them whole), so a model's name never
+    widens the window.
+    """
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.setObjectName("ModelBar")
-        self.model_button = QPushButton("No model loaded  ▾")
+        self.model_button = ElidedButton("  ▾")
         self.model_button.setObjectName("ModelButton")
-        self.model_button.setToolTip("Choose, add or remove models (Ctrl+L)")
-        self.details = QLabel()
+        self.model_button.setMaximumWidth(MODEL_BUTTON_WIDTH)
+        self.model_button.setAccessibleName("Choose model")
+        self.details = ElidedLabel()
         self.details.setObjectName("MutedLabel")
         self.progress = QProgressBar()
         self.progress.setRange(0, 1000)
-        self.progress.setFixedWidth(220)
+        self.progress.setMinimumWidth(100)
+        self.progress.setMaximumWidth(260)
         self.progress.setTextVisible(True)
+        self.progress.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.progress.setAccessibleName("Loading progress")
         self.cancel_button = QPushButton("Cancel")
         self.unload_button = QPushButton("Unload")
         self.unload_button.setToolTip("Release the model's memory")
-        self.backend_label = QLabel()
+        self.backend_label = ElidedLabel()
         self.backend_label.setObjectName("BackendLabel")
-        self.chat_settings_button = QPushButton("Chat settings")
-        self.chat_settings_button.setToolTip("Sampling settings for this conversation only")
         self.settings_button = QPushButton("Settings")
         self.metrics_button = QToolButton()
         self.metrics_button.setText("Metrics")
@@ -87,45 +107,53 @@ class ModelBar(QFrame):
         layout = QHBoxLayout(self)
         layout.setContentsMargins(12, 8, 12, 8)
         layout.addWidget(self.model_button)
-        layout.addWidget(self.details)
-        layout.addWidget(self.progress)
+        layout.addWidget(self.details, 1)
+        layout.addWidget(self.progress, 1)
         layout.addWidget(self.cancel_button)
-        layout.addStretch(1)
         layout.addWidget(self.backend_label)
         layout.addWidget(self.unload_button)
-        layout.addWidget(self.chat_settings_button)
         layout.addWidget(self.settings_button)
         layout.addWidget(self.metrics_button)
+        self.model_path: Path | None = None  # the file of the model shown
+        self.set_model_text("No model loaded", "Choose, add or remove models (Ctrl+L)")
         self.set_loading(False)
 
+    def set_model_text(self, text: str, tip: str) -> None:
+        """Put `text` on the model button, cut short to fit; `tip` becomes its tooltip."""
+        self.model_button.set_full_text(text)
+        self.model_button.setToolTip(tip)
+
     def set_loading(self, loading: bool) -> None:
-        """Show the progress bar and Cancel while a model loads."""
+        """Show the progress bar and Cancel while a model loads; Unload waits until it ends."""
         self.progress.setVisible(loading)
         self.cancel_button.setVisible(loading)
         self.details.setVisible(not loading)
         if loading:
             self.progress.setValue(0)
+            self.progress.setFormat("Starting %p%")
+            self.unload_button.setEnabled(False)
 
     def set_model(self, info: ModelInfo | None) -> None:
         """Name the loaded model (None: nothing loaded)."""
         if info is None:
-            self.model_button.setText("No model loaded  ▾")
+            self.model_path = None
+            self.set_model_text("No model loaded", "Choose, add or remove models (Ctrl+L)")
             self.details.setText("")
             self.unload_button.setEnabled(False)
             return
-        self.model_button.setText(f"{info.name}  ▾")
+        self.model_path = info.path
+        self.set_model_text(info.name, f"{info.name}\n{info.path}\nChoose, add or remove models (Ctrl+L)")
         self.details.setText(f"{info.architecture} · {format_parameters(info.parameters)} · {info.quantization} · "
                              f"{format_bytes(info.file_size)} · ctx {info.context_length:,}")
         self.unload_button.setEnabled(True)
 
-    def set_backend(self, name: str, device: str, reasons: list[str]) -> None:
-        """Show the backend in use; a warning with the reasons when no GPU backend runs."""
-        gpu_reasons = [r for r in reasons if r.split(":", 1)[0] in ("cuda", "mlx")]
-        fell_back = name == "numpy" and bool(gpu_reasons)
-        self.backend_label.setText(f"{'⚠ ' if fell_back else ''}{name} · {device}")
-        tip = "Backends passed over:\n" + "\n".join(reasons) if reasons else "The preferred backend is in use."
-        self.backend_label.setToolTip(tip)
-        self.backend_label.setProperty("warning", fell_back)
+    def set_backend(self, status: BackendStatus) -> None:
+        """Show the backend in use; its details in the tooltip; a warning sign only for an idle GPU."""
+        self.backend_label.setText(f"{'⚠ ' if status.warning else ''}{status.short}")
+        self.backend_label.setToolTip(status.details)
+        self.backend_label.setProperty("warning", bool(status.warning))
+        self.backend_label.style().unpolish(self.backend_label)
+        self.backend_label.style().polish(self.backend_label)
 
 
 class MainWindow(QMainWindow):
@@ -134,21 +162,29 @@ class MainWindow(QMainWindow):
     def __init__(self, store: Store, settings: Settings, settings_path: Path | None = None):
         super().__init__()
         self.setWindowTitle("Sprig")
-        self.resize(1280, 800)
+        self.setWindowIcon(app_icon())
+        self._fit_to_screen()
         self.setAcceptDrops(True)
         self.store = store
         self.settings_path = settings_path
         self.controller = ChatController(store, settings, self)
         self.info_cache = InfoCache()
+        self._gpu = gpu_present()
 
         self.sidebar = ConversationList()
         self.model_bar = ModelBar()
         self.error_banner = Banner("ErrorBanner")
         self.info_banner = Banner("InfoBanner")
+        self.loading_label = QLabel(objectName="LoadingLabel", visible=False)
+        self.loading_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self._loading_name = ""
         self.chat_view = ChatView()
         self.input = MessageInput()
         self.send_button = QPushButton("Send")
         self.send_button.setObjectName("SendButton")
+        self.send_button.setAccessibleName("Send or stop")
+        self.input.setAccessibleName("Message")
+        self.chat_view.setAccessibleName("Conversation")
         self.metrics = MetricsPanel()
 
         input_row = QHBoxLayout()
@@ -162,6 +198,7 @@ class MainWindow(QMainWindow):
         center_layout.addWidget(self.model_bar)
         center_layout.addWidget(self.error_banner)
         center_layout.addWidget(self.info_banner)
+        center_layout.addWidget(self.loading_label)
         center_layout.addWidget(self.chat_view, 1)
         center_layout.addLayout(input_row)
         splitter = QSplitter()
@@ -169,17 +206,33 @@ class MainWindow(QMainWindow):
         splitter.addWidget(center)
         splitter.addWidget(self.metrics)
         splitter.setStretchFactor(1, 1)
-        self.sidebar.setMinimumWidth(230)
-        self.metrics.setMinimumWidth(250)
-        splitter.setSizes([260, 900, 280])
+        self.sidebar.setMinimumWidth(170)
+        self.metrics.setMinimumWidth(180)
+        splitter.setSizes([250, 760, 250])
         splitter.setCollapsible(1, False)
         self.setCentralWidget(splitter)
 
         self._connect()
-        self._add_shortcuts()
+        self.actions = build_menu_bar(self)
         self.refresh_conversations()
         self._show_empty_state()
         self._set_busy(False)
+        self._reopen_last_conversation()
+        QGuiApplication.styleHints().colorSchemeChanged.connect(self._on_color_scheme_changed)
+
+    def _reopen_last_conversation(self) -> None:
+        """Open the conversation that was open when Sprig last closed, if it still exists."""
+        last = self.controller.settings.last_conversation
+        if last is not None and last in {c.id for c in self.store.conversations()}:
+            self.controller.open_conversation(last)
+
+    def _fit_to_screen(self) -> None:
+        """Open at 1280×800, or smaller where the screen's free area is smaller."""
+        screen = self.screen().availableGeometry() if self.screen() else None
+        width, height = DEFAULT_SIZE
+        if screen is not None:
+            width, height = min(width, screen.width()), min(height, screen.height())
+        self.resize(width, height)
 
     # -- wiring --------------------------------------------------------------------
 
@@ -188,7 +241,7 @@ class MainWindow(QMainWindow):
         self.input.submitted.connect(self.send)
         self.send_button.clicked.connect(self._send_or_stop)
         self.sidebar.new_requested.connect(self.new_conversation)
-        self.sidebar.opened.connect(c.open_conversation)
+        self.sidebar.opened.connect(self._open_from_sidebar)
         self.sidebar.search_changed.connect(lambda _text: self.refresh_conversations())
         self.sidebar.rename_requested.connect(c.rename_conversation)
         self.sidebar.delete_requested.connect(c.delete_conversation)
@@ -196,19 +249,19 @@ class MainWindow(QMainWindow):
         self.sidebar.import_requested.connect(self.import_conversation)
         self.chat_view.edit_submitted.connect(c.edit)
         self.chat_view.regenerate_requested.connect(c.regenerate)
+        self.chat_view.continue_requested.connect(c.continue_answer)
+        self.chat_view.version_requested.connect(c.show_version)
         self.model_bar.model_button.clicked.connect(self.open_model_picker)
         self.model_bar.cancel_button.clicked.connect(c.cancel)
         self.model_bar.unload_button.clicked.connect(c.unload)
         self.model_bar.settings_button.clicked.connect(self.open_settings)
-        self.model_bar.chat_settings_button.clicked.connect(self.open_conversation_settings)
         self.model_bar.metrics_button.toggled.connect(self.metrics.setVisible)
 
         c.model_loading.connect(self._on_model_loading)
         c.load_progress.connect(self._on_load_progress)
         c.model_loaded.connect(self._on_model_loaded)
         c.model_unloaded.connect(self._on_model_unloaded)
-        c.backend_changed.connect(self.model_bar.set_backend)
-        c.backend_changed.connect(self.metrics.set_backend)
+        c.backend_changed.connect(self._on_backend_changed)
         c.busy_changed.connect(self._set_busy)
         c.conversations_changed.connect(self.refresh_conversations)
         c.conversation_opened.connect(self._on_conversation_opened)
@@ -219,15 +272,8 @@ class MainWindow(QMainWindow):
         c.answer_metrics.connect(self.metrics.update_metrics)
         c.answer_finished.connect(self._on_answer_finished)
         c.notice.connect(self._on_notice)
+        c.model_notice.connect(self.info_banner.add_text)
         c.error.connect(self.error_banner.show_text)
-
-    def _add_shortcuts(self) -> None:
-        for keys, handler in (("Ctrl+N", self.new_conversation), ("Ctrl+L", self.open_model_picker),
-                              ("Ctrl+,", self.open_settings), ("Escape", self.controller.cancel)):
-            action = QAction(self)
-            action.setShortcut(QKeySequence(keys))
-            action.triggered.connect(handler)
-            self.addAction(action)
 
     # -- chatting --------------------------------------------------------------------
 
@@ -248,11 +294,15 @@ class MainWindow(QMainWindow):
         self.controller.open_conversation(None)
         self.input.setFocus()
 
+    def _open_from_sidebar(self, conversation_id: int) -> None:
+        """Open a clicked chat; the highlight stays on the open one if it could not be opened."""
+        self.controller.open_conversation(conversation_id)
+        self.refresh_conversations()
+
     def _on_conversation_opened(self, conversation: Conversation | None, messages: list[dict]) -> None:
         self.info_banner.hide()
         self.chat_view.set_messages(messages)
-        if not messages:
-            self._show_empty_state()
+        self._show_empty_state()
         self.metrics.clear()
         self.refresh_conversations()
 
@@ -276,11 +326,23 @@ class MainWindow(QMainWindow):
         self.send_button.style().polish(self.send_button)
         self.send_button.setEnabled(answering or not busy)
         self.model_bar.model_button.setEnabled(not busy)
+        self.model_bar.unload_button.setEnabled(not busy and self.controller.loaded is not None)
+
+    def loading_text(self) -> str:
+        """What the centre says while a model loads: which one, and the bar's progress."""
+        bar = self.model_bar.progress
+        percent = round(100 * (bar.value() - bar.minimum()) / max(bar.maximum() - bar.minimum(), 1))
+        stage = bar.format().replace("%p%", "").strip()
+        return f"Loading {self._loading_name}…\n{stage}: {percent}%"
 
     def _show_empty_state(self) -> None:
+        """The centre's text while the chat is empty, or the loading line above a chat."""
         info = self.controller.model_info
-        if self.controller.loading:
-            text = "Loading the model…"
+        loading = self.model_bar.progress.isVisible()
+        self.loading_label.setVisible(loading and self.chat_view.has_messages())
+        if loading:
+            text = self.loading_text()
+            self.loading_label.setText(text.replace("\n", " — "))
         elif info is None:
             text = "No model loaded.\nChoose one with the model button above, or drop a .gguf file here."
         else:
@@ -290,10 +352,14 @@ class MainWindow(QMainWindow):
     # -- conversations ---------------------------------------------------------------
 
     def refresh_conversations(self) -> None:
-        """Re-read the sidebar from the store, with the current search."""
-        conversations = self.store.conversations(self.sidebar.search.text().strip())
-        current = self.controller.conversation.id if self.controller.conversation else None
-        self.sidebar.set_conversations(conversations, current)
+        """Re-read the sidebar from the store, with the current search; title the window."""
+        needle = self.sidebar.search.text().strip()
+        conversations = self.store.conversations(needle)
+        snippets = {c.id: self.store.snippet(c.id, needle) for c in conversations} if needle else {}
+        current = self.controller.conversation
+        self.sidebar.set_conversations(conversations, current.id if current else None, snippets)
+        title = self.store.conversation(current.id).title if current else ""
+        self.setWindowTitle(f"{title} — Sprig" if title else "Sprig")
 
     def export_conversation(self, conversation_id: int, fmt: str) -> None:
         """Save a conversation as Markdown or JSON where the user chooses."""
@@ -321,6 +387,7 @@ class MainWindow(QMainWindow):
         except TranscriptError as exc:
             self.error_banner.show_text(str(exc))
             return
+        self.error_banner.hide()  # an earlier failed import is no longer the news
         self.controller.open_conversation(conversation.id)
 
     # -- models ------------------------------------------------------------------------
@@ -366,28 +433,36 @@ class MainWindow(QMainWindow):
         self.controller.load(file, known.get(file.resolve()))
 
     def _on_model_loading(self, name: str) -> None:
+        self.info_banner.hide()  # what it said was about the model before
+        self.error_banner.hide()  # a new load is under way: an earlier failure is no longer the news
+        self._loading_name = name
         self.model_bar.set_loading(True)
-        self.model_bar.model_button.setText(f"Loading {name}…")
-        self.metrics.clear()
+        self.model_bar.set_model_text(f"Loading {name}…", f"Loading {name}")
         self._show_empty_state()
 
     def _on_load_progress(self, fraction: float, stage: str) -> None:
         self.model_bar.progress.setValue(int(fraction * 1000))
         self.model_bar.progress.setFormat(f"{stage} %p%")
+        self._show_empty_state()
+
+    def _on_backend_changed(self, name: str, device: str, reasons: list[str]) -> None:
+        status = backend_status(name, device, reasons, self._gpu)
+        self.model_bar.set_backend(status)
+        self.metrics.set_backend(status)
 
     def _on_model_loaded(self, info: ModelInfo) -> None:
+        if self.model_bar.model_path != info.path:  # another model: the last answer's figures are not its own
+            self.metrics.clear()
         self.model_bar.set_loading(False)
         self.model_bar.set_model(info)
         self._save_settings()
-        if not self.chat_view.has_messages():
-            self._show_empty_state()
+        self._show_empty_state()
 
     def _on_model_unloaded(self) -> None:
         self.model_bar.set_loading(False)
         self.model_bar.set_model(None)
-        self.model_bar.set_backend("none", "no model loaded", [])
-        if not self.chat_view.has_messages():
-            self._show_empty_state()
+        self._on_backend_changed("none", "no model loaded", [])
+        self._show_empty_state()
 
     # -- settings ------------------------------------------------------------------------
 
@@ -399,11 +474,29 @@ class MainWindow(QMainWindow):
             self.apply_settings(dialog.settings())
 
     def apply_settings(self, settings: Settings) -> None:
-        """Use and save `settings`: theme now, engine changes through the controller."""
+        """Use and save `settings`: theme and text size now, engine changes through the controller."""
         self.controller.apply_settings(settings)
-        apply_theme(QApplication.instance(), settings.theme)
-        self.chat_view.set_dark(settings.theme == "dark")
+        self.apply_look()
         self._save_settings()
+
+    def apply_look(self) -> None:
+        """Apply the settings' theme (the desktop's scheme for "system") and text size."""
+        app = QApplication.instance()
+        settings = self.controller.settings
+        look = apply_theme(app, settings.theme)
+        apply_text_scale(app, settings.text_scale)
+        self.chat_view.set_dark(look == "dark")
+
+    def _on_color_scheme_changed(self, _scheme: Qt.ColorScheme) -> None:
+        """The desktop went light or dark: follow it if the theme is "system"."""
+        if self.controller.settings.theme == "system":
+            self.apply_look()
+
+    def change_text_size(self, step: int) -> None:
+        """Make the text `step` percent larger (negative: smaller); 0 goes back to 100%."""
+        low, high = RANGES["text_scale"]
+        scale = 100 if step == 0 else min(max(self.controller.settings.text_scale + step, low), high)
+        self.apply_settings(replace(self.controller.settings, text_scale=int(scale)))
 
     def open_conversation_settings(self) -> None:
         """Sampling overrides for the open conversation."""

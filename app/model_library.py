@@ -9,6 +9,7 @@ Reading a header with a large vocabulary takes seconds, so the window calls it o
 GUI thread. Nothing here imports Qt.
 """
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,19 +101,35 @@ def read_model_info(path: str | Path, name: str | None = None) -> ModelInfo:
         return describe_model(model_file, name)
 
 
+def quantization_of(model_file: GGUFFile, matrices: list) -> str:
+    """The file's quantization as its tensors show it.
+
+    The type most of the layers' weights are stored in (by count), or the tensors' type
+    where there are no layers. The file type in the metadata ("Q4_K_M") is used only when
+    it agrees with that type, for the mix suffix it adds; a re-quantized file often keeps
+    a stale one.
+    """
+    layers = [t for t in matrices if t.name.startswith("blk.")] or matrices
+    by_type: dict[str, int] = {}
+    for t in layers:
+        by_type[t.type_name] = by_type.get(t.type_name, 0) + t.n_elements
+    if not by_type:
+        return "?"
+    dominant = max(by_type, key=by_type.get)
+    file_type = model_file.get("general.file_type")
+    if file_type in gguf.LlamaFileType._value2member_map_:
+        named = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+        if re.sub(r"(_K)_[SML]$", r"\1", named) in by_type:  # Q4_K_M: mostly Q4_K, some others
+            return named
+    return dominant
+
+
 def describe_model(model_file: GGUFFile, name: str | None = None) -> ModelInfo:
     """Describe an open GGUF file. Raises ModelFileError (UnsupportedModelError) for bad ones."""
     config = ModelConfig.from_gguf(model_file)
     tensors = model_file.tensors.values()
     matrices = [t for t in tensors if len(t.shape) >= 2]
-    file_type = model_file.get("general.file_type")
-    if file_type is not None and file_type in gguf.LlamaFileType._value2member_map_:
-        quantization = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_")
-    else:  # no file type recorded: name the type most of the weights are in
-        by_type: dict[str, int] = {}
-        for t in matrices:
-            by_type[t.type_name] = by_type.get(t.type_name, 0) + t.n_bytes
-        quantization = max(by_type, key=by_type.get) if by_type else "?"
+    quantization = quantization_of(model_file, matrices)
     kv_per_token = 4 * config.n_layers * config.n_kv_heads * (config.head_dim + config.value_head_dim)
     return ModelInfo(
         path=model_file.path,

@@ -36,8 +36,9 @@ APP_NAME = "Sprig"
 RESOURCES = Path(__file__).resolve().parent.parent / "resources"
 DEFAULTS_FILE = RESOURCES / "default_settings.json"
 
-THEMES = ("light", "dark")
+THEMES = ("system", "light", "dark")  # "system" follows the desktop's light or dark scheme
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "max_tokens", "seed")
+CONVERSATION_FIELDS = ("system_prompt", *SAMPLING_FIELDS)  # what one conversation may set for itself
 
 # Inclusive (low, high) limits of every numeric field; the settings UI uses them too.
 # repeat_penalty below 1 would reward repetition, so 1 (off) is its floor.
@@ -51,6 +52,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "seed": (0, 2**31 - 1),
     "context_length": (256, 131_072),
     "cpu_threads": (0, 256),
+    "text_scale": (70, 200),
 }
 
 
@@ -58,9 +60,10 @@ RANGES: dict[str, tuple[float, float]] = {
 class Settings:
     """Every user setting. Build the defaults with `Settings.defaults()`.
 
-    `seed` None draws a fresh random seed for each answer. `last_model` is the path
-    of the model file opened last, or None. `cpu_threads` 0 gives the cpu backend one
-    thread per physical core.
+    `seed` None draws a fresh random seed for each answer. `text_scale` is the text size
+    in percent of the system's. `cpu_threads` 0 gives the cpu backend one thread per
+    physical core. `last_model` is the path of the model file opened last, or None;
+    `last_conversation` the id of the chat open last, or None.
     """
 
     system_prompt: str
@@ -76,7 +79,9 @@ class Settings:
     cpu_threads: int
     models_folder: Path
     theme: str
+    text_scale: int
     last_model: str | None
+    last_conversation: int | None
 
     @classmethod
     def defaults(cls) -> "Settings":
@@ -158,7 +163,9 @@ _PARSERS: dict[str, Callable[[str, object], object]] = {
     "cpu_threads": _number(int),
     "models_folder": _folder,
     "theme": _choice(THEMES),
+    "text_scale": _number(int),
     "last_model": _optional(_text),
+    "last_conversation": _optional(_number(int)),
 }
 
 
@@ -250,13 +257,13 @@ def save_settings(settings: Settings, path: Path | None = None) -> None:
 
 
 def effective_sampling(settings: Settings, overrides: Mapping[str, object]) -> Settings:
-    """`settings` with a conversation's sampling overrides applied.
+    """`settings` with a conversation's overrides (its system prompt, its sampling) applied.
 
-    Only keys in SAMPLING_FIELDS count; others are ignored. A value of the wrong type
+    Only keys in CONVERSATION_FIELDS count; others are ignored. A value of the wrong type
     is ignored (the global value stays); one out of range is clamped. `"seed": None`
     is a valid override: a random seed for each answer.
     """
-    sampling = {k: v for k, v in overrides.items() if k in SAMPLING_FIELDS}
+    sampling = {k: v for k, v in overrides.items() if k in CONVERSATION_FIELDS}
     return merge_settings(settings, sampling)[0]
 
 

@@ -19,9 +19,16 @@ import platformdirs
 from engine.errors import SprigError
 
 DEFAULT_DB_NAME = "sprig.sqlite3"
+SNIPPET_CHARS = 60  # the length of a search result's snippet
 
 ROLES = ("system", "user", "assistant")
 MESSAGE_STATES = ("complete", "streaming", "interrupted", "cancelled", "error")
+CUT_AT_LIMIT = "length"  # metrics["finish_reason"] of an answer cut by the token limit
+
+
+def ended_early(state: str, metrics: dict | None) -> bool:
+    """Whether an answer stopped before the model was done: Stop, a closed app, the token limit."""
+    return state in ("cancelled", "interrupted") or (metrics or {}).get("finish_reason") == CUT_AT_LIMIT
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 1: the base schema.
@@ -54,10 +61,16 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE conversations ADD COLUMN overrides TEXT NOT NULL DEFAULT '{}'",
         "CREATE INDEX messages_streaming ON messages (id) WHERE state = 'streaming'",
     ),
+    # 3: the other versions of a message (earlier answers kept by Regenerate), as a JSON
+    # list of {content, model, metrics, state}, and where the shown one sits among them all.
+    (
+        "ALTER TABLE messages ADD COLUMN versions TEXT NOT NULL DEFAULT '[]'",
+        "ALTER TABLE messages ADD COLUMN active INTEGER NOT NULL DEFAULT 0",
+    ),
 )
 
 CONVERSATION_COLUMNS = "id, title, created_at, updated_at, overrides"
-MESSAGE_COLUMNS = "id, conversation_id, position, role, content, model, metrics, state, created_at"
+MESSAGE_COLUMNS = "id, conversation_id, position, role, content, model, metrics, state, created_at, versions, active"
 
 
 class StorageError(SprigError):
@@ -82,7 +95,11 @@ class Conversation:
 
 @dataclass(frozen=True)
 class Message:
-    """One turn of a chat; `state` is one of `MESSAGE_STATES`."""
+    """One turn of a chat; `state` is one of `MESSAGE_STATES`.
+
+    `versions` are the message's other versions (dicts of content, model, metrics, state),
+    and `active` is where the shown one sits among all of them, counting from 0.
+    """
 
     id: int
     conversation_id: int
@@ -93,6 +110,13 @@ class Message:
     metrics: dict | None
     state: str
     created_at: float
+    versions: tuple[dict, ...] = ()
+    active: int = 0
+
+    def all_versions(self) -> list[dict]:
+        """Every version in order, the shown one included."""
+        shown = {"content": self.content, "model": self.model, "metrics": self.metrics, "state": self.state}
+        return [*self.versions[:self.active], shown, *self.versions[self.active:]]
 
 
 @dataclass(frozen=True)
@@ -113,7 +137,7 @@ def _message(row: sqlite3.Row) -> Message:
     metrics = None if row["metrics"] is None else json.loads(row["metrics"])
     return Message(
         row["id"], row["conversation_id"], row["position"], row["role"], row["content"],
-        row["model"], metrics, row["state"], row["created_at"],
+        row["model"], metrics, row["state"], row["created_at"], tuple(json.loads(row["versions"])), row["active"],
     )
 
 
@@ -252,6 +276,22 @@ class Store:
         )
         return [_conversation(row) for row in rows]
 
+    def snippet(self, conversation_id: int, search: str, width: int = SNIPPET_CHARS) -> str:
+        """The text around the first match of `search` in a chat (title first, then messages).
+
+        About `width` characters on one line, with "…" where it was cut; "" if nothing matches.
+        """
+        needle = search.casefold()
+        title = self.conversation(conversation_id).title
+        texts = [title] + [m.content for m in self.messages(conversation_id)]
+        for text in texts:
+            at = text.casefold().find(needle) if needle else -1
+            if at >= 0:
+                start = max(0, at - width // 3)
+                piece = " ".join(text[start:start + width].split())
+                return ("…" if start > 0 else "") + piece + ("…" if start + width < len(text) else "")
+        return ""
+
     def set_overrides(self, conversation_id: int, overrides: dict) -> None:
         """Replace a chat's sampling overrides ({} for none)."""
         self._db.execute(
@@ -270,22 +310,27 @@ class Store:
         metrics: dict | None = None,
         state: str = "complete",
         created_at: float | None = None,
+        versions: tuple[dict, ...] = (),
+        active: int = 0,
     ) -> Message:
         """Append a message to a chat, which becomes the most recently updated one.
-        `created_at` defaults to now (import keeps the original)."""
+        `created_at` defaults to now (import keeps the original); `versions` and `active`
+        are its other versions and the shown one's place among them (see `Message`)."""
         _check_choice(role, ROLES, "role")
         _check_choice(state, MESSAGE_STATES, "state")
         now = time.time()
         with self.transaction():
             cursor = self._db.execute(
-                """INSERT INTO messages (conversation_id, position, role, content, model, metrics, state, created_at)
+                """INSERT INTO messages (conversation_id, position, role, content, model, metrics, state, created_at,
+                                        versions, active)
                    SELECT :conversation, COALESCE(MAX(position) + 1, 0), :role, :content, :model, :metrics,
-                          :state, :created_at
+                          :state, :created_at, :versions, :active
                    FROM messages WHERE conversation_id = :conversation""",
                 {
                     "conversation": conversation_id, "role": role, "content": content, "model": model,
                     "metrics": _json_or_none(metrics), "state": state,
                     "created_at": now if created_at is None else created_at,
+                    "versions": json.dumps(list(versions)), "active": min(max(active, 0), len(versions)),
                 },
             )
             self._db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, conversation_id))
@@ -304,6 +349,56 @@ class Store:
                WHERE id = ?""",
             (content, _json_or_none(metrics), state, message_id),
         )
+
+    def message(self, message_id: int) -> Message:
+        """One message by its id."""
+        row = self._db.execute(f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE id = ?", (message_id,)).fetchone()
+        if row is None:
+            raise KeyError(f"no message {message_id}")
+        return _message(row)
+
+    def new_version(self, message_id: int, content: str = "", *, model: str | None = None,
+                    state: str = "streaming") -> Message:
+        """Start a new last version of a message, with `content`, keeping the shown one.
+
+        The messages after it (the answers to an edited question) go with the version they
+        followed, as its `tail`, and come back when that version is shown again.
+        """
+        _check_choice(state, MESSAGE_STATES, "state")
+        message = self.message(message_id)
+        with self.transaction():
+            versions = self._versions_with_tail(message)
+            self._db.execute(
+                "UPDATE messages SET content = ?, model = ?, metrics = NULL, state = ?, versions = ?, active = ? "
+                "WHERE id = ?", (content, model, state, json.dumps(versions), len(versions), message_id))
+        return self.message(message_id)
+
+    def show_version(self, message_id: int, index: int) -> Message:
+        """Show version `index` (from 0) of a message, with the messages that followed it."""
+        message = self.message(message_id)
+        versions = message.all_versions()
+        if not 0 <= index < len(versions):
+            raise IndexError(f"message {message_id} has {len(versions)} versions, not {index + 1}")
+        with self.transaction():
+            versions = self._versions_with_tail(message)
+            shown = versions.pop(index)
+            self._db.execute(
+                "UPDATE messages SET content = ?, model = ?, metrics = ?, state = ?, versions = ?, active = ? "
+                "WHERE id = ?", (shown["content"], shown["model"], _json_or_none(shown["metrics"]), shown["state"],
+                                 json.dumps(versions), index, message_id))
+            for later in shown.get("tail", []):
+                self.add_message(message.conversation_id, **later)
+        return self.message(message_id)
+
+    def _versions_with_tail(self, message: Message) -> list[dict]:
+        """All versions of `message`; the shown one takes the later messages along, which are deleted."""
+        later = [m for m in self.messages(message.conversation_id) if m.position > message.position]
+        versions = message.all_versions()
+        versions[message.active]["tail"] = [
+            {"role": m.role, "content": m.content, "model": m.model, "metrics": m.metrics, "state": m.state,
+             "created_at": m.created_at, "versions": m.versions, "active": m.active} for m in later]
+        self.delete_messages_from(message.conversation_id, message.position + 1)
+        return versions
 
     def messages(self, conversation_id: int) -> list[Message]:
         """A chat's messages, in order."""
@@ -355,12 +450,13 @@ class ThrottledSaver:
     the whole text so far on every token, and `flush` once at the end.
     """
 
-    def __init__(self, store: Store, message_id: int, interval: float = 0.25):
-        """Save message `message_id` of `store`; the first `set_text` saves at once."""
+    def __init__(self, store: Store, message_id: int, interval: float = 0.25, text: str = ""):
+        """Save message `message_id` of `store`, whose text is `text` so far; the first
+        `set_text` saves at once."""
         self._store = store
         self._message_id = message_id
         self._interval = interval
-        self._text = ""
+        self._text = text
         self._saved_at = float("-inf")
 
     def set_text(self, text: str) -> bool:

@@ -1,12 +1,15 @@
 """Light and dark looks: the Fusion style, a palette, and a stylesheet from resources/.
 
 The palette colours every widget, styled or not; the stylesheets (`light.qss`,
-`dark.qss`) add the rounded inputs, the accent colour and the panels addressed by
-objectName (#Sidebar, #ChatView, #MessageInput, #SendButton, #MetricsPanel, #ModelBar,
-#ErrorBanner, #InfoBanner, MessageWidget[role="user"|"assistant"]).
+`dark.qss`) add the rounded inputs, the accent colour, the focus rings, the checkboxes and
+the panels addressed by objectName (#Sidebar, #ChatView, #MessageInput, #SendButton,
+#MetricsPanel, #ModelBar, #ErrorBanner, #InfoBanner, MessageWidget[role="user"|"assistant"]).
+In them `{RESOURCES}` stands for the folder of their images. "system" follows the
+desktop's light or dark scheme.
 """
 
-from PySide6.QtGui import QColor, QPalette
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor, QGuiApplication, QIcon, QPalette
 from PySide6.QtWidgets import QApplication
 
 from app.settings import RESOURCES, THEMES
@@ -72,13 +75,45 @@ def build_palette(name: str) -> QPalette:
     return palette
 
 
-def apply_theme(app: QApplication, name: str) -> None:
+def app_icon() -> QIcon:
+    """Sprig's icon (a sprig on a green tile), for the app and its windows."""
+    return QIcon(str(RESOURCES / "sprig.svg"))
+
+
+def system_is_dark() -> bool:
+    """Whether the desktop asks for dark colours."""
+    return QGuiApplication.styleHints().colorScheme() == Qt.ColorScheme.Dark
+
+
+def resolve_theme(name: str) -> str:
+    """"light" or "dark": `name` itself, or for "system" the desktop's colour scheme."""
+    if name != "system":
+        return name
+    return "dark" if system_is_dark() else "light"
+
+
+def apply_theme(app: QApplication, name: str) -> str:
     """Give the whole app theme `name`: Fusion style, palette and stylesheet.
 
+    Returns the look applied, "light" or "dark" ("system" resolves to one of them).
     Raises ValueError for a name not in app.settings.THEMES.
     """
     if name not in THEMES:
         raise ValueError(f"unknown theme {name!r}; choose one of {', '.join(THEMES)}")
+    name = resolve_theme(name)
     app.setStyle("Fusion")
     app.setPalette(build_palette(name))
-    app.setStyleSheet((RESOURCES / f"{name}.qss").read_text(encoding="utf-8"))
+    sheet = (RESOURCES / f"{name}.qss").read_text(encoding="utf-8")
+    app.setStyleSheet(sheet.replace("{RESOURCES}", RESOURCES.as_posix()))  # images live beside the sheets
+    return name
+
+
+def apply_text_scale(app: QApplication, percent: int) -> None:
+    """Set the app's text size to `percent` of the size it had at the first call."""
+    base = app.property("sprig_base_point_size")
+    if base is None:
+        base = app.font().pointSizeF()
+        app.setProperty("sprig_base_point_size", base)
+    font = app.font()
+    font.setPointSizeF(base * percent / 100)
+    app.setFont(font)

@@ -32,6 +32,8 @@ def to_markdown(conversation: Conversation, messages: list[Message]) -> str:
         heading = message.role.capitalize()
         if message.role == "assistant" and message.model:
             heading += f" ({message.model})"
+        if message.versions:
+            heading += f", version {message.active + 1} of {len(message.versions) + 1}"
         parts += [f"## {heading}", message.content]
         footnote = _footnote(message)
         if footnote:
@@ -72,6 +74,8 @@ def to_json(conversation: Conversation, messages: list[Message]) -> dict:
                 "metrics": message.metrics,
                 "state": message.state,
                 "created_at": message.created_at,
+                "versions": list(message.versions),
+                "active": message.active,
             }
             for message in messages
         ],
@@ -139,7 +143,7 @@ def _message_fields(message: object, label: str) -> dict:
         raise TranscriptError(f"{label}.role must be one of {', '.join(ROLES)}, not {role!r}.")
     if state not in IMPORTABLE_STATES:
         raise TranscriptError(f"{label}.state must be one of {', '.join(IMPORTABLE_STATES)}, not {state!r}.")
-    return {
+    fields = {
         "role": role,
         "content": _string(message.get("content"), f"{label}.content", MAX_CONTENT_CHARS),
         "model": None if model is None else _string(model, f"{label}.model", MAX_TITLE_CHARS),
@@ -147,6 +151,29 @@ def _message_fields(message: object, label: str) -> dict:
         "state": state,
         "created_at": _timestamp(message.get("created_at"), f"{label}.created_at"),
     }
+    versions = message.get("versions", [])
+    if "versions" not in label and versions:  # a version has no versions of its own
+        if not isinstance(versions, list) or len(versions) > MAX_MESSAGES:
+            raise TranscriptError(f"{label}.versions must be a list of at most {MAX_MESSAGES} versions.")
+        active = message.get("active", 0)
+        if type(active) is not int or not 0 <= active <= len(versions):
+            raise TranscriptError(f"{label}.active must be a whole number from 0 to {len(versions)}.")
+        fields["versions"] = tuple(_version_fields(version, role, f"{label}.versions[{index}]")
+                                   for index, version in enumerate(versions))
+        fields["active"] = active
+    return fields
+
+
+def _version_fields(version: object, role: str, label: str) -> dict:
+    """One checked earlier version of a message: its text, model, metrics and state, and the
+    messages that followed it (`tail`, checked as messages without versions of their own)."""
+    checked = _message_fields({**version, "role": role} if isinstance(version, dict) else version, label)
+    tail = version.get("tail", [])
+    if not isinstance(tail, list) or len(tail) > MAX_MESSAGES:
+        raise TranscriptError(f"{label}.tail must be a list of at most {MAX_MESSAGES} messages.")
+    fields = {key: checked[key] for key in ("content", "model", "metrics", "state")}
+    fields["tail"] = [_message_fields(later, f"{label}.tail[{index}]") for index, later in enumerate(tail)]
+    return fields
 
 
 def _string(value: object, label: str, max_chars: int) -> str:

@@ -16,16 +16,29 @@ from engine.loader import LoadedModel
 from engine.sampling import SamplingParams
 
 
-def chat_prompt_tokens(loaded: LoadedModel, messages: list[dict[str, str]]) -> list[int]:
+def chat_prompt_tokens(loaded: LoadedModel, messages: list[dict[str, str]], answer_start: str = "") -> list[int]:
     """Render `messages` with the model's template (generation prompt on) and tokenize them.
 
-    BOS is added when the vocabulary asks for it, unless the template already wrote it.
+    `answer_start` is the beginning of the assistant's answer, written after the prompt, to
+    continue from. BOS is added when the vocabulary asks for it, unless the template
+    already wrote it.
     """
     tokenizer = loaded.tokenizer
-    text = loaded.template.render(messages, add_generation_prompt=True)
+    text = loaded.template.render(messages, add_generation_prompt=True) + answer_start
     bos_text = tokenizer.token_text(tokenizer.bos_id) if tokenizer.bos_id is not None else None
     add_bos = tokenizer.add_bos and not (bos_text and text.startswith(bos_text))
     return tokenizer.encode(text, add_bos=add_bos, parse_special=True)
+
+
+def answer_stops(loaded: LoadedModel) -> dict:
+    """Keyword arguments for `generate` that end an answer where the chat format ends a turn.
+
+    The template's end-of-turn texts stop as text, and as tokens where the vocabulary has
+    a token of that text (a control token adds no text to the answer, so only its id shows).
+    """
+    stops = loaded.template.stops
+    special = loaded.tokenizer.special_tokens
+    return {"stop_strings": stops, "stop_ids": {special[text] for text in stops if text in special}}
 
 
 class ChatSession:
@@ -56,6 +69,12 @@ class ChatSession:
             raise ValueError("there is no user message to answer")
         return self._answer(cancel)
 
+    def continue_answer(self, cancel: threading.Event | None = None) -> Iterator[GenerationEvent]:
+        """Go on writing the last message, an assistant's answer that ended early."""
+        if not self.messages or self.messages[-1]["role"] != "assistant":
+            raise ValueError("there is no answer to continue")
+        return self._answer(cancel, continuing=True)
+
     def edit(self, index: int, text: str, cancel: threading.Event | None = None) -> Iterator[GenerationEvent]:
         """Replace user message `index`, forget everything after it, and answer again."""
         if self.messages[index]["role"] != "user":
@@ -66,16 +85,20 @@ class ChatSession:
 
     # -- internals -----------------------------------------------------------------
 
-    def _fit(self) -> tuple[list[int], int]:
+    def _fit(self, continuing: bool = False) -> tuple[list[int], int]:
         """Tokens of the conversation, dropping the oldest turns until an answer has room.
 
+        `continuing`: the last message is the start of the answer, written after the prompt.
         Returns the tokens and how many messages were dropped.
         """
         room_for_answer = min(self.max_tokens, self.cache.n_ctx // 4)
         first = 1 if self.messages and self.messages[0]["role"] == "system" else 0
         dropped = 0
         while True:
-            tokens = chat_prompt_tokens(self.loaded, self.messages)
+            if continuing:
+                tokens = chat_prompt_tokens(self.loaded, self.messages[:-1], self.messages[-1]["content"])
+            else:
+                tokens = chat_prompt_tokens(self.loaded, self.messages)
             if len(tokens) + room_for_answer <= self.cache.n_ctx:
                 return tokens, dropped
             if len(self.messages) - first <= 1:
@@ -91,14 +114,17 @@ class ChatSession:
                 del self.messages[first]
                 dropped += 1
 
-    def _answer(self, cancel: threading.Event | None) -> Iterator[GenerationEvent]:
-        tokens, dropped = self._fit()
+    def _answer(self, cancel: threading.Event | None, continuing: bool = False) -> Iterator[GenerationEvent]:
+        tokens, dropped = self._fit(continuing)
         if dropped:
             yield GenerationEvent(notice=f"The conversation was longer than the context, so the {dropped} "
                                          "oldest messages were left out (the system prompt was kept).")
-        answer = {"role": "assistant", "content": ""}
-        self.messages.append(answer)
+        if continuing:
+            answer = self.messages[-1]
+        else:
+            answer = {"role": "assistant", "content": ""}
+            self.messages.append(answer)
         for event in generate(self.loaded.model, self.loaded.tokenizer, self.cache, tokens, self.params,
-                              max_tokens=self.max_tokens, cancel=cancel):
+                              max_tokens=self.max_tokens, cancel=cancel, **answer_stops(self.loaded)):
             answer["content"] += event.text
             yield event

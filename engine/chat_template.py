@@ -16,7 +16,8 @@ On top of the sandbox, Sprig is stricter than transformers in two ways:
   in one render, the size of `*` repetitions and `**` powers, and the length of the
   rendered text. These guards stop runaway templates; they are not a CPU quota.
 
-A file without a template falls back to ChatML.
+A file without a template gets the built-in format of its model family
+(`engine.builtin_templates`), and says so: `guessed` is then the format's name and why.
 """
 
 import json
@@ -28,14 +29,8 @@ from jinja2 import TemplateSyntaxError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
+from engine.builtin_templates import guess_format, looks_like_base_model, stops_in_source
 from engine.errors import TemplateError
-
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
 
 MAX_RANGE_ITEMS = 1_000_000  # all range() calls of one render together
 MAX_RENDERED_CHARS = 4_000_000  # about a million tokens, more than any context window
@@ -125,22 +120,29 @@ def _template_line(exc: BaseException) -> int | None:
 class ChatTemplate:
     """A model's chat template, compiled once in the sandbox and rendered per chat turn.
 
-    `is_fallback` is True when the model file had no template and ChatML stands in;
-    `bos_token` and `eos_token` are the texts the template sees under those names.
+    `bos_token` and `eos_token` are the texts the template sees under those names;
+    `stops` are the texts that end an answer in this format (its end-of-turn markers).
+    `guessed` is None when the template came from the model file; otherwise it says which
+    built-in format stands in and why. `base_model` is True when the model looks like a
+    base model rather than an instruction-tuned one.
     """
 
-    def __init__(self, source: str | None, *, bos_token: str = "", eos_token: str = "", origin: str = ""):
-        """Compile `source` (Jinja text), or ChatML when it is None.
+    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "", origin: str = "",
+                 stops: tuple[str, ...] | None = None, guessed: str | None = None, base_model: bool = False):
+        """Compile `source` (Jinja text).
 
-        `origin` names the model file in error messages. Raises TemplateError when the
+        `origin` names the model file in error messages; `stops` default to the end-of-turn
+        markers of the built-in formats that `source` writes. Raises TemplateError when the
         source is not valid Jinja.
         """
-        self.is_fallback = source is None
         self.bos_token = bos_token
         self.eos_token = eos_token
+        self.stops = stops_in_source(source) if stops is None else stops
+        self.guessed = guessed
+        self.base_model = base_model
         self._where = f"The chat template in {origin}" if origin else "The model's chat template"
         try:
-            self._template = _SANDBOX.from_string(CHATML_TEMPLATE if source is None else source)
+            self._template = _SANDBOX.from_string(source)
         except TemplateSyntaxError as exc:
             raise TemplateError(
                 f"{self._where} is not valid Jinja (line {exc.lineno}: {exc.message}). "
@@ -155,8 +157,9 @@ class ChatTemplate:
 
         Uses the default template, `tokenizer.chat_template`; named templates that a file
         may list under `tokenizer.chat_templates` are not used. A file without a default
-        template gets ChatML. The BOS/EOS texts come from `token_text(id)` when given,
-        else from the vocabulary in `tokenizer.ggml.tokens`.
+        template gets the built-in format of its family (`guess_format`). The BOS/EOS texts
+        come from `token_text(id)` when given, else from the vocabulary in
+        `tokenizer.ggml.tokens`.
         """
         tokens = metadata.get("tokenizer.ggml.tokens", [])
         text_of = token_text or (lambda token_id: tokens[token_id] if 0 <= token_id < len(tokens) else "")
@@ -165,13 +168,27 @@ class ChatTemplate:
             token_id = metadata.get(key)
             return "" if token_id is None else text_of(int(token_id))
 
-        source = metadata.get("tokenizer.chat_template") or None
-        return cls(
-            source,
-            bos_token=special("tokenizer.ggml.bos_token_id"),
-            eos_token=special("tokenizer.ggml.eos_token_id"),
-            origin=origin,
-        )
+        special_texts = {"bos_token": special("tokenizer.ggml.bos_token_id"),
+                        "eos_token": special("tokenizer.ggml.eos_token_id")}
+        source = metadata.get("tokenizer.chat_template")
+        if source:
+            return cls(source, origin=origin, **special_texts)
+        chat_format, reason = guess_format(metadata)
+        base_model = looks_like_base_model(metadata, origin)
+        # A base model never learnt where its turn ends: its answer ends with its first line.
+        stops = chat_format.stops + (("\n",) if base_model else ())
+        return cls(chat_format.source, origin=origin, stops=stops, **special_texts,
+                   guessed=f"the {chat_format.name} format, because {reason}", base_model=base_model)
+
+    def notice(self, model_name: str) -> str | None:
+        """What the user should hear once about this template, or None when all is normal."""
+        parts = []
+        if self.guessed:
+            parts.append(f"{model_name} has no chat template of its own, so Sprig uses {self.guessed}.")
+        if self.base_model:
+            parts.append(f"{model_name} looks like a base model, not one tuned to chat: expect answers "
+                         "that wander. Sprig ends each answer at the first line break.")
+        return " ".join(parts) or None
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool = True, tools=None, **extra) -> str:
         """Render `messages` (dicts with "role" and "content") into prompt text.

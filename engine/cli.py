@@ -20,7 +20,7 @@ from backends.errors import BackendError
 from backends.selection import PREFERENCES as BACKENDS
 from engine.bench import bench
 from engine.bundled import resolve_model_path
-from engine.chat_session import ChatSession, chat_prompt_tokens
+from engine.chat_session import ChatSession, answer_stops, chat_prompt_tokens
 from engine.chat_template import ChatTemplate
 from engine.config import ModelConfig
 from engine.errors import SprigError
@@ -86,7 +86,7 @@ def cmd_info(args) -> None:
     print(f"{report['file']}\n  architecture   {report['architecture']}  ({report['name']})")
     print(f"  parameters     {report['parameters']:,}")
     print(f"  context length {report['context_length']:,}")
-    print(f"  chat template  {'yes' if report['chat_template'] else 'no (ChatML fallback)'}")
+    print(f"  chat template  {'yes' if report['chat_template'] else 'no (the built-in format of its family)'}")
     for name, entry in report["tensor_types"].items():
         print(f"  {name:8s} {entry['tensors']:5d} tensors {entry['elements']:>14,} weights {entry['bytes'] / 2**20:10.1f} MiB")
 
@@ -139,12 +139,14 @@ def cmd_generate(args) -> None:
     """Continue a prompt (through the chat template) or raw token ids."""
     loaded = _load(args)
     if args.tokens is not None:
-        prompt = _token_list(args.tokens)
+        prompt, stops = _token_list(args.tokens), {}
     else:
         prompt = chat_prompt_tokens(loaded, [{"role": "user", "content": args.prompt}])
+        stops = answer_stops(loaded)
     cache = loaded.new_cache(args.ctx)
     text, tokens, last = "", [], None
-    for event in generate(loaded.model, loaded.tokenizer, cache, prompt, _sampling(args), max_tokens=args.max_tokens):
+    for event in generate(loaded.model, loaded.tokenizer, cache, prompt, _sampling(args), max_tokens=args.max_tokens,
+                          **stops):
         text += event.text
         if event.token is not None and event.finish_reason != "stop":
             tokens.append(event.token)

@@ -7,7 +7,7 @@ the token id and the running metrics. The last event carries the finish reason.
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -129,13 +129,14 @@ def generate(
     *,
     max_tokens: int = 256,
     stop_strings: Sequence[str] = (),
+    stop_ids: Collection[int] = (),
     cancel: threading.Event | None = None,
     ignore_stop_tokens: bool = False,
 ) -> Iterator[GenerationEvent]:
     """Continue `prompt` token by token, reusing whatever prefix the cache already holds.
 
-    Stops on the model's end-of-generation tokens (unless `ignore_stop_tokens`, as for
-    benchmarks), a stop string, `max_tokens`, a full context, or `cancel` being set
+    Stops on the model's end-of-generation tokens and `stop_ids` (unless
+    `ignore_stop_tokens`, as for benchmarks), a stop string, `max_tokens`, a full context, or `cancel` being set
     (checked between decode steps).
     """
     reused = cache.common_prefix(list(prompt))
@@ -155,6 +156,7 @@ def generate(
     steps = DecodeSteps(model, cache, sampler)
     detok = IncrementalDetokenizer(tokenizer)
     stops = StopStringFilter(stop_strings)
+    stopping = frozenset(tokenizer.stop_ids) | frozenset(stop_ids)
     history = list(prompt)
     generated = 0
     pending = None  # what the next token is read from (see DecodeSteps); None: the prefill's logits
@@ -169,7 +171,7 @@ def generate(
         token = sampler.sample(logits, history) if pending is None else steps.read(pending, history)
         history.append(token)
         generated += 1
-        if token in tokenizer.stop_ids and not ignore_stop_tokens:
+        if token in stopping and not ignore_stop_tokens:
             text, finish = stops.flush() + detok.flush(), FINISH_STOP_TOKEN
         else:
             text, stopped = stops.feed(detok.push(token))

@@ -4,7 +4,8 @@
 
 (`make screenshot` runs exactly that.) It opens the real MainWindow on the bundled default
 model, with its chats and settings in a temporary folder, and drives it through: empty,
-streaming, a finished answer with code, the model picker, the settings, an error, and the
+streaming, a finished answer with code (also at the laptop sizes 1366×768 and 1280×720),
+the model picker, the settings, an error, and the
 dark theme. Each state is saved as a PNG of the window (or dialog) as it is on screen.
 """
 
@@ -23,6 +24,8 @@ from app.storage import Store
 from app.theme import apply_theme
 from engine.bundled import default_model
 
+DESKTOP_SIZE = (1440, 900)
+LAPTOP_SIZES = ((1366, 768), (1280, 720))  # the answer with code is also shot at these sizes
 CODE_QUESTION = "Write a Python function that reverses a string, in a code block."
 
 
@@ -62,7 +65,7 @@ def main(folder: Path) -> int:
     apply_theme(app, settings.theme)
     store = Store(data / "sprig.sqlite3")
     window = MainWindow(store, settings, data / "settings.json")
-    window.resize(1440, 900)
+    window.resize(*DESKTOP_SIZE)
     window.show()
     controller = window.controller
 
@@ -80,6 +83,10 @@ def main(folder: Path) -> int:
     controller.send(CODE_QUESTION)
     wait_until(lambda: not controller.busy)
     shoot(window, folder, "3-answer-with-code")
+    for width, height in LAPTOP_SIZES:
+        window.resize(width, height)
+        shoot(window, folder, f"3-answer-with-code-{width}x{height}")
+    window.resize(*DESKTOP_SIZE)
 
     picker = window.open_model_picker()
     picker.wait_for_headers()
@@ -101,6 +108,8 @@ def main(folder: Path) -> int:
     window.error_banner.hide()
     window.apply_settings(replace(controller.settings, theme="dark"))
     shoot(window, folder, "7-dark")
+    window.resize(*LAPTOP_SIZES[0])
+    shoot(window, folder, "7-dark-{}x{}".format(*LAPTOP_SIZES[0]))
 
     QTimer.singleShot(0, window.close)
     window.close()

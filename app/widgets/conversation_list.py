@@ -2,9 +2,10 @@
 
 import time
 
-from PySide6.QtCore import QPoint, Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QObject, QPoint, Qt, QTimer, Signal
+from PySide6.QtGui import QFocusEvent, QKeyEvent
 from PySide6.QtWidgets import (
-    QFrame, QHBoxLayout, QInputDialog, QLabel, QLineEdit, QListWidget, QListWidgetItem, QMenu,
+    QFrame, QHBoxLayout, QLabel, QLineEdit, QListWidget, QListWidgetItem, QMenu,
     QMessageBox, QPushButton, QVBoxLayout, QWidget,
 )
 
@@ -24,6 +25,24 @@ def age_text(timestamp: float, now: float | None = None) -> str:
         return f"{int(seconds // 3600)} h ago"
     days = int(seconds // 86400)
     return f"{days} day{'s' if days > 1 else ''} ago"
+
+
+class _RenameBox(QLineEdit):
+    """The inline title editor: says `cancelled` on Escape or when it loses the focus."""
+
+    cancelled = Signal()
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:
+        """Escape cancels; other keys edit."""
+        if event.key() == Qt.Key.Key_Escape:
+            self.cancelled.emit()
+            return
+        super().keyPressEvent(event)
+
+    def focusOutEvent(self, event: QFocusEvent) -> None:
+        """Clicking elsewhere cancels, as in a file manager."""
+        super().focusOutEvent(event)
+        self.cancelled.emit()
 
 
 class ConversationList(QFrame):
@@ -64,6 +83,11 @@ class ConversationList(QFrame):
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._context_menu)
         self.list.itemClicked.connect(lambda item: self.opened.emit(item.data(Qt.ItemDataRole.UserRole)))
+        self.list.itemDoubleClicked.connect(self.start_rename)
+        self.list.setAccessibleName("Conversations")
+        self.search.setAccessibleName("Search chats")
+        self.list.installEventFilter(self)  # F2 renames the current chat
+        self._editor: QLineEdit | None = None  # the inline rename box, while one is open
         self.empty_label = QLabel("No chats yet")
         self.empty_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.empty_label.setObjectName("MutedLabel")
@@ -82,12 +106,19 @@ class ConversationList(QFrame):
         layout.addWidget(self.list, 1)
         layout.addLayout(footer)
 
-    def set_conversations(self, conversations: list[Conversation], current: int | None) -> None:
-        """Show `conversations` (newest first) and highlight `current`."""
+    def set_conversations(self, conversations: list[Conversation], current: int | None,
+                          snippets: dict[int, str] | None = None) -> None:
+        """Show `conversations` (newest first) and highlight `current`.
+
+        `snippets` (conversation id → text around a search match) replace the age line.
+        """
+        self.cancel_rename()
         self.list.clear()
+        self.list.clearSelection()
         now = time.time()
         for conversation in conversations:
-            item = QListWidgetItem(f"{conversation.title}\n{age_text(conversation.updated_at, now)}")
+            second_line = (snippets or {}).get(conversation.id) or age_text(conversation.updated_at, now)
+            item = QListWidgetItem(f"{conversation.title}\n{second_line}")
             item.setData(Qt.ItemDataRole.UserRole, conversation.id)
             item.setToolTip(conversation.title)
             self.list.addItem(item)
@@ -97,6 +128,41 @@ class ConversationList(QFrame):
         searching = bool(self.search.text().strip())
         self.empty_label.setText("No chat matches" if searching else "No chats yet")
         self.empty_label.setVisible(not conversations)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        """F2 on the list renames the current chat in place."""
+        if watched is self.list and event.type() == QEvent.Type.KeyPress and event.key() == Qt.Key.Key_F2:
+            self.start_rename(self.list.currentItem())
+            return True
+        return super().eventFilter(watched, event)
+
+    def start_rename(self, item: QListWidgetItem | None) -> QLineEdit | None:
+        """Edit the title of `item` in place: Enter renames, Escape or leaving the box cancels."""
+        if item is None:
+            return None
+        self.cancel_rename()
+        conversation_id, title = item.data(Qt.ItemDataRole.UserRole), item.toolTip()
+        editor = _RenameBox(title, self.list.viewport())
+        editor.setGeometry(self.list.visualItemRect(item))
+        editor.returnPressed.connect(lambda: self._finish_rename(conversation_id, editor.text(), title))
+        editor.cancelled.connect(self.cancel_rename)
+        editor.show()
+        editor.setFocus()
+        editor.selectAll()
+        self._editor = editor
+        return editor
+
+    def cancel_rename(self) -> None:
+        """Close the inline rename box, if open, without renaming."""
+        editor, self._editor = self._editor, None
+        if editor is not None:
+            editor.hide()
+            editor.deleteLater()
+
+    def _finish_rename(self, conversation_id: int, text: str, old_title: str) -> None:
+        self.cancel_rename()
+        if text.strip() and text.strip() != old_title:
+            self.rename_requested.emit(conversation_id, text.strip())
 
     def ids(self) -> list[int]:
         """The listed conversation ids, top to bottom."""
@@ -109,17 +175,12 @@ class ConversationList(QFrame):
         conversation_id = item.data(Qt.ItemDataRole.UserRole)
         title = item.toolTip()
         menu = QMenu(self)
-        menu.addAction("Rename…", lambda: self._rename(conversation_id, title))
+        menu.addAction("Rename", lambda: self.start_rename(item))
         menu.addAction("Export as Markdown…", lambda: self.export_requested.emit(conversation_id, "markdown"))
         menu.addAction("Export as JSON…", lambda: self.export_requested.emit(conversation_id, "json"))
         menu.addSeparator()
         menu.addAction("Delete…", lambda: self._delete(conversation_id, title))
         menu.exec(self.list.mapToGlobal(point))
-
-    def _rename(self, conversation_id: int, title: str) -> None:
-        new_title, ok = QInputDialog.getText(self, "Rename chat", "Title:", text=title)
-        if ok and new_title.strip():
-            self.rename_requested.emit(conversation_id, new_title.strip())
 
     def _delete(self, conversation_id: int, title: str) -> None:
         answer = QMessageBox.question(self, "Delete chat", f"Delete “{title}” and all its messages?")

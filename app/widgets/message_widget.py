@@ -10,20 +10,22 @@ rendered only when opened. The look comes from the app's stylesheet
 by objectName below.
 """
 
-from PySide6.QtCore import QEvent, QSize, Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QFont, QKeySequence, QShortcut
+from PySide6.QtCore import QEvent, QRect, QSize, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QCursor, QDesktopServices, QFont, QKeySequence, QResizeEvent, QShortcut
 from PySide6.QtWidgets import (
     QApplication, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QSizePolicy,
-    QToolButton, QVBoxLayout, QWidget,
+    QToolButton, QToolTip, QVBoxLayout, QWidget,
 )
 
 from app.markdown_render import COPY_CODE_SCHEME, Segment, code_blocks, render_markdown, segments, split_reasoning
+from app.storage import CUT_AT_LIMIT, ended_early
 
 STREAMING, COMPLETE, CANCELLED, INTERRUPTED, ERROR = "streaming", "complete", "cancelled", "interrupted", "error"
 NOTES = {
     CANCELLED: "Stopped",
     INTERRUPTED: "Interrupted — the app closed while this answer was being written",
 }
+CUT_NOTE = "Cut off at the token limit (Max tokens in the settings). Continue writes the rest."
 WEB_SCHEMES = ("http", "https")
 COPIED_FEEDBACK_MS = 1200
 PULSE_MS = 400
@@ -201,6 +203,8 @@ class MessageWidget(QFrame):
 
     edit_submitted = Signal(int, str)  # position of the edited message, its new text
     regenerate_requested = Signal()
+    continue_requested = Signal()
+    version_requested = Signal(int, int)  # position of the message, version to show (from 0)
 
     def __init__(self, message: dict, dark: bool = False, parent: QWidget | None = None):
         super().__init__(parent)
@@ -235,6 +239,13 @@ class MessageWidget(QFrame):
         self.set_content(message.get("content", ""))
         self.set_metrics(message.get("metrics"))
         self.set_state(message.get("state") or COMPLETE)
+        self.set_versions(message.get("active", 0), message.get("versions", 1))
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        """At a new width the text wraps anew: ask the layout for the height that now needs."""
+        super().resizeEvent(event)
+        if event.oldSize().width() != event.size().width():
+            self.updateGeometry()
 
     def sizeHint(self) -> QSize:
         """Its height at the width it has: see `hint_at_own_width`."""
@@ -300,15 +311,28 @@ class MessageWidget(QFrame):
         self.details_label.setFont(_small_font(self.details_label))
         self.copy_button = _action_button("Copy", "Copy this message")
         self.copy_button.clicked.connect(self.copy_to_clipboard)
-        self.edit_button = _action_button("Edit", "Edit this message and answer it again")
+        self.edit_button = _action_button("Edit", "Edit this message and answer it again (the earlier version is kept)")
         self.edit_button.clicked.connect(self.start_edit)
         self.edit_button.setVisible(self.role == "user")
-        self.regenerate_button = _action_button("Regenerate", "Answer the last message again")
+        self.regenerate_button = _action_button("Regenerate", "Answer the last message again (the answer so far is kept)")
         self.regenerate_button.clicked.connect(self.regenerate_requested)
         self.regenerate_button.setVisible(False)
+        self.continue_button = _action_button("Continue", "Go on writing this answer")
+        self.continue_button.clicked.connect(self.continue_requested)
+        self.continue_button.setVisible(False)
+        self.previous_button = _action_button("‹", "The previous version of this message")
+        self.previous_button.setAccessibleName("Previous version")
+        self.previous_button.clicked.connect(lambda: self.version_requested.emit(self.position, self.active - 1))
+        self.version_label = QLabel(objectName="VersionLabel")
+        self.next_button = _action_button("›", "The next version of this message")
+        self.next_button.setAccessibleName("Next version")
+        self.next_button.clicked.connect(lambda: self.version_requested.emit(self.position, self.active + 1))
+        row.addWidget(self.previous_button)
+        row.addWidget(self.version_label)
+        row.addWidget(self.next_button)
         row.addWidget(self.details_label)
         row.addStretch(1)
-        for button in (self.copy_button, self.edit_button, self.regenerate_button):
+        for button in (self.copy_button, self.edit_button, self.continue_button, self.regenerate_button):
             button.setFont(_small_font(button))
             row.addWidget(button)
         return row
@@ -368,7 +392,8 @@ class MessageWidget(QFrame):
         else:
             self._pulse_timer.stop()
         error = (self.metrics or {}).get("error") or "Something went wrong while answering."
-        note = error if state == ERROR else NOTES.get(state, "")
+        cut = (self.metrics or {}).get("finish_reason") == CUT_AT_LIMIT and state == COMPLETE
+        note = error if state == ERROR else CUT_NOTE if cut else NOTES.get(state, "")
         self.note.setText(note)
         kind = "error" if state == ERROR else "info"
         if self.note.property("kind") != kind:
@@ -393,14 +418,29 @@ class MessageWidget(QFrame):
 
     # -- actions ---------------------------------------------------------------------
 
+    def set_versions(self, active: int, count: int) -> None:
+        """Show "active + 1 / count" with arrows to the others, when there is more than one."""
+        self.active, self._version_count = active, count
+        for widget in (self.previous_button, self.version_label, self.next_button):
+            widget.setVisible(count > 1)
+        self.version_label.setText(f"{active + 1}/{count}")
+        self.version_label.setAccessibleName(f"Version {active + 1} of {count}")
+        self.previous_button.setEnabled(active > 0)
+        self.next_button.setEnabled(active < count - 1)
+
     def set_regenerate_visible(self, visible: bool) -> None:
-        """Offer Regenerate (the chat view does so on the last answer only)."""
+        """Offer Regenerate, and Continue where the answer ended early (on the last answer only)."""
         self.regenerate_button.setVisible(visible and self.role == "assistant")
+        early = ended_early(self.state, self.metrics) and bool(self._content)
+        self.continue_button.setVisible(visible and self.role == "assistant" and early)
 
     def set_actions_enabled(self, enabled: bool) -> None:
         """Allow or block Edit and Regenerate (blocked while an answer streams)."""
-        self.edit_button.setEnabled(enabled)
-        self.regenerate_button.setEnabled(enabled)
+        for button in (self.edit_button, self.regenerate_button, self.continue_button,
+                       self.previous_button, self.next_button):
+            button.setEnabled(enabled)
+        if enabled:
+            self.set_versions(self.active, self._version_count)
 
     def copy_to_clipboard(self) -> None:
         """Copy the message's raw markdown (an answer without its reasoning)."""
@@ -416,6 +456,7 @@ class MessageWidget(QFrame):
             index = int(url.path()) if url.path().isdigit() else len(blocks)
             if index < len(blocks):
                 QApplication.clipboard().setText(blocks[index])
+                QToolTip.showText(QCursor.pos(), "Copied", self, QRect(), COPIED_FEEDBACK_MS)
         elif url.scheme() in WEB_SCHEMES:
             QDesktopServices.openUrl(url)
 

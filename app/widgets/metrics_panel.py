@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.backend_status import BackendStatus
 from app.model_library import format_bytes
 from app.widgets.sparkline import Sparkline
 
@@ -59,6 +60,7 @@ class MetricsPanel(QFrame):
         self._process = psutil.Process()
 
         self.header = QToolButton(objectName="MetricsHeader")
+        self.header.setAccessibleName("Fold or unfold the metrics")
         self.header.clicked.connect(lambda: self.set_collapsed(not self.is_collapsed()))
 
         self.rate = QLabel(NONE, objectName="MetricsRate")
@@ -78,6 +80,7 @@ class MetricsPanel(QFrame):
         self.context = self._add_row(grid, "Context")
         self.context_bar = QProgressBar(objectName="ContextBar", textVisible=False)
         self.context_bar.setFixedHeight(4)
+        self.context_bar.setAccessibleName("Context used")
         grid.addWidget(self.context_bar, grid.rowCount(), 0, 1, 2)
         self.memory = self._add_row(grid, "Memory")
         self.backend = self._add_row(grid, "Backend")
@@ -124,7 +127,15 @@ class MetricsPanel(QFrame):
         self._sync_memory_timer()
 
     def _update_header(self) -> None:
-        """The header names the state; collapsed, it also keeps the rate in sight."""
+        """The header names the state; collapsed, it also keeps the rate in sight.
+
+        An empty rate ("—") is drawn muted, so it does not look like a figure.
+        """
+        empty = self.rate.text() == NONE
+        if self.rate.property("empty") != empty:
+            self.rate.setProperty("empty", empty)
+            self.rate.style().unpolish(self.rate)
+            self.rate.style().polish(self.rate)
         if not self.is_collapsed():
             self.header.setText("Metrics ▾")
         elif self.rate.text() == NONE:
@@ -159,13 +170,13 @@ class MetricsPanel(QFrame):
 
     # ---- figures ----------------------------------------------------------------
 
-    def set_backend(self, name: str, device: str, notes: list[str]) -> None:
-        """Show the backend in use and its device; `notes` (why a GPU was passed over) as a warning."""
-        self.backend.setText(f"{name} · {device}")
-        text = "\n".join(f"⚠ {note}" for note in notes)
-        self.notes.setText(text)
-        self.notes.setToolTip(text)
-        self.notes.setVisible(bool(notes))
+    def set_backend(self, status: BackendStatus) -> None:
+        """Show the backend in use (details in its tooltip); a warning only for an unused GPU."""
+        self.backend.setText(status.summary)
+        self.backend.setToolTip(status.details)
+        self.notes.setText(f"⚠ {status.warning}" if status.warning else "")
+        self.notes.setToolTip(status.details)
+        self.notes.setVisible(bool(status.warning))
 
     def clear(self) -> None:
         """Blank every figure of the answer (the backend and memory stay)."""

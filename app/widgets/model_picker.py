@@ -11,7 +11,7 @@ from pathlib import Path
 from PySide6.QtCore import Qt, QUrl, Signal
 from PySide6.QtGui import QBrush, QColor, QDesktopServices
 from PySide6.QtWidgets import (
-    QAbstractItemView, QApplication, QDialog, QFileDialog, QHBoxLayout, QHeaderView, QLabel, QPushButton,
+    QAbstractItemView, QApplication, QDialog, QFileDialog, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QPushButton,
     QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
 )
 
@@ -20,8 +20,24 @@ from app.model_library import (
 )
 from app.worker import EngineThread, Job, error_message
 
-COLUMNS = ("Model", "Architecture", "Parameters", "Quantization", "File size", "Context", "Memory")
+COLUMNS = ("Model", "File", "Architecture", "Parameters", "Quantization", "File size", "Context", "Memory")
+MODEL, FILE, ARCHITECTURE, PARAMETERS, QUANTIZATION, SIZE, CONTEXT, MEMORY = range(len(COLUMNS))
+NUMERIC = (PARAMETERS, SIZE, CONTEXT)
+PICKER_WIDTH = 1200  # room for every column on a screen that has it
+MAX_COLUMN_WIDTH = 320
+ENTRY = Qt.ItemDataRole.UserRole  # column MODEL's item holds the row's index in the entries
+SORT_KEY = Qt.ItemDataRole.UserRole + 1  # a number to sort by, where the text is not one
 WARNING_COLOR = QColor("#c0392b")
+
+
+class _Item(QTableWidgetItem):
+    """A table cell that sorts by its SORT_KEY when it has one, else by its text, ignoring case."""
+
+    def __lt__(self, other: QTableWidgetItem) -> bool:
+        mine, theirs = self.data(SORT_KEY), other.data(SORT_KEY)
+        if mine is not None and theirs is not None:
+            return mine < theirs
+        return self.text().casefold() < other.text().casefold()
 
 
 class InfoCache:
@@ -80,7 +96,8 @@ class ModelPicker(QDialog):
                  current: Path | None = None, parent: QWidget | None = None, backend: str = "numpy"):
         super().__init__(parent)
         self.setWindowTitle("Models")
-        self.resize(980, 420)
+        room = self.screen().availableGeometry().width() - 40 if self.screen() else PICKER_WIDTH
+        self.resize(min(PICKER_WIDTH, room), 420)
         self._entries = list(entries)
         self._removed: set[int] = set()
         self._n_ctx = n_ctx
@@ -94,15 +111,30 @@ class ModelPicker(QDialog):
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-        self.table.horizontalHeader().setSectionResizeMode(6, QHeaderView.ResizeMode.Stretch)
+        header = self.table.horizontalHeader()
+        header.setMaximumSectionSize(MAX_COLUMN_WIDTH)  # longer texts are cut short; tooltips have them whole
+        for column in range(len(COLUMNS)):  # the file name takes what the others leave
+            header.setSectionResizeMode(column, QHeaderView.ResizeMode.Stretch if column == FILE
+                                        else QHeaderView.ResizeMode.ResizeToContents)
+        self.table.setWordWrap(False)
+        self.table.setTextElideMode(Qt.TextElideMode.ElideMiddle)  # a file name's start and end tell most
         self.table.itemDoubleClicked.connect(lambda _item: self._load_selected())
         for row, entry in enumerate(entries):
-            name = entry.name + ("  (bundled)" if entry.bundled else "")
-            self._set(row, 0, name, tooltip=str(entry.path))
-            self._set(row, 6, "reading…")
+            item = _Item(entry.name)
+            item.setData(ENTRY, row)
+            item.setToolTip(str(entry.path))
+            self.table.setItem(row, MODEL, item)
+            where = "bundled" if entry.bundled else entry.path.parent.name or str(entry.path.parent)
+            self._set(row, FILE, f"{entry.path.name} — {where}", tooltip=str(entry.path))
+            self._set(row, MEMORY, "reading…")
             if current is not None and entry.path == current:
                 self.table.selectRow(row)
+        self.table.setSortingEnabled(True)
+        self.table.sortByColumn(-1, Qt.SortOrder.AscendingOrder)  # sortable on a click; the library's order first
+        self.filter = QLineEdit(placeholderText="Filter by name, file, architecture or quantization…")
+        self.filter.setAccessibleName("Filter models")
+        self.filter.setClearButtonEnabled(True)
+        self.filter.textChanged.connect(self._apply_filter)
 
         self.memory_label = QLabel(f"Memory available now: {format_bytes(available_memory())} · "
                                    f"context length {n_ctx:,} tokens · {backend} backend")
@@ -126,6 +158,7 @@ class ModelPicker(QDialog):
         buttons.addWidget(close_button)
         buttons.addWidget(self.load_button)
         layout = QVBoxLayout(self)
+        layout.addWidget(self.filter)
         layout.addWidget(self.table, 1)
         layout.addWidget(self.memory_label)
         layout.addLayout(buttons)
@@ -147,36 +180,57 @@ class ModelPicker(QDialog):
         while len(self._infos) < len(self._entries):
             QApplication.processEvents()
 
-    def _set(self, row: int, column: int, text: str, tooltip: str | None = None, warn: bool = False) -> None:
-        item = QTableWidgetItem(text)
+    def _table_row(self, entry: int) -> int:
+        """The table row (which sorting moves) showing entry `entry`."""
+        return next(row for row in range(self.table.rowCount()) if self.table.item(row, MODEL).data(ENTRY) == entry)
+
+    def _set(self, row: int, column: int, text: str, tooltip: str | None = None, warn: bool = False,
+             sort_key: float | None = None) -> None:
+        """Fill the cell of entry `row` in `column`."""
+        item = _Item(text)
         if tooltip:
             item.setToolTip(tooltip)
         if warn:
             item.setForeground(QBrush(WARNING_COLOR))
-        if column in (2, 4, 5):
+        if column in NUMERIC:
             item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-        self.table.setItem(row, column, item)
+            item.setData(SORT_KEY, sort_key)
+        sorting = self.table.isSortingEnabled()
+        self.table.setSortingEnabled(False)  # or the row would move while it is being filled
+        self.table.setItem(self._table_row(row), column, item)
+        self.table.setSortingEnabled(sorting)
 
     def _on_infos(self, job: Job, rows: list) -> None:
         available = available_memory()
         for row, value in rows:
             self._infos[row] = value
             if isinstance(value, str):
-                self._set(row, 1, "—")
-                self._set(row, 6, value, tooltip=value, warn=True)
+                self._set(row, ARCHITECTURE, "—")
+                self._set(row, MEMORY, value, tooltip=value, warn=True)
                 continue
             fits, verdict = value.memory_verdict(self._n_ctx, available, self._backend)
-            self._set(row, 1, value.architecture)
-            self._set(row, 2, format_parameters(value.parameters), tooltip=f"{value.parameters:,} parameters")
-            self._set(row, 3, value.quantization)
-            self._set(row, 4, format_bytes(value.file_size))
-            self._set(row, 5, f"{value.context_length:,}")
-            self._set(row, 6, ("" if fits else "⚠ ") + verdict, tooltip=verdict, warn=not fits)
+            self._set(row, ARCHITECTURE, value.architecture)
+            self._set(row, PARAMETERS, format_parameters(value.parameters), tooltip=f"{value.parameters:,} parameters",
+                      sort_key=value.parameters)
+            self._set(row, QUANTIZATION, value.quantization)
+            self._set(row, SIZE, format_bytes(value.file_size), sort_key=value.file_size)
+            self._set(row, CONTEXT, f"{value.context_length:,}", sort_key=value.context_length)
+            self._set(row, MEMORY, ("" if fits else "⚠ ") + verdict, tooltip=verdict, warn=not fits)
+        self._apply_filter(self.filter.text())
         self._update_buttons()
 
+    def _apply_filter(self, text: str) -> None:
+        """Show only the rows whose name, file, architecture or quantization contain `text`."""
+        needle = text.strip().casefold()
+        for row in range(self.table.rowCount()):
+            cells = (self.table.item(row, column) for column in (MODEL, FILE, ARCHITECTURE, QUANTIZATION))
+            shown = not needle or any(cell is not None and needle in cell.text().casefold() for cell in cells)
+            self.table.setRowHidden(row, not shown)
+
     def _selected_row(self) -> int | None:
+        """The entry of the selected row, if any."""
         rows = self.table.selectionModel().selectedRows()
-        return rows[0].row() if rows else None
+        return self.table.item(rows[0].row(), MODEL).data(ENTRY) if rows else None
 
     def _update_buttons(self) -> None:
         row = self._selected_row()
@@ -205,7 +259,7 @@ class ModelPicker(QDialog):
             return
         self.remove_requested.emit(str(self._entries[row].path))
         self._removed.add(row)
-        self._set(row, 6, "removed from the library (the file itself was not deleted)")
+        self._set(row, MEMORY, "removed from the library (the file itself was not deleted)")
         self.table.clearSelection()
 
     def _open_folder(self) -> None:

@@ -270,7 +270,7 @@ class SettingsDialog(QDialog):
 
 
 class ConversationSettingsDialog(QDialog):
-    """Sampling overrides for one conversation, over the global `settings`.
+    """A system prompt and sampling overrides for one conversation, over the global `settings`.
 
     `overrides` is the conversation's stored dict; after `exec()`, `overrides()` holds
     only the ticked fields.
@@ -279,8 +279,14 @@ class ConversationSettingsDialog(QDialog):
     def __init__(self, settings: Settings, overrides: Mapping[str, object], parent: QWidget | None = None):
         super().__init__(parent)
         self.setWindowTitle("Conversation settings")
+        self.own_prompt = QCheckBox("System prompt for this conversation")
+        self.system_prompt = QPlainTextEdit(tabChangesFocus=True)
+        self.system_prompt.setAccessibleName("System prompt for this conversation")
+        self.system_prompt.setFixedHeight(80)
+        self.own_prompt.toggled.connect(self.system_prompt.setEnabled)
+        self._global_prompt = settings.system_prompt
         self.form = SamplingForm(settings, overridable=True)
-        self.form.set_overrides(overrides)
+        self._set_overrides(overrides)
         hint = QLabel(
             "Tick a setting to change it for this conversation only. "
             "Unticked settings follow the global settings.",
@@ -289,10 +295,20 @@ class ConversationSettingsDialog(QDialog):
         )
         layout = QVBoxLayout(self)
         layout.addWidget(hint)
+        layout.addWidget(self.own_prompt)
+        layout.addWidget(self.system_prompt)
         layout.addWidget(self.form)
-        layout.addWidget(_button_box(self, lambda: self.form.set_overrides({}), "Use global settings"))
+        layout.addWidget(_button_box(self, lambda: self._set_overrides({}), "Use global settings"))
         self.resize(420, 0)
+
+    def _set_overrides(self, overrides: Mapping[str, object]) -> None:
+        own = isinstance(overrides.get("system_prompt"), str)
+        self.own_prompt.setChecked(own)
+        self.system_prompt.setEnabled(own)
+        self.system_prompt.setPlainText(overrides["system_prompt"] if own else self._global_prompt)
+        self.form.set_overrides(overrides)
 
     def overrides(self) -> dict[str, object]:
         """The ticked fields and their values."""
-        return self.form.overrides()
+        own = {"system_prompt": self.system_prompt.toPlainText()} if self.own_prompt.isChecked() else {}
+        return {**own, **self.form.overrides()}

@@ -6,6 +6,7 @@ import psutil
 import pytest
 from PySide6.QtCore import Qt
 
+from app.backend_status import backend_status, gpu_present
 from app.widgets.metrics_panel import MetricsPanel
 from app.widgets.sparkline import Sparkline
 
@@ -89,7 +90,7 @@ def test_finish_shows_the_average_rate(panel):
 
 
 def test_clear_blanks_the_answer_but_keeps_the_backend(panel):
-    panel.set_backend("numpy", "CPU", [])
+    panel.set_backend(backend_status("numpy", "CPU", []))
     panel.update_metrics(metrics(1))
     panel.clear()
     assert panel.context.text() == panel.first_token.text() == "—"
@@ -129,13 +130,21 @@ def test_memory_timer_runs_only_when_it_can_be_seen(panel):
     assert not timer.isActive()
 
 
-def test_backend_and_its_notes(panel):
+@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+def test_a_cpu_only_pc_is_information_not_a_warning(panel, backend):
     notes = ["cuda: pycuda is not installed", "mlx: not Apple silicon"]
-    panel.set_backend("numpy", "CPU (2 cores, NumPy float32)", notes)
-    assert panel.backend.text() == "numpy · CPU (2 cores, NumPy float32)"
+    panel.set_backend(backend_status(backend, "CPU (2 cores)", notes, gpu=None))
+    assert panel.backend.text() == f"{backend} · CPU (2 cores)"
+    assert panel.notes.isHidden() and "⚠" not in panel.backend.text()
+    assert all(note in panel.backend.toolTip() for note in notes)
+
+
+def test_a_gpu_present_but_unused_stays_a_warning(panel):
+    notes = ["cuda: pycuda is not installed", "mlx: not Apple silicon"]
+    panel.set_backend(backend_status("numpy", "CPU", notes, gpu="an NVIDIA GPU"))
     assert not panel.notes.isHidden()
-    assert all(note in panel.notes.text() and note in panel.notes.toolTip() for note in notes)
-    panel.set_backend("cuda", "NVIDIA H100", [])
+    assert "NVIDIA GPU" in panel.notes.text() and "pycuda is not installed" in panel.notes.text()
+    panel.set_backend(backend_status("cuda", "NVIDIA H100", [], gpu="an NVIDIA GPU"))
     assert panel.notes.isHidden()
 
 
@@ -165,3 +174,12 @@ def test_sparkline_paints_the_line(qtbot):
         image.pixelColor(x, y).rgb() == highlight.rgb() for x in range(image.width()) for y in range(image.height())
     )
     assert painted > 20
+
+
+def test_gpu_present_looks_for_the_nvidia_driver(monkeypatch, tmp_path):
+    import app.backend_status
+    monkeypatch.setattr(app.backend_status.platform, "system", lambda: "Linux")
+    monkeypatch.setattr(app.backend_status, "_NVIDIA_SIGNS", (str(tmp_path / "nvidia0"),))
+    assert gpu_present() is None
+    (tmp_path / "nvidia0").touch()
+    assert gpu_present() == "an NVIDIA GPU"

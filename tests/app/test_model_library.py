@@ -31,6 +31,21 @@ def test_a_file_without_a_file_type_is_named_by_its_dominant_weight_type(tmp_pat
     assert info.quantization == "Q8_0" and info.architecture == "qwen3"
 
 
+def test_quantization_comes_from_the_tensors_not_a_stale_file_type(tmp_path):
+    stale = write_tiny_model(tmp_path / "requantized.gguf", **{"general.file_type": int(gguf.LlamaFileType.MOSTLY_Q4_1)})
+    assert read_model_info(stale).quantization == "F32"  # every weight is F32, whatever the header says
+    agreeing = write_tiny_model(tmp_path / "q8.gguf", tensor_type=gguf.GGMLQuantizationType.Q8_0,
+                                **{"general.file_type": int(gguf.LlamaFileType.MOSTLY_Q8_0)})
+    assert read_model_info(agreeing).quantization == "Q8_0"
+
+
+def test_a_k_quant_mix_keeps_its_name_when_the_tensors_agree():
+    path = bundled_model("gemma3").path
+    types = {t.tensor_type.name for t in gguf.GGUFReader(path).tensors if t.name.startswith("blk.")}
+    assert "Q4_K" in types  # the independent reading: a Q4_K_M mix
+    assert read_model_info(path).quantization == "Q4_K_M"
+
+
 def test_bad_and_unsupported_files_raise_engine_errors(tmp_path):
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"not a model")

@@ -44,7 +44,9 @@ def custom_settings() -> Settings:
         cpu_threads=3,
         models_folder=Path("/tmp/sprig-models"),
         theme="dark",
+        text_scale=130,
         last_model="/tmp/sprig-models/smol.gguf",
+        last_conversation=7,
     )
 
 
@@ -57,7 +59,8 @@ def test_defaults_come_from_the_resource_file():
     assert defaults.system_prompt == data["system_prompt"] == "You are a helpful assistant."
     assert (defaults.temperature, defaults.top_k, defaults.top_p, defaults.min_p) == (0.7, 40, 0.95, 0.05)
     assert (defaults.repeat_penalty, defaults.max_tokens, defaults.context_length) == (1.1, 512, 4096)
-    assert (defaults.seed, defaults.backend, defaults.theme, defaults.last_model) == (None, "auto", "light", None)
+    assert (defaults.seed, defaults.backend, defaults.theme, defaults.last_model) == (None, "auto", "system", None)
+    assert (defaults.text_scale, defaults.last_conversation) == (100, None)
     assert defaults.cpu_threads == 0  # one thread per physical core
     assert defaults.models_folder == default_models_folder()
     assert default_models_folder().parts[-2:] == ("Sprig", "models")
@@ -163,17 +166,18 @@ def test_settings_load_without_qt():
 # ---- sampling ---------------------------------------------------------------------
 
 
-def test_overrides_apply_to_sampling_fields_only():
+def test_overrides_apply_to_sampling_fields_and_the_system_prompt_only():
     base = custom_settings()
     merged = effective_sampling(base, {
         "temperature": 0.2,
         "seed": None,
         "top_p": 7,  # clamped
         "top_k": "many",  # wrong type: the global value stays
-        "system_prompt": "ignored: not a sampling field",
+        "system_prompt": "Per chat.",
+        "backend": "mlx",  # ignored: not something one conversation sets
         "bogus": 1,
     })
-    assert merged == replace(base, temperature=0.2, seed=None, top_p=1.0)
+    assert merged == replace(base, temperature=0.2, seed=None, top_p=1.0, system_prompt="Per chat.")
     assert base.temperature == 1.3  # the global settings are not touched
 
 
@@ -228,7 +232,9 @@ def test_dialog_returns_what_the_widgets_show(dialog):
         cpu_threads=2,
         models_folder=Path("/data/models"),
         theme="dark",
+        text_scale=100,
         last_model="/models/a.gguf",
+        last_conversation=None,
     )
 
 
@@ -246,11 +252,13 @@ def test_random_seed_greys_the_number(dialog):
     assert seed.spin.isEnabled() and dialog.settings().seed == seed.spin.value()
 
 
-def test_restore_defaults_resets_every_field_but_the_last_model(qtbot):
+def test_restore_defaults_resets_every_field_but_those_it_does_not_show(qtbot):
     dialog = SettingsDialog(custom_settings(), [])
     qtbot.addWidget(dialog)
     dialog.findChild(QDialogButtonBox).button(QDialogButtonBox.StandardButton.RestoreDefaults).click()
-    assert dialog.settings() == replace(Settings.defaults(), last_model=custom_settings().last_model)
+    custom = custom_settings()
+    assert dialog.settings() == replace(Settings.defaults(), last_model=custom.last_model,
+                                        last_conversation=custom.last_conversation, text_scale=custom.text_scale)
 
 
 def test_an_empty_models_folder_keeps_the_old_one(dialog):

@@ -1,4 +1,4 @@
-"""Chat templates: real and representative templates, the ChatML fallback, and the sandbox.
+"""Chat templates: real and representative templates, the built-in formats, and the sandbox.
 
 Every expected prompt below is written out by hand from the template's documented
 format, never taken from the code under test.
@@ -50,7 +50,7 @@ def smollm2(smollm2_metadata):
 
 
 def test_smollm2_renders_a_conversation_as_chatml(smollm2):
-    assert not smollm2.is_fallback
+    assert smollm2.guessed is None
     assert smollm2.render(CONVERSATION) == (
         "<|im_start|>system\nYou are terse.<|im_end|>\n"
         "<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
@@ -87,28 +87,85 @@ def test_special_token_texts_can_come_from_a_tokenizer():
     assert (template.bos_token, template.eos_token) == ("<t7>", "<t8>")
 
 
-# --- Files without a template: ChatML ---------------------------------------------------
+# --- Files without a template: the built-in format of the model's family ----------------
 
 
-def test_gemma_file_without_template_falls_back_to_chatml():
+def test_gemma_file_without_template_gets_the_gemma_format():
     metadata = read_metadata(bundled_model("gemma3").path)  # gguf-py takes several seconds over its 262k tokens
     assert "tokenizer.chat_template" not in metadata
     template = ChatTemplate.from_metadata(metadata, origin="gemma-3-270m-q4_k_m.gguf")
-    assert template.is_fallback
+    assert template.guessed and "Gemma" in template.guessed
     assert (template.bos_token, template.eos_token) == ("<bos>", "<eos>")
-    assert template.render(CONVERSATION[:2]) == (
-        "<|im_start|>system\nYou are terse.<|im_end|>\n"
-        "<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
-        "<|im_start|>assistant\n"
+    # Gemma's documented turn format: the system prompt joins the first user turn.
+    assert template.render(CONVERSATION) == (
+        "<start_of_turn>user\nYou are terse.\n\nWhat is 2+2?<end_of_turn>\n"
+        "<start_of_turn>model\n4.<end_of_turn>\n"
+        "<start_of_turn>user\nAnd 3+3?<end_of_turn>\n"
+        "<start_of_turn>model\n"
     )
-    assert template.render(CONVERSATION[1:3], add_generation_prompt=False) == (
-        "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n4.<|im_end|>\n"
+    assert "<end_of_turn>" in template.stops and "<start_of_turn>" in template.stops
+    # Its metadata names no fine-tune: a base model, told as such, that ends at its first line.
+    assert template.base_model and "\n" in template.stops
+    notice = template.notice("Gemma-3-270M")
+    assert "no chat template" in notice and "base model" in notice
+
+
+def test_a_file_with_its_own_template_is_not_a_guess(smollm2):
+    assert smollm2.guessed is None and not smollm2.base_model
+    assert smollm2.notice("SmolLM2") is None
+    assert "<|im_end|>" in smollm2.stops
+
+
+def vocabulary(*specials):
+    return ["<unk>", "<s>", "</s>", *specials, "a", "b"]
+
+
+@pytest.mark.parametrize("metadata, marker", [
+    ({"tokenizer.ggml.tokens": vocabulary("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+                                          "<|eot_id|>"), "general.architecture": "llama"}, "<|eot_id|>"),
+    ({"tokenizer.ggml.tokens": vocabulary("<|im_start|>", "<|im_end|>"), "general.architecture": "llama"},
+     "<|im_end|>"),
+    ({"tokenizer.ggml.tokens": vocabulary(), "general.architecture": "qwen2"}, "<|im_end|>"),
+    ({"tokenizer.ggml.tokens": vocabulary(), "general.architecture": "gemma2"}, "<end_of_turn>"),
+    ({"tokenizer.ggml.tokens": vocabulary("[INST]", "[/INST]"), "general.architecture": "llama"}, "[INST]"),
+    ({"tokenizer.ggml.tokens": vocabulary(), "general.architecture": "llama", "tokenizer.ggml.model": "llama"},
+     "[INST]"),
+])
+def test_each_family_gets_its_own_format_and_stops(metadata, marker):
+    template = ChatTemplate.from_metadata({**metadata, "general.name": "Some Model Instruct"})
+    assert marker in template.stops
+    assert not template.base_model and template.guessed
+
+
+def test_llama3_format():
+    metadata = {"tokenizer.ggml.tokens": vocabulary("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+                "general.name": "Llama 3.2 1B Instruct"}
+    assert ChatTemplate.from_metadata(metadata).render(CONVERSATION[:2]) == (
+        "<|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
     )
+
+
+def test_llama2_mistral_format():
+    metadata = {"tokenizer.ggml.tokens": vocabulary(), "general.architecture": "llama",
+                "tokenizer.ggml.model": "llama", "tokenizer.ggml.bos_token_id": 1,
+                "tokenizer.ggml.eos_token_id": 2, "general.name": "Mistral 7B Instruct v0.1"}
+    assert ChatTemplate.from_metadata(metadata).render(CONVERSATION) == (
+        "<s>[INST] <<SYS>>\nYou are terse.\n<</SYS>>\n\nWhat is 2+2? [/INST] 4.</s>"
+        "<s>[INST] And 3+3? [/INST]"
+    )
+
+
+def test_chatml_is_the_last_resort():
+    template = ChatTemplate.from_metadata({"general.name": "Mystery chat"})
+    assert template.render(CONVERSATION[1:2]) == "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+    assert "ChatML" in template.guessed
 
 
 def test_only_the_default_template_is_used():
     named_only = {"tokenizer.chat_templates": ["tool_use"], "tokenizer.chat_template.tool_use": "TOOLS"}
-    assert ChatTemplate.from_metadata(named_only).is_fallback
+    assert ChatTemplate.from_metadata(named_only).guessed
     with_default = {**named_only, "tokenizer.chat_template": "DEFAULT"}
     assert ChatTemplate.from_metadata(with_default).render([]) == "DEFAULT"
 

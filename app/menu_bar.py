@@ -1,0 +1,86 @@
+"""The window's menu bar: every command in one place, with its shortcut, and the Help sheet.
+
+The keyboard-shortcuts sheet (F1) is made from these same actions, so it cannot drift
+from what the keys really do.
+"""
+
+from collections.abc import Callable
+
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import QMainWindow, QMessageBox
+
+ABOUT = ("<b>Sprig</b><br>A desktop chat app for local language models, on an inference engine "
+         "of its own. Models run on this computer; nothing is sent anywhere.")
+
+TEXT_STEP = 10  # percent per Larger / Smaller text
+
+# Keys handled by widgets themselves rather than by menu actions.
+WIDGET_KEYS = (("Enter", "Send the message"), ("Shift+Enter", "New line in the message"),
+               ("F2", "Rename the selected chat (or double-click it)"))
+
+
+def add_action(menu, text: str, handler: Callable, keys: str = "") -> QAction:
+    """A menu entry running `handler`, with its shortcut `keys` (if any)."""
+    action = QAction(text, menu)
+    if keys:
+        action.setShortcut(QKeySequence(keys))
+    action.triggered.connect(lambda _checked=False: handler())
+    menu.addAction(action)
+    return action
+
+
+def build_menu_bar(window: QMainWindow) -> dict[str, QAction]:
+    """Fill `window`'s menu bar (a MainWindow) and return its actions by short name."""
+    bar = window.menuBar()
+    actions: dict[str, QAction] = {}
+    file_menu = bar.addMenu("&File")
+    actions["new"] = add_action(file_menu, "&New chat", window.new_conversation, "Ctrl+N")
+    actions["import"] = add_action(file_menu, "&Import chat…", window.import_conversation)
+    actions["settings"] = add_action(file_menu, "&Settings…", window.open_settings, "Ctrl+,")
+    file_menu.addSeparator()
+    actions["quit"] = add_action(file_menu, "&Quit", window.close, "Ctrl+Q")
+
+    model_menu = bar.addMenu("&Model")
+    actions["choose_model"] = add_action(model_menu, "&Choose model…", window.open_model_picker, "Ctrl+L")
+    actions["unload"] = add_action(model_menu, "&Unload", window.controller.unload)
+
+    chat_menu = bar.addMenu("&Chat")
+    actions["chat_settings"] = add_action(chat_menu, "Chat &settings…", window.open_conversation_settings)
+    actions["continue"] = add_action(chat_menu, "&Continue the answer", window.controller.continue_answer,
+                                     "Ctrl+Shift+Return")
+    actions["stop"] = add_action(chat_menu, "S&top", window.controller.cancel, "Escape")
+
+    view_menu = bar.addMenu("&View")
+    actions["metrics"] = add_action(view_menu, "&Metrics panel", lambda: None, "Ctrl+M")
+    actions["metrics"].setCheckable(True)
+    actions["metrics"].setChecked(True)
+    actions["metrics"].toggled.connect(window.model_bar.metrics_button.setChecked)
+    window.model_bar.metrics_button.toggled.connect(actions["metrics"].setChecked)
+    view_menu.addSeparator()
+    actions["larger"] = add_action(view_menu, "&Larger text", lambda: window.change_text_size(TEXT_STEP), "Ctrl++")
+    actions["larger"].setShortcuts([QKeySequence("Ctrl++"), QKeySequence("Ctrl+=")])
+    actions["smaller"] = add_action(view_menu, "&Smaller text", lambda: window.change_text_size(-TEXT_STEP), "Ctrl+-")
+    actions["text_reset"] = add_action(view_menu, "&Actual size", lambda: window.change_text_size(0), "Ctrl+0")
+
+    help_menu = bar.addMenu("&Help")
+    actions["shortcuts"] = add_action(help_menu, "&Keyboard shortcuts", lambda: show_shortcuts(window, actions), "F1")
+    actions["about"] = add_action(help_menu, "&About Sprig", lambda: QMessageBox.about(window, "About Sprig", ABOUT))
+    return actions
+
+
+def shortcuts_text(actions: dict[str, QAction]) -> str:
+    """The shortcuts sheet as an HTML table: every action with a shortcut, then the widget keys."""
+    rows = [(a.shortcut().toString(QKeySequence.SequenceFormat.NativeText), a.text().replace("&", ""))
+            for a in actions.values() if not a.shortcut().isEmpty()]
+    rows += list(WIDGET_KEYS)
+    cells = "".join(f"<tr><td><b>{keys}</b>&nbsp;&nbsp;</td><td>{what}</td></tr>" for keys, what in rows)
+    return f"<table>{cells}</table>"
+
+
+def show_shortcuts(window: QMainWindow, actions: dict[str, QAction]) -> QMessageBox:
+    """Show the keyboard-shortcuts sheet (non-modal); returns it."""
+    box = QMessageBox(QMessageBox.Icon.NoIcon, "Keyboard shortcuts", shortcuts_text(actions),
+                      QMessageBox.StandardButton.Close, window)
+    box.setModal(False)
+    box.show()
+    return box
