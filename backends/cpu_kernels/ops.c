@@ -133,11 +133,13 @@ static void rms_norm(const Op *op) {
     }
 }
 
+/* The cos/sin of the last position rotated (q and k of a layer, and most layers, share
+ * them). Keyed by the table's values, not its address: a freed table's address comes back. */
 static struct {
-    const double *table;
+    double table[4096];
     int64_t pos, half;
     float cos[4096], sin[4096];
-} rope_cache = {NULL, -1, 0, {0}, {0}};
+} rope_cache = {{0}, -1, 0, {0}, {0}};
 
 static void rope(const Op *op) {
     int64_t T = op->n[0], heads = op->n[1], dim = op->n[2], rope_dim = op->n[3], half = rope_dim / 2;
@@ -145,13 +147,14 @@ static void rope(const Op *op) {
     if (op->out != op->a) memcpy(op->out, op->a, sizeof(float) * (size_t)(T * heads * dim));
     for (int64_t t = 0; t < T; t++) {
         int64_t pos = *op->pos + t;
-        if (rope_cache.table != op->table || rope_cache.pos != pos || rope_cache.half != half) {
+        if (rope_cache.pos != pos || rope_cache.half != half ||
+            memcmp(rope_cache.table, op->table, sizeof(double) * (size_t)half) != 0) {
             for (int64_t i = 0; i < half; i++) {
                 double angle = (double)pos * op->table[i];
                 rope_cache.cos[i] = (float)cos(angle);
                 rope_cache.sin[i] = (float)sin(angle);
             }
-            rope_cache.table = op->table;
+            memcpy(rope_cache.table, op->table, sizeof(double) * (size_t)half);
             rope_cache.pos = pos;
             rope_cache.half = half;
         }

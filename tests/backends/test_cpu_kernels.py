@@ -144,3 +144,19 @@ def test_thread_count_is_set_and_reported(monkeypatch):
     monkeypatch.setenv(cpu_native.THREADS_ENV, "1")
     backend = CpuBackend()
     assert backend.threads == 1 and "1 threads" in backend.device_name
+
+
+def test_rope_of_a_new_model_is_not_served_from_the_last_ones():
+    """The kernel reuses the last position's cos/sin; a table with other values (a new
+    model, whose table may sit at a freed one's address) must not get them."""
+    x = np.random.default_rng(1).standard_normal((1, 2, 8)).astype(np.float32)
+    positions = np.array([7])
+    first = CpuBackend(threads=1)
+    first.rope(x, positions, 10000.0, 8, True)
+    first.close()
+    ours = CpuBackend(threads=1).rope(x, positions, 1e6, 8, True)
+    half = np.arange(4, dtype=np.float64)
+    angles = 7 * 1e6 ** (-2 * half / 8)  # worked out by hand: theta_i = pos * base^(-2i/d)
+    a, b = x[0, :, :4].astype(np.float64), x[0, :, 4:].astype(np.float64)
+    expected = np.concatenate([a * np.cos(angles) - b * np.sin(angles), a * np.sin(angles) + b * np.cos(angles)], -1)
+    np.testing.assert_allclose(ours[0], expected, rtol=1e-5, atol=1e-6)
