@@ -65,7 +65,6 @@ void unpack_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf);
 void dequantize_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf, float *out);
 void quantize_row(const float *x, int64_t K, int16_t *q, float *d, float *xsum);
 float dot_quant(const RowBuffer *w, int type, const int16_t *xq, const float *xd, const float *xs, int64_t K);
-float dot_float(const float *w, const float *x, int64_t K);
 float dot_row(int type, const uint8_t *row, int64_t K, const int16_t *xq, const float *xd, const float *xs,
               float *mins);
 void dot_tokens(const RowBuffer *w, int type, const float *x, const int16_t *xq, const float *xd, const float *xs,

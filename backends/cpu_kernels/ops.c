@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "ops.h"
+#include "simd.h"
 
 #define TOKEN_TILE 32  /* tokens dotted with one unpacked weight row before the next row */
 #define PARALLEL_ELEMENTS 65536

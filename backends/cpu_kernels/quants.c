@@ -331,8 +331,6 @@ void quantize_row(const float *x, int64_t K, int16_t *q, float *d, float *xsum) 
     }
 }
 
-static inline float reduce8(v8f a) { return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])); }
-
 /* One group's contribution to a row's 8 float lanes. Weights with one scale per group sum
  * both halves in int32 first (exact); Q6_K's halves have a scale each. */
 static inline v8f group_term(const int8_t *w, const int16_t *x, const float *scale, float xd, int split) {
@@ -350,19 +348,6 @@ float dot_quant(const RowBuffer *w, int type, const int16_t *xq, const float *xd
         acc += group_term(w->q + g * GROUP, xq + g * GROUP, w->scale + g * HALVES, xd[g], split);
     float total = reduce8(acc);
     return type_has_min(type) ? total + dot_float(w->min, xs, groups) : total;
-}
-
-float dot_float(const float *w, const float *x, int64_t K) {
-    v8f acc = {0};
-    int64_t i = 0;
-    for (; i + LANES <= K; i += LANES) {
-        v8f a, b;
-        memcpy(&a, w + i, sizeof a);
-        memcpy(&b, x + i, sizeof b);
-        acc += a * b;
-    }
-    for (int l = 0; i + l < K; l++) acc[l] += w[i + l] * x[i + l];
-    return reduce8(acc);
 }
 
 /* Blocks whose fp16 scale (or min) is inf or nan; for float types, elements that are. */

@@ -53,4 +53,24 @@ static inline void dot32(const int8_t *w, const int16_t *x, v8i *lo, v8i *hi) {
 }
 #endif
 
+/* Shared float helpers: plain C, the same operations in every tier (inline, since
+ * attention calls dot_float once per score). */
+#include <string.h>
+
+static inline float reduce8(v8f a) { return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])); }
+
+/* sum of w[i] * x[i] in 8 lanes (lane i mod 8), then reduce8 */
+static inline float dot_float(const float *w, const float *x, int64_t K) {
+    v8f acc = {0};
+    int64_t i = 0;
+    for (; i + 8 <= K; i += 8) {
+        v8f a, b;
+        memcpy(&a, w + i, sizeof a);
+        memcpy(&b, x + i, sizeof b);
+        acc += a * b;
+    }
+    for (int l = 0; i + l < K; l++) acc[l] += w[i + l] * x[i + l];
+    return reduce8(acc);
+}
+
 #endif
