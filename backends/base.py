@@ -165,5 +165,11 @@ class Backend(ABC):
     def kv_bytes(self, cache: Any) -> int:
         """Bytes the KV cache storage occupies."""
 
+    @property
+    def load_notes(self) -> list[str]:
+        """What preparing the weights changed that the user should hear of (a tensor type
+        converted at load), one sentence each. None by default."""
+        return []
+
     def close(self) -> None:
         """Release what the backend holds (device memory, caches). Idempotent."""

@@ -60,9 +60,13 @@ class CpuKV:
     def __init__(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int, value_dim: int):
         self.k = np.zeros((n_layers, n_kv_heads, n_ctx, head_dim), dtype=np.float32)
         self.v = np.zeros((n_layers, n_kv_heads, n_ctx, value_dim), dtype=np.float32)
-        self.n_ctx = n_ctx
         self.step_state = np.zeros(2, dtype=np.int64)
         self.decode_step: Callable[[Any, int], np.ndarray] | None = None
+
+    @property
+    def n_ctx(self) -> int:
+        """Positions the storage holds."""
+        return self.k.shape[2]
 
 
 class _Slot:
@@ -180,13 +184,17 @@ class CpuBackend(Backend):
     def __init__(self, threads: int | None = None, tier: str | None = None):
         self.native = cpu_native.load(tier)
         self.threads = self.native.set_threads(threads or cpu_native.default_threads())
-        self.load_notes: list[str] = []
+        self._load_notes: list[str] = []
         self._recorder: _Recorder | None = None
         self._rope_tables: dict[tuple, np.ndarray] = {}
 
     @property
     def device_name(self) -> str:
         return f"CPU ({self.threads} threads, {self.native.TIER} kernels)"
+
+    @property
+    def load_notes(self) -> list[str]:
+        return list(self._load_notes)
 
     # -- weights ---------------------------------------------------------------------
 
@@ -220,7 +228,7 @@ class CpuBackend(Backend):
             target, raw = GGMLQuantizationType.F32, dense.view(np.uint8)
         else:
             target, raw = _Q8_0, quants.quantize(dense, _Q8_0)
-        self.load_notes.append(f"{spec.name} is {source}, which the cpu backend has no kernel for: "
+        self._load_notes.append(f"{spec.name} is {source}, which the cpu backend has no kernel for: "
                                f"converted to {target.name} at load")
         return np.ascontiguousarray(raw), int(target)
 

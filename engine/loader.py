@@ -99,4 +99,4 @@ def load_model(path: str | Path | GGUFFile, backend: str = "auto", progress: Pro
         model_file.close()
         raise
     return LoadedModel(model_file.path, model_file, config, tokenizer, template, chosen, model, notes,
-                       list(getattr(chosen, "load_notes", [])))
+                       chosen.load_notes)
