@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.bundled import bundled_model
-from engine.loader import LoadedModel
+from engine.loader import LoadedModel, load_model
 from tests.gguf_factory import write_tiny_model
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "models"
@@ -21,6 +21,15 @@ def model_path(key: str, tmp_dir: Path) -> Path:
     # Caps small enough to change the tiny model's scores and logits, so that ignoring them shows.
     caps = {"gemma2.attn_logit_softcapping": 2.0, "gemma2.final_logit_softcapping": 3.0} if arch == "gemma2" else {}
     return write_tiny_model(tmp_dir / f"{key}.gguf", arch=arch, seed=11, **caps)
+
+
+def load_on_both(request, key: str, tmp_dir: Path, backend: str) -> dict[str, LoadedModel]:
+    """Model `key` loaded on NumPy and on `backend`, closed when the test's fixture ends."""
+    path = model_path(key, tmp_dir)
+    loaded = {name: load_model(path, name) for name in ("numpy", backend)}
+    for model in loaded.values():
+        request.addfinalizer(model.close)
+    return loaded
 
 
 def greedy_forward(loaded: LoadedModel, prompt: list[int], n: int) -> tuple[np.ndarray, list[int]]:

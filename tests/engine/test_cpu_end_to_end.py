@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 
 from engine.generation import generate
-from engine.loader import LoadedModel, load_model
+from engine.loader import LoadedModel
 from engine.perplexity import perplexity
 from engine.sampling import SamplingParams
-from tests.engine.parity_models import greedy_forward, model_path
+from tests.engine.parity_models import greedy_forward, load_on_both
 
 PPL_TEXT = (Path(__file__).resolve().parent.parent / "fixtures" / "ppl_text.txt").read_text()
 N_GREEDY = 32
@@ -71,10 +71,7 @@ def prompts_for(key: str, loaded: LoadedModel) -> list[list[int]]:
 ])
 def pair(request, tmp_path_factory) -> Pair:
     """Load one model on both backends and run everything once for the whole module."""
-    path = model_path(request.param, tmp_path_factory.mktemp("models"))
-    loaded = {name: load_model(path, name) for name in ("numpy", "cpu")}
-    for model in loaded.values():
-        request.addfinalizer(model.close)
+    loaded = load_on_both(request, request.param, tmp_path_factory.mktemp("models"), "cpu")
     prompts = prompts_for(request.param, loaded["numpy"])
     logits, greedy, ppl = {}, {}, {}
     for name, model in loaded.items():

@@ -29,7 +29,7 @@ import pytest
 from engine.generation import generate
 from engine.loader import LoadedModel, load_model
 from engine.sampling import SamplingParams
-from tests.engine.parity_models import FIXTURES, greedy_forward, model_path
+from tests.engine.parity_models import FIXTURES, greedy_forward, load_on_both
 
 pytest.importorskip("mlx.core", reason="mlx is not installed (pip install 'sprig[mlx]')")
 
@@ -77,10 +77,7 @@ def prompts_for(key: str, loaded: LoadedModel) -> list[list[int]]:
 ])
 def pair(request, tmp_path_factory) -> Pair:
     """Load one model on both backends and run everything once for the whole module."""
-    path = model_path(request.param, tmp_path_factory.mktemp("models"))
-    loaded = {name: load_model(path, name) for name in ("numpy", "mlx")}
-    for model in loaded.values():
-        request.addfinalizer(model.close)
+    loaded = load_on_both(request, request.param, tmp_path_factory.mktemp("models"), "mlx")
     prompts = prompts_for(request.param, loaded["numpy"])
     logits, forward_greedy, generated = {}, {}, {}
     for name, model in loaded.items():
