@@ -4,6 +4,7 @@ and it installs, runs, opens a model and purges in a clean Debian made by deboot
 import os
 import re
 import shutil
+import signal
 import sqlite3
 import subprocess
 import tarfile
@@ -156,32 +157,42 @@ def test_every_bundled_library_finds_its_dependencies_in_a_clean_debian(clean_ro
     assert not missing, "\n".join(sorted(set(missing)))
 
 
-def test_the_launcher_opens_a_gguf_in_a_clean_debian(clean_root: Path, tmp_path):
+def opened_models(database: Path) -> list[str]:
+    """The model paths Sprig has loaded, from its chats database (empty while it starts)."""
+    if not database.exists():
+        return []
+    try:
+        with sqlite3.connect(database, timeout=5) as db:  # WAL: reads alongside the running app
+            return [row[0] for row in db.execute("SELECT path FROM models")]
+    except sqlite3.OperationalError:  # the schema is still being created
+        return []
+
+
+def test_the_launcher_opens_a_gguf_in_a_clean_debian(clean_root: Path):
     """What a double-click does: the desktop entry's Exec line, with the file for %f, on X11."""
     models = clean_root / "root" / "Models"
     models.mkdir(parents=True, exist_ok=True)
     shutil.copy(default_model().path, models / "chat-model.gguf")
     desktop = (clean_root / "usr/share/applications/org.sprig.Sprig.desktop").read_text()
     exec_line = re.search(r"^Exec=(.*)$", desktop, re.M).group(1).replace("%f", "/root/Models/chat-model.gguf")
-    display = f":{50 + os.getpid() % 200}"
-    xvfb = subprocess.Popen(["Xvfb", display, "-nolisten", "tcp", "-ac", "-screen", "0", "1280x800x24"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # A free display number, chosen by Xvfb; the chroot reaches it through its abstract socket.
+    xvfb = subprocess.Popen(["Xvfb", "-displayfd", "1", "-nolisten", "tcp", "-ac", "-screen", "0", "1280x800x24"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    display = f":{xvfb.stdout.readline().strip()}"
     variables = [f"DISPLAY={display}", "HOME=/root", "PATH=/usr/bin:/bin", "LANG=C.UTF-8",
                  "XDG_RUNTIME_DIR=/tmp", "QT_QPA_PLATFORM=xcb"]
-    app = subprocess.Popen(["chroot", str(clean_root), "env", "-i", *variables, "sh", "-c", exec_line],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    app = subprocess.Popen(["chroot", str(clean_root), "env", "-i", *variables, "sh", "-c", f"exec {exec_line}"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     database = clean_root / "root" / ".local" / "share" / "Sprig" / "sprig.sqlite3"
     try:
         deadline = time.monotonic() + OPEN_TIMEOUT_S
         opened = []
         while not opened and time.monotonic() < deadline and app.poll() is None:
             time.sleep(1)
-            if database.exists():
-                with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as db:
-                    opened = [row[0] for row in db.execute("SELECT path FROM models")]
+            opened = opened_models(database)
         alive = app.poll() is None
     finally:
-        app.terminate()
+        os.killpg(app.pid, signal.SIGKILL)  # the bootloader and the app it started
         output = app.communicate(timeout=30)[0]
         xvfb.terminate()
         xvfb.wait(timeout=30)
