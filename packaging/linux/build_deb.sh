@@ -16,6 +16,12 @@
 # bytes are the model and machine code, which level 6 shrinks by a few percent more at
 # several times the CPU time (minutes, in CI).
 set -eu
+for tool in fakeroot:fakeroot dpkg-deb:dpkg-dev objdump:binutils xz:xz-utils; do
+    command -v "${tool%%:*}" >/dev/null || {
+        echo "make package needs ${tool%%:*}: apt-get install ${tool#*:} (or, as root, make package-deps)" >&2
+        exit 2
+    }
+done
 version="$1"
 icons="$2"
 here="$(cd "$(dirname "$0")" && pwd)"

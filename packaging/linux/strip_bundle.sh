@@ -6,6 +6,7 @@
 # whose stripped copies fail to load. So those folders are skipped. The executable is
 # skipped too: PyInstaller keeps the app's archive in its `pydata` section.
 set -eu
+command -v strip >/dev/null || { echo "make package needs strip: apt-get install binutils" >&2; exit 2; }
 bundle="$1"
 find "$bundle/_internal" -path '*.libs' -prune -o -type f -name '*.so*' -print |
 while read -r lib; do
