@@ -37,14 +37,21 @@ class OutOfMemory(SprigError):
 def title_from(text: str) -> str:
     """A conversation title from its first message: the first line, shortened."""
     line = text.strip().splitlines()[0] if text.strip() else "New chat"
-    return line if len(line) <= TITLE_LENGTH else line[:TITLE_LENGTH - 1].rstrip() + "…"
+    return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1].rstrip() + "…"
 
 
 def message_dict(message: Message) -> dict:
     """A stored message as the chat view takes it."""
-    return {"position": message.position, "role": message.role, "content": message.content,
-            "model": message.model, "metrics": message.metrics, "state": message.state,
-            "versions": len(message.versions) + 1, "active": message.active}
+    return {
+        "position": message.position,
+        "role": message.role,
+        "content": message.content,
+        "model": message.model,
+        "metrics": message.metrics,
+        "state": message.state,
+        "versions": len(message.versions) + 1,
+        "active": message.active,
+    }
 
 
 class ChatController(QObject):
@@ -149,8 +156,13 @@ class ChatController(QObject):
             if not fits:
                 self._engine_notice.emit(f"{info.name} {verdict}.")
             self._release_model()
-            loaded = load_model(model_file, settings.backend, progress=self._engine_progress.emit, cancel=cancel,
-                                threads=settings.cpu_threads or None)
+            loaded = load_model(
+                model_file,
+                settings.backend,
+                progress=self._engine_progress.emit,
+                cancel=cancel,
+                threads=settings.cpu_threads or None,
+            )
             for note in loaded.load_notes:
                 self._engine_notice.emit(f"{info.name}: {note}.")
             try:
@@ -333,13 +345,20 @@ class ChatController(QObject):
         """
         conversation = self.conversation
         if assistant is None:
-            assistant = self.store.add_message(conversation.id, "assistant", "", model=self._model_name(),
-                                               state="streaming")
-        history = [m for m in self.store.messages(conversation.id)
-                   if m.state != "error" and m.content and m.id != assistant.id]
+            assistant = self.store.add_message(
+                conversation.id, "assistant", "", model=self._model_name(), state="streaming"
+            )
+        history = [
+            m for m in self.store.messages(conversation.id) if m.state != "error" and m.content and m.id != assistant.id
+        ]
         settings = effective_sampling(self.settings, conversation.overrides)
-        self._answer = {"id": assistant.id, "text": assistant.content, "metrics": {}, "state": "complete",
-                        "saver": ThrottledSaver(self.store, assistant.id, text=assistant.content)}
+        self._answer = {
+            "id": assistant.id,
+            "text": assistant.content,
+            "metrics": {},
+            "state": "complete",
+            "saver": ThrottledSaver(self.store, assistant.id, text=assistant.content),
+        }
         session = self._session
         turns = [{"role": m.role, "content": m.content} for m in history]
         system = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt.strip() else []

@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.self_test:
         from app.self_test import run_self_test
+
         return run_self_test()
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Sprig")

@@ -13,8 +13,18 @@ from pathlib import Path
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QCloseEvent, QDragEnterEvent, QDropEvent, QGuiApplication
 from PySide6.QtWidgets import (
-    QApplication, QFileDialog, QFrame, QHBoxLayout, QLabel, QMainWindow,
-    QProgressBar, QPushButton, QSplitter, QToolButton, QVBoxLayout, QWidget,
+    QApplication,
+    QFileDialog,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QProgressBar,
+    QPushButton,
+    QSplitter,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
 )
 
 from app.backend_status import BackendStatus, backend_status, gpu_present
@@ -143,8 +153,10 @@ class ModelBar(QFrame):
             return
         self.model_path = info.path
         self.set_model_text(info.name, f"{info.name}\n{info.path}\nChoose, add or remove models (Ctrl+L)")
-        self.details.setText(f"{info.architecture} · {format_parameters(info.parameters)} · {info.quantization} · "
-                             f"{format_bytes(info.file_size)} · ctx {info.context_length:,}")
+        self.details.setText(
+            f"{info.architecture} · {format_parameters(info.parameters)} · {info.quantization} · "
+            f"{format_bytes(info.file_size)} · ctx {info.context_length:,}"
+        )
         self.unload_button.setEnabled(True)
 
     def set_backend(self, status: BackendStatus) -> None:
@@ -370,8 +382,11 @@ class MainWindow(QMainWindow):
         path, _ = QFileDialog.getSaveFileName(self, "Export chat", (safe_title or "chat") + suffix, kind)
         if not path:
             return
-        text = to_markdown(conversation, messages) if fmt == "markdown" else json.dumps(
-            to_json(conversation, messages), ensure_ascii=False, indent=2)
+        text = (
+            to_markdown(conversation, messages)
+            if fmt == "markdown"
+            else json.dumps(to_json(conversation, messages), ensure_ascii=False, indent=2)
+        )
         try:
             Path(path).write_text(text, encoding="utf-8")
         except OSError as exc:
@@ -401,8 +416,15 @@ class MainWindow(QMainWindow):
         """Show the model picker (non-modal); returns it."""
         current = self.controller.loaded.path if self.controller.loaded else None
         settings = self.controller.settings
-        picker = ModelPicker(self.library(), self.info_cache, settings.context_length, Path(settings.models_folder),
-                             current, self, backend=planned_backend(settings.backend))
+        picker = ModelPicker(
+            self.library(),
+            self.info_cache,
+            settings.context_length,
+            Path(settings.models_folder),
+            current,
+            self,
+            backend=planned_backend(settings.backend),
+        )
         picker.load_requested.connect(self.controller.load)
         picker.add_requested.connect(self.add_model)
         picker.remove_requested.connect(self.store.remove_model)

@@ -62,7 +62,7 @@ def split_reasoning(text: str) -> tuple[str | None, str, bool]:
     """
     stripped = text.lstrip()
     if stripped.startswith(THINK_OPEN):
-        body = stripped[len(THINK_OPEN):]
+        body = stripped[len(THINK_OPEN) :]
         end = body.find(THINK_CLOSE)
         if end < 0:
             return body.strip(), "", False
@@ -72,7 +72,7 @@ def split_reasoning(text: str) -> tuple[str | None, str, bool]:
             return None, text, True
         body = text
     reasoning = body[:end].strip()
-    answer = body[end + len(THINK_CLOSE):].lstrip()
+    answer = body[end + len(THINK_CLOSE) :].lstrip()
     return (reasoning or None), answer, True
 
 
@@ -160,7 +160,7 @@ def _code_block_html(code: str, language: str, index: int, colours: Theme) -> st
         f'<tr><td style="background-color:{colours.code_header}; padding:4px 10px;">'
         f'<table width="100%" cellspacing="0" cellpadding="0" border="0" '
         f'style="color:{colours.muted}; font-size:small;">'
-        f'<tr><td>{html.escape(language or "code")}</td>'
+        f"<tr><td>{html.escape(language or 'code')}</td>"
         f'<td align="right"><a href="{COPY_CODE_SCHEME}:{index}" '
         f'style="color:{colours.muted}; text-decoration:none;">Copy</a></td></tr></table></td></tr>'
         f'<tr><td style="padding:8px 10px;">'
@@ -231,8 +231,14 @@ def _build_parser() -> MarkdownIt:
         "code_inline": _render_code_inline,
         "image": _render_image,
     }
-    styled = ("paragraph_open", "heading_open", "bullet_list_open", "ordered_list_open",
-              "blockquote_open", "table_open")
+    styled = (
+        "paragraph_open",
+        "heading_open",
+        "bullet_list_open",
+        "ordered_list_open",
+        "blockquote_open",
+        "table_open",
+    )
     rules.update(dict.fromkeys(styled, _render_styled_open))
     for name, rule in rules.items():
         md.add_render_rule(name, rule)

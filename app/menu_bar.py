@@ -9,14 +9,19 @@ from collections.abc import Callable
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QMainWindow, QMessageBox
 
-ABOUT = ("<b>Sprig</b><br>A desktop chat app for local language models, on an inference engine "
-         "of its own. Models run on this computer; nothing is sent anywhere.")
+ABOUT = (
+    "<b>Sprig</b><br>A desktop chat app for local language models, on an inference engine "
+    "of its own. Models run on this computer; nothing is sent anywhere."
+)
 
 TEXT_STEP = 10  # percent per Larger / Smaller text
 
 # Keys handled by widgets themselves rather than by menu actions.
-WIDGET_KEYS = (("Enter", "Send the message"), ("Shift+Enter", "New line in the message"),
-               ("F2", "Rename the selected chat (or double-click it)"))
+WIDGET_KEYS = (
+    ("Enter", "Send the message"),
+    ("Shift+Enter", "New line in the message"),
+    ("F2", "Rename the selected chat (or double-click it)"),
+)
 
 
 def add_action(menu, text: str, handler: Callable, keys: str = "") -> QAction:
@@ -46,8 +51,9 @@ def build_menu_bar(window: QMainWindow) -> dict[str, QAction]:
 
     chat_menu = bar.addMenu("&Chat")
     actions["chat_settings"] = add_action(chat_menu, "Chat &settings…", window.open_conversation_settings)
-    actions["continue"] = add_action(chat_menu, "&Continue the answer", window.controller.continue_answer,
-                                     "Ctrl+Shift+Return")
+    actions["continue"] = add_action(
+        chat_menu, "&Continue the answer", window.controller.continue_answer, "Ctrl+Shift+Return"
+    )
     actions["stop"] = add_action(chat_menu, "S&top", window.controller.cancel, "Escape")
 
     view_menu = bar.addMenu("&View")
@@ -70,8 +76,11 @@ def build_menu_bar(window: QMainWindow) -> dict[str, QAction]:
 
 def shortcuts_text(actions: dict[str, QAction]) -> str:
     """The shortcuts sheet as an HTML table: every action with a shortcut, then the widget keys."""
-    rows = [(a.shortcut().toString(QKeySequence.SequenceFormat.NativeText), a.text().replace("&", ""))
-            for a in actions.values() if not a.shortcut().isEmpty()]
+    rows = [
+        (a.shortcut().toString(QKeySequence.SequenceFormat.NativeText), a.text().replace("&", ""))
+        for a in actions.values()
+        if not a.shortcut().isEmpty()
+    ]
     rows += list(WIDGET_KEYS)
     cells = "".join(f"<tr><td><b>{keys}</b>&nbsp;&nbsp;</td><td>{what}</td></tr>" for keys, what in rows)
     return f"<table>{cells}</table>"
@@ -79,8 +88,9 @@ def shortcuts_text(actions: dict[str, QAction]) -> str:
 
 def show_shortcuts(window: QMainWindow, actions: dict[str, QAction]) -> QMessageBox:
     """Show the keyboard-shortcuts sheet (non-modal); returns it."""
-    box = QMessageBox(QMessageBox.Icon.NoIcon, "Keyboard shortcuts", shortcuts_text(actions),
-                      QMessageBox.StandardButton.Close, window)
+    box = QMessageBox(
+        QMessageBox.Icon.NoIcon, "Keyboard shortcuts", shortcuts_text(actions), QMessageBox.StandardButton.Close, window
+    )
     box.setModal(False)
     box.show()
     return box

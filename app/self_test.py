@@ -70,8 +70,10 @@ def check_model() -> str:
     if EXPECTED not in answer:
         raise AssertionError(f"the model answered {answer!r}, expected it to mention {EXPECTED}")
     metrics = events[-1].metrics
-    return (f"{loaded.path.name} on {loaded.backend.name}: loaded in {load_s:.1f} s, answered {answer!r} "
-            f"at {metrics.decode_tokens_per_second or 0:.1f} tok/s ({events[-1].finish_reason})")
+    return (
+        f"{loaded.path.name} on {loaded.backend.name}: loaded in {load_s:.1f} s, answered {answer!r} "
+        f"at {metrics.decode_tokens_per_second or 0:.1f} tok/s ({events[-1].finish_reason})"
+    )
 
 
 def run_self_test() -> int:

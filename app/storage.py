@@ -30,6 +30,7 @@ def ended_early(state: str, metrics: dict | None) -> bool:
     """Whether an answer stopped before the model was done: Stop, a closed app, the token limit."""
     return state in ("cancelled", "interrupted") or (metrics or {}).get("finish_reason") == CUT_AT_LIMIT
 
+
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 1: the base schema.
     (
@@ -116,7 +117,7 @@ class Message:
     def all_versions(self) -> list[dict]:
         """Every version in order, the shown one included."""
         shown = {"content": self.content, "model": self.model, "metrics": self.metrics, "state": self.state}
-        return [*self.versions[:self.active], shown, *self.versions[self.active:]]
+        return [*self.versions[: self.active], shown, *self.versions[self.active :]]
 
 
 @dataclass(frozen=True)
@@ -136,8 +137,17 @@ def _conversation(row: sqlite3.Row) -> Conversation:
 def _message(row: sqlite3.Row) -> Message:
     metrics = None if row["metrics"] is None else json.loads(row["metrics"])
     return Message(
-        row["id"], row["conversation_id"], row["position"], row["role"], row["content"],
-        row["model"], metrics, row["state"], row["created_at"], tuple(json.loads(row["versions"])), row["active"],
+        row["id"],
+        row["conversation_id"],
+        row["position"],
+        row["role"],
+        row["content"],
+        row["model"],
+        metrics,
+        row["state"],
+        row["created_at"],
+        tuple(json.loads(row["versions"])),
+        row["active"],
     )
 
 
@@ -288,7 +298,7 @@ class Store:
             at = text.casefold().find(needle) if needle else -1
             if at >= 0:
                 start = max(0, at - width // 3)
-                piece = " ".join(text[start:start + width].split())
+                piece = " ".join(text[start : start + width].split())
                 return ("…" if start > 0 else "") + piece + ("…" if start + width < len(text) else "")
         return ""
 
@@ -327,10 +337,15 @@ class Store:
                           :state, :created_at, :versions, :active
                    FROM messages WHERE conversation_id = :conversation""",
                 {
-                    "conversation": conversation_id, "role": role, "content": content, "model": model,
-                    "metrics": _json_or_none(metrics), "state": state,
+                    "conversation": conversation_id,
+                    "role": role,
+                    "content": content,
+                    "model": model,
+                    "metrics": _json_or_none(metrics),
+                    "state": state,
                     "created_at": now if created_at is None else created_at,
-                    "versions": json.dumps(list(versions)), "active": min(max(active, 0), len(versions)),
+                    "versions": json.dumps(list(versions)),
+                    "active": min(max(active, 0), len(versions)),
                 },
             )
             self._db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, conversation_id))
@@ -357,8 +372,9 @@ class Store:
             raise KeyError(f"no message {message_id}")
         return _message(row)
 
-    def new_version(self, message_id: int, content: str = "", *, model: str | None = None,
-                    state: str = "streaming") -> Message:
+    def new_version(
+        self, message_id: int, content: str = "", *, model: str | None = None, state: str = "streaming"
+    ) -> Message:
         """Start a new last version of a message, with `content`, keeping the shown one.
 
         The messages after it (the answers to an edited question) go with the version they
@@ -370,7 +386,9 @@ class Store:
             versions = self._versions_with_tail(message)
             self._db.execute(
                 "UPDATE messages SET content = ?, model = ?, metrics = NULL, state = ?, versions = ?, active = ? "
-                "WHERE id = ?", (content, model, state, json.dumps(versions), len(versions), message_id))
+                "WHERE id = ?",
+                (content, model, state, json.dumps(versions), len(versions), message_id),
+            )
         return self.message(message_id)
 
     def show_version(self, message_id: int, index: int) -> Message:
@@ -384,8 +402,17 @@ class Store:
             shown = versions.pop(index)
             self._db.execute(
                 "UPDATE messages SET content = ?, model = ?, metrics = ?, state = ?, versions = ?, active = ? "
-                "WHERE id = ?", (shown["content"], shown["model"], _json_or_none(shown["metrics"]), shown["state"],
-                                 json.dumps(versions), index, message_id))
+                "WHERE id = ?",
+                (
+                    shown["content"],
+                    shown["model"],
+                    _json_or_none(shown["metrics"]),
+                    shown["state"],
+                    json.dumps(versions),
+                    index,
+                    message_id,
+                ),
+            )
             for later in shown.get("tail", []):
                 self.add_message(message.conversation_id, **later)
         return self.message(message_id)
@@ -395,8 +422,18 @@ class Store:
         later = [m for m in self.messages(message.conversation_id) if m.position > message.position]
         versions = message.all_versions()
         versions[message.active]["tail"] = [
-            {"role": m.role, "content": m.content, "model": m.model, "metrics": m.metrics, "state": m.state,
-             "created_at": m.created_at, "versions": m.versions, "active": m.active} for m in later]
+            {
+                "role": m.role,
+                "content": m.content,
+                "model": m.model,
+                "metrics": m.metrics,
+                "state": m.state,
+                "created_at": m.created_at,
+                "versions": m.versions,
+                "active": m.active,
+            }
+            for m in later
+        ]
         self.delete_messages_from(message.conversation_id, message.position + 1)
         return versions
 

@@ -158,8 +158,9 @@ def _message_fields(message: object, label: str) -> dict:
         active = message.get("active", 0)
         if type(active) is not int or not 0 <= active <= len(versions):
             raise TranscriptError(f"{label}.active must be a whole number from 0 to {len(versions)}.")
-        fields["versions"] = tuple(_version_fields(version, role, f"{label}.versions[{index}]")
-                                   for index, version in enumerate(versions))
+        fields["versions"] = tuple(
+            _version_fields(version, role, f"{label}.versions[{index}]") for index, version in enumerate(versions)
+        )
         fields["active"] = active
     return fields
 

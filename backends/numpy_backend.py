@@ -91,7 +91,7 @@ class NumpyWeight:
         out = np.empty((x.shape[0], n_out), dtype=np.float32)
         for lo in range(0, n_out, step):
             index = np.arange(lo, min(lo + step, n_out))
-            out[:, lo:lo + step] = x @ self.rows(index).T
+            out[:, lo : lo + step] = x @ self.rows(index).T
         return out
 
 
@@ -152,8 +152,9 @@ class NumpyBackend(Backend):
         self.cache.share([w.spec.name for w in weights], joined, bounds)
         return JoinedWeights(joined, bounds)
 
-    def linear_fused(self, x: np.ndarray, fused: JoinedWeights | tuple,
-                     biases: tuple[np.ndarray | None, ...]) -> list[np.ndarray]:
+    def linear_fused(
+        self, x: np.ndarray, fused: JoinedWeights | tuple, biases: tuple[np.ndarray | None, ...]
+    ) -> list[np.ndarray]:
         if not isinstance(fused, JoinedWeights):
             return super().linear_fused(x, fused, biases)
         out = x @ fused.matrix.T  # (T, sum of the outs)
@@ -167,8 +168,15 @@ class NumpyBackend(Backend):
         mean_square = np.mean(np.square(x), axis=-1, keepdims=True)
         return (x / np.sqrt(mean_square + np.float32(eps))) * weight
 
-    def rope(self, x: np.ndarray, positions: np.ndarray, base: float, rope_dim: int, neox: bool,
-             freq_factors: np.ndarray | None = None) -> np.ndarray:
+    def rope(
+        self,
+        x: np.ndarray,
+        positions: np.ndarray,
+        base: float,
+        rope_dim: int,
+        neox: bool,
+        freq_factors: np.ndarray | None = None,
+    ) -> np.ndarray:
         half = rope_dim // 2
         inv_freq = base ** (-np.arange(half, dtype=np.float64) * 2.0 / rope_dim)
         if freq_factors is not None:
@@ -187,8 +195,16 @@ class NumpyBackend(Backend):
             out[..., 1:rope_dim:2] = a * sin + b * cos
         return out
 
-    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, cache: NumpyKV, layer: int,
-                  start: int, settings: LayerAttention) -> np.ndarray:
+    def attention(
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        cache: NumpyKV,
+        layer: int,
+        start: int,
+        settings: LayerAttention,
+    ) -> np.ndarray:
         n_new, n_heads, head_dim = q.shape
         n_kv_heads = k.shape[1]
         group = n_heads // n_kv_heads
@@ -250,8 +266,7 @@ class NumpyBackend(Backend):
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return np.asarray(x, dtype=np.float32)
 
-    def allocate_kv(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int,
-                    value_dim: int) -> NumpyKV:
+    def allocate_kv(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int, value_dim: int) -> NumpyKV:
         return NumpyKV(n_layers, n_ctx, n_kv_heads, head_dim, value_dim)
 
     def kv_bytes(self, cache: NumpyKV) -> int:

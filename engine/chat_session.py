@@ -44,8 +44,15 @@ def answer_stops(loaded: LoadedModel) -> dict:
 class ChatSession:
     """One conversation with one loaded model."""
 
-    def __init__(self, loaded: LoadedModel, *, system_prompt: str | None = None, n_ctx: int | None = None,
-                 params: SamplingParams = SamplingParams(), max_tokens: int = 512):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        *,
+        system_prompt: str | None = None,
+        n_ctx: int | None = None,
+        params: SamplingParams = SamplingParams(),
+        max_tokens: int = 512,
+    ):
         self.loaded = loaded
         self.cache = loaded.new_cache(n_ctx)
         self.params = params
@@ -79,7 +86,7 @@ class ChatSession:
         """Replace user message `index`, forget everything after it, and answer again."""
         if self.messages[index]["role"] != "user":
             raise ValueError(f"message {index} is not a user message")
-        del self.messages[index + 1:]
+        del self.messages[index + 1 :]
         self.messages[index] = {"role": "user", "content": text}
         return self._answer(cancel)
 
@@ -117,14 +124,24 @@ class ChatSession:
     def _answer(self, cancel: threading.Event | None, continuing: bool = False) -> Iterator[GenerationEvent]:
         tokens, dropped = self._fit(continuing)
         if dropped:
-            yield GenerationEvent(notice=f"The conversation was longer than the context, so the {dropped} "
-                                         "oldest messages were left out (the system prompt was kept).")
+            yield GenerationEvent(
+                notice=f"The conversation was longer than the context, so the {dropped} "
+                "oldest messages were left out (the system prompt was kept)."
+            )
         if continuing:
             answer = self.messages[-1]
         else:
             answer = {"role": "assistant", "content": ""}
             self.messages.append(answer)
-        for event in generate(self.loaded.model, self.loaded.tokenizer, self.cache, tokens, self.params,
-                              max_tokens=self.max_tokens, cancel=cancel, **answer_stops(self.loaded)):
+        for event in generate(
+            self.loaded.model,
+            self.loaded.tokenizer,
+            self.cache,
+            tokens,
+            self.params,
+            max_tokens=self.max_tokens,
+            cancel=cancel,
+            **answer_stops(self.loaded),
+        ):
             answer["content"] += event.text
             yield event

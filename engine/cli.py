@@ -32,7 +32,6 @@ from engine.sampling import SamplingParams
 from engine.tokenizer import Tokenizer
 
 
-
 class UsageError(SprigError):
     """Bad command-line input that argparse cannot see (a missing file, a bad id list)."""
 
@@ -88,7 +87,9 @@ def cmd_info(args) -> None:
     print(f"  context length {report['context_length']:,}")
     print(f"  chat template  {'yes' if report['chat_template'] else 'no (the built-in format of its family)'}")
     for name, entry in report["tensor_types"].items():
-        print(f"  {name:8s} {entry['tensors']:5d} tensors {entry['elements']:>14,} weights {entry['bytes'] / 2**20:10.1f} MiB")
+        print(
+            f"  {name:8s} {entry['tensors']:5d} tensors {entry['elements']:>14,} weights {entry['bytes'] / 2**20:10.1f} MiB"
+        )
 
 
 def cmd_tokenize(args) -> None:
@@ -123,8 +124,9 @@ def cmd_template(args) -> None:
 
 
 def _sampling(args) -> SamplingParams:
-    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                          min_p=args.min_p, seed=args.seed)
+    return SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed
+    )
 
 
 def _load(args) -> LoadedModel:
@@ -145,8 +147,9 @@ def cmd_generate(args) -> None:
         stops = answer_stops(loaded)
     cache = loaded.new_cache(args.ctx)
     text, tokens, last = "", [], None
-    for event in generate(loaded.model, loaded.tokenizer, cache, prompt, _sampling(args), max_tokens=args.max_tokens,
-                          **stops):
+    for event in generate(
+        loaded.model, loaded.tokenizer, cache, prompt, _sampling(args), max_tokens=args.max_tokens, **stops
+    ):
         text += event.text
         if event.token is not None and event.finish_reason != "stop":
             tokens.append(event.token)
@@ -154,8 +157,15 @@ def cmd_generate(args) -> None:
             print(event.text, end="", flush=True)
         last = event
     if args.json:
-        _print_json({"text": text, "tokens": tokens, "finish_reason": last.finish_reason,
-                     "metrics": last.metrics.as_dict(), "backend": loaded.backend.name})
+        _print_json(
+            {
+                "text": text,
+                "tokens": tokens,
+                "finish_reason": last.finish_reason,
+                "metrics": last.metrics.as_dict(),
+                "backend": loaded.backend.name,
+            }
+        )
     else:
         print()
 
@@ -163,8 +173,9 @@ def cmd_generate(args) -> None:
 def cmd_chat(args) -> None:
     """An interactive chat in the terminal. Ctrl-C stops an answer; Ctrl-D quits."""
     loaded = _load(args)
-    session = ChatSession(loaded, system_prompt=args.system, n_ctx=args.ctx, params=_sampling(args),
-                          max_tokens=args.max_tokens)
+    session = ChatSession(
+        loaded, system_prompt=args.system, n_ctx=args.ctx, params=_sampling(args), max_tokens=args.max_tokens
+    )
     print(f"{loaded.path.name} on {loaded.backend.device_name}. Ctrl-D to quit.", file=sys.stderr)
     while True:
         try:
@@ -205,12 +216,16 @@ def cmd_bench(args) -> None:
     loaded = _load(args)
     load_s, rss_after_load = time.perf_counter() - started, psutil.Process().memory_info().rss
     figures = bench(loaded, args.prompt_tokens, args.gen_tokens, args.repeats)
-    figures.update(load_s=load_s, rss_bytes={"after_load": rss_after_load, "after_run": psutil.Process().memory_info().rss})
+    figures.update(
+        load_s=load_s, rss_bytes={"after_load": rss_after_load, "after_run": psutil.Process().memory_info().rss}
+    )
     if args.json:
         _print_json(figures)
     else:
-        print(f"prefill {figures['prefill_tok_s']:.1f} tok/s, decode {figures['decode_tok_s']:.1f} tok/s "
-              f"({figures['backend']}, {figures['device']})")
+        print(
+            f"prefill {figures['prefill_tok_s']:.1f} tok/s, decode {figures['decode_tok_s']:.1f} tok/s "
+            f"({figures['backend']}, {figures['device']})"
+        )
 
 
 # -- parser ---------------------------------------------------------------------------
@@ -228,8 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--model", required=True, help="GGUF path, or a bundled model: smollm2, gemma3")
         if needs_backend:
             p.add_argument("--backend", choices=BACKENDS, default="auto")
-            p.add_argument("--threads", type=int, default=None,
-                           help="threads of the cpu backend (default: the physical cores)")
+            p.add_argument(
+                "--threads", type=int, default=None, help="threads of the cpu backend (default: the physical cores)"
+            )
         return p
 
     p = command("info", cmd_info)

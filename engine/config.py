@@ -28,8 +28,15 @@ from engine.errors import ModelFileError, UnsupportedModelError
 from engine.gguf_file import GGUFFile, TensorInfo
 
 _LAYER_TENSORS = (
-    "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
-    "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
+    "attn_norm.weight",
+    "attn_q.weight",
+    "attn_k.weight",
+    "attn_v.weight",
+    "attn_output.weight",
+    "ffn_norm.weight",
+    "ffn_gate.weight",
+    "ffn_up.weight",
+    "ffn_down.weight",
 )
 _QKV_BIAS = ("attn_q.bias", "attn_k.bias", "attn_v.bias")
 _QK_NORM = ("attn_q_norm.weight", "attn_k_norm.weight")
@@ -58,12 +65,19 @@ _FAMILIES = {
     "qwen2": _Family(extra_layer_tensors=_QKV_BIAS),
     "qwen3": _Family(extra_layer_tensors=_QK_NORM),
     "gemma2": _Family(
-        extra_layer_tensors=_POST_NORMS, activation="gelu_tanh", gemma=True, sliding_window_pattern=2,
-        attn_logit_softcap=50.0, final_logit_softcap=30.0,  # Gemma 2's published defaults
+        extra_layer_tensors=_POST_NORMS,
+        activation="gelu_tanh",
+        gemma=True,
+        sliding_window_pattern=2,
+        attn_logit_softcap=50.0,
+        final_logit_softcap=30.0,  # Gemma 2's published defaults
     ),
     "gemma3": _Family(
-        extra_layer_tensors=_POST_NORMS + _QK_NORM, activation="gelu_tanh", gemma=True,
-        sliding_window_pattern=6, rope_base_local=10000.0,
+        extra_layer_tensors=_POST_NORMS + _QK_NORM,
+        activation="gelu_tanh",
+        gemma=True,
+        sliding_window_pattern=6,
+        rope_base_local=10000.0,
     ),
 }
 SUPPORTED_ARCHITECTURES = tuple(sorted(_FAMILIES))

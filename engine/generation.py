@@ -92,7 +92,7 @@ class StopStringFilter:
             return safe, True
         hold = max((_overlap(self.pending, s) for s in self.stop_strings), default=0)
         safe = self.pending[: len(self.pending) - hold]
-        self.pending = self.pending[len(safe):]
+        self.pending = self.pending[len(safe) :]
         return safe, False
 
     def flush(self) -> str:
@@ -114,7 +114,7 @@ def prefill(model: Transformer, cache: KVCache, tokens: Sequence[int], chunk: in
     cache.check_room(len(tokens))
     logits = None
     for lo in range(0, len(tokens), chunk):
-        piece = list(tokens[lo:lo + chunk])
+        piece = list(tokens[lo : lo + chunk])
         logits = model.forward(np.asarray(piece, dtype=np.int64), cache.n_used, cache.storage)
         cache.tokens.extend(piece)
     return logits[-1]
@@ -149,8 +149,9 @@ def generate(
     started = time.perf_counter()
     logits = prefill(model, cache, new_tokens)
     prefill_seconds = time.perf_counter() - started
-    metrics = replace(metrics, prefill_tokens=len(new_tokens), prefill_seconds=prefill_seconds,
-                      context_used=cache.n_used)
+    metrics = replace(
+        metrics, prefill_tokens=len(new_tokens), prefill_seconds=prefill_seconds, context_used=cache.n_used
+    )
 
     sampler = Sampler(params)
     steps = DecodeSteps(model, cache, sampler)
@@ -245,5 +246,6 @@ class DecodeSteps:
 def _argmax_only(params: SamplingParams) -> bool:
     """Whether sampling with `params` is a plain argmax: greedy, with every penalty neutral."""
     neutral = params.penalty_last_n == 0 or (
-        params.repeat_penalty == 1.0 and params.presence_penalty == 0.0 and params.frequency_penalty == 0.0)
+        params.repeat_penalty == 1.0 and params.presence_penalty == 0.0 and params.frequency_penalty == 0.0
+    )
     return params.temperature <= 0.0 and neutral

@@ -39,11 +39,13 @@ class Sampler:
     def apply_penalties(self, logits: np.ndarray, history: list[int]) -> np.ndarray:
         """Repetition, presence and frequency penalties over the last `penalty_last_n` tokens."""
         p = self.params
-        if not history or p.penalty_last_n == 0 or (
-            p.repeat_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0
+        if (
+            not history
+            or p.penalty_last_n == 0
+            or (p.repeat_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0)
         ):
             return logits
-        window = history[-p.penalty_last_n:] if p.penalty_last_n > 0 else history
+        window = history[-p.penalty_last_n :] if p.penalty_last_n > 0 else history
         ids, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
         logits = logits.copy()
         seen = logits[ids]

@@ -5,8 +5,17 @@ import time
 from PySide6.QtCore import QEvent, QObject, QPoint, Qt, QTimer, Signal
 from PySide6.QtGui import QFocusEvent, QKeyEvent
 from PySide6.QtWidgets import (
-    QFrame, QHBoxLayout, QLabel, QLineEdit, QListWidget, QListWidgetItem, QMenu,
-    QMessageBox, QPushButton, QVBoxLayout, QWidget,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QMenu,
+    QMessageBox,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
 )
 
 from app.storage import Conversation
@@ -106,8 +115,9 @@ class ConversationList(QFrame):
         layout.addWidget(self.list, 1)
         layout.addLayout(footer)
 
-    def set_conversations(self, conversations: list[Conversation], current: int | None,
-                          snippets: dict[int, str] | None = None) -> None:
+    def set_conversations(
+        self, conversations: list[Conversation], current: int | None, snippets: dict[int, str] | None = None
+    ) -> None:
         """Show `conversations` (newest first) and highlight `current`.
 
         `snippets` (conversation id → text around a search match) replace the age line.

@@ -13,8 +13,17 @@ by objectName below.
 from PySide6.QtCore import QEvent, QRect, QSize, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QCursor, QDesktopServices, QFont, QKeySequence, QResizeEvent, QShortcut
 from PySide6.QtWidgets import (
-    QApplication, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QSizePolicy,
-    QToolButton, QToolTip, QVBoxLayout, QWidget,
+    QApplication,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QPushButton,
+    QSizePolicy,
+    QToolButton,
+    QToolTip,
+    QVBoxLayout,
+    QWidget,
 )
 
 from app.markdown_render import COPY_CODE_SCHEME, Segment, code_blocks, render_markdown, segments, split_reasoning
@@ -174,9 +183,9 @@ class MarkdownView(QWidget):
             if self._shown[index] != (piece, dark):
                 self._labels[index].setText(render_markdown(piece.source, dark, piece.first_code_index))
                 self._shown[index] = (piece, dark)
-        for label in self._labels[len(pieces):]:
+        for label in self._labels[len(pieces) :]:
             label.deleteLater()
-        del self._labels[len(pieces):], self._shown[len(pieces):]
+        del self._labels[len(pieces) :], self._shown[len(pieces) :]
 
     def sizeHint(self) -> QSize:
         """Its height at the width it has: see `hint_at_own_width`."""
@@ -314,7 +323,9 @@ class MessageWidget(QFrame):
         self.edit_button = _action_button("Edit", "Edit this message and answer it again (the earlier version is kept)")
         self.edit_button.clicked.connect(self.start_edit)
         self.edit_button.setVisible(self.role == "user")
-        self.regenerate_button = _action_button("Regenerate", "Answer the last message again (the answer so far is kept)")
+        self.regenerate_button = _action_button(
+            "Regenerate", "Answer the last message again (the answer so far is kept)"
+        )
         self.regenerate_button.clicked.connect(self.regenerate_requested)
         self.regenerate_button.setVisible(False)
         self.continue_button = _action_button("Continue", "Go on writing this answer")
@@ -436,8 +447,13 @@ class MessageWidget(QFrame):
 
     def set_actions_enabled(self, enabled: bool) -> None:
         """Allow or block Edit and Regenerate (blocked while an answer streams)."""
-        for button in (self.edit_button, self.regenerate_button, self.continue_button,
-                       self.previous_button, self.next_button):
+        for button in (
+            self.edit_button,
+            self.regenerate_button,
+            self.continue_button,
+            self.previous_button,
+            self.next_button,
+        ):
             button.setEnabled(enabled)
         if enabled:
             self.set_versions(self.active, self._version_count)

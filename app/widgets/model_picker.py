@@ -11,12 +11,28 @@ from pathlib import Path
 from PySide6.QtCore import Qt, QUrl, Signal
 from PySide6.QtGui import QBrush, QColor, QDesktopServices
 from PySide6.QtWidgets import (
-    QAbstractItemView, QApplication, QDialog, QFileDialog, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QPushButton,
-    QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
+    QAbstractItemView,
+    QApplication,
+    QDialog,
+    QFileDialog,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
 )
 
 from app.model_library import (
-    LibraryEntry, ModelInfo, available_memory, format_bytes, format_parameters, read_model_info,
+    LibraryEntry,
+    ModelInfo,
+    available_memory,
+    format_bytes,
+    format_parameters,
+    read_model_info,
 )
 from app.worker import EngineThread, Job, error_message
 
@@ -92,8 +108,16 @@ class ModelPicker(QDialog):
     add_requested = Signal(str)
     remove_requested = Signal(str)
 
-    def __init__(self, entries: list[LibraryEntry], cache: InfoCache, n_ctx: int, models_folder: Path,
-                 current: Path | None = None, parent: QWidget | None = None, backend: str = "numpy"):
+    def __init__(
+        self,
+        entries: list[LibraryEntry],
+        cache: InfoCache,
+        n_ctx: int,
+        models_folder: Path,
+        current: Path | None = None,
+        parent: QWidget | None = None,
+        backend: str = "numpy",
+    ):
         super().__init__(parent)
         self.setWindowTitle("Models")
         room = self.screen().availableGeometry().width() - 40 if self.screen() else PICKER_WIDTH
@@ -114,8 +138,9 @@ class ModelPicker(QDialog):
         header = self.table.horizontalHeader()
         header.setMaximumSectionSize(MAX_COLUMN_WIDTH)  # longer texts are cut short; tooltips have them whole
         for column in range(len(COLUMNS)):  # the file name takes what the others leave
-            header.setSectionResizeMode(column, QHeaderView.ResizeMode.Stretch if column == FILE
-                                        else QHeaderView.ResizeMode.ResizeToContents)
+            header.setSectionResizeMode(
+                column, QHeaderView.ResizeMode.Stretch if column == FILE else QHeaderView.ResizeMode.ResizeToContents
+            )
         self.table.setWordWrap(False)
         self.table.setTextElideMode(Qt.TextElideMode.ElideMiddle)  # a file name's start and end tell most
         self.table.itemDoubleClicked.connect(lambda _item: self._load_selected())
@@ -136,8 +161,10 @@ class ModelPicker(QDialog):
         self.filter.setClearButtonEnabled(True)
         self.filter.textChanged.connect(self._apply_filter)
 
-        self.memory_label = QLabel(f"Memory available now: {format_bytes(available_memory())} · "
-                                   f"context length {n_ctx:,} tokens · {backend} backend")
+        self.memory_label = QLabel(
+            f"Memory available now: {format_bytes(available_memory())} · "
+            f"context length {n_ctx:,} tokens · {backend} backend"
+        )
         self.memory_label.setObjectName("MutedLabel")
         self.load_button = QPushButton("Load")
         self.load_button.setDefault(True)
@@ -167,8 +194,9 @@ class ModelPicker(QDialog):
 
         self._reader = EngineThread()
         self._reader.worker.yielded.connect(self._on_infos)
-        self._job = self._reader.worker.submit(Job(lambda cancel: read_entries(self._entries, cache, cancel),
-                                                   "headers"))
+        self._job = self._reader.worker.submit(
+            Job(lambda cancel: read_entries(self._entries, cache, cancel), "headers")
+        )
         self.finished.connect(lambda _result: self._reader.stop(self._job))
 
     def info(self, row: int) -> ModelInfo | str | None:
@@ -184,8 +212,15 @@ class ModelPicker(QDialog):
         """The table row (which sorting moves) showing entry `entry`."""
         return next(row for row in range(self.table.rowCount()) if self.table.item(row, MODEL).data(ENTRY) == entry)
 
-    def _set(self, row: int, column: int, text: str, tooltip: str | None = None, warn: bool = False,
-             sort_key: float | None = None) -> None:
+    def _set(
+        self,
+        row: int,
+        column: int,
+        text: str,
+        tooltip: str | None = None,
+        warn: bool = False,
+        sort_key: float | None = None,
+    ) -> None:
         """Fill the cell of entry `row` in `column`."""
         item = _Item(text)
         if tooltip:
@@ -210,8 +245,13 @@ class ModelPicker(QDialog):
                 continue
             fits, verdict = value.memory_verdict(self._n_ctx, available, self._backend)
             self._set(row, ARCHITECTURE, value.architecture)
-            self._set(row, PARAMETERS, format_parameters(value.parameters), tooltip=f"{value.parameters:,} parameters",
-                      sort_key=value.parameters)
+            self._set(
+                row,
+                PARAMETERS,
+                format_parameters(value.parameters),
+                tooltip=f"{value.parameters:,} parameters",
+                sort_key=value.parameters,
+            )
             self._set(row, QUANTIZATION, value.quantization)
             self._set(row, SIZE, format_bytes(value.file_size), sort_key=value.file_size)
             self._set(row, CONTEXT, f"{value.context_length:,}", sort_key=value.context_length)
@@ -247,8 +287,9 @@ class ModelPicker(QDialog):
         self.accept()
 
     def _add(self) -> None:
-        path, _filter = QFileDialog.getOpenFileName(self, "Add a model", str(self._models_folder),
-                                                    "GGUF models (*.gguf);;All files (*)")
+        path, _filter = QFileDialog.getOpenFileName(
+            self, "Add a model", str(self._models_folder), "GGUF models (*.gguf);;All files (*)"
+        )
         if path:
             self.add_requested.emit(path)
             self.accept()

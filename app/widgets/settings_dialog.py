@@ -35,10 +35,20 @@ _SAMPLING_SPECS: dict[str, tuple[str, str, int | None, float]] = {
     "temperature": ("Temperature", "Randomness. 0 always picks the most likely token; higher is more varied.", 2, 0.05),
     "top_k": ("Top-k", "Consider only the k most likely tokens. 0 switches this off.", None, 1),
     "top_p": ("Top-p", "Consider the fewest tokens whose probabilities add up to p. 1 switches this off.", 2, 0.01),
-    "min_p": ("Min-p", "Drop tokens less likely than this fraction of the likeliest one. 0 switches this off.", 2, 0.01),
+    "min_p": (
+        "Min-p",
+        "Drop tokens less likely than this fraction of the likeliest one. 0 switches this off.",
+        2,
+        0.01,
+    ),
     "repeat_penalty": ("Repetition penalty", "Make recently used tokens less likely. 1 switches this off.", 2, 0.05),
     "max_tokens": ("Max answer length", "The longest answer, in tokens.", None, 64),
-    "seed": ("Seed", "A fixed seed gives the same answer to the same prompt; Random draws a new one each time.", None, 1),
+    "seed": (
+        "Seed",
+        "A fixed seed gives the same answer to the same prompt; Random draws a new one each time.",
+        None,
+        1,
+    ),
 }
 _BACKEND_LABELS = {
     "auto": "Automatic (fastest available)",
@@ -288,8 +298,7 @@ class ConversationSettingsDialog(QDialog):
         self.form = SamplingForm(settings, overridable=True)
         self._set_overrides(overrides)
         hint = QLabel(
-            "Tick a setting to change it for this conversation only. "
-            "Unticked settings follow the global settings.",
+            "Tick a setting to change it for this conversation only. Unticked settings follow the global settings.",
             objectName="SettingsHint",
             wordWrap=True,
         )

@@ -17,8 +17,9 @@ ARCHITECTURES: dict[str, type[Transformer]] = {
 }
 
 
-def build_model(config: ModelConfig, model_file: GGUFFile, backend: Backend,
-                on_weight: Callable[[int, int], None] | None = None) -> Transformer:
+def build_model(
+    config: ModelConfig, model_file: GGUFFile, backend: Backend, on_weight: Callable[[int, int], None] | None = None
+) -> Transformer:
     """Instantiate the architecture named by `config` with the file's weights on `backend`.
 
     `on_weight(done, total)` is called after each weight is prepared.

@@ -50,12 +50,22 @@ class LayerWeights:
 
 
 _LAYER_TENSORS = {
-    "attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "attn_k.weight",
-    "wv": "attn_v.weight", "wo": "attn_output.weight", "ffn_norm": "ffn_norm.weight",
-    "w_gate": "ffn_gate.weight", "w_up": "ffn_up.weight", "w_down": "ffn_down.weight",
-    "bq": "attn_q.bias", "bk": "attn_k.bias", "bv": "attn_v.bias",
-    "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight",
-    "post_attn_norm": "post_attention_norm.weight", "post_ffw_norm": "post_ffw_norm.weight",
+    "attn_norm": "attn_norm.weight",
+    "wq": "attn_q.weight",
+    "wk": "attn_k.weight",
+    "wv": "attn_v.weight",
+    "wo": "attn_output.weight",
+    "ffn_norm": "ffn_norm.weight",
+    "w_gate": "ffn_gate.weight",
+    "w_up": "ffn_up.weight",
+    "w_down": "ffn_down.weight",
+    "bq": "attn_q.bias",
+    "bk": "attn_k.bias",
+    "bv": "attn_v.bias",
+    "q_norm": "attn_q_norm.weight",
+    "k_norm": "attn_k_norm.weight",
+    "post_attn_norm": "post_attention_norm.weight",
+    "post_ffw_norm": "post_ffw_norm.weight",
 }
 
 
@@ -67,8 +77,13 @@ class Transformer:
     file) override `layer_rope` or `layer_attention` where that is not enough.
     """
 
-    def __init__(self, config: ModelConfig, model_file: GGUFFile, backend: Backend,
-                 on_weight: Callable[[int, int], None] | None = None):
+    def __init__(
+        self,
+        config: ModelConfig,
+        model_file: GGUFFile,
+        backend: Backend,
+        on_weight: Callable[[int, int], None] | None = None,
+    ):
         """Prepare every weight on `backend`; `on_weight(done, total)` follows the progress.
 
         `on_weight` may raise (for example to cancel loading); the exception propagates.
@@ -145,8 +160,9 @@ class Transformer:
         """
         compile_decode = getattr(self.backend, "compile_decode", None)
         if compile_decode is not None:
-            return compile_decode(lambda ids, positions, start: self.logits(ids, positions, start, kv_storage),
-                                  kv_storage)
+            return compile_decode(
+                lambda ids, positions, start: self.logits(ids, positions, start, kv_storage), kv_storage
+            )
         return lambda token, start: self.logits(np.asarray([token]), np.arange(start, start + 1), start, kv_storage)
 
     def logits(self, token_ids: Any, positions: Any, start: Any, kv_storage: Any, all_logits: bool = False) -> Any:

@@ -17,8 +17,13 @@ from engine.models.common import LayerRope, Transformer
 class Model(Transformer):
     """A Llama-family model."""
 
-    def __init__(self, config: ModelConfig, model_file: GGUFFile, backend: Backend,
-                 on_weight: Callable[[int, int], None] | None = None):
+    def __init__(
+        self,
+        config: ModelConfig,
+        model_file: GGUFFile,
+        backend: Backend,
+        on_weight: Callable[[int, int], None] | None = None,
+    ):
         super().__init__(config, model_file, backend, on_weight)
         factors = model_file.tensors.get("rope_freqs.weight")
         self._freq_factors = None if factors is None else factors.data.view("<f4")
