@@ -18,7 +18,7 @@ from PySide6.QtCore import QObject, Qt, Signal
 
 from app.model_library import ModelInfo, available_memory, describe_model
 from app.settings import Settings, effective_sampling, sampling_params
-from app.storage import Conversation, Message, Store, ThrottledSaver, ended_early
+from app.storage import Conversation, Message, MessageState, Store, ThrottledSaver, ended_early
 from app.worker import EngineThread, Job
 from backends.selection import planned_backend
 from engine.chat_session import ChatSession
@@ -121,7 +121,7 @@ class ChatController(QObject):
         job = self._job
         self.engine.stop(job)
         if self._answer is not None:
-            self._answer["saver"].flush(self._answer["metrics"], "cancelled")
+            self._answer["saver"].flush(self._answer["metrics"], MessageState.CANCELLED)
         if self.loaded is not None:
             self.loaded.close()
             self.loaded = None
@@ -298,7 +298,7 @@ class ChatController(QObject):
         if last is None or last.role != "assistant" or not last.content or not ended_early(last.state, last.metrics):
             self.error.emit("There is no stopped or cut-off answer to continue.")
             return False
-        self.store.update_message(last.id, last.content, state="streaming")
+        self.store.update_message(last.id, last.content, state=MessageState.STREAMING)
         self.messages_truncated.emit(last.position)
         self._begin_answer(self.store.message(last.id), continuing=True)
         return True
@@ -320,7 +320,7 @@ class ChatController(QObject):
         if self.conversation is None or not text or not self._can_answer():
             return False
         message = next(m for m in self.store.messages(self.conversation.id) if m.position == position)
-        edited = self.store.new_version(message.id, text, state="complete")
+        edited = self.store.new_version(message.id, text, state=MessageState.COMPLETE)
         self.messages_truncated.emit(position)
         self.message_added.emit(message_dict(edited))
         self._begin_answer()
@@ -346,17 +346,19 @@ class ChatController(QObject):
         conversation = self.conversation
         if assistant is None:
             assistant = self.store.add_message(
-                conversation.id, "assistant", "", model=self._model_name(), state="streaming"
+                conversation.id, "assistant", "", model=self._model_name(), state=MessageState.STREAMING
             )
         history = [
-            m for m in self.store.messages(conversation.id) if m.state != "error" and m.content and m.id != assistant.id
+            m
+            for m in self.store.messages(conversation.id)
+            if m.state != MessageState.ERROR and m.content and m.id != assistant.id
         ]
         settings = effective_sampling(self.settings, conversation.overrides)
         self._answer = {
             "id": assistant.id,
             "text": assistant.content,
             "metrics": {},
-            "state": "complete",
+            "state": MessageState.COMPLETE,
             "saver": ThrottledSaver(self.store, assistant.id, text=assistant.content),
         }
         session = self._session
@@ -393,7 +395,7 @@ class ChatController(QObject):
             answer["text"] += event.text
             answer["metrics"] = event.metrics.as_dict()
             if event.finish_reason == FINISH_CANCELLED:
-                answer["state"] = "cancelled"
+                answer["state"] = MessageState.CANCELLED
             if event.finish_reason is not None:
                 answer["finish_reason"] = event.finish_reason
         answer["saver"].set_text(answer["text"])
@@ -407,7 +409,7 @@ class ChatController(QObject):
             self.model_notice.emit(message)
             return
         if self._answer is not None:
-            self._answer["state"] = "error"
+            self._answer["state"] = MessageState.ERROR
             self._answer["metrics"] = {**self._answer["metrics"], "error": message}
         self.error.emit(message)
 

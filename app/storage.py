@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 import platformdirs
@@ -22,13 +23,23 @@ DEFAULT_DB_NAME = "sprig.sqlite3"
 SNIPPET_CHARS = 60  # the length of a search result's snippet
 
 ROLES = ("system", "user", "assistant")
-MESSAGE_STATES = ("complete", "streaming", "interrupted", "cancelled", "error")
 CUT_AT_LIMIT = "length"  # metrics["finish_reason"] of an answer cut by the token limit
+
+
+class MessageState(StrEnum):
+    """Where a message stands; stored in the `state` column as its value."""
+
+    COMPLETE = "complete"
+    STREAMING = "streaming"  # being written now; found at startup, it becomes INTERRUPTED
+    INTERRUPTED = "interrupted"  # the app closed while it was being written
+    CANCELLED = "cancelled"  # the user pressed Stop
+    ERROR = "error"  # the engine failed; the message's metrics["error"] says why
 
 
 def ended_early(state: str, metrics: dict | None) -> bool:
     """Whether an answer stopped before the model was done: Stop, a closed app, the token limit."""
-    return state in ("cancelled", "interrupted") or (metrics or {}).get("finish_reason") == CUT_AT_LIMIT
+    early = state in (MessageState.CANCELLED, MessageState.INTERRUPTED)
+    return early or (metrics or {}).get("finish_reason") == CUT_AT_LIMIT
 
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -96,7 +107,7 @@ class Conversation:
 
 @dataclass(frozen=True)
 class Message:
-    """One turn of a chat; `state` is one of `MESSAGE_STATES`.
+    """One turn of a chat; `state` is a `MessageState`.
 
     `versions` are the message's other versions (dicts of content, model, metrics, state),
     and `active` is where the shown one sits among all of them, counting from 0.
@@ -109,7 +120,7 @@ class Message:
     content: str
     model: str | None
     metrics: dict | None
-    state: str
+    state: MessageState
     created_at: float
     versions: tuple[dict, ...] = ()
     active: int = 0
@@ -144,7 +155,7 @@ def _message(row: sqlite3.Row) -> Message:
         row["content"],
         row["model"],
         metrics,
-        row["state"],
+        MessageState(row["state"]),
         row["created_at"],
         tuple(json.loads(row["versions"])),
         row["active"],
@@ -201,7 +212,9 @@ class Store:
         self._db.execute("PRAGMA journal_mode = WAL")
         self._db.execute("PRAGMA synchronous = NORMAL")  # durable across app crashes in WAL mode
         self._db.execute("PRAGMA foreign_keys = ON")
-        self._db.execute("UPDATE messages SET state = 'interrupted' WHERE state = 'streaming'")
+        self._db.execute(
+            "UPDATE messages SET state = ? WHERE state = ?", (MessageState.INTERRUPTED, MessageState.STREAMING)
+        )
 
     def _migrate(self) -> None:
         """Apply the migrations the file lacks, each in its own transaction."""
@@ -318,7 +331,7 @@ class Store:
         *,
         model: str | None = None,
         metrics: dict | None = None,
-        state: str = "complete",
+        state: MessageState = MessageState.COMPLETE,
         created_at: float | None = None,
         versions: tuple[dict, ...] = (),
         active: int = 0,
@@ -327,7 +340,7 @@ class Store:
         `created_at` defaults to now (import keeps the original); `versions` and `active`
         are its other versions and the shown one's place among them (see `Message`)."""
         _check_choice(role, ROLES, "role")
-        _check_choice(state, MESSAGE_STATES, "state")
+        _check_choice(state, tuple(MessageState), "state")
         now = time.time()
         with self.transaction():
             cursor = self._db.execute(
@@ -353,12 +366,12 @@ class Store:
             return _message(row.fetchone())
 
     def update_message(
-        self, message_id: int, content: str, *, metrics: dict | None = None, state: str | None = None
+        self, message_id: int, content: str, *, metrics: dict | None = None, state: MessageState | None = None
     ) -> None:
         """Replace a message's content, and its metrics and state where given.
         One UPDATE and commit: cheap enough to call many times a second while streaming."""
         if state is not None:
-            _check_choice(state, MESSAGE_STATES, "state")
+            _check_choice(state, tuple(MessageState), "state")
         self._db.execute(
             """UPDATE messages SET content = ?, metrics = COALESCE(?, metrics), state = COALESCE(?, state)
                WHERE id = ?""",
@@ -373,14 +386,19 @@ class Store:
         return _message(row)
 
     def new_version(
-        self, message_id: int, content: str = "", *, model: str | None = None, state: str = "streaming"
+        self,
+        message_id: int,
+        content: str = "",
+        *,
+        model: str | None = None,
+        state: MessageState = MessageState.STREAMING,
     ) -> Message:
         """Start a new last version of a message, with `content`, keeping the shown one.
 
         The messages after it (the answers to an edited question) go with the version they
         followed, as its `tail`, and come back when that version is shown again.
         """
-        _check_choice(state, MESSAGE_STATES, "state")
+        _check_choice(state, tuple(MessageState), "state")
         message = self.message(message_id)
         with self.transaction():
             versions = self._versions_with_tail(message)
@@ -505,7 +523,7 @@ class ThrottledSaver:
         self.flush()
         return True
 
-    def flush(self, metrics: dict | None = None, state: str | None = None) -> None:
+    def flush(self, metrics: dict | None = None, state: MessageState | None = None) -> None:
         """Save the latest text now, with the metrics and state if given."""
         self._store.update_message(self._message_id, self._text, metrics=metrics, state=state)
         self._saved_at = time.monotonic()

@@ -9,7 +9,8 @@ an answer streams the view follows it down, unless the user has scrolled up to r
 from PySide6.QtCore import QRect, Qt, Signal
 from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
 
-from app.widgets.message_widget import STREAMING, MessageWidget
+from app.storage import MessageState
+from app.widgets.message_widget import MessageWidget
 
 COLUMN_WIDTH = 860  # px, cards and margins; longer lines are hard to read
 MARGIN = 16  # px around the column
@@ -233,7 +234,7 @@ class ChatView(QScrollArea):
 
     def _after_change(self) -> None:
         """Placeholder, and which card offers Regenerate and Edit, after the list changed."""
-        streaming = bool(self._messages) and self._messages[-1].state == STREAMING
+        streaming = bool(self._messages) and self._messages[-1].state == MessageState.STREAMING
         for widget in self._messages:
             widget.set_regenerate_visible(widget is self._messages[-1] and not streaming)
             widget.set_actions_enabled(not streaming)
