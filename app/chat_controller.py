@@ -16,6 +16,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Qt, Signal
 
+from app.header_reader import HeaderReader
 from app.model_library import ModelInfo, available_memory, describe_model
 from app.settings import Settings, effective_sampling, sampling_params
 from app.storage import Conversation, Message, MessageState, Store, ThrottledSaver, ended_early
@@ -85,6 +86,7 @@ class ChatController(QObject):
         self.store = store
         self.settings = settings
         self.engine = EngineThread()
+        self.headers = HeaderReader(self)  # the model picker's, on a thread of its own
         self.engine.worker.yielded.connect(self._on_yielded)
         self.engine.worker.errored.connect(self._on_errored)
         self.engine.worker.finished.connect(self._on_finished)
@@ -120,6 +122,7 @@ class ChatController(QObject):
         """Stop the current job, save what streamed, and end the engine thread."""
         job = self._job
         self.engine.stop(job)
+        self.headers.stop()
         if self._answer is not None:
             self._answer["saver"].flush(self._answer["metrics"], MessageState.CANCELLED)
         if self.loaded is not None:

@@ -19,7 +19,7 @@ from PySide6.QtWidgets import QApplication, QMessageBox
 from app.main_window import MainWindow
 from app.settings import default_settings_path, load_settings
 from app.single_instance import claim_or_hand_over
-from app.storage import DEFAULT_DB_NAME, Store, StorageError, default_db_path
+from app.storage import DEFAULT_DB_NAME, StorageError, Store, default_db_path
 from app.theme import app_icon
 from engine.bundled import default_model
 

@@ -15,11 +15,10 @@ from pathlib import Path
 
 import gguf
 
+from backends.numpy_backend import available_memory_bytes, default_cache_budget
 from engine.bundled import bundled_models
 from engine.config import ModelConfig
-from backends.numpy_backend import available_memory_bytes, default_cache_budget
 from engine.gguf_file import GGUFFile, open_gguf
-
 
 # Beyond weights and KV cache: tokenizer, Python, Qt and the kernels' buffers. Measured on
 # Linux with SmolLM2 on the cpu backend: 315 MB resident over a bare `import engine` for a

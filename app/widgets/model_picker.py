@@ -1,11 +1,10 @@
 """The model picker: the library as a table, with what each model needs.
 
-Headers are read on a background thread (a large vocabulary takes seconds to read), so
-the table appears at once and fills in row by row. Files that moved or cannot be read
+Headers are read by the controller's `HeaderReader`, on a thread of its own, so the
+table appears at once and fills in row by row. Files that moved or cannot be read
 stay listed with the reason.
 """
 
-import threading
 from pathlib import Path
 
 from PySide6.QtCore import Qt, QUrl, Signal
@@ -26,15 +25,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.model_library import (
-    LibraryEntry,
-    ModelInfo,
-    available_memory,
-    format_bytes,
-    format_parameters,
-    read_model_info,
-)
-from app.worker import EngineThread, Job, error_message
+from app.header_reader import HeaderReader
+from app.model_library import LibraryEntry, ModelInfo, available_memory, format_bytes, format_parameters
+from app.worker import Job
 
 COLUMNS = ("Model", "File", "Architecture", "Parameters", "Quantization", "File size", "Context", "Memory")
 MODEL, FILE, ARCHITECTURE, PARAMETERS, QUANTIZATION, SIZE, CONTEXT, MEMORY = range(len(COLUMNS))
@@ -56,51 +49,6 @@ class _Item(QTableWidgetItem):
         return self.text().casefold() < other.text().casefold()
 
 
-class InfoCache:
-    """Model headers already read, keyed by path, size and modification time."""
-
-    def __init__(self) -> None:
-        self._infos: dict[tuple, ModelInfo | str] = {}
-
-    @staticmethod
-    def key(path: Path) -> tuple:
-        """A key that changes when the file does."""
-        stat = path.stat()
-        return str(path), stat.st_size, stat.st_mtime_ns
-
-    def get(self, path: Path) -> ModelInfo | str | None:
-        """The info (or the error message) for `path`, if read before."""
-        try:
-            return self._infos.get(self.key(path))
-        except OSError:
-            return None
-
-    def put(self, path: Path, value: ModelInfo | str) -> None:
-        """Remember what reading `path` gave."""
-        try:
-            self._infos[self.key(path)] = value
-        except OSError:
-            pass
-
-
-def read_entries(entries: list[LibraryEntry], cache: InfoCache, cancel: threading.Event):
-    """Yield (row, ModelInfo or error text) for each entry, reading headers not cached."""
-    for row, entry in enumerate(entries):
-        if cancel.is_set():
-            return
-        if not entry.path.exists():
-            yield row, "File not found: it was moved or deleted. Remove it, or add it again from its new place."
-            continue
-        value = cache.get(entry.path)
-        if value is None:
-            try:
-                value = read_model_info(entry.path, entry.name)
-            except Exception as exc:
-                value = error_message(exc)
-            cache.put(entry.path, value)
-        yield row, value
-
-
 class ModelPicker(QDialog):
     """Choose, add or remove models. Emits `load_requested(path, name)`."""
 
@@ -111,7 +59,7 @@ class ModelPicker(QDialog):
     def __init__(
         self,
         entries: list[LibraryEntry],
-        cache: InfoCache,
+        headers: HeaderReader,
         n_ctx: int,
         models_folder: Path,
         current: Path | None = None,
@@ -192,12 +140,10 @@ class ModelPicker(QDialog):
         self.table.itemSelectionChanged.connect(self._update_buttons)
         self._update_buttons()
 
-        self._reader = EngineThread()
-        self._reader.worker.yielded.connect(self._on_infos)
-        self._job = self._reader.worker.submit(
-            Job(lambda cancel: read_entries(self._entries, cache, cancel), "headers")
-        )
-        self.finished.connect(lambda _result: self._reader.stop(self._job))
+        self._headers = headers
+        headers.rows_read.connect(self._on_infos)
+        self._job = headers.read(self._entries)
+        self.finished.connect(self._stop_reading)
 
     def info(self, row: int) -> ModelInfo | str | None:
         """What was read for `row` so far (None while reading)."""
@@ -235,7 +181,14 @@ class ModelPicker(QDialog):
         self.table.setItem(self._table_row(row), column, item)
         self.table.setSortingEnabled(sorting)
 
+    def _stop_reading(self) -> None:
+        """The picker closed: its rows are no longer wanted."""
+        self._job.cancel.set()
+        self._headers.rows_read.disconnect(self._on_infos)
+
     def _on_infos(self, job: Job, rows: list) -> None:
+        if job is not self._job:  # another picker's rows
+            return
         available = available_memory()
         for row, value in rows:
             self._infos[row] = value
