@@ -22,11 +22,11 @@ from engine.bench import bench
 from engine.bundled import resolve_model_path
 from engine.chat_session import ChatSession, answer_stops, chat_prompt_tokens
 from engine.chat_template import ChatTemplate
-from engine.config import ModelConfig
 from engine.errors import SprigError
 from engine.generation import generate
 from engine.gguf_file import open_gguf
 from engine.loader import LoadedModel, load_model
+from engine.models import read_config
 from engine.perplexity import perplexity
 from engine.sampling import SamplingParams
 from engine.tokenizer import Tokenizer
@@ -60,7 +60,7 @@ def _token_list(text: str) -> list[int]:
 def cmd_info(args) -> None:
     """Architecture, parameters, tensor types and sizes, context length, template presence."""
     with open_gguf(resolve_model_path(args.model)) as model_file:
-        config = ModelConfig.from_gguf(model_file)
+        config = read_config(model_file)
         by_type: dict[str, dict[str, int]] = defaultdict(lambda: {"tensors": 0, "elements": 0, "bytes": 0})
         for info in model_file.tensors.values():
             entry = by_type[info.type_name]
@@ -87,9 +87,8 @@ def cmd_info(args) -> None:
     print(f"  context length {report['context_length']:,}")
     print(f"  chat template  {'yes' if report['chat_template'] else 'no (the built-in format of its family)'}")
     for name, entry in report["tensor_types"].items():
-        print(
-            f"  {name:8s} {entry['tensors']:5d} tensors {entry['elements']:>14,} weights {entry['bytes'] / 2**20:10.1f} MiB"
-        )
+        size = f"{entry['bytes'] / 2**20:10.1f} MiB"
+        print(f"  {name:8s} {entry['tensors']:5d} tensors {entry['elements']:>14,} weights {size}")
 
 
 def cmd_tokenize(args) -> None:
@@ -157,6 +156,7 @@ def cmd_generate(args) -> None:
             print(event.text, end="", flush=True)
         last = event
     if args.json:
+        assert last is not None  # generate always ends with an event that says why
         _print_json(
             {
                 "text": text,

@@ -13,7 +13,7 @@ from engine.config import ModelConfig
 from engine.errors import BackendFailure, LoadCancelled, ModelFileError
 from engine.gguf_file import GGUFFile, open_gguf
 from engine.kv_cache import KVCache
-from engine.models import build_model
+from engine.models import build_model, read_config
 from engine.models.common import Transformer
 from engine.tokenizer import Tokenizer
 
@@ -80,7 +80,7 @@ def load_model(
     chosen = None
     try:
         step(0.1, "Building the tokenizer")
-        config = ModelConfig.from_gguf(model_file)
+        config = read_config(model_file)
         tokenizer = Tokenizer.from_metadata(model_file.metadata, source=model_file.path.name)
         template = ChatTemplate.from_metadata(model_file.metadata, origin=model_file.path.name)
         step(0.2, "Preparing the weights")
