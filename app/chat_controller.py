@@ -339,14 +339,18 @@ class ChatController(QObject):
         return True
 
     def _model_name(self) -> str:
-        return self.model_info.name if self.model_info else self.loaded.path.name
+        if self.model_info:
+            return self.model_info.name
+        assert self.loaded is not None  # answers start only with a model loaded
+        return self.loaded.path.name
 
     def _begin_answer(self, assistant: Message | None = None, continuing: bool = False) -> None:
         """Answer the stored history into `assistant` (a new message when None).
 
         `continuing`: `assistant` holds the start of the answer, which is continued.
         """
-        conversation = self.conversation
+        conversation, session = self.conversation, self._session
+        assert conversation is not None and session is not None  # _can_answer made sure of both
         if assistant is None:
             assistant = self.store.add_message(
                 conversation.id, "assistant", "", model=self._model_name(), state=MessageState.STREAMING
@@ -364,7 +368,6 @@ class ChatController(QObject):
             "state": MessageState.COMPLETE,
             "saver": ThrottledSaver(self.store, assistant.id, text=assistant.content),
         }
-        session = self._session
         turns = [{"role": m.role, "content": m.content} for m in history]
         system = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt.strip() else []
 
@@ -388,12 +391,12 @@ class ChatController(QObject):
         self.engine.worker.submit(job)
 
     def _on_yielded(self, job: Job, events: list[GenerationEvent]) -> None:
-        answer = self._answer
-        if job is not self._job or answer is None:
+        answer, conversation = self._answer, self.conversation
+        if job is not self._job or answer is None or conversation is None:
             return
         for event in events:
-            if event.notice and self.conversation.id not in self._told_overflow:
-                self._told_overflow.add(self.conversation.id)  # it would say the same every turn from now on
+            if event.notice and conversation.id not in self._told_overflow:
+                self._told_overflow.add(conversation.id)  # it would say the same every turn from now on
                 self.notice.emit(event.notice)
             answer["text"] += event.text
             answer["metrics"] = event.metrics.as_dict()
@@ -421,11 +424,11 @@ class ChatController(QObject):
             return
         self._job = None
         if job.kind == "load":
-            self._finish_load(result)
+            self._finish_load(result if isinstance(result, tuple) else None)
         elif job.kind == "unload":
             self.model_info = None
             self.model_unloaded.emit()
-        elif job.kind == "session" and result is not None:
+        elif job.kind == "session" and isinstance(result, ChatSession):
             self._session = result
         elif job.kind == "answer":
             self._finish_answer()
@@ -453,6 +456,7 @@ class ChatController(QObject):
 
     def _finish_answer(self) -> None:
         answer, self._answer = self._answer, None
+        assert answer is not None  # an answer job always begins one
         if answer.get("finish_reason"):
             answer["metrics"] = {**answer["metrics"], "finish_reason": answer["finish_reason"]}
         answer["saver"].flush(answer["metrics"], answer["state"])

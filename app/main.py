@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         from app.self_test import run_self_test
 
         return run_self_test()
-    app = QApplication.instance() or QApplication(sys.argv[:1])
+    existing = QApplication.instance()
+    app = existing if isinstance(existing, QApplication) else QApplication(sys.argv[:1])
     app.setApplicationName("Sprig")
     settings_path = args.data_dir / "settings.json" if args.data_dir else default_settings_path()
     db_path = args.data_dir / DEFAULT_DB_NAME if args.data_dir else default_db_path()

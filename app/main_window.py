@@ -101,7 +101,7 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(splitter)
 
         self._connect()
-        self.actions = build_menu_bar(self)
+        self.menu_actions = build_menu_bar(self)  # not `actions`: QWidget.actions() is a method
         self.refresh_conversations()
         self._show_empty_state()
         self._set_busy(False)
@@ -380,6 +380,7 @@ class MainWindow(QMainWindow):
     def apply_look(self) -> None:
         """Apply the settings' theme (the desktop's scheme for "system") and text size."""
         app = QApplication.instance()
+        assert isinstance(app, QApplication)  # the window exists only inside one
         settings = self.controller.settings
         look = apply_theme(app, settings.theme)
         apply_text_scale(app, settings.text_scale)

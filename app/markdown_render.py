@@ -13,7 +13,7 @@ import html
 from bisect import bisect_left
 from dataclasses import asdict, dataclass
 from functools import lru_cache
-from itertools import accumulate
+from itertools import accumulate, pairwise
 
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
@@ -123,11 +123,11 @@ def segments(text: str, size: int = SEGMENT_CHARS) -> list[Segment]:
         long_enough = offsets[start] - offsets[cuts[-1]] >= size
         if cuts[-1] < start < complete and not lines[start - 1].strip() and long_enough:
             cuts.append(start)
-    code_starts = [token.map[0] for token in tokens if token.type in CODE_TOKENS]
-    bounds = cuts + [len(lines)]
+    code_starts = [token.map[0] for token in tokens if token.type in CODE_TOKENS and token.map]
+    bounds = [*cuts, len(lines)]
     return [
         Segment("\n".join(lines[first:end]) + ("\n" if end < len(lines) else ""), bisect_left(code_starts, first))
-        for first, end in zip(bounds, bounds[1:])
+        for first, end in pairwise(bounds)
     ]
 
 

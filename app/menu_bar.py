@@ -5,9 +5,13 @@ from what the keys really do.
 """
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QMainWindow, QMessageBox
+from PySide6.QtWidgets import QMessageBox, QWidget
+
+if TYPE_CHECKING:  # main_window imports this module
+    from app.main_window import MainWindow
 
 ABOUT = (
     "<b>Sprig</b><br>A desktop chat app for local language models, on an inference engine "
@@ -34,7 +38,7 @@ def add_action(menu, text: str, handler: Callable, keys: str = "") -> QAction:
     return action
 
 
-def build_menu_bar(window: QMainWindow) -> dict[str, QAction]:
+def build_menu_bar(window: "MainWindow") -> dict[str, QAction]:
     """Fill `window`'s menu bar (a MainWindow) and return its actions by short name."""
     bar = window.menuBar()
     actions: dict[str, QAction] = {}
@@ -86,7 +90,7 @@ def shortcuts_text(actions: dict[str, QAction]) -> str:
     return f"<table>{cells}</table>"
 
 
-def show_shortcuts(window: QMainWindow, actions: dict[str, QAction]) -> QMessageBox:
+def show_shortcuts(window: QWidget, actions: dict[str, QAction]) -> QMessageBox:
     """Show the keyboard-shortcuts sheet (non-modal); returns it."""
     box = QMessageBox(
         QMessageBox.Icon.NoIcon, "Keyboard shortcuts", shortcuts_text(actions), QMessageBox.StandardButton.Close, window

@@ -24,7 +24,8 @@ def check_window(folder: Path) -> str:
     from app.settings import Settings
     from app.storage import Store
 
-    app = QApplication.instance() or QApplication(["sprig-self-test"])
+    existing = QApplication.instance()
+    app = existing if isinstance(existing, QApplication) else QApplication(["sprig-self-test"])
     store = Store(folder / "window.sqlite3")
     window = MainWindow(store, Settings.defaults(), folder / "settings.json")
     window.controller.shutdown()

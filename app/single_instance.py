@@ -58,7 +58,7 @@ class SingleInstance(QObject):
             received = bytearray()
 
             def read(socket: QLocalSocket = socket, received: bytearray = received) -> None:
-                received.extend(bytes(socket.readAll()))
+                received.extend(socket.readAll().data())
                 if received.endswith(b"\n"):
                     self.activated.emit(received[:-1].decode("utf-8", "replace"))
                     socket.disconnectFromServer()

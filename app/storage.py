@@ -266,6 +266,7 @@ class Store:
             "INSERT INTO conversations (title, created_at, updated_at) VALUES (?, ?, ?)",
             (title, now if created_at is None else created_at, now),
         )
+        assert cursor.lastrowid is not None  # an INSERT sets it
         return self.conversation(cursor.lastrowid)
 
     def rename_conversation(self, conversation_id: int, title: str) -> None:

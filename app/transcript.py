@@ -158,7 +158,9 @@ def _message_fields(message: object, label: str) -> dict:
 def _version_fields(version: object, role: str, label: str) -> dict:
     """One checked earlier version of a message: its text, model, metrics and state, and the
     messages that followed it (`tail`, checked as messages without versions of their own)."""
-    checked = _message_fields({**version, "role": role} if isinstance(version, dict) else version, label)
+    if not isinstance(version, dict):
+        raise TranscriptError(f"{label} must be an object.")
+    checked = _message_fields({**version, "role": role}, label)
     tail = version.get("tail", [])
     if not isinstance(tail, list) or len(tail) > MAX_MESSAGES:
         raise TranscriptError(f"{label}.tail must be a list of at most {MAX_MESSAGES} messages.")

@@ -106,7 +106,7 @@ class Backend(ABC):
 
     def linear_fused(self, x: Tensor, fused: Any, biases: tuple[Any, ...]) -> list[Tensor]:
         """`linear(x, w, b)` for each weight of `fused` (from `fuse_linear`) and its bias."""
-        return [self.linear(x, weight, bias) for weight, bias in zip(fused, biases)]
+        return [self.linear(x, weight, bias) for weight, bias in zip(fused, biases, strict=True)]
 
     @abstractmethod
     def rms_norm(self, x: Tensor, weight: Any, eps: float) -> Tensor:
@@ -178,5 +178,5 @@ class Backend(ABC):
         converted at load), one sentence each. None by default."""
         return []
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027  # a no-op unless the backend holds memory of its own
         """Release what the backend holds (device memory, caches). Idempotent."""

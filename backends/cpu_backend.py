@@ -167,7 +167,7 @@ def _aligned_zeros(n: int) -> np.ndarray:
 
 
 def _slots_in(op: tuple) -> list[_Slot]:
-    code, bufs, mats, ints, floats = op
+    _code, bufs, mats, _ints, _floats = op
     found = [b for b in bufs if isinstance(b, _Slot)]
     for mat in mats:
         found += [m for m in mat[4:] if isinstance(m, _Slot)]
@@ -283,7 +283,7 @@ class CpuBackend(Backend):
     def linear_fused(self, x: Any, fused: tuple[CpuMatrix, ...], biases: tuple[Any, ...]) -> list[Any]:
         x = _contiguous(x)
         outs = [self._new((len(x), w.rows)) for w in fused]
-        mats = tuple(w.entry(out, bias) for w, out, bias in zip(fused, outs, biases))
+        mats = tuple(w.entry(out, bias) for w, out, bias in zip(fused, outs, biases, strict=True))
         self._emit(OP_LINEAR, _bufs(a=x), mats, (len(x),))
         return outs
 

@@ -58,7 +58,7 @@ def load(tier: str | None = None) -> ModuleType:
     tier = tier or os.environ.get(TIER_ENV) or None
     runnable = runnable_tiers()
     if tier is None:
-        return _module(runnable[0])
+        return _module(runnable[0])  # type: ignore[return-value]  # runnable tiers are built ones
     if tier not in TIERS:
         raise BackendUnavailable(
             f"cpu: unknown instruction-set tier {tier!r} ({TIER_ENV}); choose one of {', '.join(TIERS)}"
@@ -67,7 +67,7 @@ def load(tier: str | None = None) -> ModuleType:
         raise BackendUnavailable(
             f"cpu: the {tier} kernels cannot run here (this CPU and build run: {', '.join(runnable)})"
         )
-    return _module(tier)
+    return _module(tier)  # type: ignore[return-value]  # in runnable: built
 
 
 def default_threads() -> int:

@@ -103,7 +103,7 @@ def dequantize(data: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> np.n
     return values.reshape(shape)
 
 
-def dequantize_rows(data: np.ndarray, ggml_type: int, shape: tuple[int, int], rows: slice | np.ndarray) -> np.ndarray:
+def dequantize_rows(data: np.ndarray, ggml_type: int, shape: tuple[int, ...], rows: slice | np.ndarray) -> np.ndarray:
     """Dequantize only some rows of a 2-D tensor, reading only those rows' bytes.
 
     data, ggml_type, shape: as for `dequantize`, for the whole tensor; shape is

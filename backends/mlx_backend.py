@@ -172,6 +172,7 @@ class MLXBackend(Backend):
     ) -> mx.array:
         """As the contract says, for consecutive positions (all the transformer passes):
         MLX's fast RoPE takes the first position and counts on from it."""
+        frequencies: dict[str, Any]
         if freq_factors is None:
             frequencies = {"base": base, "freqs": None}
         else:  # mx.fast.rope divides positions by `freqs`: the inverse frequencies' inverses
@@ -326,6 +327,7 @@ def _visible(start: int | StepStart, n_new: int, window: int | None) -> tuple[An
     the fast attention kernel (None, "causal" or a boolean (T, S) array). A compiled step
     reads a fixed span and masks by position; a host `start` reads exactly what is visible.
     """
+    first: int | mx.array
     if isinstance(start, StepStart):
         length, first = start.span, 0
         if window is not None and window + n_new - 1 < length:  # only the window's positions

@@ -43,7 +43,7 @@ from gguf import GGMLQuantizationType as T
 from backends.errors import TensorDataError
 
 # (group size, bits) of each convertible type; Q1_0 may fall back to 2 bits.
-AFFINE_LAYOUTS = {
+AFFINE_LAYOUTS: dict[int, tuple[int, int]] = {
     T.Q4_0: (32, 4),
     T.Q4_1: (32, 4),
     T.Q5_0: (32, 5),
@@ -82,7 +82,7 @@ def affine_layout(ggml_type: int, one_bit: bool = True) -> tuple[int, int] | Non
     return layout
 
 
-def to_affine(raw: np.ndarray, ggml_type: int, shape: tuple[int, int], one_bit: bool = True) -> AffineMatrix:
+def to_affine(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...], one_bit: bool = True) -> AffineMatrix:
     """Repack a 2-D tensor's GGUF blocks (uint8, as in the file) into MLX's affine format.
 
     Works a slice of rows at a time. Raises TensorDataError when the bytes do not match the

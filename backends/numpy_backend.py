@@ -10,6 +10,7 @@ the least recently used one would make every access a miss.
 """
 
 import os
+from itertools import pairwise
 
 import numpy as np
 import psutil
@@ -58,7 +59,7 @@ class DequantCache:
     def share(self, names: list[str], joined: np.ndarray, bounds: np.ndarray) -> None:
         """Make the cached matrices `names` views of `joined` (rows bounds[i]:bounds[i+1]),
         so a joined copy costs no memory beyond a moment while it is built."""
-        for name, lo, hi in zip(names, bounds[:-1], bounds[1:]):
+        for name, lo, hi in zip(names, bounds[:-1], bounds[1:], strict=True):
             self._dense[name] = joined[lo:hi]
 
     def clear(self) -> None:
@@ -144,10 +145,11 @@ class NumpyBackend(Backend):
     def fuse_linear(self, weights: list[NumpyWeight]) -> JoinedWeights | tuple:
         """Join cached matrices into one, so decoding makes one product instead of several
         small ones (~15% faster on SmolLM2's layers). Streamed ones stay apart."""
-        dense = [self.cache.peek(w.spec.name) for w in weights]
-        if any(d is None for d in dense) or len({d.shape[1] for d in dense}) != 1:
+        peeked = [self.cache.peek(w.spec.name) for w in weights]
+        dense = [d for d in peeked if d is not None]
+        if len(dense) != len(peeked) or len({d.shape[1] for d in dense}) != 1:
             return super().fuse_linear(weights)
-        bounds = np.cumsum([0] + [d.shape[0] for d in dense])
+        bounds = np.cumsum([0, *(d.shape[0] for d in dense)])
         joined = np.concatenate(dense)  # (sum of the outs, in)
         self.cache.share([w.spec.name for w in weights], joined, bounds)
         return JoinedWeights(joined, bounds)
@@ -158,8 +160,8 @@ class NumpyBackend(Backend):
         if not isinstance(fused, JoinedWeights):
             return super().linear_fused(x, fused, biases)
         out = x @ fused.matrix.T  # (T, sum of the outs)
-        parts = [out[:, lo:hi] for lo, hi in zip(fused.bounds[:-1], fused.bounds[1:])]
-        for part, bias in zip(parts, biases):
+        parts = [out[:, lo:hi] for lo, hi in pairwise(fused.bounds)]
+        for part, bias in zip(parts, biases, strict=True):
             if bias is not None:
                 part += bias
         return parts
@@ -216,7 +218,7 @@ class NumpyBackend(Backend):
         values = cache.v[layer, :, first:end]  # (Hkv, S, Dv)
 
         # (T, H, Dh) -> (Hkv, group * T, Dh): the queries that share one KV head, stacked
-        grouped = q.reshape(n_new, n_kv_heads, group, head_dim).transpose(1, 2, 0, 3)
+        grouped: np.ndarray = q.reshape(n_new, n_kv_heads, group, head_dim).transpose(1, 2, 0, 3)
         grouped = grouped.reshape(n_kv_heads, group * n_new, head_dim)
         scores = (grouped @ keys.transpose(0, 2, 1)) * np.float32(settings.scale)  # (Hkv, group*T, S)
         if settings.softcap is not None:

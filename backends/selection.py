@@ -101,4 +101,4 @@ def select(preference: str = "auto", threads: int | None = None) -> tuple[Backen
         return cpu, reasons
     if preference == "cpu":
         raise BackendUnavailable(why_not_cpu)
-    return NumpyBackend(), reasons + [why_not_cpu]
+    return NumpyBackend(), [*reasons, why_not_cpu]

@@ -177,13 +177,11 @@ class ChatTemplate:
             token_id = metadata.get(key)
             return "" if token_id is None else text_of(int(token_id))
 
-        special_texts = {
-            "bos_token": special("tokenizer.ggml.bos_token_id"),
-            "eos_token": special("tokenizer.ggml.eos_token_id"),
-        }
+        bos_token = special("tokenizer.ggml.bos_token_id")
+        eos_token = special("tokenizer.ggml.eos_token_id")
         source = metadata.get("tokenizer.chat_template")
         if source:
-            return cls(source, origin=origin, **special_texts)
+            return cls(source, origin=origin, bos_token=bos_token, eos_token=eos_token)
         chat_format, reason = guess_format(metadata)
         base_model = looks_like_base_model(metadata, origin)
         # A base model never learnt where its turn ends: its answer ends with its first line.
@@ -192,7 +190,8 @@ class ChatTemplate:
             chat_format.source,
             origin=origin,
             stops=stops,
-            **special_texts,
+            bos_token=bos_token,
+            eos_token=eos_token,
             guessed=f"the {chat_format.name} format, because {reason}",
             base_model=base_model,
         )

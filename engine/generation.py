@@ -112,11 +112,14 @@ def _overlap(text: str, stop: str) -> int:
 def prefill(model: Transformer, cache: KVCache, tokens: Sequence[int], chunk: int = PREFILL_CHUNK) -> np.ndarray:
     """Append `tokens` to the cache in chunks; return the logits after the last one, (vocab,)."""
     cache.check_room(len(tokens))
+    if not tokens:
+        raise ValueError("prefill needs at least one token")
     logits = None
     for lo in range(0, len(tokens), chunk):
         piece = list(tokens[lo : lo + chunk])
         logits = model.forward(np.asarray(piece, dtype=np.int64), cache.n_used, cache.storage)
         cache.tokens.extend(piece)
+    assert logits is not None  # the loop ran at least once
     return logits[-1]
 
 
@@ -161,6 +164,7 @@ def generate(
     history = list(prompt)
     generated = 0
     pending = None  # what the next token is read from (see DecodeSteps); None: the prefill's logits
+    finish: str | None
     while True:
         if cancel is not None and cancel.is_set():
             yield GenerationEvent(stops.flush() + detok.flush(), None, FINISH_CANCELLED, metrics)

@@ -39,7 +39,7 @@ MAX_TENSORS = 1 << 16
 MAX_ARRAY_VALUES = 1 << 22
 
 _CORRUPT_ADVICE = "The file is damaged, truncated or not a GGUF model; download it again."
-_SCALAR_DTYPES = {  # little-endian, as GGUF stores them
+_SCALAR_DTYPES: dict[int, np.dtype] = {  # little-endian, as GGUF stores them
     GGUFValueType.UINT8: np.dtype("<u1"),
     GGUFValueType.INT8: np.dtype("<i1"),
     GGUFValueType.BOOL: np.dtype("?"),

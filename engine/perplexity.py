@@ -40,8 +40,9 @@ def perplexity(loaded: LoadedModel, text: str, ctx: int = 256, max_windows: int 
     total_nll, scored = 0.0, 0
     for start in starts:
         window = list(tokens[start : start + ctx])
-        if loaded.tokenizer.add_bos:
-            window[0] = loaded.tokenizer.bos_id
+        bos = loaded.tokenizer.bos_id
+        if loaded.tokenizer.add_bos and bos is not None:
+            window[0] = bos
         cache.truncate(0)
         logits = loaded.model.forward(
             np.asarray(window, dtype=np.int64), 0, cache.storage, all_logits=True

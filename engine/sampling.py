@@ -4,6 +4,7 @@ The steps run in llama.cpp's default order: penalties, top-k, top-p, min-p, temp
 then a draw. A temperature of 0 means greedy decoding: the most likely token, always.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,7 +59,7 @@ class Sampler:
         logits[ids] = seen
         return logits
 
-    def sample(self, logits: np.ndarray, history: list[int] = ()) -> int:
+    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         """Pick the next token id from float32 logits of shape (vocab,)."""
         p = self.params
         logits = self.apply_penalties(np.asarray(logits, dtype=np.float32), list(history))

@@ -27,6 +27,7 @@ tokens of equal score, ties go by token id here, by position in llama.cpp.
 import re
 import threading
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import tokenizers
@@ -267,12 +268,13 @@ class Tokenizer:
         """
         if add_bos is None:
             add_bos = self.add_bos
-        if add_bos and self.bos_id is None:
+        bos = self.bos_id if add_bos else None
+        if add_bos and bos is None:
             raise TokenizerError(f"{self._source}: this vocabulary has no BOS token to add.")
         with self._hf_lock:
             self._hf.encode_special_tokens = not parse_special
             ids = self._hf.encode(text, add_special_tokens=False).ids
-        return [self.bos_id, *ids] if add_bos else ids
+        return ids if bos is None else [bos, *ids]
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
         """The text of `ids`. With `skip_special`, control tokens (BOS, `<end_of_turn>`) give nothing.
@@ -520,8 +522,8 @@ def _number_array(metadata: dict, key: str, dtype, n: int, default, source: str)
     return array[:n].copy()  # (n_tokens,), writable: control tokens found by text are marked in it
 
 
-def _optional(metadata: dict, key: str, kind: type, default, source: str):
-    value = metadata.get(key, default)
+def _optional(metadata: dict, key: str, kind: type[Any], default: Any, source: str) -> Any:
+    value: Any = metadata.get(key, default)
     if value is not None and not (isinstance(value, kind) or (kind is int and isinstance(value, np.integer))):
         raise TokenizerError(f"{source}: {key} should be a {kind.__name__}, not {value!r}; the file is damaged.")
     return int(value) if kind is int and value is not None else value

@@ -141,7 +141,12 @@ class ConversationList(QFrame):
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         """F2 on the list renames the current chat in place."""
-        if watched is self.list and event.type() == QEvent.Type.KeyPress and event.key() == Qt.Key.Key_F2:
+        if (
+            watched is self.list
+            and isinstance(event, QKeyEvent)
+            and event.type() == QEvent.Type.KeyPress
+            and event.key() == Qt.Key.Key_F2
+        ):
             self.start_rename(self.list.currentItem())
             return True
         return super().eventFilter(watched, event)

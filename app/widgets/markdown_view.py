@@ -84,11 +84,12 @@ class MarkdownView(QWidget):
     link_activated = Signal(str)
 
     def __init__(self, name: str):
-        super().__init__(objectName=name)
+        super().__init__()
+        self.setObjectName(name)
         self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground)  # let stylesheets draw borders
-        self._layout = QVBoxLayout(self)
-        self._layout.setContentsMargins(0, 0, 0, 0)
-        self._layout.setSpacing(0)
+        self.column = QVBoxLayout(self)
+        self.column.setContentsMargins(0, 0, 0, 0)
+        self.column.setSpacing(0)
         self._labels: list[RichLabel] = []
         self._shown: list[tuple[Segment, bool] | None] = []  # what each label renders, in which theme
 
@@ -122,5 +123,5 @@ class MarkdownView(QWidget):
         label.setMinimumWidth(1)  # long words and lines wrap or clip; they never widen the view
         label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         label.linkActivated.connect(self.link_activated)
-        self._layout.addWidget(label)
+        self.column.addWidget(label)
         return label

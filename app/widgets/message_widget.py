@@ -78,10 +78,11 @@ class MessageWidget(QFrame):
         self._reasoning: str | None = None
         self._reasoning_complete = True
         self._pulse = 0
-        self._pulse_timer = QTimer(self, interval=PULSE_MS, timeout=self._advance_pulse)
+        self._pulse_timer = QTimer(self, interval=PULSE_MS)
+        self._pulse_timer.timeout.connect(self._advance_pulse)
         self.setProperty("role", self.role)
         self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)
-        layout = QVBoxLayout(self)
+        self._column = layout = QVBoxLayout(self)
         layout.setContentsMargins(16, 10, 16, 8)
         layout.setSpacing(6)
         layout.addLayout(self._build_header())
@@ -130,21 +131,24 @@ class MessageWidget(QFrame):
 
     def _build_reasoning(self) -> QToolButton:
         """The Reasoning toggle and its (hidden) body."""
-        self.reasoning_toggle = QToolButton(objectName="ReasoningToggle", checkable=True, visible=False)
+        self.reasoning_toggle = QToolButton()
+        self.reasoning_toggle.setObjectName("ReasoningToggle")
+        self.reasoning_toggle.setCheckable(True)
+        self.reasoning_toggle.setVisible(False)
         self.reasoning_toggle.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
         self.reasoning_toggle.setArrowType(Qt.ArrowType.RightArrow)
         self.reasoning_toggle.setCursor(Qt.CursorShape.PointingHandCursor)
         self.reasoning_toggle.toggled.connect(self._on_reasoning_toggled)
         self.reasoning_body = MarkdownView("ReasoningBody")
         self.reasoning_body.link_activated.connect(lambda href: self.open_link(href, self._reasoning or ""))
-        self.reasoning_body.layout().setContentsMargins(12, 0, 0, 6)
+        self.reasoning_body.column.setContentsMargins(12, 0, 0, 6)
         self.reasoning_body.setVisible(False)
         return self.reasoning_toggle
 
-    def _build_editor(self) -> None:
+    def _build_editor(self) -> QWidget:
         """The inline editor of a user message, under the body: text box, Cancel, Save & re-run."""
-        self.editor_panel = QWidget()
-        column = QVBoxLayout(self.editor_panel)
+        panel = QWidget()
+        column = QVBoxLayout(panel)
         column.setContentsMargins(0, 0, 0, 0)
         self.editor = QPlainTextEdit(objectName="MessageEditor")
         self.editor.setMinimumHeight(80)
@@ -160,7 +164,8 @@ class MessageWidget(QFrame):
         buttons.addWidget(self.save_button)
         column.addWidget(self.editor)
         column.addLayout(buttons)
-        self.layout().insertWidget(self.layout().indexOf(self.body) + 1, self.editor_panel)
+        self._column.insertWidget(self._column.indexOf(self.body) + 1, panel)
+        return panel
 
     def _build_footer(self) -> QHBoxLayout:
         """The metrics line and the action buttons."""
@@ -227,7 +232,7 @@ class MessageWidget(QFrame):
         self.reasoning_toggle.setVisible(has_reasoning)
         thinking = not self._reasoning_complete and self.state == MessageState.STREAMING
         self.reasoning_toggle.setText("Thinking…" if thinking else "Reasoning")
-        if has_reasoning and self.reasoning_toggle.isChecked():
+        if self._reasoning is not None and self.reasoning_toggle.isChecked():
             self.reasoning_body.set_markdown(self._reasoning, self._dark)
         self.reasoning_body.setVisible(has_reasoning and self.reasoning_toggle.isChecked())
 
@@ -329,7 +334,7 @@ class MessageWidget(QFrame):
     def start_edit(self) -> None:
         """Swap the body for an editor holding the raw text."""
         if self.editor_panel is None:
-            self._build_editor()
+            self.editor_panel = self._build_editor()
         self.editor.setPlainText(self._content)
         self.body.hide()
         self.editor_panel.show()
@@ -338,7 +343,8 @@ class MessageWidget(QFrame):
 
     def cancel_edit(self) -> None:
         """Leave the editor; the message is unchanged."""
-        self.editor_panel.setVisible(False)
+        if self.editor_panel is not None:
+            self.editor_panel.setVisible(False)
         self.edit_button.setVisible(self.role == "user")
         self.body.show()
 

@@ -156,7 +156,13 @@ class ModelPicker(QDialog):
 
     def _table_row(self, entry: int) -> int:
         """The table row (which sorting moves) showing entry `entry`."""
-        return next(row for row in range(self.table.rowCount()) if self.table.item(row, MODEL).data(ENTRY) == entry)
+        return next(row for row in range(self.table.rowCount()) if self._entry_at(row) == entry)
+
+    def _entry_at(self, table_row: int) -> int:
+        """The entry shown in table row `table_row` (its MODEL cell holds the index)."""
+        item = self.table.item(table_row, MODEL)
+        assert item is not None  # every row's MODEL cell is set when the table is built
+        return item.data(ENTRY)
 
     def _set(
         self,
@@ -223,20 +229,20 @@ class ModelPicker(QDialog):
     def _selected_row(self) -> int | None:
         """The entry of the selected row, if any."""
         rows = self.table.selectionModel().selectedRows()
-        return self.table.item(rows[0].row(), MODEL).data(ENTRY) if rows else None
+        return self._entry_at(rows[0].row()) if rows else None
 
     def _update_buttons(self) -> None:
         row = self._selected_row()
         usable = row is not None and row not in self._removed
-        self.load_button.setEnabled(usable and isinstance(self._infos.get(row), ModelInfo))
-        self.remove_button.setEnabled(usable and not self._entries[row].bundled)
+        self.load_button.setEnabled(row is not None and usable and isinstance(self._infos.get(row), ModelInfo))
+        self.remove_button.setEnabled(row is not None and usable and not self._entries[row].bundled)
 
     def _load_selected(self) -> None:
         row = self._selected_row()
-        if row is None or row in self._removed or not isinstance(self._infos.get(row), ModelInfo):
+        info = self._infos.get(row) if row is not None else None
+        if row is None or row in self._removed or not isinstance(info, ModelInfo):
             return
-        entry = self._entries[row]
-        self.load_requested.emit(str(entry.path), self._infos[row].name)
+        self.load_requested.emit(str(self._entries[row].path), info.name)
         self.accept()
 
     def _add(self) -> None:

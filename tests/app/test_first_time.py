@@ -183,7 +183,7 @@ def test_continue_after_stop(qtbot, window):
     stopped = stored(window)[-1]
     assert stopped.state == "cancelled" and window.chat_view._messages[-1].continue_button.isVisible()
     window.apply_settings(replace(window.controller.settings, max_tokens=8))
-    _metrics, state = answer(qtbot, window, lambda: window.actions["continue"].trigger())
+    _metrics, state = answer(qtbot, window, lambda: window.menu_actions["continue"].trigger())
     assert state == "complete" and stored(window)[-1].content.startswith(stopped.content)
     assert len(stored(window)) == 2
 
@@ -208,20 +208,20 @@ def test_the_menu_bar_has_quit_about_and_a_shortcuts_sheet(qtbot, window):
     from app.menu_bar import shortcuts_text, show_shortcuts
     menus = [action.text().replace("&", "") for action in window.menuBar().actions()]
     assert menus == ["File", "Model", "Chat", "View", "Help"]
-    assert window.actions["quit"].shortcut().toString() == "Ctrl+Q"
-    assert window.actions["shortcuts"].shortcut().toString() == "F1"
-    sheet = shortcuts_text(window.actions)
+    assert window.menu_actions["quit"].shortcut().toString() == "Ctrl+Q"
+    assert window.menu_actions["shortcuts"].shortcut().toString() == "F1"
+    sheet = shortcuts_text(window.menu_actions)
     for name in ("quit", "new", "choose_model", "continue", "stop", "settings"):
-        assert window.actions[name].shortcut().toString(QKeySequence.SequenceFormat.NativeText) in sheet
-    box = show_shortcuts(window, window.actions)
+        assert window.menu_actions[name].shortcut().toString(QKeySequence.SequenceFormat.NativeText) in sheet
+    box = show_shortcuts(window, window.menu_actions)
     assert box.isVisible() and "Quit" in box.text()
     box.close()
     # The View menu and the bar's Metrics button fold the panel together.
-    window.actions["metrics"].trigger()
+    window.menu_actions["metrics"].trigger()
     assert window.metrics.isHidden() and not window.model_bar.metrics_button.isChecked()
     window.model_bar.metrics_button.click()
-    assert not window.metrics.isHidden() and window.actions["metrics"].isChecked()
-    window.actions["quit"].trigger()
+    assert not window.metrics.isHidden() and window.menu_actions["metrics"].isChecked()
+    window.menu_actions["quit"].trigger()
     assert not window.isVisible()
 
 
@@ -329,16 +329,16 @@ def test_text_size_changes_with_ctrl_plus_and_minus_and_is_kept(qtbot, window):
     from app.settings import load_settings
     base = QApplication.font().pointSizeF()
     try:
-        window.actions["larger"].trigger()
+        window.menu_actions["larger"].trigger()
         assert QApplication.font().pointSizeF() > base
         assert load_settings(window.settings_path)[0].text_scale == 110
-        window.actions["smaller"].trigger()
-        window.actions["smaller"].trigger()
+        window.menu_actions["smaller"].trigger()
+        window.menu_actions["smaller"].trigger()
         assert QApplication.font().pointSizeF() < base
-        assert {k.toString() for k in window.actions["larger"].shortcuts()} >= {"Ctrl++"}
-        assert window.actions["smaller"].shortcut().toString() == "Ctrl+-"
+        assert {k.toString() for k in window.menu_actions["larger"].shortcuts()} >= {"Ctrl++"}
+        assert window.menu_actions["smaller"].shortcut().toString() == "Ctrl+-"
     finally:
-        window.actions["text_reset"].trigger()
+        window.menu_actions["text_reset"].trigger()
     assert QApplication.font().pointSizeF() == base
 
 
