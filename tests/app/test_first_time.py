@@ -3,6 +3,7 @@
 import json
 from dataclasses import replace
 
+import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import (
@@ -126,6 +127,7 @@ def stored(window):
     return window.store.messages(window.controller.conversation.id)
 
 
+@pytest.mark.any_model
 def test_regenerated_answers_are_versions_stored_exported_and_kept_over_a_restart(qtbot, tmp_path, window):
     answer(qtbot, window, lambda: window.controller.send("Name a colour."))
     first = stored(window)[-1].content
@@ -257,6 +259,7 @@ def test_search_results_show_the_matching_snippet(qtbot, window):
     assert word.casefold() in second_line.casefold() and "ago" not in second_line
 
 
+@pytest.mark.any_model
 def test_a_restart_reopens_the_last_conversation_highlighted(qtbot, tmp_path, window):
     answer(qtbot, window, lambda: window.controller.send("First chat"))
     first = window.controller.conversation.id
@@ -293,6 +296,7 @@ def test_the_highlight_stays_on_the_open_chat_when_switching_is_refused(qtbot, w
         window.controller.cancel()
 
 
+@pytest.mark.any_model
 def test_a_conversation_can_have_its_own_system_prompt(qtbot, window):
     from app.widgets.settings_dialog import ConversationSettingsDialog
     dialog = ConversationSettingsDialog(window.controller.settings, {"system_prompt": "Answer in French."}, window)
@@ -418,6 +422,7 @@ def test_the_model_picker_tells_files_apart_sorts_and_filters(qtbot, window, tmp
     assert small.exists()
 
 
+@pytest.mark.any_model
 def test_an_edit_keeps_the_earlier_question_with_its_answers(qtbot, window):
     answer(qtbot, window, lambda: window.controller.send("What is the capital of France?"))
     answer(qtbot, window, lambda: window.controller.send("And of Germany?"))
