@@ -79,8 +79,12 @@ class _Answer:
         self.last: GenerationEvent | None = None
         self.generation = Generation(served, plan)
         self._recorded = False
-        self.generation.start()
         state.requests_total += 1
+        try:
+            self.generation.start()
+        except APIError:
+            state.metrics.requests.labels(endpoint, "refused").inc()
+            raise
 
     async def events(self):
         async for event in self.generation.events():

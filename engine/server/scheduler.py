@@ -81,7 +81,8 @@ class Scheduler:
             if self._closed:
                 raise SchedulerClosed("the model is being unloaded")
             lane = self._lanes[ticket.lane]
-            if ticket.lane == SERVER and self._waiting_server() >= self.max_waiting:
+            idle = self._running is None and not any(self._lanes)  # it starts at once: it will not wait
+            if ticket.lane == SERVER and not idle and self._waiting_server() >= self.max_waiting:
                 self.stats.refused += 1
                 raise QueueFull(f"{self.max_waiting} requests are already waiting")
             ticket.enqueued = time.monotonic()

@@ -79,12 +79,12 @@ class ApiKeyMiddleware:
         await self.app(scope, receive, send)
 
 
-class BodyTooLarge(Exception):
-    """The body grew past the limit while it was being read."""
-
-
 class BodyLimitMiddleware:
-    """Answers 413 to a body over `limit` bytes, by its Content-Length or as it streams in."""
+    """Answers 413 to a body over `limit` bytes, by its Content-Length or as it streams in.
+
+    A streamed body that grows too large gets the 413 at once; the application then sees
+    the client as gone, and whatever it still tries to send is dropped.
+    """
 
     def __init__(self, app: ASGIApp, limit: int):
         self.app = app
@@ -97,27 +97,27 @@ class BodyLimitMiddleware:
         if length is not None and (not length.isdigit() or int(length) > self.limit):
             return await _send_error(send, 413, f"The request body is larger than {self.limit} bytes.")
         received = 0
-        started = False
+        started = refused = False
 
         async def counting_receive() -> Message:
-            nonlocal received
+            nonlocal received, refused
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.limit:
-                    raise BodyTooLarge
+                if received > self.limit and not started:
+                    refused = True
+                    await _send_error(send, 413, f"The request body is larger than {self.limit} bytes.")
+                    return {"type": "http.disconnect"}
             return message
 
         async def tracking_send(message: Message) -> None:
             nonlocal started
+            if refused:
+                return
             started = started or message["type"] == "http.response.start"
             await send(message)
 
-        try:
-            await self.app(scope, counting_receive, tracking_send)
-        except BodyTooLarge:
-            if not started:
-                await _send_error(send, 413, f"The request body is larger than {self.limit} bytes.")
+        await self.app(scope, counting_receive, tracking_send)
 
 
 class RequestIdMiddleware:

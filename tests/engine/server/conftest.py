@@ -13,7 +13,7 @@ from tests.gguf_factory import write_tiny_model
 
 
 @contextlib.contextmanager
-def running_server(model_path, backend="numpy", *, n_ctx=256, max_waiting=16, **config):
+def running_server(model_path, backend="numpy", *, n_ctx=1024, max_waiting=16, **config):
     """Load `model_path`, serve it on 127.0.0.1 (a free port), and yield the BackgroundServer."""
     loaded = load_model(model_path, backend)
     scheduler = Scheduler(max_waiting=max_waiting)
@@ -30,7 +30,7 @@ def running_server(model_path, backend="numpy", *, n_ctx=256, max_waiting=16, **
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory):
     """A tiny Qwen3-shaped model with random weights and the ChatML template."""
-    return write_tiny_model(tmp_path_factory.mktemp("server") / "tiny.gguf", context_length=512)
+    return write_tiny_model(tmp_path_factory.mktemp("server") / "tiny.gguf", **{"qwen3.context_length": 1024})
 
 
 @pytest.fixture(scope="module")
