@@ -15,7 +15,8 @@ START_TIMEOUT = 10.0
 def _uvicorn_config(state: ServerState, config: ServerConfig, log_level: str) -> uvicorn.Config:
     check_bind(config.host, config.api_key)
     return uvicorn.Config(create_app(state, config), host=config.host, port=config.port, log_level=log_level,
-                          lifespan="off", timeout_graceful_shutdown=2, server_header=False)
+                          lifespan="off", timeout_graceful_shutdown=2, server_header=False,
+                          access_log=False)  # the request-id middleware logs each request
 
 
 class BackgroundServer:

@@ -6,7 +6,9 @@ import sys
 import httpx2 as httpx
 import pytest
 
+from engine.server.app import ServerConfig, ServerState
 from engine.server.security import check_bind
+from engine.server.serve import BackgroundServer
 from tests.engine.server.conftest import running_server
 
 
@@ -74,3 +76,16 @@ def test_serve_command_refuses_an_open_bind_in_one_line(tiny_model_path):
                              "--host", "0.0.0.0"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "--api-key" in result.stderr
+
+
+def test_while_loading_health_and_generation_answer_503():
+    server = BackgroundServer(ServerState(), ServerConfig(port=0)).start()
+    try:
+        base = server.url.removesuffix("/v1")
+        health = httpx.get(f"{base}/health")
+        assert health.status_code == 503 and health.headers["retry-after"]
+        reply = httpx.post(f"{base}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+        assert reply.status_code == 503 and reply.json()["error"]["code"] == "model_loading"
+        assert reply.headers["retry-after"]
+    finally:
+        server.stop()
