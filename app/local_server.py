@@ -79,7 +79,7 @@ class LocalServer(QObject):
                 return
             self._attach()
             self._timer.start()
-        else:
+        elif self.server is not None:
             self._timer.stop()
             self.server.stop()
             self.state, self.server = None, None

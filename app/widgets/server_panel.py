@@ -1,7 +1,16 @@
 """The "Local server" row: the switch, the address, a copyable curl example, and the traffic."""
 
 from PySide6.QtCore import QTimer, Signal
-from PySide6.QtWidgets import QApplication, QCheckBox, QFrame, QHBoxLayout, QLabel, QLineEdit, QPushButton, QVBoxLayout
+from PySide6.QtWidgets import (
+    QApplication,
+    QCheckBox,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QVBoxLayout,
+)
 
 COPIED_MS = 1500
 

@@ -18,12 +18,28 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from engine.generation import GenerationEvent
-from engine.server.completions import (Generation, Plan, ServedModel, finish_reason, plan_chat, plan_completion,
-                                       usage)
+from engine.server.completions import (
+    Generation,
+    Plan,
+    ServedModel,
+    finish_reason,
+    plan_chat,
+    plan_completion,
+    usage,
+)
 from engine.server.errors import APIError, error_body, install_error_handlers
 from engine.server.metrics import ServerMetrics
-from engine.server.schemas import ChatCompletionRequest, CompletionRequest, TokenizeRequest
-from engine.server.security import (ApiKeyMiddleware, BodyLimitMiddleware, RequestIdMiddleware, allowed_hosts)
+from engine.server.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    TokenizeRequest,
+)
+from engine.server.security import (
+    ApiKeyMiddleware,
+    BodyLimitMiddleware,
+    RequestIdMiddleware,
+    allowed_hosts,
+)
 from engine.server.tool_calls import parse_tool_calls
 
 log = logging.getLogger("sprig.server")

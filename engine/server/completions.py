@@ -2,8 +2,8 @@
 
 `plan_chat` and `plan_completion` check a request against the model (template, context,
 schemas) and return a `Plan`; nothing runs on the model before the request is known to
-be good. `events` queues the plan on the scheduler and yields its events on the event
-loop; leaving it early (the client went away) cancels the generation.
+be good. A `Generation` queues the plan on the scheduler and yields its events on the
+event loop; leaving early (the client went away) cancels it.
 """
 
 import asyncio
@@ -15,15 +15,37 @@ from dataclasses import dataclass, field, replace
 
 from engine.chat_session import answer_stops, chat_prompt_tokens
 from engine.errors import SprigError
-from engine.generation import (FINISH_CANCELLED, FINISH_CONTEXT_FULL, FINISH_LENGTH, GenerationEvent,
-                               generate)
+from engine.generation import (
+    FINISH_CANCELLED,
+    FINISH_CONTEXT_FULL,
+    FINISH_LENGTH,
+    GenerationEvent,
+    generate,
+)
 from engine.loader import LoadedModel
 from engine.sampling import Sampler, SamplingParams
-from engine.server.constrained import GrammarError, GuidedSampler, check_grammar, json_schema_grammar, \
-    tool_call_grammar
+from engine.server.constrained import (
+    GrammarError,
+    GuidedSampler,
+    check_grammar,
+    json_schema_grammar,
+    tool_call_grammar,
+)
 from engine.server.errors import APIError
-from engine.server.scheduler import END, SERVER, QueueFull, Scheduler, SchedulerClosed, Ticket
-from engine.server.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from engine.server.scheduler import (
+    END,
+    SERVER,
+    QueueFull,
+    Scheduler,
+    SchedulerClosed,
+    Ticket,
+)
+from engine.server.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerationRequest,
+    NamedToolChoice,
+)
 from engine.server.tool_calls import call_schema, call_style
 
 RETRY_AFTER_SECONDS = "2"
@@ -114,12 +136,16 @@ def _grammar(served: ServedModel, request: ChatCompletionRequest) -> tuple[str |
     tools = request.tools if request.tool_choice != "none" else None
     if tools:
         choice = request.tool_choice
-        if isinstance(choice, str) and choice != "required":
+        if choice is None or choice == "auto":  # the model decides; a call it writes is parsed
             return None, True
-        chosen = tools if choice == "required" else [t for t in tools if t.function.name == choice.function.name]
-        if not chosen:
-            raise APIError(400, f"tool_choice names {choice.function.name!r}, which is not among the tools.",
-                           param="tool_choice")
+        if choice == "required":
+            chosen = tools
+        else:
+            assert isinstance(choice, NamedToolChoice)
+            chosen = [t for t in tools if t.function.name == choice.function.name]
+            if not chosen:
+                raise APIError(400, f"tool_choice names {choice.function.name!r}, which is not among the tools.",
+                               param="tool_choice")
         schemas = [call_schema(t.function.name, t.function.parameters, served.call_style) for t in chosen]
         return tool_call_grammar(schemas, served.call_style), True
     response_format = request.response_format
@@ -227,9 +253,9 @@ class Generation:
 FINISH_REASONS = {FINISH_LENGTH: "length", FINISH_CONTEXT_FULL: "length"}
 
 
-def finish_reason(event: GenerationEvent) -> str | None:
-    """OpenAI's finish reason for the engine's (None for a cancelled answer)."""
-    if event.finish_reason is None or event.finish_reason == FINISH_CANCELLED:
+def finish_reason(event: GenerationEvent | None) -> str | None:
+    """OpenAI's finish reason for the engine's (None for a cancelled or unfinished answer)."""
+    if event is None or event.finish_reason is None or event.finish_reason == FINISH_CANCELLED:
         return None
     return FINISH_REASONS.get(event.finish_reason, "stop")
 

@@ -18,7 +18,11 @@ from functools import lru_cache
 
 import llguidance
 import numpy as np
-from llguidance.numpy import allocate_token_bitmask, apply_token_bitmask_inplace, fill_next_token_bitmask
+from llguidance.numpy import (
+    allocate_token_bitmask,
+    apply_token_bitmask_inplace,
+    fill_next_token_bitmask,
+)
 
 from engine.errors import SprigError
 from engine.sampling import Sampler, SamplingParams

@@ -1,6 +1,12 @@
 """The server's Prometheus metrics, in a registry of its own (one per server)."""
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 from engine.server.scheduler import Scheduler
 

@@ -167,7 +167,7 @@ class Scheduler:
             try:
                 for event in ticket.run(ticket.cancel):
                     ticket.deliver(event)
-            except BaseException as exc:  # handed to the waiting caller, who reports it
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller, who reports it
                 ticket.deliver(exc)
             else:
                 ticket.deliver(END)

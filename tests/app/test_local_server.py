@@ -32,7 +32,7 @@ def served_window(qtbot, tmp_path):
 
 
 def test_switch_serves_the_loaded_model_and_shows_its_traffic(qtbot, served_window):
-    window, model = served_window
+    window, _model = served_window
     server, panel = window.local_server, window.server_panel
     assert server.running and panel.isVisible() and panel.switch.isChecked()
     assert window.actions["local_server"].isChecked()
@@ -48,7 +48,7 @@ def test_switch_serves_the_loaded_model_and_shows_its_traffic(qtbot, served_wind
     assert curl == panel.curl.text() and server.address in curl and '"model": "tiny"' in curl
     if shutil.which("curl") is None:
         pytest.skip("curl is not installed: the copied example was not run")
-    result = subprocess.run(shlex.split(curl), capture_output=True, text=True, timeout=60)
+    result = subprocess.run(shlex.split(curl), check=True, capture_output=True, text=True, timeout=60)
     assert json.loads(result.stdout)["object"] == "chat.completion"
 
     panel.switch.click()  # off
@@ -73,7 +73,7 @@ def test_chat_and_server_share_the_model_without_mixing_their_state(qtbot, serve
 
     thread = threading.Thread(target=stream_in_background)
     thread.start()
-    metrics, state = answer(qtbot, window, lambda: window.send("Tell me about rivers"))
+    _metrics, state = answer(qtbot, window, lambda: window.send("Tell me about rivers"))
     thread.join(60)
     assert state == "complete"
     assert streamed["text"] == before  # the chat's turn in between changed nothing in the server's answer

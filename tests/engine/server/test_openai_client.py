@@ -132,6 +132,16 @@ def test_required_tool_choice_streams_a_call(client):
     assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["tool_calls"]
 
 
+@pytest.mark.parametrize("choice", [None, "auto", "none"])
+def test_tools_the_model_may_leave_unused(client, choice):
+    extra = {} if choice is None else {"tool_choice": choice}
+    reply = client.chat.completions.create(model="tiny", messages=LONG, max_tokens=6, temperature=0, tools=TOOLS,
+                                           **extra)
+    # The tiny model writes noise, not a call: the text comes back as content.
+    assert reply.choices[0].finish_reason == "length" and reply.choices[0].message.content
+    assert not reply.choices[0].message.tool_calls
+
+
 def test_text_completion_streams_and_answers(client):
     whole = client.completions.create(model="tiny", prompt="hello", max_tokens=10, temperature=0)
     assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 10

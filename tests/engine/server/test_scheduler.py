@@ -4,7 +4,15 @@ import threading
 
 import pytest
 
-from engine.server.scheduler import APP, END, SERVER, QueueFull, Scheduler, SchedulerClosed, Ticket
+from engine.server.scheduler import (
+    APP,
+    END,
+    SERVER,
+    QueueFull,
+    Scheduler,
+    SchedulerClosed,
+    Ticket,
+)
 
 
 def recorder(log, name, gate=None, steps=1):
@@ -111,11 +119,10 @@ def test_stream_raises_the_ticket_error_on_the_caller(scheduler):
     def failing(cancel):
         yield 1
         raise RuntimeError("boom")
-    got = []
+    items = scheduler.stream(failing, threading.Event())
+    assert next(items) == 1
     with pytest.raises(RuntimeError, match="boom"):
-        for item in scheduler.stream(failing, threading.Event()):
-            got.append(item)
-    assert got == [1]
+        next(items)
 
 
 def test_close_cancels_and_refuses(scheduler):
