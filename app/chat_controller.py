@@ -416,6 +416,8 @@ class ChatController(QObject):
         elif job.kind == "session" and result is not None:
             self._session = result
         elif job.kind == "answer":
+            if job.cancel.is_set() and "finish_reason" not in self._answer:  # stopped while it waited its turn
+                self._answer["state"] = "cancelled"
             self._finish_answer()
         self.busy_changed.emit(False)
         self._apply_model_settings()  # a backend or context change made while busy

@@ -23,7 +23,7 @@ class LocalServer(QObject):
     """Starts and stops the server on 127.0.0.1 and follows the controller's model."""
 
     running_changed = Signal(bool)
-    counts_changed = Signal(int, int)  # requests received, requests waiting or running
+    counts_changed = Signal(int, int)  # requests received, requests waiting for the model
     error = Signal(str)
 
     def __init__(self, controller: ChatController, port: int = DEFAULT_PORT, parent: QObject | None = None):
@@ -98,8 +98,8 @@ class LocalServer(QObject):
 
     def _poll(self) -> None:
         served = self.state.served if self.state else None
-        busy = served.scheduler.waiting + served.scheduler.in_flight if served else 0
-        counts = (self.state.requests_total if self.state else 0, busy)
+        waiting = served.scheduler.waiting if served else 0
+        counts = (self.state.requests_total if self.state else 0, waiting)
         if counts != self._counts:
             self._counts = counts
             self.counts_changed.emit(*counts)

@@ -61,7 +61,7 @@ class ServerPanel(QFrame):
             widget.setVisible(on)
 
     def set_counts(self, requests: int, waiting: int) -> None:
-        """Requests received since the server started, and those waiting for (or holding) the model."""
+        """Requests received since the server started, and those waiting for the model."""
         self.counts.setText(f"{requests} request{'s' * (requests != 1)} · {waiting} waiting")
 
     def copy_example(self) -> None:

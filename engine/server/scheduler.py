@@ -95,20 +95,24 @@ class Scheduler:
         """Run `run` as a ticket and yield its events on the calling thread (blocking).
 
         For callers on a thread of their own (the app's worker). An exception raised by
-        `run` is raised here. Leaving the loop early cancels the ticket.
+        `run` is raised here. Leaving the loop early cancels the ticket. A ticket cancelled
+        while it waits yields nothing.
         """
         events: queue.SimpleQueue = queue.SimpleQueue()
         self.submit(Ticket(run, events.put, lane, cancel))
+        ended = False
         try:
             while True:
                 item = events.get()
+                ended = item is END or isinstance(item, BaseException)
                 if item is END:
                     return
                 if isinstance(item, BaseException):
                     raise item
                 yield item
         finally:
-            cancel.set()
+            if not ended:  # the caller stopped reading: stop the ticket too
+                cancel.set()
 
     def _waiting_server(self) -> int:
         return sum(1 for t in self._lanes[SERVER] if not t.cancel.is_set())

@@ -89,3 +89,20 @@ def test_chat_and_server_share_the_model_without_mixing_their_state(qtbot, serve
         reference.close()
     stored = window.store.messages(window.controller.conversation.id)
     assert stored[-1].content == expected
+
+
+def test_a_chat_answer_stopped_while_it_waits_for_the_model_is_cancelled(qtbot, served_window):
+    window, _model = served_window
+    scheduler = window.controller.scheduler
+    client = openai.OpenAI(base_url=window.local_server.address, api_key="unused", max_retries=0, timeout=60)
+    with client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=1000, temperature=0,
+                                        stream=True) as stream:
+        next(iter(stream))  # the server's request holds the model
+        with qtbot.waitSignal(window.controller.answer_finished, timeout=60_000) as finished:
+            assert window.send("Tell me about rivers") is not False
+            qtbot.waitUntil(lambda: scheduler.waiting == 1, timeout=5000)
+            window.controller.cancel()
+    _metrics, state = finished.args
+    assert state == "cancelled"
+    assert scheduler.stats.skipped == 1  # it never ran
+    assert not window.controller.busy
