@@ -19,7 +19,7 @@ Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.
 class Strict(BaseModel):
     """A request object that refuses unknown fields."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # "12" is not a number, nor 1 a boolean
 
 
 class FunctionDefinition(Strict):

@@ -25,6 +25,10 @@ def assert_clean(reply, status=400):
 
 @pytest.mark.parametrize("body", [
     {**GOOD, "max_tokens": "many"},
+    {**GOOD, "max_tokens": "12"},
+    {**GOOD, "max_tokens": 2.5},
+    {**GOOD, "stream": "yes"},
+    {**GOOD, "stream": 1},
     {**GOOD, "messages": "hi"},
     {**GOOD, "messages": [{"role": "user", "content": 5}]},
     {**GOOD, "messages": [{"role": "wizard", "content": "hi"}]},
