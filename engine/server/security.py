@@ -46,12 +46,16 @@ def check_bind(host: str, api_key: str | None) -> None:
 
 
 def allowed_hosts(host: str) -> list[str]:
-    """Host header values to accept: the loopback names plus the bound address."""
+    """Host header values to accept: the loopback names plus the bound address.
+
+    Bound to every address ("0.0.0.0", "::"), the server cannot know the names it is
+    reached by, so any Host passes; `check_bind` has then required an API key, which a
+    page that rebinds a name to this machine does not have.
+    """
+    if host in ("0.0.0.0", "::", "[::]"):
+        return ["*"]
     bound = f"[{host}]" if ":" in host and not host.startswith("[") else host
-    hosts = list(LOOPBACK_NAMES)
-    if bound not in hosts and bound not in ("0.0.0.0", "[::]"):
-        hosts.append(bound)
-    return hosts
+    return list(LOOPBACK_NAMES) + ([bound] if bound not in LOOPBACK_NAMES else [])
 
 
 async def _send_error(send: Send, status: int, message: str, headers: list | None = None) -> None:

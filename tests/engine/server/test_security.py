@@ -7,7 +7,7 @@ import httpx2 as httpx
 import pytest
 
 from engine.server.app import ServerConfig, ServerState
-from engine.server.security import check_bind
+from engine.server.security import allowed_hosts, check_bind
 from engine.server.serve import BackgroundServer
 from tests.engine.server.conftest import running_server
 
@@ -60,6 +60,13 @@ def test_request_id_is_echoed_or_made(tiny_server):
     made = httpx.get(f"{base}/nowhere").headers["x-request-id"]
     assert len(made) == 32 and made != httpx.get(f"{base}/nowhere").headers["x-request-id"]
     assert httpx.get(f"{base}/health", headers={"X-Request-Id": "bad id\t<x>"}).headers["x-request-id"] != "bad id\t<x>"
+
+
+def test_host_names_follow_the_bound_address():
+    assert allowed_hosts("127.0.0.1") == ["localhost", "127.0.0.1", "[::1]"]
+    assert allowed_hosts("192.168.1.5") == ["localhost", "127.0.0.1", "[::1]", "192.168.1.5"]
+    assert allowed_hosts("fe80::1") == ["localhost", "127.0.0.1", "[::1]", "[fe80::1]"]
+    assert allowed_hosts("0.0.0.0") == ["*"]  # reached by names it cannot know; the key guards it
 
 
 def test_binding_beyond_loopback_needs_a_key():
