@@ -27,6 +27,7 @@ from engine.errors import SprigError
 from engine.generation import FINISH_CANCELLED, GenerationEvent
 from engine.gguf_file import open_gguf
 from engine.loader import LoadedModel, load_model
+from engine.server.scheduler import APP, Scheduler
 
 TITLE_LENGTH = 48
 
@@ -96,6 +97,8 @@ class ChatController(QObject):
         self.model_info: ModelInfo | None = None
         self.conversation: Conversation | None = None
         self._session: ChatSession | None = None
+        # Owns the loaded model's turns: the chat's answers (first) and the local server's requests.
+        self.scheduler: Scheduler | None = None
         self._job: Job | None = None
         self._answer: dict | None = None  # the streaming answer: message id, text, metrics, saver
         self._built_for: tuple[str, int, int] | None = None  # (backend, threads, context) of the last load or session
@@ -123,6 +126,9 @@ class ChatController(QObject):
         job = self._job
         self.engine.stop(job)
         self.headers.stop()
+        if self.scheduler is not None:
+            self.scheduler.close()
+            self.scheduler = None
         if self._answer is not None:
             self._answer["saver"].flush(self._answer["metrics"], MessageState.CANCELLED)
         if self.loaded is not None:
@@ -212,8 +218,11 @@ class ChatController(QObject):
             self._start(Job(lambda cancel: self._new_session(loaded, settings), "session"))
 
     def _release_model(self) -> None:
-        """Engine thread: drop the session and close the model."""
+        """Engine thread: stop the scheduler (ending any server request), drop the session, close the model."""
         self._session = None
+        if self.scheduler is not None:
+            self.scheduler.close()
+            self.scheduler = None
         if self.loaded is not None:
             self.loaded.close()
             self.loaded = None
@@ -368,10 +377,12 @@ class ChatController(QObject):
             "state": MessageState.COMPLETE,
             "saver": ThrottledSaver(self.store, assistant.id, text=assistant.content),
         }
+        scheduler = self.scheduler
+        assert scheduler is not None  # made with the model, which _can_answer made sure of
         turns = [{"role": m.role, "content": m.content} for m in history]
         system = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt.strip() else []
 
-        def run(cancel: threading.Event):
+        def answer(cancel: threading.Event):
             session.params = sampling_params(settings)
             session.max_tokens = settings.max_tokens
             if continuing:
@@ -379,6 +390,9 @@ class ChatController(QObject):
                 return session.continue_answer(cancel)
             session.messages = system + turns[:-1]
             return session.send(turns[-1]["content"], cancel)
+
+        def run(cancel: threading.Event):  # the answer waits for its turn on the model, ahead of the server's
+            return scheduler.stream(answer, cancel, APP)
 
         self.answer_started.emit(message_dict(assistant))
         self._start(Job(run, "answer"))
@@ -431,6 +445,9 @@ class ChatController(QObject):
         elif job.kind == "session" and isinstance(result, ChatSession):
             self._session = result
         elif job.kind == "answer":
+            answer = self._answer
+            if job.cancel.is_set() and answer is not None and "finish_reason" not in answer:
+                answer["state"] = MessageState.CANCELLED  # stopped while it waited its turn
             self._finish_answer()
         self.busy_changed.emit(False)
         self._apply_model_settings()  # a backend or context change made while busy
@@ -444,6 +461,7 @@ class ChatController(QObject):
             self.model_unloaded.emit()
             return
         self.loaded, self.model_info, self._session = result
+        self.scheduler = Scheduler()
         self.settings = replace(self.settings, last_model=str(self.loaded.path))
         self.store.add_model(str(self.loaded.path), self.model_info.name)
         self.store.touch_model(str(self.loaded.path))

@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
 
 from app.backend_status import backend_status, gpu_present
 from app.chat_controller import ChatController
+from app.local_server import LocalServer
 from app.menu_bar import build_menu_bar
 from app.model_library import LibraryEntry, ModelInfo, library_entries
 from app.settings import RANGES, Settings, save_settings
@@ -39,6 +40,7 @@ from app.widgets.message_input import MessageInput
 from app.widgets.metrics_panel import MetricsPanel
 from app.widgets.model_bar import ModelBar
 from app.widgets.model_picker import ModelPicker
+from app.widgets.server_panel import ServerPanel
 from app.widgets.settings_dialog import ConversationSettingsDialog, SettingsDialog
 from backends.selection import planned_backend
 
@@ -57,6 +59,9 @@ class MainWindow(QMainWindow):
         self.store = store
         self.settings_path = settings_path
         self.controller = ChatController(store, settings, self)
+        self.local_server = LocalServer(self.controller, parent=self)
+        self.server_panel = ServerPanel()
+        self.server_panel.hide()  # until the server is first switched on
         self._gpu = gpu_present()
 
         self.sidebar = ConversationList()
@@ -86,6 +91,7 @@ class MainWindow(QMainWindow):
         center_layout.addWidget(self.model_bar)
         center_layout.addWidget(self.error_banner)
         center_layout.addWidget(self.info_banner)
+        center_layout.addWidget(self.server_panel)
         center_layout.addWidget(self.loading_label)
         center_layout.addWidget(self.chat_view, 1)
         center_layout.addLayout(input_row)
@@ -162,6 +168,20 @@ class MainWindow(QMainWindow):
         c.notice.connect(self._on_notice)
         c.model_notice.connect(self.info_banner.add_text)
         c.error.connect(self.error_banner.show_text)
+        self.server_panel.toggled.connect(self.local_server.set_running)
+        self.local_server.running_changed.connect(self._on_server_running)
+        self.local_server.counts_changed.connect(self.server_panel.set_counts)
+        self.local_server.error.connect(self.error_banner.show_text)
+
+    def toggle_local_server(self) -> None:
+        """Model > Local server: turn the server on or off (the panel shows while it is on)."""
+        self.local_server.set_running(not self.local_server.running)
+
+    def _on_server_running(self, on: bool) -> None:
+        server = self.local_server
+        self.server_panel.set_running(on, server.address, server.curl_example())
+        self.server_panel.setVisible(on or self.server_panel.isVisible())
+        self.menu_actions["local_server"].setChecked(on)
 
     # -- chatting --------------------------------------------------------------------
 
@@ -428,7 +448,8 @@ class MainWindow(QMainWindow):
         self.add_model(files[0])
 
     def closeEvent(self, event: QCloseEvent) -> None:
-        """Stop the engine, keep what streamed, save the settings."""
+        """Stop the server and the engine, keep what streamed, save the settings."""
+        self.local_server.set_running(False)
         self.controller.shutdown()
         self._save_settings()
         super().closeEvent(event)

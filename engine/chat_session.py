@@ -16,15 +16,17 @@ from engine.loader import LoadedModel
 from engine.sampling import SamplingParams
 
 
-def chat_prompt_tokens(loaded: LoadedModel, messages: list[dict[str, str]], answer_start: str = "") -> list[int]:
+def chat_prompt_tokens(
+    loaded: LoadedModel, messages: list[dict], answer_start: str = "", tools: list[dict] | None = None
+) -> list[int]:
     """Render `messages` with the model's template (generation prompt on) and tokenize them.
 
     `answer_start` is the beginning of the assistant's answer, written after the prompt, to
-    continue from. BOS is added when the vocabulary asks for it, unless the template
-    already wrote it.
+    continue from. `tools` (OpenAI function definitions) go to the template as they are.
+    BOS is added when the vocabulary asks for it, unless the template already wrote it.
     """
     tokenizer = loaded.tokenizer
-    text = loaded.template.render(messages, add_generation_prompt=True) + answer_start
+    text = loaded.template.render(messages, add_generation_prompt=True, tools=tools) + answer_start
     bos_text = tokenizer.token_text(tokenizer.bos_id) if tokenizer.bos_id is not None else None
     add_bos = tokenizer.add_bos and not (bos_text and text.startswith(bos_text))
     return tokenizer.encode(text, add_bos=add_bos, parse_special=True)

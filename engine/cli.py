@@ -228,6 +228,34 @@ def cmd_bench(args) -> None:
         )
 
 
+def cmd_serve(args) -> None:
+    """An OpenAI-compatible HTTP server for the model (see the README's "Local server")."""
+    from engine.server.app import ServerConfig, ServerState
+    from engine.server.completions import ServedModel
+    from engine.server.scheduler import Scheduler
+    from engine.server.security import check_bind
+    from engine.server.serve import serve_forever
+
+    check_bind(args.host, args.api_key)
+    config = ServerConfig(host=args.host, port=args.port, api_key=args.api_key, cors_origins=args.cors_origin or [])
+    state = ServerState()
+
+    def load(server) -> None:  # while it loads, /health and the API answer 503
+        try:
+            loaded = _load(args)
+        except (SprigError, BackendError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            server.should_exit = True
+            return
+        name = args.alias or loaded.path.stem
+        state.served = ServedModel(loaded, Scheduler(max_waiting=args.max_waiting), name, args.ctx)
+        print(f"serving {name} on http://{args.host}:{args.port}/v1", file=sys.stderr)
+
+    serve_forever(state, config, on_started=load)
+    if state.served is None:
+        raise UsageError("the model could not be loaded")
+
+
 # -- parser ---------------------------------------------------------------------------
 
 
@@ -298,6 +326,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ctx", type=int, default=256)
     p.add_argument("--max-windows", type=int, default=None)
     p.add_argument("--json", action="store_true", help="print JSON (the only format)")
+
+    p = command("serve", cmd_serve, needs_backend=True)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (other than loopback: needs --api-key)")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    p.add_argument("--alias", default=None, help="the model's name in the API (default: the file name)")
+    p.add_argument("--cors-origin", action="append", metavar="URL", help="a web origin allowed to call (repeatable)")
+    p.add_argument("--ctx", type=int, default=None, help="context length of server requests (default 4096)")
+    p.add_argument("--max-waiting", type=int, default=16, help="requests that may wait; more get 429")
 
     p = command("bench", cmd_bench, needs_backend=True)
     p.add_argument("--prompt-tokens", type=int, default=256)

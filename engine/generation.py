@@ -135,12 +135,14 @@ def generate(
     stop_ids: Collection[int] = (),
     cancel: threading.Event | None = None,
     ignore_stop_tokens: bool = False,
+    sampler: Sampler | None = None,
 ) -> Iterator[GenerationEvent]:
     """Continue `prompt` token by token, reusing whatever prefix the cache already holds.
 
     Stops on the model's end-of-generation tokens and `stop_ids` (unless
     `ignore_stop_tokens`, as for benchmarks), a stop string, `max_tokens`, a full context, or `cancel` being set
-    (checked between decode steps).
+    (checked between decode steps). `sampler` replaces the one built from `params` (a
+    sampler that masks tokens, for constrained output).
     """
     reused = cache.common_prefix(list(prompt))
     if reused == len(prompt):  # logits of the last prompt token are needed again
@@ -156,7 +158,7 @@ def generate(
         metrics, prefill_tokens=len(new_tokens), prefill_seconds=prefill_seconds, context_used=cache.n_used
     )
 
-    sampler = Sampler(params)
+    sampler = sampler or Sampler(params)
     steps = DecodeSteps(model, cache, sampler)
     detok = IncrementalDetokenizer(tokenizer)
     stops = StopStringFilter(stop_strings)
@@ -226,7 +228,7 @@ class DecodeSteps:
         self.sampler = sampler
         self.step = model.decode_step(cache.storage)
         argmax = getattr(model.backend, "argmax", None)
-        self.argmax = argmax if _argmax_only(sampler.params) else None
+        self.argmax = argmax if _argmax_only(sampler.params) and not sampler.masks_tokens else None
 
     @property
     def on_device(self) -> bool:
