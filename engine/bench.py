@@ -23,8 +23,15 @@ def bench(loaded: LoadedModel, prompt_tokens: int = 256, gen_tokens: int = 128, 
         cache.truncate(0)
         # n_gen + 1 tokens: the first comes from the prefill's logits, each of the others
         # from one decode step, so decode_seconds covers n_gen steps.
-        *_, last = generate(loaded.model, loaded.tokenizer, cache, prompt[:n_prompt], SamplingParams.greedy(),
-                            max_tokens=n_gen + 1, ignore_stop_tokens=True)
+        *_, last = generate(
+            loaded.model,
+            loaded.tokenizer,
+            cache,
+            prompt[:n_prompt],
+            SamplingParams.greedy(),
+            max_tokens=n_gen + 1,
+            ignore_stop_tokens=True,
+        )
         return last.metrics.prefill_seconds, last.metrics.decode_seconds
 
     run_once(min(32, prompt_tokens), 4)  # warm-up: fills the dequantization cache

@@ -92,7 +92,7 @@ class StopStringFilter:
             return safe, True
         hold = max((_overlap(self.pending, s) for s in self.stop_strings), default=0)
         safe = self.pending[: len(self.pending) - hold]
-        self.pending = self.pending[len(safe):]
+        self.pending = self.pending[len(safe) :]
         return safe, False
 
     def flush(self) -> str:
@@ -112,11 +112,14 @@ def _overlap(text: str, stop: str) -> int:
 def prefill(model: Transformer, cache: KVCache, tokens: Sequence[int], chunk: int = PREFILL_CHUNK) -> np.ndarray:
     """Append `tokens` to the cache in chunks; return the logits after the last one, (vocab,)."""
     cache.check_room(len(tokens))
+    if not tokens:
+        raise ValueError("prefill needs at least one token")
     logits = None
     for lo in range(0, len(tokens), chunk):
-        piece = list(tokens[lo:lo + chunk])
+        piece = list(tokens[lo : lo + chunk])
         logits = model.forward(np.asarray(piece, dtype=np.int64), cache.n_used, cache.storage)
         cache.tokens.extend(piece)
+    assert logits is not None  # the loop ran at least once
     return logits[-1]
 
 
@@ -132,12 +135,14 @@ def generate(
     stop_ids: Collection[int] = (),
     cancel: threading.Event | None = None,
     ignore_stop_tokens: bool = False,
+    sampler: Sampler | None = None,
 ) -> Iterator[GenerationEvent]:
     """Continue `prompt` token by token, reusing whatever prefix the cache already holds.
 
     Stops on the model's end-of-generation tokens and `stop_ids` (unless
     `ignore_stop_tokens`, as for benchmarks), a stop string, `max_tokens`, a full context, or `cancel` being set
-    (checked between decode steps).
+    (checked between decode steps). `sampler` replaces the one built from `params` (a
+    sampler that masks tokens, for constrained output).
     """
     reused = cache.common_prefix(list(prompt))
     if reused == len(prompt):  # logits of the last prompt token are needed again
@@ -149,10 +154,11 @@ def generate(
     started = time.perf_counter()
     logits = prefill(model, cache, new_tokens)
     prefill_seconds = time.perf_counter() - started
-    metrics = replace(metrics, prefill_tokens=len(new_tokens), prefill_seconds=prefill_seconds,
-                      context_used=cache.n_used)
+    metrics = replace(
+        metrics, prefill_tokens=len(new_tokens), prefill_seconds=prefill_seconds, context_used=cache.n_used
+    )
 
-    sampler = Sampler(params)
+    sampler = sampler or Sampler(params)
     steps = DecodeSteps(model, cache, sampler)
     detok = IncrementalDetokenizer(tokenizer)
     stops = StopStringFilter(stop_strings)
@@ -160,6 +166,7 @@ def generate(
     history = list(prompt)
     generated = 0
     pending = None  # what the next token is read from (see DecodeSteps); None: the prefill's logits
+    finish: str | None
     while True:
         if cancel is not None and cancel.is_set():
             yield GenerationEvent(stops.flush() + detok.flush(), None, FINISH_CANCELLED, metrics)
@@ -221,7 +228,7 @@ class DecodeSteps:
         self.sampler = sampler
         self.step = model.decode_step(cache.storage)
         argmax = getattr(model.backend, "argmax", None)
-        self.argmax = argmax if _argmax_only(sampler.params) else None
+        self.argmax = argmax if _argmax_only(sampler.params) and not sampler.masks_tokens else None
 
     @property
     def on_device(self) -> bool:
@@ -244,6 +251,4 @@ class DecodeSteps:
 
 def _argmax_only(params: SamplingParams) -> bool:
     """Whether sampling with `params` is a plain argmax: greedy, with every penalty neutral."""
-    neutral = params.penalty_last_n == 0 or (
-        params.repeat_penalty == 1.0 and params.presence_penalty == 0.0 and params.frequency_penalty == 0.0)
-    return params.temperature <= 0.0 and neutral
+    return params.temperature <= 0.0 and params.penalties_neutral

@@ -51,7 +51,7 @@ class KVCache:
     def common_prefix(self, tokens: list[int]) -> int:
         """How many leading `tokens` the cache already holds."""
         n = 0
-        for held, new in zip(self.tokens, tokens):
+        for held, new in zip(self.tokens, tokens, strict=False):  # the shorter one ends it
             if held != new:
                 break
             n += 1
