@@ -28,7 +28,7 @@ class FileOpenFilter(QObject):
         for path in pending:
             callback(path)
 
-    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 (Qt's name)
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         if event.type() != QEvent.Type.FileOpen or not isinstance(event, QFileOpenEvent):
             return super().eventFilter(watched, event)
         path = event.file() or event.url().toLocalFile()

@@ -16,15 +16,16 @@ from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from PySide6.QtCore import Qt  # noqa: E402  (the platform must be chosen before Qt loads)
-from PySide6.QtGui import QGuiApplication, QImage, QPainter  # noqa: E402
-from PySide6.QtSvg import QSvgRenderer  # noqa: E402
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QGuiApplication, QImage, QPainter
+from PySide6.QtSvg import QSvgRenderer
 
 SVG = Path(__file__).resolve().parents[1] / "resources" / "sprig.svg"
 ICON_NAME = "org.sprig.Sprig"
 HICOLOR_SIZES = (16, 22, 24, 32, 48, 64, 128, 256, 512)
-ICONSET = {f"icon_{n}x{n}{suffix}.png": n * scale
-           for n in (16, 32, 128, 256, 512) for suffix, scale in (("", 1), ("@2x", 2))}
+ICONSET = {
+    f"icon_{n}x{n}{suffix}.png": n * scale for n in (16, 32, 128, 256, 512) for suffix, scale in (("", 1), ("@2x", 2))
+}
 
 
 def render(renderer: QSvgRenderer, size: int) -> QImage:

@@ -4,8 +4,8 @@ from PySide6.QtCore import QCoreApplication, QEvent, QUrl
 from PySide6.QtGui import QFileOpenEvent
 
 from app.file_open import FileOpenFilter
-from tests.app.conftest import LOAD_TIMEOUT_MS, close_window, make_window, quick_settings
 from engine.bundled import bundled_model
+from tests.app.conftest import LOAD_TIMEOUT_MS, close_window, make_window, quick_settings
 
 
 def post_open(qapp, path: str) -> None:

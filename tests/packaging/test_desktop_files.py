@@ -4,10 +4,9 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
-from tests.packaging.conftest import LINUX, REPO, require_tools
 from engine.bundled import default_model
+from tests.packaging.conftest import LINUX, REPO, require_tools
 
 DESKTOP = LINUX / "org.sprig.Sprig.desktop"
 MIME = LINUX / "org.sprig.Sprig-gguf.xml"
@@ -34,8 +33,12 @@ def test_gguf_files_are_recognised_by_name_and_by_content(tmp_path):
     mime_dir = tmp_path / "share" / "mime"
     (mime_dir / "packages").mkdir(parents=True)
     shutil.copy(MIME, mime_dir / "packages")
-    env = {**os.environ, "XDG_DATA_DIRS": str(tmp_path / "share"), "XDG_DATA_HOME": str(tmp_path / "none"),
-           "QT_QPA_PLATFORM": "offscreen"}
+    env = {
+        **os.environ,
+        "XDG_DATA_DIRS": str(tmp_path / "share"),
+        "XDG_DATA_HOME": str(tmp_path / "none"),
+        "QT_QPA_PLATFORM": "offscreen",
+    }
     result = subprocess.run(["update-mime-database", str(mime_dir)], env=env, capture_output=True, text=True)
     assert result.returncode == 0 and not result.stderr.strip(), result.stderr
     assert "application/x-gguf:*.gguf" in (mime_dir / "globs2").read_text()
@@ -45,8 +48,15 @@ def test_gguf_files_are_recognised_by_name_and_by_content(tmp_path):
     text.write_text("not a model\n")
     # Qt reads the freedesktop MIME database as any desktop does: ask it, in a process that
     # sees only the database built above.
-    probe = ("import sys\nfrom PySide6.QtCore import QMimeDatabase\n"
-             "for p in sys.argv[1:]: print(QMimeDatabase().mimeTypeForFile(p).name())")
-    found = subprocess.run([sys.executable, "-c", probe, str(default_model().path), str(renamed), str(text)],
-                           env=env, capture_output=True, text=True, cwd=REPO)
+    probe = (
+        "import sys\nfrom PySide6.QtCore import QMimeDatabase\n"
+        "for p in sys.argv[1:]: print(QMimeDatabase().mimeTypeForFile(p).name())"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", probe, str(default_model().path), str(renamed), str(text)],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert found.stdout.split() == ["application/x-gguf", "application/x-gguf", "text/plain"], found.stderr
