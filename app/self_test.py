@@ -72,8 +72,8 @@ def check_model() -> str:
         raise AssertionError(f"the model answered {answer!r}, expected it to mention {EXPECTED}")
     metrics = events[-1].metrics
     return (
-        f"{loaded.path.name} on {loaded.backend.name}: loaded in {load_s:.1f} s, answered {answer!r} "
-        f"at {metrics.decode_tokens_per_second or 0:.1f} tok/s ({events[-1].finish_reason})"
+        f"{loaded.path.name} on {loaded.backend.name} ({loaded.backend.device_name}): loaded in {load_s:.1f} s, "
+        f"answered {answer!r} at {metrics.decode_tokens_per_second or 0:.1f} tok/s ({events[-1].finish_reason})"
     )
 
 
