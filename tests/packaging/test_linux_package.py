@@ -51,6 +51,7 @@ def test_bundle_holds_every_kernel_tier_and_the_model(package: Package):
 
 def test_bundle_self_test_runs_headless_without_python_or_the_repository(package: Package, tmp_path):
     lines = self_test([str(package.bundle / "sprig")], clean_env(tmp_path), tmp_path)
+    assert any(line.startswith("ok    server:") for line in lines), lines  # uvicorn and FastAPI are bundled
     model_line = next(line for line in lines if line.startswith("ok    model:"))
     assert "Paris" in model_line
     tier = re.search(r"on cpu \(CPU \(\d+ threads?, (\w+) kernels\)\)", model_line)
