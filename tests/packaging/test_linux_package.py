@@ -1,6 +1,7 @@
 """`make package` on Linux: the bundle runs with no Python around it, the .deb passes lintian,
 and it installs, runs, opens a model and purges in a clean Debian made by debootstrap."""
 
+import contextlib
 import os
 import re
 import shutil
@@ -239,7 +240,8 @@ def test_the_launcher_opens_a_gguf_in_a_clean_debian(clean_root: Path):
             opened = opened_models(database)
         alive = app.poll() is None
     finally:
-        os.killpg(app.pid, signal.SIGKILL)  # the bootloader and the app it started
+        with contextlib.suppress(ProcessLookupError):  # gone already if the app failed to start
+            os.killpg(app.pid, signal.SIGKILL)  # the bootloader and the app it started
         output = app.communicate(timeout=30)[0]
         xvfb.terminate()
         xvfb.wait(timeout=30)
