@@ -285,21 +285,21 @@ def create_app(state: ServerState, config: ServerConfig) -> FastAPI:
         add_bos = body.add_special and tokenizer.bos_id is not None
         return {"tokens": tokenizer.encode(body.content, add_bos=add_bos, parse_special=body.parse_special)}
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request):
-        served = state.require()
-        answer = _Answer(state, served, plan_chat(served, body), "chat")
+    async def respond(request: Request, body: ChatCompletionRequest | CompletionRequest, answer: _Answer):
+        """A streamed answer (SSE), or the whole answer once it is complete."""
         if body.stream:
             return _stream(answer, bool(body.stream_options and body.stream_options.include_usage))
         return await _complete(request, answer)
 
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        served = state.require()
+        return await respond(request, body, _Answer(state, served, plan_chat(served, body), "chat"))
+
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         served = state.require()
-        answer = _Answer(state, served, plan_completion(served, body), "text")
-        if body.stream:
-            return _stream(answer, bool(body.stream_options and body.stream_options.include_usage))
-        return await _complete(request, answer)
+        return await respond(request, body, _Answer(state, served, plan_completion(served, body), "text"))
 
     if config.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
