@@ -241,8 +241,8 @@ class CpuBackend(Backend):
                 f"{spec.name} has {bad} blocks whose scale is infinite or not a number: the model file is damaged"
             )
         matrix = CpuMatrix(spec.name, raw, ggml_type, rows, cols)
-        if not spec.name.endswith("token_embd.weight"):  # the embedding is tiled only if the output uses it
-            self._product_entry(matrix, None)  # Q1_0 is tiled now, not at the first token
+        if ggml_type == GGMLQuantizationType.Q1_0 and not spec.name.endswith("token_embd.weight"):
+            self._tiles(matrix)  # now, not at the first token (the embedding only if the output uses it)
         return matrix
 
     def _convert(self, spec: WeightSpec) -> tuple[np.ndarray, int]:
@@ -266,9 +266,13 @@ class CpuBackend(Backend):
         """`matrix` in a matrix-product op's tuple, writing `out` and adding `bias`."""
         if matrix.ggml_type != GGMLQuantizationType.Q1_0:
             return (matrix.raw, matrix.ggml_type, matrix.rows, matrix.cols, out, bias)
+        return (self._tiles(matrix), self.native.Q1_0_TILES, matrix.rows, matrix.cols, out, bias)
+
+    def _tiles(self, matrix: CpuMatrix) -> bytes:
+        """A Q1_0 matrix's blocks regrouped for the table-lookup product, made once."""
         if matrix.tiles is None:
             matrix.tiles = self.native.tile_q1_0(matrix.raw, matrix.rows, matrix.cols)
-        return (matrix.tiles, self.native.Q1_0_TILES, matrix.rows, matrix.cols, out, bias)
+        return matrix.tiles
 
     # -- running ops ------------------------------------------------------------------
 
