@@ -8,6 +8,7 @@ storage different from a fresh run's shows up. Batched and one-by-one passes giv
 numbers exactly. `CharTokenizer` writes token i as one letter; token 0 is end-of-text.
 """
 
+import functools
 import zlib
 from types import SimpleNamespace
 
@@ -56,8 +57,11 @@ class PrefixModel:
 
     def logits_after(self, prefix: np.ndarray) -> np.ndarray:
         """The logits that follow `prefix` (int64 tokens), (vocab,) float32."""
-        seed = zlib.crc32(np.ascontiguousarray(prefix, dtype=np.int64).tobytes())
-        logits = np.random.default_rng(seed).normal(size=self.vocab) * self.spread
+        return self._logits(np.ascontiguousarray(prefix, dtype=np.int64).tobytes()).copy()
+
+    @functools.lru_cache(maxsize=1 << 16)
+    def _logits(self, prefix: bytes) -> np.ndarray:
+        logits = np.random.default_rng(zlib.crc32(prefix)).normal(size=self.vocab) * self.spread
         logits[EOS] += self.eos_bias
         return logits.astype(np.float32)
 
