@@ -15,14 +15,17 @@ import time
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from engine.decoding import Drafter, DraftStats, speculative_tokens
+from engine.draft_model import DraftModelDrafter, draft_refusals
+from engine.errors import DraftModelError
 from engine.kv_cache import KVCache
 from engine.models.common import Transformer
 from engine.ngram import NgramDrafter
-from engine.sampling import Sampler
+from engine.sampling import Sampler, SamplingParams
 
 MODES = ("off", "auto", "ngram", "draft")
 MAX_DRAFT = 8  # the longest draft the adaptive controller considers
@@ -149,19 +152,29 @@ class AdaptiveController:
 
 @dataclass
 class Speculation:
-    """How an answer is decoded: `mode` one of MODES; `draft_tokens` fixes the draft length
-    (None: the adaptive controller chooses, up to MAX_DRAFT)."""
+    """How answers are decoded.
+
+    `mode`: "off" (plain decoding), "ngram" (prompt lookup), "draft" (the draft model
+    `draft`, a LoadedModel checked with `check_draft`), or "auto": the draft model if one is
+    set, else prompt lookup, with the adaptive controller deciding each round whether
+    drafting pays. `draft_tokens` fixes the draft length (None: the controller chooses, up
+    to MAX_DRAFT; in "auto" the controller always chooses).
+    """
 
     mode: str = "auto"
     draft_tokens: int | None = None
-    controller: AdaptiveController | FixedLength | None = None
+    draft: Any = None
+    controller: AdaptiveController | FixedLength | None = field(default=None, repr=False)
+    _draft_drafter: DraftModelDrafter | None = field(default=None, repr=False)
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"unknown speculative mode {self.mode!r}; choose one of {', '.join(MODES)}")
         if self.draft_tokens is not None and not 1 <= self.draft_tokens <= 32:
             raise ValueError(f"the draft length must be between 1 and 32, not {self.draft_tokens}")
-        if self.draft_tokens is not None:
+        if self.mode == "draft" and self.draft is None:
+            raise ValueError("speculative mode 'draft' needs a draft model (--draft-model)")
+        if self.draft_tokens is not None and self.mode != "auto":
             self.controller = FixedLength(self.draft_tokens)
 
     @property
@@ -172,12 +185,32 @@ class Speculation:
     def tokens(self, model: Transformer, cache: KVCache, logits: np.ndarray, sampler: Sampler,
                prompt: Sequence[int], limit: int, stats: DraftStats) -> Iterator[int]:
         """The token source of one answer (see `engine.decoding.speculative_tokens`)."""
+        drafter = self.new_drafter(model, cache.n_ctx, sampler.params)
         if self.controller is None:
-            scratch = KVCache(model.backend, model.config, 32 + MAX_DRAFT + 1)
-            self.controller = AdaptiveController(measure_costs(model, scratch))
-        return speculative_tokens(model, cache, logits, sampler, prompt, limit, self.new_drafter(),
-                                  self.controller, stats)
+            costs = measure_costs(model, _scratch(model))
+            draft_cost = 0.0
+            if isinstance(drafter, DraftModelDrafter):
+                draft_cost = measure_costs(drafter.model, _scratch(drafter.model), 1).step_seconds / costs.step_seconds
+            self.controller = AdaptiveController(costs, draft_cost=draft_cost)
+        return speculative_tokens(model, cache, logits, sampler, prompt, limit, drafter, self.controller, stats)
 
-    def new_drafter(self) -> Drafter:
-        """A fresh drafter for one answer."""
-        return NgramDrafter()
+    def new_drafter(self, model: Transformer, n_ctx: int, params: SamplingParams) -> Drafter:
+        """The drafter of one answer: prompt lookup anew, or the draft model with the cache it keeps."""
+        if self.draft is None or self.mode == "ngram":
+            return NgramDrafter()
+        if self._draft_drafter is None or self._draft_drafter.cache.n_ctx != n_ctx:
+            self._draft_drafter = DraftModelDrafter(self.draft.model, n_ctx, params, model.config.vocab_size)
+        self._draft_drafter.retarget(params)
+        return self._draft_drafter
+
+
+def check_draft(target: Any, draft: Any) -> None:
+    """Raise DraftModelError unless the loaded model `draft` can draft for the loaded `target`."""
+    reasons = draft_refusals(target.file.metadata, draft.file.metadata)
+    if reasons:
+        raise DraftModelError(f"{draft.path.name} cannot draft for {target.path.name}: " + "; ".join(reasons) + ".")
+
+
+def _scratch(model: Transformer) -> KVCache:
+    """A small cache to time forward passes in."""
+    return KVCache(model.backend, model.config, 32 + MAX_DRAFT + 1)

@@ -71,7 +71,7 @@ class WithDrafter(Speculation):
         super().__init__("ngram", draft_tokens)
         self.make_drafter = make_drafter
 
-    def new_drafter(self):
+    def new_drafter(self, model, n_ctx, params):
         return self.make_drafter()
 
 

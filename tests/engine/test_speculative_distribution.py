@@ -60,10 +60,10 @@ class SampledDrafter:
 
 class Sampled(Speculation):
     def __init__(self, drafter, draft_tokens):
-        super().__init__("draft", draft_tokens)
+        super().__init__("ngram", draft_tokens)
         self.drafter = drafter
 
-    def new_drafter(self):
+    def new_drafter(self, model, n_ctx, params):
         return self.drafter
 
 
