@@ -14,6 +14,7 @@ from engine.errors import ContextFullError
 from engine.generation import GenerationEvent, generate
 from engine.loader import LoadedModel
 from engine.sampling import SamplingParams
+from engine.speculation import Speculation
 
 
 def chat_prompt_tokens(loaded: LoadedModel, messages: list[dict[str, str]], answer_start: str = "") -> list[int]:
@@ -45,8 +46,10 @@ class ChatSession:
     """One conversation with one loaded model."""
 
     def __init__(self, loaded: LoadedModel, *, system_prompt: str | None = None, n_ctx: int | None = None,
-                 params: SamplingParams = SamplingParams(), max_tokens: int = 512):
+                 params: SamplingParams = SamplingParams(), max_tokens: int = 512,
+                 speculation: Speculation | None = None):
         self.loaded = loaded
+        self.speculation = speculation
         self.cache = loaded.new_cache(n_ctx)
         self.params = params
         self.max_tokens = max_tokens
@@ -125,6 +128,7 @@ class ChatSession:
             answer = {"role": "assistant", "content": ""}
             self.messages.append(answer)
         for event in generate(self.loaded.model, self.loaded.tokenizer, self.cache, tokens, self.params,
-                              max_tokens=self.max_tokens, cancel=cancel, **answer_stops(self.loaded)):
+                              max_tokens=self.max_tokens, cancel=cancel, speculation=self.speculation,
+                              **answer_stops(self.loaded)):
             answer["content"] += event.text
             yield event

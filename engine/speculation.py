@@ -185,14 +185,19 @@ class Speculation:
     def tokens(self, model: Transformer, cache: KVCache, logits: np.ndarray, sampler: Sampler,
                prompt: Sequence[int], limit: int, stats: DraftStats) -> Iterator[int]:
         """The token source of one answer (see `engine.decoding.speculative_tokens`)."""
+        self.prepare(model)
         drafter = self.new_drafter(model, cache.n_ctx, sampler.params)
-        if self.controller is None:
-            costs = measure_costs(model, _scratch(model))
-            draft_cost = 0.0
-            if isinstance(drafter, DraftModelDrafter):
-                draft_cost = measure_costs(drafter.model, _scratch(drafter.model), 1).step_seconds / costs.step_seconds
-            self.controller = AdaptiveController(costs, draft_cost=draft_cost)
         return speculative_tokens(model, cache, logits, sampler, prompt, limit, drafter, self.controller, stats)
+
+    def prepare(self, model: Transformer) -> None:
+        """Make the adaptive controller, measuring c(T) for `model` (and the draft model's step) once."""
+        if self.controller is not None:
+            return
+        costs = measure_costs(model, _scratch(model))
+        draft_cost = 0.0
+        if self.draft is not None and self.mode != "ngram":
+            draft_cost = measure_costs(self.draft.model, _scratch(self.draft.model), 1).step_seconds / costs.step_seconds
+        self.controller = AdaptiveController(costs, draft_cost=draft_cost)
 
     def new_drafter(self, model: Transformer, n_ctx: int, params: SamplingParams) -> Drafter:
         """The drafter of one answer: prompt lookup anew, or the draft model with the cache it keeps."""

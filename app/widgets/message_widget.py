@@ -43,6 +43,7 @@ def metrics_summary(metrics: dict | None, model: str | None = None) -> str:
         ("decode_tok_s", "{:.1f} tok/s"),
         ("time_to_first_token_s", "TTFT {:.2f} s"),
         ("prefill_tok_s", "prefill {:.0f} tok/s"),
+        ("acceptance_rate", "drafts {:.0%} accepted"),
     ]
     parts = [fmt.format(metrics[key]) for key, fmt in figures if metrics.get(key) is not None]
     return " · ".join(parts + [model]) if parts and model else " · ".join(parts)
@@ -58,6 +59,8 @@ def metrics_tooltip(metrics: dict | None) -> str:
         ("decode_tokens", "Tokens generated: {:d}"),
         ("decode_tok_s", "Generation speed: {:.2f} tok/s"),
         ("last_token_latency_s", "Last token latency: {:.1f} ms"),
+        ("acceptance_rate", "Drafts accepted: {:.0%}"),
+        ("mean_accepted_length", "Accepted per check: {:.2f} tokens"),
     ]
     scale = {"last_token_latency_s": 1000.0}
     text = [fmt.format(metrics[key] * scale.get(key, 1)) for key, fmt in lines if metrics.get(key) is not None]

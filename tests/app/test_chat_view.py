@@ -235,6 +235,9 @@ def test_metrics_with_missing_figures_leave_them_out():
     partial = {"decode_tokens": 3, "decode_tok_s": None, "time_to_first_token_s": 1.5, "prefill_tok_s": None}
     assert metrics_summary(partial, "m") == "3 tokens · TTFT 1.50 s · m"
     assert metrics_summary({"error": "boom"}, "m") == ""
+    drafted = {"decode_tokens": 3, "acceptance_rate": 0.5, "mean_accepted_length": 1.25}
+    assert metrics_summary(drafted) == "3 tokens · drafts 50% accepted"
+    assert metrics_tooltip(drafted) == "Tokens generated: 3\nDrafts accepted: 50%\nAccepted per check: 1.25 tokens"
     assert metrics_tooltip({"context_used": 5, "context_size": None}) == ""
 
 
