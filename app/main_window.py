@@ -20,7 +20,14 @@ from PySide6.QtWidgets import (
 from app.backend_status import BackendStatus, backend_status, gpu_present
 from app.chat_controller import ChatController
 from app.menu_bar import build_menu_bar
-from app.model_library import LibraryEntry, ModelInfo, format_bytes, format_parameters, library_entries
+from app.model_library import (
+    LibraryEntry,
+    ModelInfo,
+    format_bytes,
+    format_parameters,
+    library_entries,
+    vocabulary_metadata,
+)
 from app.settings import RANGES, Settings, save_settings
 from app.storage import Conversation, Store
 from app.theme import app_icon, apply_text_scale, apply_theme
@@ -401,8 +408,10 @@ class MainWindow(QMainWindow):
         """Show the model picker (non-modal); returns it."""
         current = self.controller.loaded.path if self.controller.loaded else None
         settings = self.controller.settings
+        loaded = self.controller.loaded
         picker = ModelPicker(self.library(), self.info_cache, settings.context_length, Path(settings.models_folder),
-                             current, self, backend=planned_backend(settings.backend))
+                             current, self, backend=planned_backend(settings.backend),
+                             draft_target=vocabulary_metadata(loaded.file.metadata) if loaded else None)
         picker.load_requested.connect(self.controller.load)
         picker.add_requested.connect(self.add_model)
         picker.remove_requested.connect(self.store.remove_model)
