@@ -96,34 +96,46 @@ class FixedLength:
 class AdaptiveController:
     """Picks each round's draft length from acceptance so far and the measured c(T).
 
-    `accept[i]` estimates the chance that the draft at position i is accepted when the ones
-    before it were (an exponential moving average with weight `rate`). With k drafts a
-    round yields 1 + sum over j <= k of accept[0] * ... * accept[j-1] tokens on average and
+    The chance that the draft at position i is accepted when the ones before it were is
+    (hits + 2 * prior) / (trials + 2) at that position, over the rounds that reached it,
+    older rounds weighing less (each round multiplies the counts by `memory`); the prior is
+    position i - 1's estimate (0.5 for position 0), so a position never tried yet is
+    expected to do as well as the one before it. With k drafts a round
+    yields 1 + sum over j <= k of accept(0) * ... * accept(j - 1) tokens on average and
     costs c(k + 1) + k * `draft_cost` steps. When no k > 0 beats one token per step, the
-    controller drafts nothing, and after `probe_after` plain rounds drafts once more to
-    refresh its estimates (the wait doubles after each probe that did not pay, up to
-    `longest_wait`).
+    controller drafts nothing; after `probe_after` such rounds it drafts the longest it may
+    once, to see whether the text has become predictable (the wait doubles after each
+    probe that did not pay, up to `longest_wait`).
     """
 
     costs: VerifyCosts
     longest: int = MAX_DRAFT
     draft_cost: float = 0.0
-    rate: float = 0.2
-    probe_after: int = 32
+    memory: float = 0.95
+    probe_after: int = 16
     longest_wait: int = 512
-    accept: list[float] = field(default_factory=list)
+    hits: list[float] = field(default_factory=list)
+    trials: list[float] = field(default_factory=list)
     plain_rounds: int = 0
     wait: int = 0
 
     def __post_init__(self):
-        if not self.accept:
-            self.accept = [0.5] * self.longest
+        self.hits = self.hits or [0.0] * self.longest
+        self.trials = self.trials or [0.0] * self.longest
         self.wait = self.wait or self.probe_after
+
+    def acceptance(self) -> list[float]:
+        """The estimated chance that draft i is accepted given that drafts 0 .. i-1 were, for each i."""
+        estimates, prior = [], 0.5
+        for hits, trials in zip(self.hits, self.trials):
+            prior = (hits + 2.0 * prior) / (trials + 2.0)
+            estimates.append(prior)
+        return estimates
 
     def expected_gain(self, k: int) -> float:
         """Expected tokens per unit of cost with `k` drafts, relative to plain decoding (1.0)."""
         reach, tokens = 1.0, 1.0
-        for chance in self.accept[:k]:
+        for chance in self.acceptance()[:k]:
             reach *= chance
             tokens += reach
         return tokens / (self.costs(k + 1) + k * self.draft_cost)
@@ -139,13 +151,15 @@ class AdaptiveController:
             return 0
         self.plain_rounds = 0
         self.wait = min(self.wait * 2, self.longest_wait)
-        return min(2, top)
+        return top
 
     def record(self, drafted: int, accepted: int) -> None:
-        """Update the per-position estimates: accepted positions toward 1, the first rejected toward 0."""
+        """Count the positions this round reached: accepted ones as hits, the first rejected one as a miss."""
+        self.hits = [h * self.memory for h in self.hits]
+        self.trials = [t * self.memory for t in self.trials]
         for i in range(min(drafted, accepted + 1, self.longest)):
-            hit = 1.0 if i < accepted else 0.0
-            self.accept[i] += self.rate * (hit - self.accept[i])
+            self.trials[i] += 1.0
+            self.hits[i] += 1.0 if i < accepted else 0.0
         if any(self.expected_gain(k) > 1.0 for k in range(1, self.longest + 1)):
             self.wait = self.probe_after
 
@@ -193,10 +207,11 @@ class Speculation:
         """Make the adaptive controller, measuring c(T) for `model` (and the draft model's step) once."""
         if self.controller is not None:
             return
-        costs = measure_costs(model, _scratch(model))
+        costs = measure_costs(model, scratch_cache(model))
         draft_cost = 0.0
         if self.draft is not None and self.mode != "ngram":
-            draft_cost = measure_costs(self.draft.model, _scratch(self.draft.model), 1).step_seconds / costs.step_seconds
+            draft_step = measure_costs(self.draft.model, scratch_cache(self.draft.model), 1).step_seconds
+            draft_cost = draft_step / costs.step_seconds
         self.controller = AdaptiveController(costs, draft_cost=draft_cost)
 
     def new_drafter(self, model: Transformer, n_ctx: int, params: SamplingParams) -> Drafter:
@@ -216,6 +231,6 @@ def check_draft(target: Any, draft: Any) -> None:
         raise DraftModelError(f"{draft.path.name} cannot draft for {target.path.name}: " + "; ".join(reasons) + ".")
 
 
-def _scratch(model: Transformer) -> KVCache:
+def scratch_cache(model: Transformer) -> KVCache:
     """A small cache to time forward passes in."""
     return KVCache(model.backend, model.config, 32 + MAX_DRAFT + 1)

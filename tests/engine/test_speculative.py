@@ -17,7 +17,7 @@ from engine.generation import FINISH_CANCELLED, FINISH_CONTEXT_FULL, FINISH_LENG
     FINISH_STOP_TOKEN, generate
 from engine.kv_cache import KVCache
 from engine.sampling import SamplingParams
-from engine.speculation import Speculation
+from engine.speculation import AdaptiveController, Speculation, VerifyCosts
 from tests.engine.prefix_model import EOS, VOCAB, CharTokenizer, PrefixModel
 
 PROMPT = [5, 6, 7, 8, 5, 6, 7, 9, 3, 4, 5, 6]
@@ -219,3 +219,67 @@ def test_metrics_count_drafts_and_acceptance():
     # 21 tokens, one per round; drafts shrink where fewer tokens are left to make than 3 + 1:
     # 17 rounds of 3 drafts, then 2, then 1, then a plain step.
     assert (m.draft_rounds, m.drafted_tokens, m.accepted_tokens, m.acceptance_rate) == (19, 54, 0, 0.0)
+
+
+# -- the adaptive controller --------------------------------------------------------------
+
+
+def test_expected_gain_by_hand():
+    controller = AdaptiveController(VerifyCosts((1.0, 1.5, 2.0), 0.01), longest=2)
+    assert controller.acceptance() == [0.5, 0.5]  # no rounds yet: the prior
+    assert controller.expected_gain(0) == 1.0
+    assert controller.expected_gain(1) == pytest.approx((1 + 0.5) / 1.5)
+    assert controller.expected_gain(2) == pytest.approx((1 + 0.5 + 0.25) / 2.0)
+    controller.record(2, 1)  # position 0 accepted, position 1 rejected
+    # position 0: (1 + 2 * 0.5) / (1 + 2); position 1: (0 + 2 * 2/3) / (1 + 2)
+    assert controller.acceptance() == pytest.approx([2 / 3, 4 / 9])
+    assert VerifyCosts((1.0, 1.5, 2.0), 0.01)(5) == pytest.approx(3.0)  # extended by the last step, 0.5
+
+
+def passes_with(model, drafter, costs, max_tokens=120):
+    """Run `drafter` under an adaptive controller with `costs`; the answer and the model's passes."""
+    speculation = WithDrafter(drafter)
+    speculation.controller = AdaptiveController(costs)
+    model.passes.clear()
+    events, _ = run(model, PARAMS["greedy"], max_tokens=max_tokens, speculation=speculation)
+    return events, model.passes[1:], speculation.controller
+
+
+def test_controller_falls_back_to_plain_steps_when_drafts_fail():
+    model = PrefixModel(eos_bias=-9.0)
+    ref = reference_for(model, PARAMS["greedy"], n=130)
+    costly = VerifyCosts(tuple(1.0 + 0.9 * t for t in range(9)), 0.01)  # c(T) = 1 + 0.9 (T - 1)
+    events, passes, controller = passes_with(model, lambda: Wrong(ref), costly)
+    assert [e.token for e in events] == ref[len(PROMPT):len(PROMPT) + 120]
+    checks = [n for n in passes if n > 1]
+    # Probes only: after 16 plain rounds, then 32, 64, ... (a probe drafts as long as it may).
+    assert 1 <= len(checks) <= 3 and len(passes) >= 110
+    assert controller.choose(8) == 0
+
+
+def test_controller_drafts_long_when_drafts_are_right_and_checks_are_cheap():
+    model = PrefixModel(eos_bias=-9.0)
+    ref = reference_for(model, PARAMS["greedy"], n=130)
+    cheap = VerifyCosts(tuple(1.0 + 0.1 * t for t in range(9)), 0.01)
+    events, passes, _ = passes_with(model, lambda: Oracle(ref), cheap)
+    assert [e.token for e in events] == ref[len(PROMPT):len(PROMPT) + 120]
+    assert passes[0] > 1 and len(passes) <= 120 // 5  # drafting from the start, long runs
+    assert sum(n == 9 for n in passes) >= len(passes) - 3
+
+
+def test_controller_probes_again_and_resumes_when_text_turns_predictable():
+    model = PrefixModel(eos_bias=-9.0)
+    ref = reference_for(model, PARAMS["greedy"], n=130)
+    costs = VerifyCosts(tuple(1.0 + 0.5 * t for t in range(9)), 0.01)
+
+    class WrongThenRight(Oracle):
+        def propose(self, history, k):
+            draft = super().propose(history, k)
+            if len(history) < len(PROMPT) + 40:
+                return Draft([(t + 1) % VOCAB for t in draft.tokens])
+            return draft
+
+    _, passes, _ = passes_with(model, lambda: WrongThenRight(ref), costs, max_tokens=120)
+    assert sum(n > 1 for n in passes[:30]) <= 3  # mostly plain steps while drafts fail
+    assert passes[-1] == 1  # the last token left: no room for a draft
+    assert all(n > 1 for n in passes[-6:-1])  # drafting again once they are right

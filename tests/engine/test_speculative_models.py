@@ -27,8 +27,8 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module", params=[
-    pytest.param(("smollm2", "cpu"), marks=pytest.mark.slow), pytest.param(("gemma3", "cpu"), marks=pytest.mark.slow),
-    pytest.param(("smollm2", "numpy"), marks=pytest.mark.slow), pytest.param(("gemma3", "numpy"), marks=pytest.mark.slow),
+    pytest.param((key, backend), marks=pytest.mark.slow)
+    for backend in ("cpu", "numpy") for key in ("smollm2", "gemma3")
 ], ids=lambda p: "-".join(p))
 def loaded(request):
     """The model, with its plain greedy answer to each prompt (computed once per module)."""
