@@ -1,10 +1,12 @@
-"""The native CPU backend: C kernels that multiply GGUF blocks where they lie in the file.
+"""The native CPU backend: C kernels that multiply GGUF blocks as the file stores them.
 
 Weights are never copied to float: each matrix stays a view of the memory-mapped model
-file, and the kernels (`backends/cpu_kernels/`) unpack each block as they go. Activations
-are float32 NumPy arrays; before a matrix product each row is quantized to int8 in groups
-of 32 (once, shared by q/k/v and by gate/up), as llama.cpp does. Types without a kernel
-are converted once at load to Q8_0 and the load notes say so.
+file, and the kernels (`backends/cpu_kernels/`) unpack each block as they go; Q1_0 blocks
+are regrouped once at load, byte for byte, into tiles of 32 rows for the table-lookup
+product. Activations are float32 NumPy arrays; before a matrix product each row is
+quantized in groups of 32 (once, shared by q/k/v and by gate/up): to int16 codes, or for
+Q1_0 to 12-bit codes and their lookup tables. Types without a kernel are converted once at
+load to Q8_0 and the load notes say so.
 
 Every op is a tuple (see module.c) that runs at once. `compile_decode` instead records the
 one-token forward pass once, with stand-in tensors, into a list of such tuples over one
@@ -40,14 +42,20 @@ def _bufs(a=None, b=None, c=None, out=None, ids=None, pos=None, table=None, kcac
 
 
 class CpuMatrix:
-    """A weight matrix as GGUF blocks: `raw` holds `rows` rows of `cols` weights of `ggml_type`."""
+    """A weight matrix as GGUF blocks: `raw` holds `rows` rows of `cols` weights of `ggml_type`.
+
+    A Q1_0 matrix also keeps its blocks regrouped into tiles of 32 rows (`tiles`, made by
+    the kernels when the backend first needs them), which the matrix product reads by table
+    lookup; embedding lookups read `raw`.
+    """
 
     def __init__(self, name: str, raw: np.ndarray, ggml_type: int, rows: int, cols: int):
         self.name, self.raw, self.ggml_type, self.rows, self.cols = name, raw, ggml_type, rows, cols
+        self.tiles: bytes | None = None
 
-    def entry(self, out: Any, bias: Any = None) -> tuple:
-        """This matrix in an op tuple, writing `out` and adding `bias`."""
-        return (self.raw, self.ggml_type, self.rows, self.cols, out, bias)
+    def lookup_entry(self) -> tuple:
+        """This matrix in an embedding op's tuple."""
+        return (self.raw, self.ggml_type, self.rows, self.cols, None, None)
 
 
 class CpuKV:
@@ -218,7 +226,10 @@ class CpuBackend(Backend):
         if bad:
             raise TensorDataError(f"{spec.name} has {bad} blocks whose scale is infinite or not a number: "
                                   "the model file is damaged")
-        return CpuMatrix(spec.name, raw, ggml_type, rows, cols)
+        matrix = CpuMatrix(spec.name, raw, ggml_type, rows, cols)
+        if not spec.name.endswith("token_embd.weight"):  # the embedding is tiled only if the output uses it
+            self._product_entry(matrix, None)  # Q1_0 is tiled now, not at the first token
+        return matrix
 
     def _convert(self, spec: WeightSpec) -> tuple[np.ndarray, int]:
         """Blocks of a type without a kernel, as Q8_0 (float32 if rows do not split into 32s)."""
@@ -235,6 +246,14 @@ class CpuBackend(Backend):
     def fuse_linear(self, weights: list[CpuMatrix]) -> tuple[CpuMatrix, ...]:
         """The matrices stay apart; one op multiplies them all after quantizing the input once."""
         return tuple(weights)
+
+    def _product_entry(self, matrix: CpuMatrix, out: Any, bias: Any = None) -> tuple:
+        """`matrix` in a matrix-product op's tuple, writing `out` and adding `bias`."""
+        if matrix.ggml_type != GGMLQuantizationType.Q1_0:
+            return (matrix.raw, matrix.ggml_type, matrix.rows, matrix.cols, out, bias)
+        if matrix.tiles is None:
+            matrix.tiles = self.native.tile_q1_0(matrix.raw, matrix.rows, matrix.cols)
+        return (matrix.tiles, self.native.Q1_0_TILES, matrix.rows, matrix.cols, out, bias)
 
     # -- running ops ------------------------------------------------------------------
 
@@ -259,7 +278,7 @@ class CpuBackend(Backend):
     def embedding(self, weight: CpuMatrix, token_ids: Any, scale: float = 1.0) -> Any:
         ids = token_ids if isinstance(token_ids, _StepInput) else np.ascontiguousarray(token_ids, dtype=np.int64)
         out = self._new((len(ids), weight.cols))
-        self._emit(OP_EMBED, _bufs(out=out, ids=ids), (weight.entry(None),), (len(ids),), (scale,))
+        self._emit(OP_EMBED, _bufs(out=out, ids=ids), (weight.lookup_entry(),), (len(ids),), (scale,))
         return out
 
     def linear(self, x: Any, weight: CpuMatrix, bias: Any = None) -> Any:
@@ -268,7 +287,7 @@ class CpuBackend(Backend):
     def linear_fused(self, x: Any, fused: tuple[CpuMatrix, ...], biases: tuple[Any, ...]) -> list[Any]:
         x = _contiguous(x)
         outs = [self._new((len(x), w.rows)) for w in fused]
-        mats = tuple(w.entry(out, bias) for w, out, bias in zip(fused, outs, biases))
+        mats = tuple(self._product_entry(w, out, bias) for w, out, bias in zip(fused, outs, biases))
         self._emit(OP_LINEAR, _bufs(a=x), mats, (len(x),))
         return outs
 

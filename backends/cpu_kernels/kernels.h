@@ -14,7 +14,8 @@
  *     acc[l] += (float)(isum_lo[l] + isum_hi[l]) * (wscale * xscale)
  * (Q6_K, whose halves have their own scales, adds the two halves separately). The row's
  * result is reduce8(acc) + the min terms, wmin[g] * xsum[g], summed in lanes g mod 8.
- * Q1_0 and the float types take the float activations as they are.
+ * The float types take the float activations as they are. Q1_0 is multiplied by table
+ * lookup, its rows regrouped at load into tiles of 32 (q1_tiles.c).
  */
 #ifndef SPRIG_KERNELS_H
 #define SPRIG_KERNELS_H
@@ -26,11 +27,13 @@
 enum {
     T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
     T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_BF16 = 30, T_Q1_0 = 41,
+    T_Q1_0_TILES = 1041, /* Sprig's own: Q1_0 regrouped in tiles of Q1_TILE rows (q1_tiles.c) */
 };
 
 #define GROUP 32 /* weights per quantization group of the activations */
 #define LANES 8  /* float accumulators per row product */
 #define HALVES 2 /* scales per group of 32 weights: weights 0-15, 16-31 */
+#define Q1_TILE 32 /* rows of a Q1_0 tile */
 
 /* A weight matrix as it lies in the model file: `rows` rows of `row_bytes` bytes. */
 typedef struct {
@@ -47,19 +50,16 @@ typedef struct {
     float *scale;
     float *min;
     float *f; /* float weights (F32/F16/BF16 rows) */
-    const uint8_t *raw; /* the row's blocks (Q1_0, which is multiplied in place) */
 } RowBuffer;
 
 static inline int type_is_float(int type) { return type == T_F32 || type == T_F16 || type == T_BF16; }
-/* multiplied with float activations: the float types and Q1_0 */
-static inline int type_takes_float(int type) { return type_is_float(type) || type == T_Q1_0; }
+/* multiplied with int16 activation codes (the rest take float activations, or Q1_0's tables) */
+static inline int type_takes_codes(int type) { return !type_is_float(type) && type != T_Q1_0_TILES; }
 /* a min term per group, times the group's activation sum */
 static inline int type_has_min(int type) { return type == T_Q4_1 || type == T_Q5_1 || type == T_Q4_K || type == T_Q5_K; }
 
 /* quants.c */
 int type_block(int type, int *weights, int *bytes);     /* 0 if the type is not native */
-void kernels_init(void);
-float dot_q1_0(const uint8_t *row, const float *x, int64_t K);
 float fp16_to_float(uint16_t h);
 void unpack_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf);
 void dequantize_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf, float *out);
@@ -70,6 +70,16 @@ float dot_row(int type, const uint8_t *row, int64_t K, const int16_t *xq, const 
 void dot_tokens(const RowBuffer *w, int type, const float *x, const int16_t *xq, const float *xd, const float *xs,
                 int64_t K, int64_t t0, int64_t t1, float *out, int64_t stride);
 int64_t count_bad_scales(int type, const uint8_t *data, int64_t n_blocks);
+
+/* q1_tiles.c */
+void q1_tiles_init(void);
+int64_t q1_tiled_bytes(int64_t rows, int64_t K);
+void q1_tile_matrix(const uint8_t *raw, int64_t rows, int64_t K, uint8_t *tiles);
+int64_t q1_table_bytes(int64_t K); /* one token's tables */
+void q1_tables(const float *x, int64_t K, uint8_t *tables, float *xscale);
+/* rows of tile `tile` of a tiled matrix times one token's tables, into out[row] */
+void q1_tile_rows(const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, const uint8_t *tables,
+                  const float *xscale, float *out);
 
 /* pool.c */
 /* A task's chunk `chunk` of `chunks`, run by thread `thread` (which owns scratch slot `thread`). */

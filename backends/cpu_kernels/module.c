@@ -9,6 +9,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
 #endif
@@ -74,7 +76,8 @@ static int parse_matrix(PyObject *item, Matrix *m, Buf *out, Buf *bias) {
     m->rows = rows;
     m->cols = cols;
     m->row_bytes = (size_t)(cols / weights * bytes);
-    if (need(&data, rows * (int64_t)m->row_bytes, 1, "weight blocks") != 0) return -1;
+    int64_t stored_rows = m->type == T_Q1_0_TILES ? (rows + Q1_TILE - 1) / Q1_TILE * Q1_TILE : rows;
+    if (need(&data, stored_rows * (int64_t)m->row_bytes, 1, "weight blocks") != 0) return -1;
     m->data = data.ptr;
     if (get_buf(out_obj, 1, 4, out, "matrix output") != 0 || get_buf(bias_obj, 0, 4, bias, "bias") != 0) return -1;
     return 0;
@@ -130,13 +133,13 @@ static int parse_op(PyObject *tuple, Op *op) {
     int64_t *n = op->n;
     switch (op->code) {
     case OP_EMBED:
-        if (op->n_mats != 1) break;
+        if (op->n_mats != 1 || op->mats[0].type == T_Q1_0_TILES) break;
         return need(&ids, n[0], 8, "ids") || need(&out, n[0] * op->mats[0].cols, 4, "out");
     case OP_LINEAR:
         if (op->n_mats < 1) break;
         if (need(&a, n[0] * op->mats[0].cols, 4, "x")) return -1;
         for (int m = 0; m < op->n_mats; m++) {
-            if (op->mats[m].cols != op->mats[0].cols) goto inconsistent;
+            if (op->mats[m].cols != op->mats[0].cols || op->mats[m].type == T_Q1_0) goto inconsistent; /* Q1_0: tiled */
             if (need(&outs[m], n[0] * op->mats[m].rows, 4, "matrix output")) return -1;
             if (op->bias[m] && need(&biases[m], op->mats[m].rows, 4, "bias")) return -1;
         }
@@ -268,6 +271,30 @@ static PyObject *py_count_bad_scales(PyObject *self, PyObject *args) {
     return PyLong_FromLongLong(bad);
 }
 
+/* A Q1_0 matrix's blocks regrouped into tiles for the table-lookup product (q1_tiles.c), as
+ * a new bytes object. The file's pages are not read by products again: the kernel may
+ * reclaim them (MADV_PAGEOUT writes back or drops only what it can read again). */
+static PyObject *py_tile_q1_0(PyObject *self, PyObject *args) {
+    PyObject *raw;
+    long long rows, cols;
+    if (!PyArg_ParseTuple(args, "OLL", &raw, &rows, &cols)) return NULL;
+    if (rows <= 0 || cols <= 0 || cols % 128) return PyErr_Format(PyExc_ValueError, "a %lld x %lld matrix is not Q1_0 blocks", rows, cols);
+    Buf data;
+    if (get_buf(raw, 0, 1, &data, "blocks") != 0 || need(&data, rows * (cols / 128) * 18, 1, "blocks") != 0) return NULL;
+    PyObject *tiles = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)q1_tiled_bytes(rows, cols));
+    if (!tiles) return NULL;
+    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(tiles);
+    Py_BEGIN_ALLOW_THREADS
+    q1_tile_matrix(data.ptr, rows, cols, out);
+#ifdef MADV_PAGEOUT
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), start = ((uintptr_t)data.ptr + page - 1) / page * page,
+              end = ((uintptr_t)data.ptr + (uintptr_t)(rows * (cols / 128) * 18)) / page * page;
+    if (end > start) madvise((void *)start, end - start, MADV_PAGEOUT);
+#endif
+    Py_END_ALLOW_THREADS
+    return tiles;
+}
+
 /* Whether this CPU has a feature; asked of the scalar module before loading a faster tier. */
 static PyObject *py_cpu_has(PyObject *self, PyObject *args) {
     const char *name;
@@ -299,6 +326,7 @@ static PyMethodDef methods[] = {
     {"graph_run", py_graph_run, METH_VARARGS, "Replay a parsed op list (GIL released)."},
     {"set_threads", py_set_threads, METH_VARARGS, "Use n threads, the caller included; returns the count."},
     {"threads", py_threads, METH_NOARGS, "Threads in use, the caller included."},
+    {"tile_q1_0", py_tile_q1_0, METH_VARARGS, "Q1_0 blocks (rows, cols) regrouped for the product, as bytes."},
     {"count_bad_scales", py_count_bad_scales, METH_VARARGS, "Blocks of a tensor with an inf or nan scale."},
     {"cpu_has", py_cpu_has, METH_VARARGS, "Whether the CPU has an instruction-set feature."},
     {NULL, NULL, 0, NULL},
@@ -308,9 +336,10 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, STR(SPRIG_MODULE), "S
                                     methods};
 
 PyMODINIT_FUNC CAT(PyInit_, SPRIG_MODULE)(void) {
-    kernels_init();
+    q1_tiles_init();
     PyObject *m = PyModule_Create(&module);
-    if (m && PyModule_AddStringConstant(m, "TIER", SPRIG_TIER) != 0) {
+    if (!m) return NULL;
+    if (PyModule_AddStringConstant(m, "TIER", SPRIG_TIER) != 0 || PyModule_AddIntConstant(m, "Q1_0_TILES", T_Q1_0_TILES) != 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -16,76 +16,98 @@ static struct {
     int16_t *q;
     float *d, *xsum;
     int64_t capacity;
+    uint8_t *tables; /* Q1_0's lookup tables, and their groups' scales */
+    float *tscale;
+    int64_t table_capacity;
 } acts;
 
-static int reserve_acts(int64_t elements) {
-    if (elements <= acts.capacity) return 0;
-    int16_t *q = realloc(acts.q, sizeof(int16_t) * (size_t)elements);
-    if (q) acts.q = q;
-    float *d = realloc(acts.d, sizeof(float) * (size_t)(elements / GROUP + 1));
-    if (d) acts.d = d;
-    float *s = realloc(acts.xsum, sizeof(float) * (size_t)(elements / GROUP + 1));
-    if (s) acts.xsum = s;
-    if (!q || !d || !s) return -1;
-    acts.capacity = elements;
+static int grow(void **p, size_t bytes) {
+    void *q = realloc(*p, bytes);
+    if (q) *p = q;
+    return q ? 0 : -1;
+}
+
+static int reserve_acts(int64_t elements, int codes, int tables) {
+    size_t groups = (size_t)(elements / GROUP + 1);
+    if (codes && elements > acts.capacity) {
+        if (grow((void **)&acts.q, sizeof(int16_t) * (size_t)elements) || grow((void **)&acts.d, sizeof(float) * groups) ||
+            grow((void **)&acts.xsum, sizeof(float) * groups))
+            return -1;
+        acts.capacity = elements;
+    }
+    if (tables && elements > acts.table_capacity) {
+        if (grow((void **)&acts.tables, (size_t)q1_table_bytes(elements)) || grow((void **)&acts.tscale, sizeof(float) * groups))
+            return -1;
+        acts.table_capacity = elements;
+    }
     return 0;
 }
 
 typedef struct {
     const Op *op;
     int64_t T, K, total_rows;
-    int any_quant;
+    int codes, tables; /* which forms of the activations the matrices take */
 } LinearCtx;
 
 static void quantize_task(void *vctx, int chunk, int chunks, int thread) {
     const LinearCtx *c = vctx;
-    int64_t lo, hi, G = c->K / GROUP;
+    int64_t lo, hi, K = c->K, G = K / GROUP;
     split_range(c->T, chunk, chunks, &lo, &hi);
-    for (int64_t t = lo; t < hi; t++)
-        quantize_row(c->op->a + t * c->K, c->K, acts.q + t * c->K, acts.d + t * G, acts.xsum + t * G);
+    for (int64_t t = lo; t < hi; t++) {
+        const float *x = c->op->a + t * K;
+        if (c->codes) quantize_row(x, K, acts.q + t * K, acts.d + t * G, acts.xsum + t * G);
+        if (c->tables) q1_tables(x, K, acts.tables + t * q1_table_bytes(K), acts.tscale + t * G);
+    }
+}
+
+/* The tiles of a Q1_0 matrix whose first row lies in [r0, r1), times tokens t0 .. t1 - 1. */
+static void tiles_product(const Matrix *w, int64_t K, int64_t r0, int64_t r1, int64_t t0, int64_t t1, float *out) {
+    for (int64_t tile = (r0 + Q1_TILE - 1) / Q1_TILE; tile * Q1_TILE < r1; tile++)
+        for (int64_t t = t0; t < t1; t++)
+            q1_tile_rows(w->data, w->rows, K, tile, acts.tables + t * q1_table_bytes(K), acts.tscale + t * (K / GROUP),
+                         out + t * w->rows);
 }
 
 static void linear_task(void *vctx, int chunk, int chunks, int thread) {
     const LinearCtx *c = vctx;
     const Op *op = c->op;
-    int64_t lo, hi, K = c->K;
+    int64_t lo, hi, K = c->K, G = K / GROUP;
     split_range(c->total_rows, chunk, chunks, &lo, &hi);
     RowBuffer *buf = scratch_row(thread);
     for (int64_t t0 = 0; t0 < c->T; t0 += TOKEN_TILE) {
         int64_t t1 = t0 + TOKEN_TILE < c->T ? t0 + TOKEN_TILE : c->T;
         int64_t base = 0;
-        for (int m = 0; m < op->n_mats; m++) {
+        for (int m = 0; m < op->n_mats; base += op->mats[m].rows, m++) {
             const Matrix *w = &op->mats[m];
             int64_t r0 = lo > base ? lo - base : 0, r1 = hi - base < w->rows ? hi - base : w->rows;
-            if (t1 - t0 == 1 && !type_takes_float(w->type)) { /* one token: no row buffer */
-                int64_t G = K / GROUP;
+            if (w->type == T_Q1_0_TILES) {
+                tiles_product(w, K, r0, r1, t0, t1, op->outs[m]);
+            } else if (t1 - t0 == 1 && type_takes_codes(w->type)) { /* one token: no row buffer */
                 for (int64_t r = r0; r < r1; r++)
                     op->outs[m][t0 * w->rows + r] = dot_row(w->type, w->data + r * w->row_bytes, K, acts.q + t0 * K,
                                                             acts.d + t0 * G, acts.xsum + t0 * G, buf->min);
-                base += w->rows;
-                continue;
+            } else {
+                for (int64_t r = r0; r < r1; r++) {
+                    unpack_row(w->type, w->data + r * w->row_bytes, K, buf);
+                    dot_tokens(buf, w->type, op->a, acts.q, acts.d, acts.xsum, K, t0, t1, op->outs[m] + r, w->rows);
+                }
             }
-            for (int64_t r = r0; r < r1; r++) {
-                if (w->type == T_Q1_0) buf->raw = w->data + r * w->row_bytes; /* read in place */
-                else unpack_row(w->type, w->data + r * w->row_bytes, K, buf);
-                dot_tokens(buf, w->type, op->a, acts.q, acts.d, acts.xsum, K, t0, t1, op->outs[m] + r, w->rows);
-            }
-            base += w->rows;
         }
     }
 }
 
 static int linear(const Op *op, const char **error) {
-    LinearCtx c = {op, op->n[0], op->mats[0].cols, 0, 0};
+    LinearCtx c = {op, op->n[0], op->mats[0].cols, 0, 0, 0};
     for (int m = 0; m < op->n_mats; m++) {
         c.total_rows += op->mats[m].rows;
-        c.any_quant |= !type_takes_float(op->mats[m].type);
+        c.codes |= type_takes_codes(op->mats[m].type);
+        c.tables |= op->mats[m].type == T_Q1_0_TILES;
     }
-    if (scratch_reserve(c.K, 0) != 0 || (c.any_quant && reserve_acts(c.T * c.K) != 0)) {
+    if (scratch_reserve(c.K, 0) != 0 || reserve_acts(c.T * c.K, c.codes, c.tables) != 0) {
         *error = "out of memory for the matrix product's buffers";
         return -1;
     }
-    if (c.any_quant) {
+    if (c.codes || c.tables) {
         if (c.T > 1) pool_run(quantize_task, &c);
         else quantize_task(&c, 0, 1, 0);
     }

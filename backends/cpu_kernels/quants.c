@@ -80,7 +80,7 @@ int type_block(int type, int *weights, int *bytes) {
     case T_Q5_0: *weights = 32; *bytes = 22; return 1;
     case T_Q5_1: *weights = 32; *bytes = 24; return 1;
     case T_Q8_0: *weights = 32; *bytes = 34; return 1;
-    case T_Q1_0: *weights = 128; *bytes = 18; return 1;
+    case T_Q1_0: case T_Q1_0_TILES: *weights = 128; *bytes = 18; return 1;
     case T_Q4_K: *weights = 256; *bytes = 144; return 1;
     case T_Q5_K: *weights = 256; *bytes = 176; return 1;
     case T_Q6_K: *weights = 256; *bytes = 210; return 1;
@@ -254,7 +254,6 @@ static inline float bf16_to_float(uint16_t h) {
 }
 
 void unpack_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf) {
-    buf->raw = row;
     if (type == T_F32) {
         memcpy(buf->f, row, 4 * (size_t)cols);
         return;
@@ -375,64 +374,11 @@ int64_t count_bad_scales(int type, const uint8_t *data, int64_t n_blocks) {
     return bad;
 }
 
-/* Q1_0 against float activations, exactly: weight j is +-d, so the product is
- * d * (sum of x_j with the sign of bit j). Each byte of bits picks, from a table, the sign
- * masks of its 8 weights; xor flips the float's sign. No rounding of the activations, and
- * no multiplies but one per block. Sums run in 8 lanes and 4 chains, one per byte mod 4. */
-typedef uint32_t u32x8 __attribute__((vector_size(32)));
-
-static u32x8 sign_masks[256];
-
-void kernels_init(void) {
-    for (int byte = 0; byte < 256; byte++)
-        for (int i = 0; i < 8; i++) sign_masks[byte][i] = (byte >> i) & 1 ? 0u : 0x80000000u;
-}
-
-/* The products of one Q1_0 row with `n` (1 or 2) tokens x[0], x[1]; each token's sums as
- * in the one-token case, so pairing tokens does not change a bit. */
-static inline void dot_q1_0_tokens(const uint8_t *row, const float *const *x, int n, int64_t K, float *out) {
-    v8f acc[2] = {{0}, {0}};
-    for (int64_t blk = 0; blk < K / 128; blk++) {
-        const uint8_t *b = row + blk * 18;
-        v8f chain[2][4] = {{{0}, {0}, {0}, {0}}, {{0}, {0}, {0}, {0}}};
-#pragma GCC unroll 16
-        for (int k = 0; k < 16; k++) {
-            u32x8 mask = sign_masks[b[2 + k]];
-            for (int t = 0; t < n; t++) {
-                u32x8 xv;
-                memcpy(&xv, x[t] + blk * 128 + 8 * k, sizeof xv);
-                chain[t][k & 3] += (v8f)(xv ^ mask);
-            }
-        }
-        float d = f16(b);
-        for (int t = 0; t < n; t++) acc[t] += ((chain[t][0] + chain[t][1]) + (chain[t][2] + chain[t][3])) * d;
-    }
-    for (int t = 0; t < n; t++) out[t] = reduce8(acc[t]);
-}
-
-float dot_q1_0(const uint8_t *row, const float *x, int64_t K) {
-    float out;
-    dot_q1_0_tokens(row, &x, 1, K, &out);
-    return out;
-}
-
 /* The unpacked row `w` times tokens t0 .. t1 - 1 (x float, or quantized xq/xd/xs), into
  * out[t * stride]. Four tokens share each pass over the row; each token's arithmetic is
  * exactly dot_quant's, so the result does not depend on how tokens are grouped. */
 void dot_tokens(const RowBuffer *w, int type, const float *x, const int16_t *xq, const float *xd, const float *xs,
                 int64_t K, int64_t t0, int64_t t1, float *out, int64_t stride) {
-    if (type == T_Q1_0) {
-        int64_t t = t0;
-        for (; t + 2 <= t1; t += 2) {
-            const float *pair[2] = {x + t * K, x + (t + 1) * K};
-            float both[2];
-            dot_q1_0_tokens(w->raw, pair, 2, K, both);
-            out[t * stride] = both[0];
-            out[(t + 1) * stride] = both[1];
-        }
-        if (t < t1) out[t * stride] = dot_q1_0(w->raw, x + t * K, K);
-        return;
-    }
     if (type_is_float(type)) {
         for (int64_t t = t0; t < t1; t++) out[t * stride] = dot_float(w->f, x + t * K, K);
         return;

@@ -4,9 +4,10 @@
 - Every tier this machine runs (AVX2, AVX-512, NEON) gives the scalar tier's products bit
   for bit, for T = 1..16 tokens, 1-3 threads, odd row counts, extreme and zero scales
   and blocks with every bit set.
-- A product is x @ W.T within the error that quantizing x to int16 groups of 32 allows
-  (a bound worked out per element from the data), W dequantized by gguf-py; for the
-  float types and Q1_0, whose kernels take float activations, within float rounding.
+- A product is x @ W.T within the error that quantizing x in groups of 32 allows (a bound
+  worked out per element from the data), W dequantized by gguf-py: codes up to 32767 for
+  the integer kernels, up to 2047 for Q1_0's lookup tables. The float types take float
+  activations: within float rounding.
 """
 
 import numpy as np
@@ -26,7 +27,7 @@ SCALE_OFFSETS = {
 }
 QUANT_TYPES = sorted(SCALE_OFFSETS, key=int)
 FLOAT_TYPES = [T.F32, T.F16, T.BF16]
-INT_ACTIVATION_TYPES = [t for t in QUANT_TYPES if t != T.Q1_0]  # Q1_0 sums float activations
+CODE_MAX = {t: 2047 if t == T.Q1_0 else 32767 for t in QUANT_TYPES}  # Q1_0's tables sum 12-bit codes
 EXTREME_SCALES = np.array([65504.0, -65504.0, 6e-8, 0.0, 1.0, -0.5], dtype=np.float16)
 TIERS = cpu_native.runnable_tiers()
 
@@ -99,27 +100,27 @@ def test_every_tier_matches_scalar_bit_for_bit(tier, qtype):
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
-@pytest.mark.parametrize("qtype", INT_ACTIVATION_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
 def test_products_are_within_the_activation_quantization_bound(qtype, threads):
     rng = np.random.default_rng(200 + int(qtype))
-    rows, cols = 37, 512
+    rows, cols = 37, 512  # 37: a Q1_0 tile of 32 rows and a padded one
     raw = random_matrix(qtype, rows, cols, rng)
     weights = dequantize(raw.reshape(-1), int(qtype), (rows, cols)).astype(np.float64)
     for n_tokens in (1, 4, 16):
         x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
         got = product(TIERS[0], threads, qtype, raw, cols, x)
         exact = x.astype(np.float64) @ weights.T
-        # each x is off by at most half a step, amax / 65534, of its group of 32; then float32 sums
-        step = np.abs(x).reshape(n_tokens, cols // 32, 32).max(-1) / 65534.0  # (T, groups)
+        # each x is off by at most half a step, amax / (2 code max), of its group of 32; then float32 sums
+        step = np.abs(x).reshape(n_tokens, cols // 32, 32).max(-1) / (2.0 * CODE_MAX[qtype])  # (T, groups)
         magnitude = np.abs(x).astype(np.float64) @ np.abs(weights).T  # (T, rows)
         bound = (step @ np.abs(weights).reshape(rows, cols // 32, 32).sum(-1).T) * 1.001 + 1e-6 * magnitude
         assert np.all(np.abs(got - exact) <= bound), np.max(np.abs(got - exact) - bound)
 
 
-@pytest.mark.parametrize("qtype", FLOAT_TYPES + [T.Q1_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", FLOAT_TYPES, ids=lambda t: t.name)
 def test_float_activations_are_not_quantized(qtype):
     rng = np.random.default_rng(5)
-    rows, cols = 19, 384 if qtype == T.Q1_0 else 300  # 300: no multiple of 8, the tail lanes
+    rows, cols = 19, 300  # 300: no multiple of 8, the tail lanes
     raw = random_matrix(qtype, rows, cols, rng)
     weights = dequantize(raw.reshape(-1), int(qtype), (rows, cols)).astype(np.float64)
     x = rng.standard_normal((3, cols)).astype(np.float32)

@@ -4,9 +4,10 @@ Models: SmolLM2 (llama; Q4_1, Q8_0 embeddings) and Gemma-3-270M (gemma3; Q8_0, Q
 Q4_K, Q6_K), the synthetic Qwen3 fixtures (F32 and Q1_0), and tiny Qwen2 (biases),
 Gemma 3 (sliding window) and Gemma 2 (soft-capping) models written here.
 
-The CPU backend rounds activations to int16 groups of 32 before the products with
-quantized blocks (Q1_0 and float weights take them as they are), so its logits differ from
-NumPy's float32 ones by a little: at most 2.5e-4 of the logit range on the bundled models.
+The CPU backend rounds activations in groups of 32 before the products with quantized
+blocks (to int16 codes; to 12-bit codes for Q1_0's lookup tables; float weights take them
+as they are), so its logits differ from NumPy's float32 ones by a little: at most 2.5e-4
+of the logit range on the bundled models, 3e-4 on the tiny Q1_0 model.
 What must hold:
 - the top token after every prompt equals NumPy's;
 - perplexity within 1% of NumPy's;
@@ -95,9 +96,9 @@ def test_top_token_after_every_prompt_matches_numpy(pair):
 def test_logits_stay_close_to_numpy(pair):
     for k, (ours, reference) in enumerate(zip(pair.logits["cpu"], pair.logits["numpy"])):
         span = float(reference.max() - reference.min())
-        # the tiny models' weights are F32 or Q1_0, which take float activations; the bundled
-        # models' products round activations to int16 (measured: 2.5e-4 SmolLM2, 8e-5 Gemma)
-        tolerance = 1e-5 if pair.key.startswith("tiny") else 2e-3
+        # F32 weights take float activations; quantized ones round them (measured: 2.5e-4
+        # SmolLM2, 8e-5 Gemma with int16 codes; 3e-4 tiny Q1_0 with 12-bit table codes)
+        tolerance = 1e-5 if pair.key.startswith("tiny") and not pair.key.endswith("q1_0") else 2e-3
         assert float(np.abs(ours - reference).max()) <= tolerance * span, f"{pair.key} prompt {k}"
 
 

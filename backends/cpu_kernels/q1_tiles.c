@@ -1,0 +1,215 @@
+/* Q1_0 (PrismML Bonsai) products by table lookup, in the manner of T-MAC and bitnet.cpp's
+ * TL kernels.
+ *
+ * Weights. At load, a Q1_0 matrix is regrouped (q1_tile_matrix) into tiles of
+ * Q1_TILE = 32 rows, the last one padded with zero rows. For each block of 128 columns a tile holds the 32 rows' fp16
+ * scales d in row order (64 bytes), then 16 steps of 32 bytes: step s is byte s of each
+ * row's block, the bits of weights 8s .. 8s + 7, the byte at position p belonging to row
+ * q1_lane_row[p]. Nothing is dequantized; the bits are the file's, moved.
+ *
+ * Activations. Each token is quantized to 12-bit codes (|q| <= 2047) in groups of 32, one
+ * float scale per group, and for every quad of 4 codes a table of the 16 signed sums
+ * T[n] = sum_i (bit i of n ? +q_i : -q_i) is built, as int16 split into a 16-byte table of
+ * low bytes and one of high bytes (32 bytes per quad).
+ *
+ * Product. The 4 bits of a quad index its table: one vector shuffle looks up 32 rows at
+ * once. A group's 8 lookups per row are summed exactly in integers (int16 for four lookups,
+ * |sum| <= 4 * 4 * 2047 = 32752, then int32), and each row's float accumulator takes
+ *     acc += (float)isum * (d_row * xscale_group)
+ * group after group. The vector and the portable code compute the same integers and the
+ * same float operations in the same order, so every tier gives the same bits.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "simd.h"
+
+#define STEPS 16                                /* bytes of bits per row and block of 128 */
+#define BLOCK_BYTES (Q1_TILE * 2 + STEPS * Q1_TILE) /* scales, then the steps */
+#define QUAD_BYTES 32                           /* a quad's table: 16 low bytes, 16 high bytes */
+#define CODE_MAX 2047.0f
+
+static int lane_row[Q1_TILE]; /* byte position in a step -> row of the tile */
+static int row_lane[Q1_TILE];
+
+/* The vector kernel's lookups come out as int16 pairs, unpacked low/high within 128-bit
+ * halves and then split into even and odd int32 lanes: result vector k, lane l belongs to
+ * byte position (l < 4 ? 0 : 16) + (k >= 2 ? 8 : 0) + 2 (l mod 4) + (k mod 2). Placing row
+ * 8k + l there makes the four result vectors rows 0-7, 8-15, 16-23, 24-31. */
+void q1_tiles_init(void) {
+    for (int k = 0; k < 4; k++)
+        for (int l = 0; l < 8; l++) {
+            int p = (l < 4 ? 0 : 16) + (k >= 2 ? 8 : 0) + 2 * (l % 4) + (k % 2);
+            lane_row[p] = 8 * k + l;
+            row_lane[8 * k + l] = p;
+        }
+}
+
+int64_t q1_table_bytes(int64_t K) { return K / 4 * QUAD_BYTES; }
+
+int64_t q1_tiled_bytes(int64_t rows, int64_t K) { return (rows + Q1_TILE - 1) / Q1_TILE * (K / 128) * BLOCK_BYTES; }
+
+void q1_tile_matrix(const uint8_t *raw, int64_t rows, int64_t K, uint8_t *tiles) {
+    int64_t n_blocks = K / 128, row_bytes = n_blocks * 18;
+    memset(tiles, 0, (size_t)q1_tiled_bytes(rows, K));
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t tile = r / Q1_TILE, in_tile = r % Q1_TILE;
+        for (int64_t b = 0; b < n_blocks; b++) {
+            const uint8_t *src = raw + r * row_bytes + b * 18;
+            uint8_t *block = tiles + (tile * n_blocks + b) * BLOCK_BYTES;
+            memcpy(block + 2 * in_tile, src, 2);
+            for (int s = 0; s < STEPS; s++) block[2 * Q1_TILE + Q1_TILE * s + row_lane[in_tile]] = src[2 + s];
+        }
+    }
+}
+
+void q1_tables(const float *x, int64_t K, uint8_t *tables, float *xscale) {
+    for (int64_t g = 0; g < K / GROUP; g++) {
+        const float *xg = x + g * GROUP;
+        uint8_t *t = tables + g * (GROUP / 4) * QUAD_BYTES;
+        float amax = 0.0f;
+        for (int i = 0; i < GROUP; i++) {
+            float a = fabsf(xg[i]);
+            amax = a > amax ? a : amax;
+        }
+        if (!(amax <= 3.4e38f)) { /* inf or nan: the result must not look finite */
+            memset(t, 0, (GROUP / 4) * QUAD_BYTES);
+            xscale[g] = NAN;
+            continue;
+        }
+        float inverse = amax > 0.0f ? CODE_MAX / amax : 0.0f;
+        xscale[g] = amax / CODE_MAX;
+        for (int quad = 0; quad < GROUP / 4; quad++, t += QUAD_BYTES) {
+            int32_t q[4];
+            for (int i = 0; i < 4; i++) q[i] = (int32_t)nearbyintf(xg[4 * quad + i] * inverse);
+            for (int n = 0; n < 16; n++) {
+                int32_t sum = 0;
+                for (int i = 0; i < 4; i++) sum += (n >> i) & 1 ? q[i] : -q[i];
+                t[n] = (uint8_t)(sum & 0xff);
+                t[16 + n] = (uint8_t)((uint16_t)(int16_t)sum >> 8);
+            }
+        }
+    }
+}
+
+static inline int32_t lookup(const uint8_t *table, int index) {
+    return (int16_t)(uint16_t)(table[index] | table[16 + index] << 8);
+}
+
+/* One tile (32 rows, K columns) times one token's tables: out[0..31]. */
+#if defined(__AVX2__)
+#include <immintrin.h>
+
+static inline __m256i table_half(const uint8_t *t) { return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t)); }
+
+static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *tables, const float *xscale, float *out) {
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = 0; b < K / 128; b++) {
+        const uint8_t *block = tile + b * BLOCK_BYTES, *bits = block + 2 * Q1_TILE;
+        __m256 d[4];
+        for (int k = 0; k < 4; k++) d[k] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(block + 16 * k)));
+        for (int g = 0; g < 4; g++) { /* groups of 32 weights: 4 steps */
+            __m256i isum[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                               _mm256_setzero_si256()};
+            for (int h = 0; h < 2; h++) { /* 2 steps, 4 lookups per row, summed in int16 */
+                __m256i lo16 = _mm256_setzero_si256(), hi16 = _mm256_setzero_si256();
+                for (int s = 4 * g + 2 * h; s < 4 * g + 2 * h + 2; s++) {
+                    __m256i w = _mm256_loadu_si256((const __m256i *)(bits + 32 * s));
+                    __m256i n0 = _mm256_and_si256(w, low4), n1 = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
+                    const uint8_t *t = tables + (b * 32 + 2 * s) * QUAD_BYTES;
+                    __m256i l0 = _mm256_shuffle_epi8(table_half(t), n0), h0 = _mm256_shuffle_epi8(table_half(t + 16), n0);
+                    __m256i l1 = _mm256_shuffle_epi8(table_half(t + 32), n1), h1 = _mm256_shuffle_epi8(table_half(t + 48), n1);
+                    lo16 = _mm256_add_epi16(lo16, _mm256_add_epi16(_mm256_unpacklo_epi8(l0, h0), _mm256_unpacklo_epi8(l1, h1)));
+                    hi16 = _mm256_add_epi16(hi16, _mm256_add_epi16(_mm256_unpackhi_epi8(l0, h0), _mm256_unpackhi_epi8(l1, h1)));
+                }
+                isum[0] = _mm256_add_epi32(isum[0], _mm256_srai_epi32(_mm256_slli_epi32(lo16, 16), 16));
+                isum[1] = _mm256_add_epi32(isum[1], _mm256_srai_epi32(lo16, 16));
+                isum[2] = _mm256_add_epi32(isum[2], _mm256_srai_epi32(_mm256_slli_epi32(hi16, 16), 16));
+                isum[3] = _mm256_add_epi32(isum[3], _mm256_srai_epi32(hi16, 16));
+            }
+            __m256 xs = _mm256_set1_ps(xscale[b * 4 + g]);
+            for (int k = 0; k < 4; k++)
+                acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(_mm256_cvtepi32_ps(isum[k]), _mm256_mul_ps(d[k], xs)));
+        }
+    }
+    for (int k = 0; k < 4; k++) _mm256_storeu_ps(out + 8 * k, acc[k]);
+}
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+#include <arm_neon.h>
+
+/* 16 rows per 128-bit half of a step; each half's lookups widen to int32 lanes in byte
+ * position order, so the scales are taken in that order too. */
+static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *tables, const float *xscale, float *out) {
+    const uint8x16_t low4 = vdupq_n_u8(0x0f);
+    float32x4_t acc[8];
+    for (int k = 0; k < 8; k++) acc[k] = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < K / 128; b++) {
+        const uint8_t *block = tile + b * BLOCK_BYTES, *bits = block + 2 * Q1_TILE;
+        float d[Q1_TILE];
+        for (int p = 0; p < Q1_TILE; p++)
+            d[p] = fp16_to_float((uint16_t)(block[2 * lane_row[p]] | block[2 * lane_row[p] + 1] << 8));
+        for (int g = 0; g < 4; g++) {
+            int32x4_t isum[8];
+            for (int k = 0; k < 8; k++) isum[k] = vdupq_n_s32(0);
+            for (int h = 0; h < 2; h++) { /* 2 steps, 4 lookups per row, summed in int16 */
+                int16x8_t sum16[4] = {vdupq_n_s16(0), vdupq_n_s16(0), vdupq_n_s16(0), vdupq_n_s16(0)};
+                for (int s = 4 * g + 2 * h; s < 4 * g + 2 * h + 2; s++) {
+                    const uint8_t *t = tables + (b * 32 + 2 * s) * QUAD_BYTES;
+                    uint8x16_t tl0 = vld1q_u8(t), th0 = vld1q_u8(t + 16), tl1 = vld1q_u8(t + 32), th1 = vld1q_u8(t + 48);
+                    for (int half = 0; half < 2; half++) {
+                        uint8x16_t w = vld1q_u8(bits + 32 * s + 16 * half);
+                        uint8x16_t n0 = vandq_u8(w, low4), n1 = vshrq_n_u8(w, 4);
+                        uint8x16_t l0 = vqtbl1q_u8(tl0, n0), h0 = vqtbl1q_u8(th0, n0);
+                        uint8x16_t l1 = vqtbl1q_u8(tl1, n1), h1 = vqtbl1q_u8(th1, n1);
+                        int16x8_t a = vaddq_s16(vreinterpretq_s16_u8(vzip1q_u8(l0, h0)), vreinterpretq_s16_u8(vzip1q_u8(l1, h1)));
+                        int16x8_t c = vaddq_s16(vreinterpretq_s16_u8(vzip2q_u8(l0, h0)), vreinterpretq_s16_u8(vzip2q_u8(l1, h1)));
+                        sum16[2 * half] = vaddq_s16(sum16[2 * half], a);
+                        sum16[2 * half + 1] = vaddq_s16(sum16[2 * half + 1], c);
+                    }
+                }
+                for (int j = 0; j < 4; j++) { /* positions 8j .. 8j + 7 */
+                    isum[2 * j] = vaddw_s16(isum[2 * j], vget_low_s16(sum16[j]));
+                    isum[2 * j + 1] = vaddw_high_s16(isum[2 * j + 1], sum16[j]);
+                }
+            }
+            float32x4_t xs = vdupq_n_f32(xscale[b * 4 + g]);
+            for (int k = 0; k < 8; k++)
+                acc[k] = vaddq_f32(acc[k], vmulq_f32(vcvtq_f32_s32(isum[k]), vmulq_f32(vld1q_f32(d + 4 * k), xs)));
+        }
+    }
+    float by_position[Q1_TILE];
+    for (int k = 0; k < 8; k++) vst1q_f32(by_position + 4 * k, acc[k]);
+    for (int p = 0; p < Q1_TILE; p++) out[lane_row[p]] = by_position[p];
+}
+#else
+static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *tables, const float *xscale, float *out) {
+    for (int r = 0; r < Q1_TILE; r++) {
+        int p = row_lane[r];
+        float acc = 0.0f;
+        for (int64_t b = 0; b < K / 128; b++) {
+            const uint8_t *block = tile + b * BLOCK_BYTES, *bits = block + 2 * Q1_TILE;
+            float d = fp16_to_float((uint16_t)(block[2 * r] | block[2 * r + 1] << 8));
+            for (int g = 0; g < 4; g++) {
+                int32_t isum = 0;
+                for (int s = 4 * g; s < 4 * g + 4; s++) {
+                    const uint8_t *t = tables + (b * 32 + 2 * s) * QUAD_BYTES;
+                    uint8_t byte = bits[32 * s + p];
+                    isum += lookup(t, byte & 15) + lookup(t + QUAD_BYTES, byte >> 4);
+                }
+                acc = acc + (float)isum * (d * xscale[b * 4 + g]);
+            }
+        }
+        out[r] = acc;
+    }
+}
+#endif
+
+void q1_tile_rows(const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, const uint8_t *tables,
+                  const float *xscale, float *out) {
+    float result[Q1_TILE];
+    tile_product(tiles + tile * (K / 128) * BLOCK_BYTES, K, tables, xscale, result);
+    int64_t r0 = tile * Q1_TILE, n = rows - r0 < Q1_TILE ? rows - r0 : Q1_TILE;
+    memcpy(out + r0, result, sizeof(float) * (size_t)n);
+}

@@ -1,0 +1,85 @@
+/* Prints the native kernels' results on fixed pseudo-random inputs, one hex float per line.
+ *
+ * tools/neon_check/run.sh builds it twice from the same sources: for this x86-64 machine
+ * without vector flags (the portable C path) and for arm64 (the NEON path), runs the second
+ * under qemu, and compares the two outputs: the tiers promise the same bits. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../backends/cpu_kernels/kernels.h"
+
+static uint64_t state = 0x9e3779b97f4a7c15ull;
+
+static uint32_t next(void) { /* xorshift64* */
+    state ^= state >> 12;
+    state ^= state << 25;
+    state ^= state >> 27;
+    return (uint32_t)((state * 0x2545f4914f6cdd1dull) >> 32);
+}
+
+static float uniform(void) { return (float)(next() >> 8) / 16777216.0f * 4.0f - 2.0f; } /* [-2, 2) */
+
+static void put_scale(uint8_t *at) { /* a finite fp16 of modest size, either sign */
+    uint16_t h = (uint16_t)((next() & 0x83ff) | ((8 + next() % 8) << 10));
+    memcpy(at, &h, 2);
+}
+
+static void print(const float *v, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &v[i], 4);
+        printf("%08x\n", bits);
+    }
+}
+
+int main(void) {
+    enum { K = 512, ROWS = 45, T = 3 };
+    static float x[T * K];
+    for (int i = 0; i < T * K; i++) x[i] = uniform();
+    for (int i = 0; i < 32; i++) x[i] *= 1000.0f; /* one group with a large scale */
+
+    q1_tiles_init();
+    static uint8_t raw[ROWS * K / 128 * 18];
+    for (size_t i = 0; i < sizeof raw; i++) raw[i] = (uint8_t)next();
+    for (int b = 0; b < ROWS * K / 128; b++) put_scale(raw + 18 * b);
+    uint8_t *tiles = malloc((size_t)q1_tiled_bytes(ROWS, K)), *tables = malloc((size_t)q1_table_bytes(K));
+    float xscale[K / GROUP], out[ROWS];
+    q1_tile_matrix(raw, ROWS, K, tiles);
+    for (int t = 0; t < T; t++) {
+        q1_tables(x + t * K, K, tables, xscale);
+        for (int64_t tile = 0; tile * Q1_TILE < ROWS; tile++) q1_tile_rows(tiles, ROWS, K, tile, tables, xscale, out);
+        print(out, ROWS);
+    }
+
+    static const struct { int type, offsets[2], n_offsets; } types[] = {
+        {T_Q4_0, {0}, 1}, {T_Q4_1, {0, 2}, 2}, {T_Q5_0, {0}, 1}, {T_Q5_1, {0, 2}, 2}, {T_Q8_0, {0}, 1},
+        {T_Q4_K, {0, 2}, 2}, {T_Q5_K, {0, 2}, 2}, {T_Q6_K, {208}, 1},
+    };
+    static int16_t xq[T * K];
+    static float xd[T * K / GROUP], xs[T * K / GROUP], mins[K / GROUP];
+    for (int t = 0; t < T; t++) quantize_row(x + t * K, K, xq + t * K, xd + t * (K / GROUP), xs + t * (K / GROUP));
+    static int8_t q[K];
+    static float scale[K / GROUP * HALVES], min[K / GROUP], f[K];
+    RowBuffer buf = {q, scale, min, f};
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+        int weights, bytes;
+        type_block(types[k].type, &weights, &bytes);
+        int64_t row_bytes = K / weights * bytes;
+        uint8_t *row = malloc((size_t)row_bytes);
+        for (int r = 0; r < 4; r++) {
+            for (int64_t i = 0; i < row_bytes; i++) row[i] = (uint8_t)next();
+            for (int b = 0; b < K / weights; b++)
+                for (int j = 0; j < types[k].n_offsets; j++) put_scale(row + b * bytes + types[k].offsets[j]);
+            float one = dot_row(types[k].type, row, K, xq, xd, xs, mins), several[T];
+            print(&one, 1);
+            unpack_row(types[k].type, row, K, &buf);
+            dot_tokens(&buf, types[k].type, x, xq, xd, xs, K, 0, T, several, 1);
+            print(several, T);
+        }
+        free(row);
+    }
+    free(tiles);
+    free(tables);
+    return 0;
+}
