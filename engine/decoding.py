@@ -190,7 +190,7 @@ class DecodeSteps:
         self.sampler = sampler
         self.step = model.decode_step(cache.storage)
         argmax = getattr(model.backend, "argmax", None)
-        self.argmax = argmax if argmax_only(sampler.params) else None
+        self.argmax = argmax if argmax_only(sampler.params) and not sampler.masks_tokens else None
 
     @property
     def on_device(self) -> bool:

@@ -153,6 +153,7 @@ def generate(
     stop_ids: Collection[int] = (),
     cancel: threading.Event | None = None,
     ignore_stop_tokens: bool = False,
+    sampler: Sampler | None = None,
     speculation: "Speculation | None" = None,
 ) -> Iterator[GenerationEvent]:
     """Continue `prompt`, reusing whatever prefix the cache already holds (mlx-lm's stream_generate).
@@ -162,7 +163,8 @@ def generate(
     Stops on the model's end-of-generation tokens and `stop_ids` (unless
     `ignore_stop_tokens`, as for benchmarks), a stop string, `max_tokens`, a full context, or
     `cancel` being set (checked between tokens). An answer ends at the same token, with the
-    same cache, whichever source produced it.
+    same cache, whichever source produced it. `sampler` replaces the one built from `params`
+    (a sampler that masks tokens, for constrained output; it decodes plainly).
     """
     reused = cache.common_prefix(list(prompt))
     if reused == len(prompt):  # logits of the last prompt token are needed again
@@ -177,9 +179,9 @@ def generate(
     metrics = replace(metrics, prefill_tokens=len(new_tokens), prefill_seconds=prefill_seconds,
                       context_used=cache.n_used)
 
-    sampler = Sampler(params)
+    sampler = sampler or Sampler(params)
     stats = DraftStats()
-    if speculation is None or not speculation.enabled:
+    if speculation is None or not speculation.enabled or sampler.masks_tokens:
         source = plain_tokens(model, cache, logits, sampler, prompt, max_tokens)
     else:
         source = speculation.tokens(model, cache, logits, sampler, prompt, max_tokens, stats)

@@ -32,6 +32,8 @@ class SamplingParams:
 class Sampler:
     """Draws tokens with a private random generator, so equal seeds give equal text."""
 
+    masks_tokens = False  # True in subclasses that forbid tokens: they need every step's logits
+
     def __init__(self, params: SamplingParams):
         self.params = params
         self.rng = np.random.default_rng(params.seed)

@@ -283,3 +283,20 @@ def test_controller_probes_again_and_resumes_when_text_turns_predictable():
     assert sum(n > 1 for n in passes[:30]) <= 3  # mostly plain steps while drafts fail
     assert passes[-1] == 1  # the last token left: no room for a draft
     assert all(n > 1 for n in passes[-6:-1])  # drafting again once they are right
+
+
+def test_a_sampler_that_masks_tokens_decodes_plainly():
+    """Constrained output (the server's grammar samplers) needs every step's logits: no drafts."""
+    from engine.sampling import Sampler
+
+    class Masking(Sampler):
+        masks_tokens = True
+
+    model = PrefixModel()
+    ref = reference_for(model, PARAMS["greedy"])
+    cache = KVCache(model.backend, model.config, 200)
+    model.passes.clear()
+    events = list(generate(model, CharTokenizer(), cache, PROMPT, PARAMS["greedy"], max_tokens=20,
+                           sampler=Masking(PARAMS["greedy"]), speculation=WithDrafter(lambda: Oracle(ref), 4)))
+    assert [e.token for e in events] == ref[len(PROMPT):len(PROMPT) + 20]
+    assert max(model.passes[1:]) == 1 and events[-1].metrics.drafted_tokens == 0
