@@ -109,7 +109,7 @@ def speculative_tokens(model: Transformer, cache: KVCache, logits: np.ndarray, s
     while produced < limit:
         most = min(lengths.choose(limit - produced - 1), cache.n_ctx - len(history))
         draft = drafter.propose(history, most) if most > 0 else Draft([])
-        fed = [history[-1]] + draft.tokens
+        fed = [history[-1], *draft.tokens]
         logits = cache.feed(model, fed, all_logits=True)  # (1 + drafts, vocab)
         kept = verify(sampler, logits, history, draft)
         cache.trim(len(draft.tokens) - (len(kept) - 1))

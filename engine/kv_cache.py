@@ -85,7 +85,7 @@ class KVCache:
     def common_prefix(self, tokens: Sequence[int]) -> int:
         """How many leading `tokens` the cache already holds."""
         n = 0
-        for held, new in zip(self._tokens, tokens):
+        for held, new in zip(self._tokens, tokens, strict=False):
             if held != new:
                 break
             n += 1

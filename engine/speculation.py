@@ -127,7 +127,7 @@ class AdaptiveController:
     def acceptance(self) -> list[float]:
         """The estimated chance that draft i is accepted given that drafts 0 .. i-1 were, for each i."""
         estimates, prior = [], 0.5
-        for hits, trials in zip(self.hits, self.trials):
+        for hits, trials in zip(self.hits, self.trials, strict=True):
             prior = (hits + 2.0 * prior) / (trials + 2.0)
             estimates.append(prior)
         return estimates

@@ -27,17 +27,18 @@ ARTICLE = (
     "and promised to add a parking garage near the market square by the end of the year."
 )
 CODE = (
-    "def total_price(items):\n    total = 0\n    for item in items:\n        total = total + item.price * item.quantity\n"
-    "    return total\n"
+    "def total_price(items):\n    total = 0\n    for item in items:\n"
+    "        total = total + item.price * item.quantity\n    return total\n"
 )
 WORKLOADS = {
     "summarization": [f"{ARTICLE}\n\nSummarize the text above in two sentences."],
-    "code editing": [f"{CODE}\nRename the function to order_total and the variable total to amount. "
-                     "Show the whole code."],
-    "document Q&A": [f"{ARTICLE}\n\nAccording to the text, when will the lanes be built, and what did the "
-                     "council promise? Quote the text."],
+    "code editing": [(f"{CODE}\nRename the function to order_total and the variable total to amount. "
+                      "Show the whole code.")],
+    "document Q&A": [(f"{ARTICLE}\n\nAccording to the text, when will the lanes be built, and what did the "
+                      "council promise? Quote the text.")],
     "chat turn 1": ["What are three tips for learning a new language?"],
-    "chat turn 2": ["What are three tips for learning a new language?", "Repeat your second tip and explain it."],
+    "chat turn 2": ["What are three tips for learning a new language?",
+                    "Repeat your second tip and explain it."],
     "creative writing": ["Write a short poem about a lighthouse in a storm."],
 }
 SAMPLING = {

@@ -1,16 +1,15 @@
 """The model picker's Drafts column: which models can draft for the loaded one, and why not."""
 
+from app.model_library import LibraryEntry, vocabulary_metadata
+from app.widgets.model_picker import DRAFTS, InfoCache, ModelPicker
 from engine.bundled import bundled_model
 from engine.gguf_file import open_gguf
-
-from app.model_library import LibraryEntry, vocabulary_metadata
-from app.widgets.model_picker import DRAFTS, ModelPicker, InfoCache
 from tests.gguf_factory import tiny_vocab, write_tiny_model
 
 
 def test_drafts_column_says_which_models_can_draft_and_why_not(qtbot, tmp_path):
     tokens, _ = tiny_vocab(288)
-    renamed = tokens[:270] + ["renamed"] + tokens[271:]
+    renamed = [*tokens[:270], "renamed", *tokens[271:]]
     loaded = write_tiny_model(tmp_path / "loaded.gguf", seed=0)
     paths = [loaded, write_tiny_model(tmp_path / "same-vocab.gguf", n_layers=1, seed=1),
              write_tiny_model(tmp_path / "renamed.gguf", seed=2, **{"tokenizer.ggml.tokens": renamed}),

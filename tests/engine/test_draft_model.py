@@ -114,7 +114,7 @@ def test_a_sampled_draft_model_drafts_with_its_distribution(pair):
     drafter = speculation.new_drafter(target.model, 128, params)
     draft_out = drafter.propose([10, 20, 30], 3)
     assert draft_out.probs.shape == (3, target.config.vocab_size)
-    for token, q in zip(draft_out.tokens, draft_out.probs):
+    for token, q in zip(draft_out.tokens, draft_out.probs, strict=True):
         assert q[token] > 0 and abs(q.sum() - 1) < 1e-9
 
 

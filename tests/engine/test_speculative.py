@@ -13,8 +13,14 @@ import numpy as np
 import pytest
 
 from engine.decoding import Draft
-from engine.generation import FINISH_CANCELLED, FINISH_CONTEXT_FULL, FINISH_LENGTH, FINISH_STOP_STRING, \
-    FINISH_STOP_TOKEN, generate
+from engine.generation import (
+    FINISH_CANCELLED,
+    FINISH_CONTEXT_FULL,
+    FINISH_LENGTH,
+    FINISH_STOP_STRING,
+    FINISH_STOP_TOKEN,
+    generate,
+)
 from engine.kv_cache import KVCache
 from engine.sampling import SamplingParams
 from engine.speculation import AdaptiveController, Speculation, VerifyCosts
@@ -199,7 +205,7 @@ def test_rolled_back_cache_equals_a_fresh_runs():
     plain = run(model, params, max_tokens=30)
     spec = run(model, params, max_tokens=30, speculation=WithDrafter(lambda: Wrong(ref), 6))
     assert_same(plain, spec)
-    follow_up = list(plain[1].tokens) + [3, 4]
+    follow_up = [*plain[1].tokens, 3, 4]
     again = [list(generate(model, CharTokenizer(), cache, follow_up, params, max_tokens=10)) for cache in
              (plain[1], spec[1])]
     assert answer(again[0]) == answer(again[1])

@@ -12,9 +12,9 @@ logits (within NEAR_TIE). Measured: no divergence in these runs (0 of 12 answers
 import numpy as np
 import pytest
 
+from engine.bundled import bundled_model
 from engine.generation import generate
 from engine.loader import load_model
-from engine.bundled import bundled_model
 from engine.sampling import SamplingParams
 from engine.speculation import Speculation
 
@@ -65,7 +65,7 @@ def test_greedy_speculative_answer_equals_plain(loaded, drafter):
         drafted += metrics.drafted_tokens
         if spec != plain:
             assert loaded.backend.name == "numpy", "the cpu backend's batches must match its single steps exactly"
-            first = next(i for i, (a, b) in enumerate(zip(plain, spec)) if a != b)
+            first = next(i for i, (a, b) in enumerate(zip(plain, spec, strict=True)) if a != b)
             gap = top_two_gap(loaded, prompt + plain[:first])
             assert gap < NEAR_TIE, f"token {first} differs without a near-tie (top-two gap {gap:.2e})"
             print(f"divergence at token {first}, top-two gap {gap:.2e}")
