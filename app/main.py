@@ -19,7 +19,7 @@ from PySide6.QtWidgets import QApplication, QMessageBox
 from app.main_window import MainWindow
 from app.settings import default_settings_path, load_settings
 from app.single_instance import claim_or_hand_over
-from app.storage import DEFAULT_DB_NAME, Store, StorageError, default_db_path
+from app.storage import DEFAULT_DB_NAME, StorageError, Store, default_db_path
 from app.theme import app_icon
 from engine.bundled import default_model
 
@@ -55,8 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.self_test:
         from app.self_test import run_self_test
+
         return run_self_test()
-    app = QApplication.instance() or QApplication(sys.argv[:1])
+    existing = QApplication.instance()
+    app = existing if isinstance(existing, QApplication) else QApplication(sys.argv[:1])
     app.setApplicationName("Sprig")
     settings_path = args.data_dir / "settings.json" if args.data_dir else default_settings_path()
     db_path = args.data_dir / DEFAULT_DB_NAME if args.data_dir else default_db_path()

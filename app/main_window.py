@@ -13,154 +13,38 @@ from pathlib import Path
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QCloseEvent, QDragEnterEvent, QDropEvent, QGuiApplication
 from PySide6.QtWidgets import (
-    QApplication, QFileDialog, QFrame, QHBoxLayout, QLabel, QMainWindow,
-    QProgressBar, QPushButton, QSplitter, QToolButton, QVBoxLayout, QWidget,
+    QApplication,
+    QFileDialog,
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QPushButton,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
 )
 
-from app.backend_status import BackendStatus, backend_status, gpu_present
+from app.backend_status import backend_status, gpu_present
 from app.chat_controller import ChatController
+from app.local_server import LocalServer
 from app.menu_bar import build_menu_bar
-from app.model_library import (
-    LibraryEntry,
-    ModelInfo,
-    format_bytes,
-    format_parameters,
-    library_entries,
-    vocabulary_metadata,
-)
+from app.model_library import LibraryEntry, ModelInfo, library_entries, vocabulary_metadata
 from app.settings import RANGES, Settings, save_settings
 from app.storage import Conversation, Store
 from app.theme import app_icon, apply_text_scale, apply_theme
 from app.transcript import TranscriptError, import_json, read_json_file, to_json, to_markdown
+from app.widgets.banner import Banner
 from app.widgets.chat_view import ChatView
 from app.widgets.conversation_list import ConversationList
-from app.widgets.elided_label import ElidedButton, ElidedLabel
 from app.widgets.message_input import MessageInput
 from app.widgets.metrics_panel import MetricsPanel
-from app.widgets.model_picker import InfoCache, ModelPicker
+from app.widgets.model_bar import ModelBar
+from app.widgets.model_picker import ModelPicker
+from app.widgets.server_panel import ServerPanel
 from app.widgets.settings_dialog import ConversationSettingsDialog, SettingsDialog
 from backends.selection import planned_backend
 
-
-class Banner(QFrame):
-    """A dismissable one-line message above the chat (errors in red, notices in blue)."""
-
-    def __init__(self, object_name: str, parent: QWidget | None = None):
-        super().__init__(parent)
-        self.setObjectName(object_name)
-        self.label = QLabel()
-        self.label.setWordWrap(True)
-        self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        close = QToolButton()
-        close.setText("✕")
-        close.setAccessibleName("Dismiss")
-        close.setToolTip("Dismiss")
-        close.setAutoRaise(True)
-        close.clicked.connect(self.hide)
-        layout = QHBoxLayout(self)
-        layout.setContentsMargins(12, 8, 8, 8)
-        layout.addWidget(self.label, 1)
-        layout.addWidget(close, 0, Qt.AlignmentFlag.AlignTop)
-        self.hide()
-
-    def show_text(self, text: str) -> None:
-        """Show `text`, replacing what was there."""
-        self.label.setText(text)
-        self.show()
-
-    def add_text(self, text: str) -> None:
-        """Show `text` below what the banner shows already, or alone when it is hidden."""
-        self.show_text(f"{self.label.text()}\n{text}" if self.isVisible() else text)
-
-
 DEFAULT_SIZE = (1280, 800)  # the window's size on a screen with room for it
-MODEL_BUTTON_WIDTH = 300  # the most the model's name may take in the top bar, in pixels
-
-
-class ModelBar(QFrame):
-    """The top bar: the current model (click to pick another), backend, load progress.
-
-    Long names are cut short with "…" (the tooltip has them whole), so a model's name never
-    widens the window.
-    """
-
-    def __init__(self, parent: QWidget | None = None):
-        super().__init__(parent)
-        self.setObjectName("ModelBar")
-        self.model_button = ElidedButton("  ▾")
-        self.model_button.setObjectName("ModelButton")
-        self.model_button.setMaximumWidth(MODEL_BUTTON_WIDTH)
-        self.model_button.setAccessibleName("Choose model")
-        self.details = ElidedLabel()
-        self.details.setObjectName("MutedLabel")
-        self.progress = QProgressBar()
-        self.progress.setRange(0, 1000)
-        self.progress.setMinimumWidth(100)
-        self.progress.setMaximumWidth(260)
-        self.progress.setTextVisible(True)
-        self.progress.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self.progress.setAccessibleName("Loading progress")
-        self.cancel_button = QPushButton("Cancel")
-        self.unload_button = QPushButton("Unload")
-        self.unload_button.setToolTip("Release the model's memory")
-        self.backend_label = ElidedLabel()
-        self.backend_label.setObjectName("BackendLabel")
-        self.settings_button = QPushButton("Settings")
-        self.metrics_button = QToolButton()
-        self.metrics_button.setText("Metrics")
-        self.metrics_button.setCheckable(True)
-        self.metrics_button.setChecked(True)
-
-        layout = QHBoxLayout(self)
-        layout.setContentsMargins(12, 8, 12, 8)
-        layout.addWidget(self.model_button)
-        layout.addWidget(self.details, 1)
-        layout.addWidget(self.progress, 1)
-        layout.addWidget(self.cancel_button)
-        layout.addWidget(self.backend_label)
-        layout.addWidget(self.unload_button)
-        layout.addWidget(self.settings_button)
-        layout.addWidget(self.metrics_button)
-        self.model_path: Path | None = None  # the file of the model shown
-        self.set_model_text("No model loaded", "Choose, add or remove models (Ctrl+L)")
-        self.set_loading(False)
-
-    def set_model_text(self, text: str, tip: str) -> None:
-        """Put `text` on the model button, cut short to fit; `tip` becomes its tooltip."""
-        self.model_button.set_full_text(text)
-        self.model_button.setToolTip(tip)
-
-    def set_loading(self, loading: bool) -> None:
-        """Show the progress bar and Cancel while a model loads; Unload waits until it ends."""
-        self.progress.setVisible(loading)
-        self.cancel_button.setVisible(loading)
-        self.details.setVisible(not loading)
-        if loading:
-            self.progress.setValue(0)
-            self.progress.setFormat("Starting %p%")
-            self.unload_button.setEnabled(False)
-
-    def set_model(self, info: ModelInfo | None) -> None:
-        """Name the loaded model (None: nothing loaded)."""
-        if info is None:
-            self.model_path = None
-            self.set_model_text("No model loaded", "Choose, add or remove models (Ctrl+L)")
-            self.details.setText("")
-            self.unload_button.setEnabled(False)
-            return
-        self.model_path = info.path
-        self.set_model_text(info.name, f"{info.name}\n{info.path}\nChoose, add or remove models (Ctrl+L)")
-        self.details.setText(f"{info.architecture} · {format_parameters(info.parameters)} · {info.quantization} · "
-                             f"{format_bytes(info.file_size)} · ctx {info.context_length:,}")
-        self.unload_button.setEnabled(True)
-
-    def set_backend(self, status: BackendStatus) -> None:
-        """Show the backend in use; its details in the tooltip; a warning sign only for an idle GPU."""
-        self.backend_label.setText(f"{'⚠ ' if status.warning else ''}{status.short}")
-        self.backend_label.setToolTip(status.details)
-        self.backend_label.setProperty("warning", bool(status.warning))
-        self.backend_label.style().unpolish(self.backend_label)
-        self.backend_label.style().polish(self.backend_label)
 
 
 class MainWindow(QMainWindow):
@@ -175,7 +59,9 @@ class MainWindow(QMainWindow):
         self.store = store
         self.settings_path = settings_path
         self.controller = ChatController(store, settings, self)
-        self.info_cache = InfoCache()
+        self.local_server = LocalServer(self.controller, parent=self)
+        self.server_panel = ServerPanel()
+        self.server_panel.hide()  # until the server is first switched on
         self._gpu = gpu_present()
 
         self.sidebar = ConversationList()
@@ -205,6 +91,7 @@ class MainWindow(QMainWindow):
         center_layout.addWidget(self.model_bar)
         center_layout.addWidget(self.error_banner)
         center_layout.addWidget(self.info_banner)
+        center_layout.addWidget(self.server_panel)
         center_layout.addWidget(self.loading_label)
         center_layout.addWidget(self.chat_view, 1)
         center_layout.addLayout(input_row)
@@ -220,7 +107,7 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(splitter)
 
         self._connect()
-        self.actions = build_menu_bar(self)
+        self.menu_actions = build_menu_bar(self)  # not `actions`: QWidget.actions() is a method
         self.refresh_conversations()
         self._show_empty_state()
         self._set_busy(False)
@@ -281,6 +168,20 @@ class MainWindow(QMainWindow):
         c.notice.connect(self._on_notice)
         c.model_notice.connect(self.info_banner.add_text)
         c.error.connect(self.error_banner.show_text)
+        self.server_panel.toggled.connect(self.local_server.set_running)
+        self.local_server.running_changed.connect(self._on_server_running)
+        self.local_server.counts_changed.connect(self.server_panel.set_counts)
+        self.local_server.error.connect(self.error_banner.show_text)
+
+    def toggle_local_server(self) -> None:
+        """Model > Local server: turn the server on or off (the panel shows while it is on)."""
+        self.local_server.set_running(not self.local_server.running)
+
+    def _on_server_running(self, on: bool) -> None:
+        server = self.local_server
+        self.server_panel.set_running(on, server.address, server.curl_example())
+        self.server_panel.setVisible(on or self.server_panel.isVisible())
+        self.menu_actions["local_server"].setChecked(on)
 
     # -- chatting --------------------------------------------------------------------
 
@@ -377,8 +278,11 @@ class MainWindow(QMainWindow):
         path, _ = QFileDialog.getSaveFileName(self, "Export chat", (safe_title or "chat") + suffix, kind)
         if not path:
             return
-        text = to_markdown(conversation, messages) if fmt == "markdown" else json.dumps(
-            to_json(conversation, messages), ensure_ascii=False, indent=2)
+        text = (
+            to_markdown(conversation, messages)
+            if fmt == "markdown"
+            else json.dumps(to_json(conversation, messages), ensure_ascii=False, indent=2)
+        )
         try:
             Path(path).write_text(text, encoding="utf-8")
         except OSError as exc:
@@ -409,9 +313,16 @@ class MainWindow(QMainWindow):
         current = self.controller.loaded.path if self.controller.loaded else None
         settings = self.controller.settings
         loaded = self.controller.loaded
-        picker = ModelPicker(self.library(), self.info_cache, settings.context_length, Path(settings.models_folder),
-                             current, self, backend=planned_backend(settings.backend),
-                             draft_target=vocabulary_metadata(loaded.file.metadata) if loaded else None)
+        picker = ModelPicker(
+            self.library(),
+            self.controller.headers,
+            settings.context_length,
+            Path(settings.models_folder),
+            current,
+            self,
+            backend=planned_backend(settings.backend),
+            draft_target=vocabulary_metadata(loaded.file.metadata) if loaded else None,
+        )
         picker.load_requested.connect(self.controller.load)
         picker.add_requested.connect(self.add_model)
         picker.remove_requested.connect(self.store.remove_model)
@@ -491,6 +402,7 @@ class MainWindow(QMainWindow):
     def apply_look(self) -> None:
         """Apply the settings' theme (the desktop's scheme for "system") and text size."""
         app = QApplication.instance()
+        assert isinstance(app, QApplication)  # the window exists only inside one
         settings = self.controller.settings
         look = apply_theme(app, settings.theme)
         apply_text_scale(app, settings.text_scale)
@@ -538,7 +450,8 @@ class MainWindow(QMainWindow):
         self.add_model(files[0])
 
     def closeEvent(self, event: QCloseEvent) -> None:
-        """Stop the engine, keep what streamed, save the settings."""
+        """Stop the server and the engine, keep what streamed, save the settings."""
+        self.local_server.set_running(False)
         self.controller.shutdown()
         self._save_settings()
         super().closeEvent(event)

@@ -13,7 +13,7 @@ import html
 from bisect import bisect_left
 from dataclasses import asdict, dataclass
 from functools import lru_cache
-from itertools import accumulate
+from itertools import accumulate, pairwise
 
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
@@ -62,7 +62,7 @@ def split_reasoning(text: str) -> tuple[str | None, str, bool]:
     """
     stripped = text.lstrip()
     if stripped.startswith(THINK_OPEN):
-        body = stripped[len(THINK_OPEN):]
+        body = stripped[len(THINK_OPEN) :]
         end = body.find(THINK_CLOSE)
         if end < 0:
             return body.strip(), "", False
@@ -72,7 +72,7 @@ def split_reasoning(text: str) -> tuple[str | None, str, bool]:
             return None, text, True
         body = text
     reasoning = body[:end].strip()
-    answer = body[end + len(THINK_CLOSE):].lstrip()
+    answer = body[end + len(THINK_CLOSE) :].lstrip()
     return (reasoning or None), answer, True
 
 
@@ -123,11 +123,11 @@ def segments(text: str, size: int = SEGMENT_CHARS) -> list[Segment]:
         long_enough = offsets[start] - offsets[cuts[-1]] >= size
         if cuts[-1] < start < complete and not lines[start - 1].strip() and long_enough:
             cuts.append(start)
-    code_starts = [token.map[0] for token in tokens if token.type in CODE_TOKENS]
-    bounds = cuts + [len(lines)]
+    code_starts = [token.map[0] for token in tokens if token.type in CODE_TOKENS and token.map]
+    bounds = [*cuts, len(lines)]
     return [
         Segment("\n".join(lines[first:end]) + ("\n" if end < len(lines) else ""), bisect_left(code_starts, first))
-        for first, end in zip(bounds, bounds[1:])
+        for first, end in pairwise(bounds)
     ]
 
 
@@ -160,7 +160,7 @@ def _code_block_html(code: str, language: str, index: int, colours: Theme) -> st
         f'<tr><td style="background-color:{colours.code_header}; padding:4px 10px;">'
         f'<table width="100%" cellspacing="0" cellpadding="0" border="0" '
         f'style="color:{colours.muted}; font-size:small;">'
-        f'<tr><td>{html.escape(language or "code")}</td>'
+        f"<tr><td>{html.escape(language or 'code')}</td>"
         f'<td align="right"><a href="{COPY_CODE_SCHEME}:{index}" '
         f'style="color:{colours.muted}; text-decoration:none;">Copy</a></td></tr></table></td></tr>'
         f'<tr><td style="padding:8px 10px;">'
@@ -231,8 +231,14 @@ def _build_parser() -> MarkdownIt:
         "code_inline": _render_code_inline,
         "image": _render_image,
     }
-    styled = ("paragraph_open", "heading_open", "bullet_list_open", "ordered_list_open",
-              "blockquote_open", "table_open")
+    styled = (
+        "paragraph_open",
+        "heading_open",
+        "bullet_list_open",
+        "ordered_list_open",
+        "blockquote_open",
+        "table_open",
+    )
     rules.update(dict.fromkeys(styled, _render_styled_open))
     for name, rule in rules.items():
         md.add_render_rule(name, rule)

@@ -5,18 +5,27 @@ from what the keys really do.
 """
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QMainWindow, QMessageBox
+from PySide6.QtWidgets import QMessageBox, QWidget
 
-ABOUT = ("<b>Sprig</b><br>A desktop chat app for local language models, on an inference engine "
-         "of its own. Models run on this computer; nothing is sent anywhere.")
+if TYPE_CHECKING:  # main_window imports this module
+    from app.main_window import MainWindow
+
+ABOUT = (
+    "<b>Sprig</b><br>A desktop chat app for local language models, on an inference engine "
+    "of its own. Models run on this computer; nothing is sent anywhere."
+)
 
 TEXT_STEP = 10  # percent per Larger / Smaller text
 
 # Keys handled by widgets themselves rather than by menu actions.
-WIDGET_KEYS = (("Enter", "Send the message"), ("Shift+Enter", "New line in the message"),
-               ("F2", "Rename the selected chat (or double-click it)"))
+WIDGET_KEYS = (
+    ("Enter", "Send the message"),
+    ("Shift+Enter", "New line in the message"),
+    ("F2", "Rename the selected chat (or double-click it)"),
+)
 
 
 def add_action(menu, text: str, handler: Callable, keys: str = "") -> QAction:
@@ -29,7 +38,7 @@ def add_action(menu, text: str, handler: Callable, keys: str = "") -> QAction:
     return action
 
 
-def build_menu_bar(window: QMainWindow) -> dict[str, QAction]:
+def build_menu_bar(window: "MainWindow") -> dict[str, QAction]:
     """Fill `window`'s menu bar (a MainWindow) and return its actions by short name."""
     bar = window.menuBar()
     actions: dict[str, QAction] = {}
@@ -43,11 +52,14 @@ def build_menu_bar(window: QMainWindow) -> dict[str, QAction]:
     model_menu = bar.addMenu("&Model")
     actions["choose_model"] = add_action(model_menu, "&Choose model…", window.open_model_picker, "Ctrl+L")
     actions["unload"] = add_action(model_menu, "&Unload", window.controller.unload)
+    actions["local_server"] = add_action(model_menu, "Local &server", window.toggle_local_server)
+    actions["local_server"].setCheckable(True)
 
     chat_menu = bar.addMenu("&Chat")
     actions["chat_settings"] = add_action(chat_menu, "Chat &settings…", window.open_conversation_settings)
-    actions["continue"] = add_action(chat_menu, "&Continue the answer", window.controller.continue_answer,
-                                     "Ctrl+Shift+Return")
+    actions["continue"] = add_action(
+        chat_menu, "&Continue the answer", window.controller.continue_answer, "Ctrl+Shift+Return"
+    )
     actions["stop"] = add_action(chat_menu, "S&top", window.controller.cancel, "Escape")
 
     view_menu = bar.addMenu("&View")
@@ -70,17 +82,21 @@ def build_menu_bar(window: QMainWindow) -> dict[str, QAction]:
 
 def shortcuts_text(actions: dict[str, QAction]) -> str:
     """The shortcuts sheet as an HTML table: every action with a shortcut, then the widget keys."""
-    rows = [(a.shortcut().toString(QKeySequence.SequenceFormat.NativeText), a.text().replace("&", ""))
-            for a in actions.values() if not a.shortcut().isEmpty()]
+    rows = [
+        (a.shortcut().toString(QKeySequence.SequenceFormat.NativeText), a.text().replace("&", ""))
+        for a in actions.values()
+        if not a.shortcut().isEmpty()
+    ]
     rows += list(WIDGET_KEYS)
     cells = "".join(f"<tr><td><b>{keys}</b>&nbsp;&nbsp;</td><td>{what}</td></tr>" for keys, what in rows)
     return f"<table>{cells}</table>"
 
 
-def show_shortcuts(window: QMainWindow, actions: dict[str, QAction]) -> QMessageBox:
+def show_shortcuts(window: QWidget, actions: dict[str, QAction]) -> QMessageBox:
     """Show the keyboard-shortcuts sheet (non-modal); returns it."""
-    box = QMessageBox(QMessageBox.Icon.NoIcon, "Keyboard shortcuts", shortcuts_text(actions),
-                      QMessageBox.StandardButton.Close, window)
+    box = QMessageBox(
+        QMessageBox.Icon.NoIcon, "Keyboard shortcuts", shortcuts_text(actions), QMessageBox.StandardButton.Close, window
+    )
     box.setModal(False)
     box.show()
     return box

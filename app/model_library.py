@@ -15,11 +15,10 @@ from pathlib import Path
 
 import gguf
 
-from engine.bundled import bundled_models
-from engine.config import ModelConfig
 from backends.numpy_backend import available_memory_bytes, default_cache_budget
+from engine.bundled import bundled_models
 from engine.gguf_file import GGUFFile, open_gguf
-
+from engine.models import read_config
 
 # Beyond weights and KV cache: tokenizer, Python, Qt and the kernels' buffers. Measured on
 # Linux with SmolLM2 on the cpu backend: 315 MB resident over a bare `import engine` for a
@@ -116,7 +115,7 @@ def quantization_of(model_file: GGUFFile, matrices: list) -> str:
         by_type[t.type_name] = by_type.get(t.type_name, 0) + t.n_elements
     if not by_type:
         return "?"
-    dominant = max(by_type, key=by_type.get)
+    dominant = max(by_type, key=lambda name: by_type[name])
     file_type = model_file.get("general.file_type")
     if file_type in gguf.LlamaFileType._value2member_map_:
         named = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_")
@@ -127,7 +126,7 @@ def quantization_of(model_file: GGUFFile, matrices: list) -> str:
 
 def describe_model(model_file: GGUFFile, name: str | None = None) -> ModelInfo:
     """Describe an open GGUF file. Raises ModelFileError (UnsupportedModelError) for bad ones."""
-    config = ModelConfig.from_gguf(model_file)
+    config = read_config(model_file)
     tensors = model_file.tensors.values()
     matrices = [t for t in tensors if len(t.shape) >= 2]
     quantization = quantization_of(model_file, matrices)
@@ -172,6 +171,6 @@ def library_entries(models_folder: Path, added: list[tuple[str, str]]) -> list[L
     if models_folder.is_dir():
         for path in sorted(models_folder.glob("*.gguf")):
             add(LibraryEntry(path, path.stem))
-    for path, name in added:
-        add(LibraryEntry(Path(path), name))
+    for added_path, name in added:
+        add(LibraryEntry(Path(added_path), name))
     return entries

@@ -24,7 +24,8 @@ def check_window(folder: Path) -> str:
     from app.settings import Settings
     from app.storage import Store
 
-    app = QApplication.instance() or QApplication(["sprig-self-test"])
+    existing = QApplication.instance()
+    app = existing if isinstance(existing, QApplication) else QApplication(["sprig-self-test"])
     store = Store(folder / "window.sqlite3")
     window = MainWindow(store, Settings.defaults(), folder / "settings.json")
     window.controller.shutdown()
@@ -70,8 +71,10 @@ def check_model() -> str:
     if EXPECTED not in answer:
         raise AssertionError(f"the model answered {answer!r}, expected it to mention {EXPECTED}")
     metrics = events[-1].metrics
-    return (f"{loaded.path.name} on {loaded.backend.name}: loaded in {load_s:.1f} s, answered {answer!r} "
-            f"at {metrics.decode_tokens_per_second or 0:.1f} tok/s ({events[-1].finish_reason})")
+    return (
+        f"{loaded.path.name} on {loaded.backend.name}: loaded in {load_s:.1f} s, answered {answer!r} "
+        f"at {metrics.decode_tokens_per_second or 0:.1f} tok/s ({events[-1].finish_reason})"
+    )
 
 
 def run_self_test() -> int:

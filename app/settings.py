@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from platformdirs import user_config_path, user_data_path
 
@@ -116,7 +117,7 @@ def _number(kind: type) -> Callable[[str, object], float | int]:
     """A parser accepting JSON numbers of `kind` (int also accepts 3.0, never True)."""
     noun = "a whole number" if kind is int else "a number"
 
-    def parse(name: str, value: object) -> float | int:
+    def parse(name: str, value: Any) -> float | int:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         if not ok or (kind is int and not float(value).is_integer()):
             raise _Invalid(f"{name} must be {noun}, not {value!r}")
@@ -173,18 +174,18 @@ _PARSERS: dict[str, Callable[[str, object], object]] = {
 }
 
 
-def _coerce(name: str, value: object) -> tuple[object, str | None]:
+def _coerce(name: str, value: object) -> tuple[Any, str | None]:
     """The value fit for field `name`, clamped into range, and a note if it was clamped.
 
     Raises _Invalid for a wrong type or an unknown choice.
     """
-    value = _PARSERS[name](name, value)
-    if name in RANGES and value is not None:
+    parsed: Any = _PARSERS[name](name, value)
+    if name in RANGES and parsed is not None:
         low, high = RANGES[name]
-        clamped = type(value)(min(max(value, low), high))
-        if clamped != value:
-            return clamped, f"{name} {value} is outside {low}–{high}; using {clamped}"
-    return value, None
+        clamped = type(parsed)(min(max(parsed, low), high))
+        if clamped != parsed:
+            return clamped, f"{name} {parsed} is outside {low}–{high}; using {clamped}"
+    return parsed, None
 
 
 def merge_settings(base: Settings, data: Mapping[str, object]) -> tuple[Settings, list[str]]:
@@ -194,7 +195,8 @@ def merge_settings(base: Settings, data: Mapping[str, object]) -> tuple[Settings
     type keeps its value from `base`; a number out of range is clamped.
     """
     known = {f.name for f in fields(Settings)}
-    changes, warnings = {}, []
+    changes: dict[str, Any] = {}
+    warnings: list[str] = []
     for name, raw in data.items():
         if name not in known:
             continue

@@ -58,7 +58,7 @@ class SingleInstance(QObject):
             received = bytearray()
 
             def read(socket: QLocalSocket = socket, received: bytearray = received) -> None:
-                received.extend(bytes(socket.readAll()))
+                received.extend(socket.readAll().data())
                 if received.endswith(b"\n"):
                     self.activated.emit(received[:-1].decode("utf-8", "replace"))
                     socket.disconnectFromServer()
@@ -100,5 +100,7 @@ def claim_or_hand_over(folder: Path, model: str | None) -> tuple[SingleInstance 
         return instance, None
     if hand_over(folder, model):
         return None, None
-    return None, (f"Sprig is already running with the chats in {folder}, but it does not answer. "
-                  "Close it (or end its process), then start Sprig again.")
+    return None, (
+        f"Sprig is already running with the chats in {folder}, but it does not answer. "
+        "Close it (or end its process), then start Sprig again."
+    )

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 import platformdirs
@@ -22,13 +23,24 @@ DEFAULT_DB_NAME = "sprig.sqlite3"
 SNIPPET_CHARS = 60  # the length of a search result's snippet
 
 ROLES = ("system", "user", "assistant")
-MESSAGE_STATES = ("complete", "streaming", "interrupted", "cancelled", "error")
 CUT_AT_LIMIT = "length"  # metrics["finish_reason"] of an answer cut by the token limit
+
+
+class MessageState(StrEnum):
+    """Where a message stands; stored in the `state` column as its value."""
+
+    COMPLETE = "complete"
+    STREAMING = "streaming"  # being written now; found at startup, it becomes INTERRUPTED
+    INTERRUPTED = "interrupted"  # the app closed while it was being written
+    CANCELLED = "cancelled"  # the user pressed Stop
+    ERROR = "error"  # the engine failed; the message's metrics["error"] says why
 
 
 def ended_early(state: str, metrics: dict | None) -> bool:
     """Whether an answer stopped before the model was done: Stop, a closed app, the token limit."""
-    return state in ("cancelled", "interrupted") or (metrics or {}).get("finish_reason") == CUT_AT_LIMIT
+    early = state in (MessageState.CANCELLED, MessageState.INTERRUPTED)
+    return early or (metrics or {}).get("finish_reason") == CUT_AT_LIMIT
+
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 1: the base schema.
@@ -95,7 +107,7 @@ class Conversation:
 
 @dataclass(frozen=True)
 class Message:
-    """One turn of a chat; `state` is one of `MESSAGE_STATES`.
+    """One turn of a chat; `state` is a `MessageState`.
 
     `versions` are the message's other versions (dicts of content, model, metrics, state),
     and `active` is where the shown one sits among all of them, counting from 0.
@@ -108,7 +120,7 @@ class Message:
     content: str
     model: str | None
     metrics: dict | None
-    state: str
+    state: MessageState
     created_at: float
     versions: tuple[dict, ...] = ()
     active: int = 0
@@ -116,7 +128,7 @@ class Message:
     def all_versions(self) -> list[dict]:
         """Every version in order, the shown one included."""
         shown = {"content": self.content, "model": self.model, "metrics": self.metrics, "state": self.state}
-        return [*self.versions[:self.active], shown, *self.versions[self.active:]]
+        return [*self.versions[: self.active], shown, *self.versions[self.active :]]
 
 
 @dataclass(frozen=True)
@@ -136,8 +148,17 @@ def _conversation(row: sqlite3.Row) -> Conversation:
 def _message(row: sqlite3.Row) -> Message:
     metrics = None if row["metrics"] is None else json.loads(row["metrics"])
     return Message(
-        row["id"], row["conversation_id"], row["position"], row["role"], row["content"],
-        row["model"], metrics, row["state"], row["created_at"], tuple(json.loads(row["versions"])), row["active"],
+        row["id"],
+        row["conversation_id"],
+        row["position"],
+        row["role"],
+        row["content"],
+        row["model"],
+        metrics,
+        MessageState(row["state"]),
+        row["created_at"],
+        tuple(json.loads(row["versions"])),
+        row["active"],
     )
 
 
@@ -191,7 +212,9 @@ class Store:
         self._db.execute("PRAGMA journal_mode = WAL")
         self._db.execute("PRAGMA synchronous = NORMAL")  # durable across app crashes in WAL mode
         self._db.execute("PRAGMA foreign_keys = ON")
-        self._db.execute("UPDATE messages SET state = 'interrupted' WHERE state = 'streaming'")
+        self._db.execute(
+            "UPDATE messages SET state = ? WHERE state = ?", (MessageState.INTERRUPTED, MessageState.STREAMING)
+        )
 
     def _migrate(self) -> None:
         """Apply the migrations the file lacks, each in its own transaction."""
@@ -243,6 +266,7 @@ class Store:
             "INSERT INTO conversations (title, created_at, updated_at) VALUES (?, ?, ?)",
             (title, now if created_at is None else created_at, now),
         )
+        assert cursor.lastrowid is not None  # an INSERT sets it
         return self.conversation(cursor.lastrowid)
 
     def rename_conversation(self, conversation_id: int, title: str) -> None:
@@ -288,7 +312,7 @@ class Store:
             at = text.casefold().find(needle) if needle else -1
             if at >= 0:
                 start = max(0, at - width // 3)
-                piece = " ".join(text[start:start + width].split())
+                piece = " ".join(text[start : start + width].split())
                 return ("…" if start > 0 else "") + piece + ("…" if start + width < len(text) else "")
         return ""
 
@@ -308,7 +332,7 @@ class Store:
         *,
         model: str | None = None,
         metrics: dict | None = None,
-        state: str = "complete",
+        state: MessageState = MessageState.COMPLETE,
         created_at: float | None = None,
         versions: tuple[dict, ...] = (),
         active: int = 0,
@@ -317,7 +341,7 @@ class Store:
         `created_at` defaults to now (import keeps the original); `versions` and `active`
         are its other versions and the shown one's place among them (see `Message`)."""
         _check_choice(role, ROLES, "role")
-        _check_choice(state, MESSAGE_STATES, "state")
+        _check_choice(state, tuple(MessageState), "state")
         now = time.time()
         with self.transaction():
             cursor = self._db.execute(
@@ -327,10 +351,15 @@ class Store:
                           :state, :created_at, :versions, :active
                    FROM messages WHERE conversation_id = :conversation""",
                 {
-                    "conversation": conversation_id, "role": role, "content": content, "model": model,
-                    "metrics": _json_or_none(metrics), "state": state,
+                    "conversation": conversation_id,
+                    "role": role,
+                    "content": content,
+                    "model": model,
+                    "metrics": _json_or_none(metrics),
+                    "state": state,
                     "created_at": now if created_at is None else created_at,
-                    "versions": json.dumps(list(versions)), "active": min(max(active, 0), len(versions)),
+                    "versions": json.dumps(list(versions)),
+                    "active": min(max(active, 0), len(versions)),
                 },
             )
             self._db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, conversation_id))
@@ -338,12 +367,12 @@ class Store:
             return _message(row.fetchone())
 
     def update_message(
-        self, message_id: int, content: str, *, metrics: dict | None = None, state: str | None = None
+        self, message_id: int, content: str, *, metrics: dict | None = None, state: MessageState | None = None
     ) -> None:
         """Replace a message's content, and its metrics and state where given.
         One UPDATE and commit: cheap enough to call many times a second while streaming."""
         if state is not None:
-            _check_choice(state, MESSAGE_STATES, "state")
+            _check_choice(state, tuple(MessageState), "state")
         self._db.execute(
             """UPDATE messages SET content = ?, metrics = COALESCE(?, metrics), state = COALESCE(?, state)
                WHERE id = ?""",
@@ -357,20 +386,28 @@ class Store:
             raise KeyError(f"no message {message_id}")
         return _message(row)
 
-    def new_version(self, message_id: int, content: str = "", *, model: str | None = None,
-                    state: str = "streaming") -> Message:
+    def new_version(
+        self,
+        message_id: int,
+        content: str = "",
+        *,
+        model: str | None = None,
+        state: MessageState = MessageState.STREAMING,
+    ) -> Message:
         """Start a new last version of a message, with `content`, keeping the shown one.
 
         The messages after it (the answers to an edited question) go with the version they
         followed, as its `tail`, and come back when that version is shown again.
         """
-        _check_choice(state, MESSAGE_STATES, "state")
+        _check_choice(state, tuple(MessageState), "state")
         message = self.message(message_id)
         with self.transaction():
             versions = self._versions_with_tail(message)
             self._db.execute(
                 "UPDATE messages SET content = ?, model = ?, metrics = NULL, state = ?, versions = ?, active = ? "
-                "WHERE id = ?", (content, model, state, json.dumps(versions), len(versions), message_id))
+                "WHERE id = ?",
+                (content, model, state, json.dumps(versions), len(versions), message_id),
+            )
         return self.message(message_id)
 
     def show_version(self, message_id: int, index: int) -> Message:
@@ -384,8 +421,17 @@ class Store:
             shown = versions.pop(index)
             self._db.execute(
                 "UPDATE messages SET content = ?, model = ?, metrics = ?, state = ?, versions = ?, active = ? "
-                "WHERE id = ?", (shown["content"], shown["model"], _json_or_none(shown["metrics"]), shown["state"],
-                                 json.dumps(versions), index, message_id))
+                "WHERE id = ?",
+                (
+                    shown["content"],
+                    shown["model"],
+                    _json_or_none(shown["metrics"]),
+                    shown["state"],
+                    json.dumps(versions),
+                    index,
+                    message_id,
+                ),
+            )
             for later in shown.get("tail", []):
                 self.add_message(message.conversation_id, **later)
         return self.message(message_id)
@@ -395,8 +441,18 @@ class Store:
         later = [m for m in self.messages(message.conversation_id) if m.position > message.position]
         versions = message.all_versions()
         versions[message.active]["tail"] = [
-            {"role": m.role, "content": m.content, "model": m.model, "metrics": m.metrics, "state": m.state,
-             "created_at": m.created_at, "versions": m.versions, "active": m.active} for m in later]
+            {
+                "role": m.role,
+                "content": m.content,
+                "model": m.model,
+                "metrics": m.metrics,
+                "state": m.state,
+                "created_at": m.created_at,
+                "versions": m.versions,
+                "active": m.active,
+            }
+            for m in later
+        ]
         self.delete_messages_from(message.conversation_id, message.position + 1)
         return versions
 
@@ -468,7 +524,7 @@ class ThrottledSaver:
         self.flush()
         return True
 
-    def flush(self, metrics: dict | None = None, state: str | None = None) -> None:
+    def flush(self, metrics: dict | None = None, state: MessageState | None = None) -> None:
         """Save the latest text now, with the metrics and state if given."""
         self._store.update_message(self._message_id, self._text, metrics=metrics, state=state)
         self._saved_at = time.monotonic()

@@ -86,7 +86,7 @@ def system_is_dark() -> bool:
 
 
 def resolve_theme(name: str) -> str:
-    """"light" or "dark": `name` itself, or for "system" the desktop's colour scheme."""
+    """ "light" or "dark": `name` itself, or for "system" the desktop's colour scheme."""
     if name != "system":
         return name
     return "dark" if system_is_dark() else "light"

@@ -7,7 +7,8 @@ writes anything, and then writes the whole chat in one transaction.
 import json
 from pathlib import Path
 
-from app.storage import MESSAGE_STATES, ROLES, Conversation, Message, Store
+from app.metrics_text import metrics_summary
+from app.storage import ROLES, Conversation, Message, MessageState, Store
 from engine.errors import SprigError
 
 FORMAT = "sprig-conversation"
@@ -18,7 +19,7 @@ MAX_CONTENT_CHARS = 4_000_000
 MAX_TITLE_CHARS = 1_000
 MAX_OBJECT_CHARS = 65_536  # overrides or metrics, as JSON
 MAX_TIMESTAMP = 1e11  # seconds since 1970: the year 5138
-IMPORTABLE_STATES = tuple(state for state in MESSAGE_STATES if state != "streaming")
+IMPORTABLE_STATES = tuple(state for state in MessageState if state != MessageState.STREAMING)
 
 
 class TranscriptError(SprigError, ValueError):
@@ -43,19 +44,8 @@ def to_markdown(conversation: Conversation, messages: list[Message]) -> str:
 
 def _footnote(message: Message) -> str:
     """'42 tokens · 31.5 tok/s · TTFT 0.12 s', plus the state of an unfinished answer."""
-    metrics = message.metrics or {}
-    figures = [
-        template.format(metrics[key])
-        for key, template in (
-            ("decode_tokens", "{} tokens"),
-            ("decode_tok_s", "{:.1f} tok/s"),
-            ("time_to_first_token_s", "TTFT {:.2f} s"),
-        )
-        if isinstance(metrics.get(key), (int, float))
-    ]
-    if message.state != "complete":
-        figures.append(message.state)
-    return " · ".join(figures)
+    state = "" if message.state == MessageState.COMPLETE else message.state
+    return metrics_summary(message.metrics, state) or state
 
 
 def to_json(conversation: Conversation, messages: list[Message]) -> dict:
@@ -138,7 +128,7 @@ def _message_fields(message: object, label: str) -> dict:
     """The checked keyword arguments of `Store.add_message` for one imported message."""
     if not isinstance(message, dict):
         raise TranscriptError(f"{label} must be an object.")
-    role, state, model = message.get("role"), message.get("state", "complete"), message.get("model")
+    role, state, model = message.get("role"), message.get("state", MessageState.COMPLETE), message.get("model")
     if role not in ROLES:
         raise TranscriptError(f"{label}.role must be one of {', '.join(ROLES)}, not {role!r}.")
     if state not in IMPORTABLE_STATES:
@@ -158,8 +148,9 @@ def _message_fields(message: object, label: str) -> dict:
         active = message.get("active", 0)
         if type(active) is not int or not 0 <= active <= len(versions):
             raise TranscriptError(f"{label}.active must be a whole number from 0 to {len(versions)}.")
-        fields["versions"] = tuple(_version_fields(version, role, f"{label}.versions[{index}]")
-                                   for index, version in enumerate(versions))
+        fields["versions"] = tuple(
+            _version_fields(version, role, f"{label}.versions[{index}]") for index, version in enumerate(versions)
+        )
         fields["active"] = active
     return fields
 
@@ -167,7 +158,9 @@ def _message_fields(message: object, label: str) -> dict:
 def _version_fields(version: object, role: str, label: str) -> dict:
     """One checked earlier version of a message: its text, model, metrics and state, and the
     messages that followed it (`tail`, checked as messages without versions of their own)."""
-    checked = _message_fields({**version, "role": role} if isinstance(version, dict) else version, label)
+    if not isinstance(version, dict):
+        raise TranscriptError(f"{label} must be an object.")
+    checked = _message_fields({**version, "role": role}, label)
     tail = version.get("tail", [])
     if not isinstance(tail, list) or len(tail) > MAX_MESSAGES:
         raise TranscriptError(f"{label}.tail must be a list of at most {MAX_MESSAGES} messages.")

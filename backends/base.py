@@ -106,7 +106,7 @@ class Backend(ABC):
 
     def linear_fused(self, x: Tensor, fused: Any, biases: tuple[Any, ...]) -> list[Tensor]:
         """`linear(x, w, b)` for each weight of `fused` (from `fuse_linear`) and its bias."""
-        return [self.linear(x, weight, bias) for weight, bias in zip(fused, biases)]
+        return [self.linear(x, weight, bias) for weight, bias in zip(fused, biases, strict=True)]
 
     @abstractmethod
     def rms_norm(self, x: Tensor, weight: Any, eps: float) -> Tensor:
@@ -117,8 +117,15 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def rope(self, x: Tensor, positions: np.ndarray, base: float, rope_dim: int, neox: bool,
-             freq_factors: np.ndarray | None = None) -> Tensor:
+    def rope(
+        self,
+        x: Tensor,
+        positions: np.ndarray,
+        base: float,
+        rope_dim: int,
+        neox: bool,
+        freq_factors: np.ndarray | None = None,
+    ) -> Tensor:
         """Rotate x (T, heads, Dh) by its positions (int array, shape (T,)).
 
         Only the first `rope_dim` features rotate. `neox=False` rotates adjacent pairs
@@ -129,8 +136,9 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def attention(self, q: Tensor, k: Tensor, v: Tensor, cache: Any, layer: int, start: int,
-                  settings: LayerAttention) -> Tensor:
+    def attention(
+        self, q: Tensor, k: Tensor, v: Tensor, cache: Any, layer: int, start: int, settings: LayerAttention
+    ) -> Tensor:
         """Causal attention of new tokens over the KV cache.
 
         q (T, H, Dh), k (T, Hkv, Dh), v (T, Hkv, Dv) for positions start .. start+T-1.
@@ -157,8 +165,7 @@ class Backend(ABC):
     # -- KV cache storage ----------------------------------------------------------
 
     @abstractmethod
-    def allocate_kv(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int,
-                    value_dim: int) -> Any:
+    def allocate_kv(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int, value_dim: int) -> Any:
         """Allocate the KV cache storage once, for `n_ctx` positions of every layer."""
 
     @abstractmethod
@@ -177,5 +184,5 @@ class Backend(ABC):
         converted at load), one sentence each. None by default."""
         return []
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027  # a no-op unless the backend holds memory of its own
         """Release what the backend holds (device memory, caches). Idempotent."""

@@ -26,12 +26,23 @@ from backends.dequant import block_size, dequantize
 from backends.errors import TensorDataError
 
 OP_EMBED, OP_LINEAR, OP_RMSNORM, OP_ROPE, OP_ATTN, OP_GATED, OP_ADD, OP_SOFTCAP = range(1, 9)
-NATIVE_TYPES = frozenset(int(t) for t in (
-    GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16,
-    GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q5_1,
-    GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q1_0,
-    GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K,
-))
+NATIVE_TYPES = frozenset(
+    int(t)
+    for t in (
+        GGMLQuantizationType.F32,
+        GGMLQuantizationType.F16,
+        GGMLQuantizationType.BF16,
+        GGMLQuantizationType.Q4_0,
+        GGMLQuantizationType.Q4_1,
+        GGMLQuantizationType.Q5_0,
+        GGMLQuantizationType.Q5_1,
+        GGMLQuantizationType.Q8_0,
+        GGMLQuantizationType.Q1_0,
+        GGMLQuantizationType.Q4_K,
+        GGMLQuantizationType.Q5_K,
+        GGMLQuantizationType.Q6_K,
+    )
+)
 _ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 _Q8_0 = GGMLQuantizationType.Q8_0
 _ALIGN = 16  # floats: recorded buffers start on 64-byte cache lines
@@ -150,7 +161,7 @@ class _Recorder:
 
         def view(slot: _Slot) -> np.ndarray:
             start = placed[slot.buffer]
-            return arena[start:start + int(np.prod(slot.shape))]
+            return arena[start : start + int(np.prod(slot.shape))]
 
         resolved = [_replace_slots(op, view) for op in self.ops]
         return resolved, view(output).reshape(output.shape)
@@ -160,11 +171,11 @@ def _aligned_zeros(n: int) -> np.ndarray:
     """n float32 zeros starting on a cache line (64 bytes)."""
     raw = np.zeros(n + _ALIGN, dtype=np.float32)
     skip = (-raw.ctypes.data // 4) % _ALIGN
-    return raw[skip:skip + n]
+    return raw[skip : skip + n]
 
 
 def _slots_in(op: tuple) -> list[_Slot]:
-    code, bufs, mats, ints, floats = op
+    _code, bufs, mats, _ints, _floats = op
     found = [b for b in bufs if isinstance(b, _Slot)]
     for mat in mats:
         found += [m for m in mat[4:] if isinstance(m, _Slot)]
@@ -220,12 +231,15 @@ class CpuBackend(Backend):
         raw = raw.reshape(-1)
         n_blocks = rows * cols // per_block
         if raw.size != n_blocks * block_bytes:
-            raise TensorDataError(f"{spec.name}: {raw.size} bytes of data for a {rows} x {cols} "
-                                  f"{GGMLQuantizationType(ggml_type).name} matrix, which needs {n_blocks * block_bytes}")
+            raise TensorDataError(
+                f"{spec.name}: {raw.size} bytes of data for a {rows} x {cols} "
+                f"{GGMLQuantizationType(ggml_type).name} matrix, which needs {n_blocks * block_bytes}"
+            )
         bad = self.native.count_bad_scales(raw, ggml_type, n_blocks)
         if bad:
-            raise TensorDataError(f"{spec.name} has {bad} blocks whose scale is infinite or not a number: "
-                                  "the model file is damaged")
+            raise TensorDataError(
+                f"{spec.name} has {bad} blocks whose scale is infinite or not a number: the model file is damaged"
+            )
         matrix = CpuMatrix(spec.name, raw, ggml_type, rows, cols)
         if not spec.name.endswith("token_embd.weight"):  # the embedding is tiled only if the output uses it
             self._product_entry(matrix, None)  # Q1_0 is tiled now, not at the first token
@@ -239,8 +253,9 @@ class CpuBackend(Backend):
             target, raw = GGMLQuantizationType.F32, dense.view(np.uint8)
         else:
             target, raw = _Q8_0, quants.quantize(dense, _Q8_0)
-        self._load_notes.append(f"{spec.name} is {source}, which the cpu backend has no kernel for: "
-                               f"converted to {target.name} at load")
+        self._load_notes.append(
+            f"{spec.name} is {source}, which the cpu backend has no kernel for: converted to {target.name} at load"
+        )
         return np.ascontiguousarray(raw), int(target)
 
     def fuse_linear(self, weights: list[CpuMatrix]) -> tuple[CpuMatrix, ...]:
@@ -287,7 +302,7 @@ class CpuBackend(Backend):
     def linear_fused(self, x: Any, fused: tuple[CpuMatrix, ...], biases: tuple[Any, ...]) -> list[Any]:
         x = _contiguous(x)
         outs = [self._new((len(x), w.rows)) for w in fused]
-        mats = tuple(self._product_entry(w, out, bias) for w, out, bias in zip(fused, outs, biases))
+        mats = tuple(self._product_entry(w, out, bias) for w, out, bias in zip(fused, outs, biases, strict=True))
         self._emit(OP_LINEAR, _bufs(a=x), mats, (len(x),))
         return outs
 
@@ -298,18 +313,27 @@ class CpuBackend(Backend):
         self._emit(OP_RMSNORM, _bufs(a=x, b=weight, out=out), (), (int(np.prod(x.shape)) // dim, dim), (eps,))
         return out
 
-    def rope(self, x: Any, positions: Any, base: float, rope_dim: int, neox: bool,
-             freq_factors: np.ndarray | None = None) -> Any:
+    def rope(
+        self, x: Any, positions: Any, base: float, rope_dim: int, neox: bool, freq_factors: np.ndarray | None = None
+    ) -> Any:
         if not isinstance(positions, _StepInput) and np.any(np.diff(positions) != 1):
             # the kernel takes consecutive positions; others (tests, never the engine) go one by one
-            return np.concatenate([self.rope(x[t:t + 1], positions[t:t + 1], base, rope_dim, neox, freq_factors)
-                                   for t in range(len(positions))])
+            return np.concatenate(
+                [
+                    self.rope(x[t : t + 1], positions[t : t + 1], base, rope_dim, neox, freq_factors)
+                    for t in range(len(positions))
+                ]
+            )
         x = _contiguous(x)
         out = self._new(x.shape)
         n_tokens, heads, dim = x.shape
         table = self._rope_table(base, rope_dim, freq_factors)
-        self._emit(OP_ROPE, _bufs(a=x, out=out, pos=self._position(positions), table=table), (),
-                   (n_tokens, heads, dim, rope_dim, neox))
+        self._emit(
+            OP_ROPE,
+            _bufs(a=x, out=out, pos=self._position(positions), table=table),
+            (),
+            (n_tokens, heads, dim, rope_dim, neox),
+        )
         return out
 
     def _rope_table(self, base: float, rope_dim: int, freq_factors: np.ndarray | None) -> np.ndarray:
@@ -323,24 +347,31 @@ class CpuBackend(Backend):
             table = self._rope_tables[key] = np.ascontiguousarray(table)
         return table
 
-    def attention(self, q: Any, k: Any, v: Any, cache: CpuKV, layer: int, start: Any,
-                  settings: LayerAttention) -> Any:
+    def attention(self, q: Any, k: Any, v: Any, cache: CpuKV, layer: int, start: Any, settings: LayerAttention) -> Any:
         q, k, v = _contiguous(q), _contiguous(k), _contiguous(v)
         n_tokens, heads, head_dim = q.shape
         kv_heads, value_dim = k.shape[1], v.shape[2]
         out = self._new((n_tokens, heads * value_dim))
         pos = start if isinstance(start, _StepInput) else np.array([start], dtype=np.int64)
-        self._emit(OP_ATTN, _bufs(a=q, b=k, c=v, out=out, pos=pos, kcache=cache.k[layer], vcache=cache.v[layer]), (),
-                   (n_tokens, heads, kv_heads, head_dim, value_dim, cache.n_ctx, settings.window or 0),
-                   (settings.scale, settings.softcap or 0.0))
+        self._emit(
+            OP_ATTN,
+            _bufs(a=q, b=k, c=v, out=out, pos=pos, kcache=cache.k[layer], vcache=cache.v[layer]),
+            (),
+            (n_tokens, heads, kv_heads, head_dim, value_dim, cache.n_ctx, settings.window or 0),
+            (settings.scale, settings.softcap or 0.0),
+        )
         return out
 
     def gated_activation(self, gate: Any, up: Any, kind: str) -> Any:
         if kind not in _ACTIVATIONS:
             raise ValueError(f"unknown activation {kind!r}")
         out = self._new(gate.shape)
-        self._emit(OP_GATED, _bufs(a=_contiguous(gate), b=_contiguous(up), out=out), (),
-                   (int(np.prod(gate.shape)), _ACTIVATIONS[kind]))
+        self._emit(
+            OP_GATED,
+            _bufs(a=_contiguous(gate), b=_contiguous(up), out=out),
+            (),
+            (int(np.prod(gate.shape)), _ACTIVATIONS[kind]),
+        )
         return out
 
     def add(self, a: Any, b: Any) -> Any:
@@ -395,4 +426,3 @@ class CpuBackend(Backend):
 
 def _contiguous(x: Any) -> Any:
     return x if isinstance(x, _Slot) else np.ascontiguousarray(x, dtype=np.float32)
-

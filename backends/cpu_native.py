@@ -37,15 +37,19 @@ def _portable() -> ModuleType:
     if portable is None:
         raise BackendUnavailable(
             "cpu: the native kernels were not built when Sprig was installed (a C compiler is needed; "
-            "reinstall with `pip install -e .` and read its output)")
+            "reinstall with `pip install -e .` and read its output)"
+        )
     return portable
 
 
 def runnable_tiers() -> list[str]:
     """The tiers that were built and that this CPU can run, fastest first."""
     portable = _portable()
-    return [tier for tier, features in TIERS.items()
-            if all(portable.cpu_has(f) for f in features) and _module(tier) is not None]
+    return [
+        tier
+        for tier, features in TIERS.items()
+        if all(portable.cpu_has(f) for f in features) and _module(tier) is not None
+    ]
 
 
 def load(tier: str | None = None) -> ModuleType:
@@ -54,14 +58,16 @@ def load(tier: str | None = None) -> ModuleType:
     tier = tier or os.environ.get(TIER_ENV) or None
     runnable = runnable_tiers()
     if tier is None:
-        return _module(runnable[0])
+        return _module(runnable[0])  # type: ignore[return-value]  # runnable tiers are built ones
     if tier not in TIERS:
-        raise BackendUnavailable(f"cpu: unknown instruction-set tier {tier!r} ({TIER_ENV}); "
-                                 f"choose one of {', '.join(TIERS)}")
+        raise BackendUnavailable(
+            f"cpu: unknown instruction-set tier {tier!r} ({TIER_ENV}); choose one of {', '.join(TIERS)}"
+        )
     if tier not in runnable:
-        raise BackendUnavailable(f"cpu: the {tier} kernels cannot run here (this CPU and build run: "
-                                 f"{', '.join(runnable)})")
-    return _module(tier)
+        raise BackendUnavailable(
+            f"cpu: the {tier} kernels cannot run here (this CPU and build run: {', '.join(runnable)})"
+        )
+    return _module(tier)  # type: ignore[return-value]  # in runnable: built
 
 
 def default_threads() -> int:

@@ -12,6 +12,7 @@ intermediate formats for activations; model files do not hold them, and neither 
 
 Shapes are NumPy's, row-major: the last dimension is GGUF's ne0, the one blocks run along.
 """
+
 import math
 
 import numpy as np
@@ -21,13 +22,36 @@ from gguf import GGMLQuantizationType as T
 from backends.errors import TensorDataError, UnsupportedTensorType
 
 # Types that gguf.quants.dequantize handles (checked against gguf 0.19).
-_GGUF_PY_TYPES = frozenset({
-    T.F32, T.F16, T.BF16,
-    T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0,
-    T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
-    T.IQ1_S, T.IQ1_M, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ4_NL, T.IQ4_XS,
-    T.TQ1_0, T.TQ2_0, T.MXFP4, T.NVFP4,
-})
+_GGUF_PY_TYPES = frozenset(
+    {
+        T.F32,
+        T.F16,
+        T.BF16,
+        T.Q4_0,
+        T.Q4_1,
+        T.Q5_0,
+        T.Q5_1,
+        T.Q8_0,
+        T.Q2_K,
+        T.Q3_K,
+        T.Q4_K,
+        T.Q5_K,
+        T.Q6_K,
+        T.IQ1_S,
+        T.IQ1_M,
+        T.IQ2_XXS,
+        T.IQ2_XS,
+        T.IQ2_S,
+        T.IQ3_XXS,
+        T.IQ3_S,
+        T.IQ4_NL,
+        T.IQ4_XS,
+        T.TQ1_0,
+        T.TQ2_0,
+        T.MXFP4,
+        T.NVFP4,
+    }
+)
 
 # Plain element types that gguf.quants.dequantize leaves out: their NumPy dtype.
 _PLAIN_DTYPES = {
@@ -79,9 +103,7 @@ def dequantize(data: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> np.n
     return values.reshape(shape)
 
 
-def dequantize_rows(
-    data: np.ndarray, ggml_type: int, shape: tuple[int, int], rows: slice | np.ndarray
-) -> np.ndarray:
+def dequantize_rows(data: np.ndarray, ggml_type: int, shape: tuple[int, ...], rows: slice | np.ndarray) -> np.ndarray:
     """Dequantize only some rows of a 2-D tensor, reading only those rows' bytes.
 
     data, ggml_type, shape: as for `dequantize`, for the whole tensor; shape is
@@ -115,9 +137,9 @@ def dequantize_rows(
 #   bit 1 -> +d,  bit 0 -> -d
 
 # Row v holds the eight signs that byte v encodes, bit 0 first.
-_Q1_0_SIGNS = np.unpackbits(
-    np.arange(256, dtype=np.uint8)[:, None], axis=-1, bitorder="little"
-).astype(np.float32) * 2 - 1  # (256, 8)
+_Q1_0_SIGNS = (
+    np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=-1, bitorder="little").astype(np.float32) * 2 - 1
+)  # (256, 8)
 
 # Blocks per pass: each pass's output (2 MiB) stays in cache between its two steps.
 _Q1_0_CHUNK_BLOCKS = 4096
@@ -165,8 +187,7 @@ def _row_bytes(qtype: T, n_cols: int) -> int:
     weights, size = GGML_QUANT_SIZES[qtype]
     if n_cols % weights:
         raise TensorDataError(
-            f"a {qtype.name} tensor's rows must hold a multiple of {weights} values, "
-            f"but its rows hold {n_cols}"
+            f"a {qtype.name} tensor's rows must hold a multiple of {weights} values, but its rows hold {n_cols}"
         )
     return n_cols // weights * size
 

@@ -61,13 +61,15 @@ class QuantizedMatrix:
 
     def rows(self, ids: mx.array) -> mx.array:
         """Rows `ids`, dequantized: (len(ids), in) float32."""
-        return mx.dequantize(self.packed[ids], self.scales[ids], self.biases[ids],
-                             group_size=self.group_size, bits=self.bits)
+        return mx.dequantize(
+            self.packed[ids], self.scales[ids], self.biases[ids], group_size=self.group_size, bits=self.bits
+        )
 
     def times_transposed(self, x: mx.array) -> mx.array:
         """x (T, in) @ W.T: (T, out)."""
-        return mx.quantized_matmul(x, self.packed, self.scales, self.biases, transpose=True,
-                                   group_size=self.group_size, bits=self.bits)
+        return mx.quantized_matmul(
+            x, self.packed, self.scales, self.biases, transpose=True, group_size=self.group_size, bits=self.bits
+        )
 
 
 @dataclass(frozen=True)
@@ -159,22 +161,39 @@ class MLXBackend(Backend):
     def rms_norm(self, x: mx.array, weight: mx.array, eps: float) -> mx.array:
         return mx.fast.rms_norm(x, weight, eps)
 
-    def rope(self, x: mx.array, positions: Any, base: float, rope_dim: int, neox: bool,
-             freq_factors: np.ndarray | None = None) -> mx.array:
+    def rope(
+        self,
+        x: mx.array,
+        positions: Any,
+        base: float,
+        rope_dim: int,
+        neox: bool,
+        freq_factors: np.ndarray | None = None,
+    ) -> mx.array:
         """As the contract says, for consecutive positions (all the transformer passes):
         MLX's fast RoPE takes the first position and counts on from it."""
+        frequencies: dict[str, Any]
         if freq_factors is None:
             frequencies = {"base": base, "freqs": None}
         else:  # mx.fast.rope divides positions by `freqs`: the inverse frequencies' inverses
             periods = base ** (np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim) * freq_factors
             frequencies = {"base": None, "freqs": mx.array(periods.astype(np.float32))}
         heads = x.transpose(1, 0, 2)  # (heads, T, Dh): fast RoPE counts positions along axis -2
-        out = mx.fast.rope(heads, rope_dim, traditional=not neox, scale=1.0,
-                           offset=_first_position(positions), **frequencies)
+        out = mx.fast.rope(
+            heads, rope_dim, traditional=not neox, scale=1.0, offset=_first_position(positions), **frequencies
+        )
         return out.transpose(1, 0, 2)  # (T, heads, Dh)
 
-    def attention(self, q: mx.array, k: mx.array, v: mx.array, cache: MLXKV, layer: int,
-                  start: int | StepStart, settings: LayerAttention) -> mx.array:
+    def attention(
+        self,
+        q: mx.array,
+        k: mx.array,
+        v: mx.array,
+        cache: MLXKV,
+        layer: int,
+        start: int | StepStart,
+        settings: LayerAttention,
+    ) -> mx.array:
         """As the contract says; `start` may also be a compiled step's StepStart."""
         n_new = q.shape[0]
         at = start.position if isinstance(start, StepStart) else mx.array([start], dtype=mx.int32)
@@ -220,8 +239,9 @@ class MLXBackend(Backend):
 
     # -- decoding hooks (optional; the engine looks for them) ------------------------
 
-    def compile_decode(self, forward: Callable[[mx.array, mx.array, StepStart], mx.array],
-                       cache: MLXKV) -> Callable[[Any, int], mx.array]:
+    def compile_decode(
+        self, forward: Callable[[mx.array, mx.array, StepStart], mx.array], cache: MLXKV
+    ) -> Callable[[Any, int], mx.array]:
         """A one-token decode step as one compiled function, made once per KV storage.
 
         `forward(token_ids, positions, start)` is the transformer's forward pass on this
@@ -236,6 +256,7 @@ class MLXBackend(Backend):
         traces once more; MLX keeps every trace.
         """
         if cache.decode_step is None:
+
             def traced(token_ids: mx.array, position: mx.array, span: int) -> mx.array:
                 self.decode_traces += 1  # Python runs only while MLX traces
                 return forward(token_ids, position, StepStart(position, span))
@@ -278,7 +299,7 @@ def _float16_rows(spec: WeightSpec) -> np.ndarray:
     out = np.empty((n_rows, n_cols), dtype=np.float16)
     step = max(1, _HALF_CHUNK_WEIGHTS // n_cols)
     for lo in range(0, n_rows, step):
-        out[lo:lo + step] = dequantize_rows(spec.raw, spec.ggml_type, spec.shape, slice(lo, lo + step))
+        out[lo : lo + step] = dequantize_rows(spec.raw, spec.ggml_type, spec.shape, slice(lo, lo + step))
     return out
 
 
@@ -306,6 +327,7 @@ def _visible(start: int | StepStart, n_new: int, window: int | None) -> tuple[An
     the fast attention kernel (None, "causal" or a boolean (T, S) array). A compiled step
     reads a fixed span and masks by position; a host `start` reads exactly what is visible.
     """
+    first: int | mx.array
     if isinstance(start, StepStart):
         length, first = start.span, 0
         if window is not None and window + n_new - 1 < length:  # only the window's positions
@@ -334,13 +356,12 @@ def _mask(start: Any, n_new: int, first: Any, length: int, window: int | None) -
 def _positions(storage: mx.array, first: Any, length: int) -> mx.array:
     """Positions first .. first + length - 1 of a layer's keys or values: (1, Hkv, S, D)."""
     if isinstance(first, int):
-        return storage[:, :, first:first + length]
+        return storage[:, :, first : first + length]
     batch, heads, _, dim = storage.shape
     return mx.slice(storage, first, axes=(2,), slice_size=(batch, heads, length, dim))
 
 
-def _softcapped_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, cap: float,
-                          mask: Any) -> mx.array:
+def _softcapped_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, cap: float, mask: Any) -> mx.array:
     """Attention with scores soft-capped before the softmax, which the fast kernel cannot do.
 
     q (1, H, T, Dh), k (1, Hkv, S, Dh), v (1, Hkv, S, Dv) -> (1, H, T, Dv).

@@ -43,9 +43,15 @@ from gguf import GGMLQuantizationType as T
 from backends.errors import TensorDataError
 
 # (group size, bits) of each convertible type; Q1_0 may fall back to 2 bits.
-AFFINE_LAYOUTS = {
-    T.Q4_0: (32, 4), T.Q4_1: (32, 4), T.Q5_0: (32, 5), T.Q5_1: (32, 5), T.Q8_0: (32, 8),
-    T.Q4_K: (32, 4), T.Q5_K: (32, 5), T.Q1_0: (128, 1),
+AFFINE_LAYOUTS: dict[int, tuple[int, int]] = {
+    T.Q4_0: (32, 4),
+    T.Q4_1: (32, 4),
+    T.Q5_0: (32, 5),
+    T.Q5_1: (32, 5),
+    T.Q8_0: (32, 8),
+    T.Q4_K: (32, 4),
+    T.Q5_K: (32, 5),
+    T.Q1_0: (128, 1),
 }
 _CHUNK_WEIGHTS = 1 << 22  # weights repacked per pass: bounds the temporary arrays to tens of MB
 
@@ -76,7 +82,7 @@ def affine_layout(ggml_type: int, one_bit: bool = True) -> tuple[int, int] | Non
     return layout
 
 
-def to_affine(raw: np.ndarray, ggml_type: int, shape: tuple[int, int], one_bit: bool = True) -> AffineMatrix:
+def to_affine(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...], one_bit: bool = True) -> AffineMatrix:
     """Repack a 2-D tensor's GGUF blocks (uint8, as in the file) into MLX's affine format.
 
     Works a slice of rows at a time. Raises TensorDataError when the bytes do not match the
@@ -100,12 +106,12 @@ def to_affine(raw: np.ndarray, ggml_type: int, shape: tuple[int, int], one_bit: 
     biases = np.empty_like(scales)
     step = max(1, _CHUNK_WEIGHTS // n_cols)
     for lo in range(0, n_rows, step):
-        chunk = rows[lo:lo + step]
+        chunk = rows[lo : lo + step]
         n = len(chunk)
         q, scale, bias = _BLOCK_DECODERS[qtype](chunk.reshape(-1, block_bytes))  # blocks: (n_blocks, block_bytes)
-        packed[lo:lo + n] = pack_rows(q.reshape(n, n_cols), bits)
-        scales[lo:lo + n] = scale.reshape(n, -1)  # (n, n_cols / group_size)
-        biases[lo:lo + n] = bias.reshape(n, -1)
+        packed[lo : lo + n] = pack_rows(q.reshape(n, n_cols), bits)
+        scales[lo : lo + n] = scale.reshape(n, -1)  # (n, n_cols / group_size)
+        biases[lo : lo + n] = bias.reshape(n, -1)
     return AffineMatrix(packed, scales, biases, group_size, bits)
 
 
@@ -130,7 +136,7 @@ def pack_rows(q: np.ndarray, bits: int) -> np.ndarray:
 
 def _f16(blocks: np.ndarray, at: int) -> np.ndarray:
     """The fp16 field at byte `at` of every block, as float32: (n, 1)."""
-    return np.ascontiguousarray(blocks[:, at:at + 2]).view(np.float16).astype(np.float32)
+    return np.ascontiguousarray(blocks[:, at : at + 2]).view(np.float16).astype(np.float32)
 
 
 def _nibbles(qs: np.ndarray, run: int) -> np.ndarray:
@@ -204,6 +210,12 @@ def _q1_0(blocks):
 
 
 _BLOCK_DECODERS = {
-    T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1, T.Q8_0: _q8_0,
-    T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q1_0: _q1_0,
+    T.Q4_0: _q4_0,
+    T.Q4_1: _q4_1,
+    T.Q5_0: _q5_0,
+    T.Q5_1: _q5_1,
+    T.Q8_0: _q8_0,
+    T.Q4_K: _q4_k,
+    T.Q5_K: _q5_k,
+    T.Q1_0: _q1_0,
 }

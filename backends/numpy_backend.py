@@ -10,6 +10,7 @@ the least recently used one would make every access a miss.
 """
 
 import os
+from itertools import pairwise
 
 import numpy as np
 import psutil
@@ -58,7 +59,7 @@ class DequantCache:
     def share(self, names: list[str], joined: np.ndarray, bounds: np.ndarray) -> None:
         """Make the cached matrices `names` views of `joined` (rows bounds[i]:bounds[i+1]),
         so a joined copy costs no memory beyond a moment while it is built."""
-        for name, lo, hi in zip(names, bounds[:-1], bounds[1:]):
+        for name, lo, hi in zip(names, bounds[:-1], bounds[1:], strict=True):
             self._dense[name] = joined[lo:hi]
 
     def clear(self) -> None:
@@ -91,7 +92,7 @@ class NumpyWeight:
         out = np.empty((x.shape[0], n_out), dtype=np.float32)
         for lo in range(0, n_out, step):
             index = np.arange(lo, min(lo + step, n_out))
-            out[:, lo:lo + step] = x @ self.rows(index).T
+            out[:, lo : lo + step] = x @ self.rows(index).T
         return out
 
 
@@ -144,21 +145,23 @@ class NumpyBackend(Backend):
     def fuse_linear(self, weights: list[NumpyWeight]) -> JoinedWeights | tuple:
         """Join cached matrices into one, so decoding makes one product instead of several
         small ones (~15% faster on SmolLM2's layers). Streamed ones stay apart."""
-        dense = [self.cache.peek(w.spec.name) for w in weights]
-        if any(d is None for d in dense) or len({d.shape[1] for d in dense}) != 1:
+        peeked = [self.cache.peek(w.spec.name) for w in weights]
+        dense = [d for d in peeked if d is not None]
+        if len(dense) != len(peeked) or len({d.shape[1] for d in dense}) != 1:
             return super().fuse_linear(weights)
-        bounds = np.cumsum([0] + [d.shape[0] for d in dense])
+        bounds = np.cumsum([0, *(d.shape[0] for d in dense)])
         joined = np.concatenate(dense)  # (sum of the outs, in)
         self.cache.share([w.spec.name for w in weights], joined, bounds)
         return JoinedWeights(joined, bounds)
 
-    def linear_fused(self, x: np.ndarray, fused: JoinedWeights | tuple,
-                     biases: tuple[np.ndarray | None, ...]) -> list[np.ndarray]:
+    def linear_fused(
+        self, x: np.ndarray, fused: JoinedWeights | tuple, biases: tuple[np.ndarray | None, ...]
+    ) -> list[np.ndarray]:
         if not isinstance(fused, JoinedWeights):
             return super().linear_fused(x, fused, biases)
         out = x @ fused.matrix.T  # (T, sum of the outs)
-        parts = [out[:, lo:hi] for lo, hi in zip(fused.bounds[:-1], fused.bounds[1:])]
-        for part, bias in zip(parts, biases):
+        parts = [out[:, lo:hi] for lo, hi in pairwise(fused.bounds)]
+        for part, bias in zip(parts, biases, strict=True):
             if bias is not None:
                 part += bias
         return parts
@@ -167,8 +170,15 @@ class NumpyBackend(Backend):
         mean_square = np.mean(np.square(x), axis=-1, keepdims=True)
         return (x / np.sqrt(mean_square + np.float32(eps))) * weight
 
-    def rope(self, x: np.ndarray, positions: np.ndarray, base: float, rope_dim: int, neox: bool,
-             freq_factors: np.ndarray | None = None) -> np.ndarray:
+    def rope(
+        self,
+        x: np.ndarray,
+        positions: np.ndarray,
+        base: float,
+        rope_dim: int,
+        neox: bool,
+        freq_factors: np.ndarray | None = None,
+    ) -> np.ndarray:
         half = rope_dim // 2
         inv_freq = base ** (-np.arange(half, dtype=np.float64) * 2.0 / rope_dim)
         if freq_factors is not None:
@@ -187,8 +197,16 @@ class NumpyBackend(Backend):
             out[..., 1:rope_dim:2] = a * sin + b * cos
         return out
 
-    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, cache: NumpyKV, layer: int,
-                  start: int, settings: LayerAttention) -> np.ndarray:
+    def attention(
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        cache: NumpyKV,
+        layer: int,
+        start: int,
+        settings: LayerAttention,
+    ) -> np.ndarray:
         n_new, n_heads, head_dim = q.shape
         n_kv_heads = k.shape[1]
         group = n_heads // n_kv_heads
@@ -200,7 +218,7 @@ class NumpyBackend(Backend):
         values = cache.v[layer, :, first:end]  # (Hkv, S, Dv)
 
         # (T, H, Dh) -> (Hkv, group * T, Dh): the queries that share one KV head, stacked
-        grouped = q.reshape(n_new, n_kv_heads, group, head_dim).transpose(1, 2, 0, 3)
+        grouped: np.ndarray = q.reshape(n_new, n_kv_heads, group, head_dim).transpose(1, 2, 0, 3)
         grouped = grouped.reshape(n_kv_heads, group * n_new, head_dim)
         scores = (grouped @ keys.transpose(0, 2, 1)) * np.float32(settings.scale)  # (Hkv, group*T, S)
         if settings.softcap is not None:
@@ -250,8 +268,7 @@ class NumpyBackend(Backend):
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return np.asarray(x, dtype=np.float32)
 
-    def allocate_kv(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int,
-                    value_dim: int) -> NumpyKV:
+    def allocate_kv(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int, value_dim: int) -> NumpyKV:
         return NumpyKV(n_layers, n_ctx, n_kv_heads, head_dim, value_dim)
 
     def kv_bytes(self, cache: NumpyKV) -> int:

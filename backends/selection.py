@@ -30,12 +30,15 @@ def _mlx(preference: str) -> tuple[Backend | None, str]:
         return None, "mlx: the mlx package is not installed (pip install 'sprig[mlx]')"
     if preference == "auto" and not _is_apple_silicon():
         where = f"{platform.system()} {platform.machine()}"
-        return None, (f"mlx: not Apple silicon ({where}: MLX runs on the CPU there, slower than NumPy; "
-                      "choose it explicitly to use it)")
+        return None, (
+            f"mlx: not Apple silicon ({where}: MLX runs on the CPU there, slower than NumPy; "
+            "choose it explicitly to use it)"
+        )
     if preference in _CPU_SIDE:
         return None, f"mlx: not chosen (the {preference} backend was asked for)"
     try:
         from backends.mlx_backend import MLXBackend
+
         return MLXBackend(), ""
     except (ImportError, OSError, RuntimeError) as exc:
         return None, f"mlx: MLX is installed but does not start here ({exc})"
@@ -54,6 +57,7 @@ def _cpu(preference: str, threads: int | None) -> tuple[Backend | None, str]:
         return None, "cpu: not chosen (the numpy backend was asked for)"
     try:
         from backends.cpu_backend import CpuBackend
+
         return CpuBackend(threads), ""
     except BackendUnavailable as exc:
         return None, str(exc)
@@ -97,4 +101,4 @@ def select(preference: str = "auto", threads: int | None = None) -> tuple[Backen
         return cpu, reasons
     if preference == "cpu":
         raise BackendUnavailable(why_not_cpu)
-    return NumpyBackend(), reasons + [why_not_cpu]
+    return NumpyBackend(), [*reasons, why_not_cpu]

@@ -88,8 +88,12 @@ FORMATS = {
 }
 
 # Vocabulary tokens that only one format uses, strongest evidence first.
-_MARKER_TOKENS = (("<start_of_turn>", "gemma"), ("<|start_header_id|>", "llama3"),
-                  ("<|im_start|>", "chatml"), ("[INST]", "llama2"))
+_MARKER_TOKENS = (
+    ("<start_of_turn>", "gemma"),
+    ("<|start_header_id|>", "llama3"),
+    ("<|im_start|>", "chatml"),
+    ("[INST]", "llama2"),
+)
 
 # Words in a model's name that mark it as tuned to follow instructions.
 _INSTRUCT_WORDS = ("instruct", "chat", "-it", "_it", ".it", " it", "sft", "dpo", "rlhf", "assistant")
@@ -116,8 +120,9 @@ def guess_format(metadata: dict) -> tuple[ChatFormat, str]:
 
 def stops_in_source(source: str) -> tuple[str, ...]:
     """The end-of-turn texts of every built-in format whose markers a template source writes."""
-    return tuple(stop for chat_format in FORMATS.values() if chat_format.stops[0] in source
-                 for stop in chat_format.stops)
+    return tuple(
+        stop for chat_format in FORMATS.values() if chat_format.stops[0] in source for stop in chat_format.stops
+    )
 
 
 def looks_like_base_model(metadata: dict, file_name: str) -> bool:

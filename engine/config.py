@@ -1,16 +1,10 @@
 """The hyperparameters of a model, read from its GGUF metadata and checked against its tensors.
 
-Supported architectures are the decoder-only transformers below. They share one layer
-layout (RMS norm, attention with grouped K/V heads and rotary positions, gated MLP) and
-differ by a few features, which `ModelConfig` records as fields:
-
-- llama (also SmolLM2 and Mistral-style files): the plain layout.
-- qwen2: biases on the q/k/v projections.
-- qwen3 (also PrismML's Bonsai, Q1_0 weights): RMS norm on each head of q and k.
-- gemma2: GELU, a sqrt(d_model) embedding scale, norms after attention and MLP too,
-  soft-capped logits, and sliding-window attention on every other layer.
-- gemma3: as gemma2, plus q/k norm, no soft-capping, and five local layers for each
-  global one, the local ones with their own RoPE base.
+Supported architectures are decoder-only transformers that share one layer layout (RMS
+norm, attention with grouped K/V heads and rotary positions, gated MLP). Each one's file
+in `engine/models/` says how it differs, as a `Family`; `ModelConfig.from_gguf` reads a
+file's hyperparameters with its family's settings. `LAYER_TENSORS` is the one table of the
+per-layer GGUF tensors: their names, their fields in the model, their shapes.
 
 Gemma's RMS norm multiplies by (1 + w). llama.cpp's converter stores w + 1 in the GGUF
 file and llama.cpp multiplies by the stored weight as it is; transformers, loading a
@@ -21,55 +15,74 @@ by the stored norm weight, and there is no offset to apply.
 """
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
-from engine.errors import ModelFileError, UnsupportedModelError
+from engine.errors import ModelFileError
 from engine.gguf_file import GGUFFile, TensorInfo
-
-_LAYER_TENSORS = (
-    "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
-    "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
-)
-_QKV_BIAS = ("attn_q.bias", "attn_k.bias", "attn_v.bias")
-_QK_NORM = ("attn_q_norm.weight", "attn_k_norm.weight")
-_POST_NORMS = ("post_attention_norm.weight", "post_ffw_norm.weight")
 
 
 @dataclass(frozen=True)
-class _Family:
-    """What one architecture adds to the shared layout."""
+class LayerTensor:
+    """One per-layer GGUF tensor: its name after `blk.{i}.`, its field in the model, its shape."""
 
-    extra_layer_tensors: tuple[str, ...] = ()
-    activation: str = "silu"
+    suffix: str
+    field: str  # of engine.models.common.LayerWeights
+    shape: Callable[["ModelConfig"], tuple[int, ...]]  # (n_out, n_in) for matrices
+
+
+LAYER_TENSORS = {
+    t.suffix: t
+    for t in (
+        LayerTensor("attn_norm.weight", "attn_norm", lambda c: (c.d_model,)),
+        LayerTensor("attn_q.weight", "wq", lambda c: (c.n_heads * c.head_dim, c.d_model)),
+        LayerTensor("attn_k.weight", "wk", lambda c: (c.n_kv_heads * c.head_dim, c.d_model)),
+        LayerTensor("attn_v.weight", "wv", lambda c: (c.n_kv_heads * c.value_head_dim, c.d_model)),
+        LayerTensor("attn_output.weight", "wo", lambda c: (c.d_model, c.n_heads * c.value_head_dim)),
+        LayerTensor("ffn_norm.weight", "ffn_norm", lambda c: (c.d_model,)),
+        LayerTensor("ffn_gate.weight", "w_gate", lambda c: (c.d_ff, c.d_model)),
+        LayerTensor("ffn_up.weight", "w_up", lambda c: (c.d_ff, c.d_model)),
+        LayerTensor("ffn_down.weight", "w_down", lambda c: (c.d_model, c.d_ff)),
+        LayerTensor("attn_q.bias", "bq", lambda c: (c.n_heads * c.head_dim,)),
+        LayerTensor("attn_k.bias", "bk", lambda c: (c.n_kv_heads * c.head_dim,)),
+        LayerTensor("attn_v.bias", "bv", lambda c: (c.n_kv_heads * c.value_head_dim,)),
+        LayerTensor("attn_q_norm.weight", "q_norm", lambda c: (c.head_dim,)),
+        LayerTensor("attn_k_norm.weight", "k_norm", lambda c: (c.head_dim,)),
+        LayerTensor("post_attention_norm.weight", "post_attn_norm", lambda c: (c.d_model,)),
+        LayerTensor("post_ffw_norm.weight", "post_ffw_norm", lambda c: (c.d_model,)),
+    )
+}
+# Every architecture has the first nine (norms, attention, MLP); a family names the
+# optional ones it needs too.
+BASE_LAYER_TENSORS = tuple(LAYER_TENSORS)[:9]
+QKV_BIAS = ("attn_q.bias", "attn_k.bias", "attn_v.bias")
+QK_NORM = ("attn_q_norm.weight", "attn_k_norm.weight")
+POST_NORMS = ("post_attention_norm.weight", "post_ffw_norm.weight")
+
+
+@dataclass(frozen=True)
+class Family:
+    """What one architecture adds to the shared layout; its file in engine/models/ holds it.
+
+    The per-layer tensors a family lists must be in every file of that architecture; the
+    model loads any tensor of `LAYER_TENSORS` that a file has.
+    """
+
+    layer_tensors: tuple[str, ...] = ()  # beyond BASE_LAYER_TENSORS
+    activation: str = "silu"  # or "gelu_tanh"
     # llama.cpp's converter permutes the rows of llama's q/k weights so that RoPE rotates
     # adjacent pairs (x0, x1), (x2, x3)... ("normal" mode). Qwen and Gemma files keep
     # Hugging Face's order, where RoPE rotates x[i] with x[i + rope_dim/2] ("NEOX" mode).
     rope_neox: bool = True
-    gemma: bool = False
+    scale_embeddings: bool = False  # multiply embeddings by sqrt(d_model), as Gemma does
     sliding_window_pattern: int = 0  # every n-th layer is global; the others use the window
     rope_base_local: float | None = None  # RoPE base of the sliding-window layers, if it differs
-    attn_logit_softcap: float | None = None
+    attn_logit_softcap: float | None = None  # the default where the file has no value
     final_logit_softcap: float | None = None
-
-
-_FAMILIES = {
-    "llama": _Family(rope_neox=False),
-    "qwen2": _Family(extra_layer_tensors=_QKV_BIAS),
-    "qwen3": _Family(extra_layer_tensors=_QK_NORM),
-    "gemma2": _Family(
-        extra_layer_tensors=_POST_NORMS, activation="gelu_tanh", gemma=True, sliding_window_pattern=2,
-        attn_logit_softcap=50.0, final_logit_softcap=30.0,  # Gemma 2's published defaults
-    ),
-    "gemma3": _Family(
-        extra_layer_tensors=_POST_NORMS + _QK_NORM, activation="gelu_tanh", gemma=True,
-        sliding_window_pattern=6, rope_base_local=10000.0,
-    ),
-}
-SUPPORTED_ARCHITECTURES = tuple(sorted(_FAMILIES))
-# The 27B Gemmas scale queries by 1/sqrt(d_model / n_heads) instead of 1/sqrt(head_dim)
-# (query_pre_attn_scalar in their Hugging Face configs). llama.cpp tells them by layer count.
-_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+    # The 27B Gemmas scale queries by 1/sqrt(d_model / n_heads) instead of 1/sqrt(head_dim)
+    # (query_pre_attn_scalar in their Hugging Face configs). llama.cpp tells them by layer count.
+    d_model_query_scale_layers: int | None = None
 
 
 @dataclass(frozen=True)
@@ -95,9 +108,6 @@ class ModelConfig:
     rope_scaling_factor: float | None
     attn_scale: float  # multiplies q.k before the softmax
     tie_embeddings: bool  # no output.weight: the output projection is token_embd.weight
-    qkv_bias: bool
-    qk_norm: bool
-    post_norms: bool  # Gemma's extra norms after attention and after the MLP
     sliding_window: int | None
     sliding_window_pattern: int  # 0: every layer is global
     attn_logit_softcap: float | None
@@ -115,18 +125,12 @@ class ModelConfig:
         return self.rope_base_local if self.is_sliding(layer) else self.rope_base
 
     @classmethod
-    def from_gguf(cls, f: GGUFFile) -> "ModelConfig":
-        """Read the config of `f` and check every required tensor and its shape.
+    def from_gguf(cls, f: GGUFFile, family: Family) -> "ModelConfig":
+        """Read the config of `f`, an architecture of `family`, and check every required tensor and its shape.
 
-        Raises UnsupportedModelError for an architecture Sprig cannot run, and
-        ModelFileError for a missing or inconsistent key or tensor.
+        Raises ModelFileError for a missing or inconsistent key or tensor.
+        (`engine.models.read_config` finds the family of a file.)
         """
-        family = _FAMILIES.get(f.architecture)
-        if family is None:
-            raise UnsupportedModelError(
-                f"Cannot run {f.path}: its architecture is {f.architecture!r}, which Sprig does not support. "
-                f"Supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)}."
-            )
         d_model = _positive_int(f, "embedding_length")
         n_heads = _positive_int(f, "attention.head_count")
         n_kv_heads = _positive_int(f, "attention.head_count_kv", n_heads)
@@ -143,7 +147,7 @@ class ModelConfig:
             _bad(f, f"token_embd.weight has shape {embedding.shape}, expected (vocab, {d_model})")
         n_layers = _positive_int(f, "block_count")
         rope_base = _positive_float(f, "rope.freq_base", 10000.0)
-        big_gemma = _GEMMA_27B_LAYERS.get(f.architecture) == n_layers
+        query_by_d_model = family.d_model_query_scale_layers == n_layers
         config = cls(
             architecture=f.architecture,
             n_layers=n_layers,
@@ -162,19 +166,16 @@ class ModelConfig:
             rope_neox=family.rope_neox,
             rope_scaling_type=_rope_scaling_type(f),
             rope_scaling_factor=_optional_float(f, "rope.scaling.factor", None),
-            attn_scale=1.0 / math.sqrt(d_model / n_heads if big_gemma else head_dim),
+            attn_scale=1.0 / math.sqrt(d_model / n_heads if query_by_d_model else head_dim),
             tie_embeddings="output.weight" not in f.tensors,
-            qkv_bias=_QKV_BIAS[0] in family.extra_layer_tensors,
-            qk_norm=_QK_NORM[0] in family.extra_layer_tensors,
-            post_norms=_POST_NORMS[0] in family.extra_layer_tensors,
             sliding_window=_positive_int(f, "attention.sliding_window") if family.sliding_window_pattern else None,
             sliding_window_pattern=family.sliding_window_pattern,
             attn_logit_softcap=_optional_float(f, "attn_logit_softcapping", family.attn_logit_softcap),
             final_logit_softcap=_optional_float(f, "final_logit_softcapping", family.final_logit_softcap),
-            embedding_scale=math.sqrt(d_model) if family.gemma else 1.0,
+            embedding_scale=math.sqrt(d_model) if family.scale_embeddings else 1.0,
             activation=family.activation,
         )
-        _check_tensors(f, config, _LAYER_TENSORS + family.extra_layer_tensors)
+        _check_tensors(f, config, BASE_LAYER_TENSORS + family.layer_tensors)
         return config
 
 
@@ -220,33 +221,14 @@ def _rope_scaling_type(f: GGUFFile) -> str | None:
 
 def _check_tensors(f: GGUFFile, c: ModelConfig, layer_tensors: tuple[str, ...]) -> None:
     """Check that every tensor the architecture needs is present with the shape `c` implies."""
-    q, k, v = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.value_head_dim
-    layer_shapes = {
-        "attn_norm.weight": (c.d_model,),
-        "attn_q.weight": (q, c.d_model),  # (n_out, n_in)
-        "attn_k.weight": (k, c.d_model),
-        "attn_v.weight": (v, c.d_model),
-        "attn_output.weight": (c.d_model, c.n_heads * c.value_head_dim),
-        "ffn_norm.weight": (c.d_model,),
-        "ffn_gate.weight": (c.d_ff, c.d_model),
-        "ffn_up.weight": (c.d_ff, c.d_model),
-        "ffn_down.weight": (c.d_model, c.d_ff),
-        "attn_q.bias": (q,),
-        "attn_k.bias": (k,),
-        "attn_v.bias": (v,),
-        "attn_q_norm.weight": (c.head_dim,),
-        "attn_k_norm.weight": (c.head_dim,),
-        "post_attention_norm.weight": (c.d_model,),
-        "post_ffw_norm.weight": (c.d_model,),
-    }
-    expected = {"output_norm.weight": (c.d_model,)}
+    expected: dict[str, tuple[int, ...]] = {"output_norm.weight": (c.d_model,)}
     if not c.tie_embeddings:
         expected["output.weight"] = (c.vocab_size, c.d_model)
     for name, shape in expected.items():
         _check_shape(f, name, shape)
     for layer in range(c.n_layers):  # stops at the first missing tensor, however large n_layers claims to be
         for suffix in layer_tensors:
-            _check_shape(f, f"blk.{layer}.{suffix}", layer_shapes[suffix])
+            _check_shape(f, f"blk.{layer}.{suffix}", LAYER_TENSORS[suffix].shape(c))
 
 
 def _check_shape(f: GGUFFile, name: str, shape: tuple[int, ...]) -> None:

@@ -213,6 +213,4 @@ class DecodeSteps:
 
 def argmax_only(params: SamplingParams) -> bool:
     """Whether sampling with `params` is a plain argmax: greedy, with every penalty neutral."""
-    neutral = params.penalty_last_n == 0 or (
-        params.repeat_penalty == 1.0 and params.presence_penalty == 0.0 and params.frequency_penalty == 0.0)
-    return params.temperature <= 0.0 and neutral
+    return params.temperature <= 0.0 and params.penalties_neutral

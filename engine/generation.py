@@ -135,9 +135,12 @@ def _overlap(text: str, stop: str) -> int:
 def prefill(model: Transformer, cache: KVCache, tokens: Sequence[int], chunk: int = PREFILL_CHUNK) -> np.ndarray:
     """Append `tokens` to the cache in chunks; return the logits after the last one, (vocab,)."""
     cache.check_room(len(tokens))
+    if not tokens:
+        raise ValueError("prefill needs at least one token")
     logits = None
     for lo in range(0, len(tokens), chunk):
-        logits = cache.feed(model, tokens[lo:lo + chunk])
+        logits = cache.feed(model, tokens[lo : lo + chunk])
+    assert logits is not None  # the loop ran at least once
     return logits[-1]
 
 

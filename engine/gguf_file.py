@@ -14,6 +14,7 @@ the upstream fix (llama.cpp PR 13378) is still open. Decoding numeric arrays wit
 package still supplies the format's constants, and its reader is the independent
 reference the tests compare this one with, value by value.
 """
+
 import math
 import mmap
 import struct
@@ -38,11 +39,18 @@ MAX_TENSORS = 1 << 16
 MAX_ARRAY_VALUES = 1 << 22
 
 _CORRUPT_ADVICE = "The file is damaged, truncated or not a GGUF model; download it again."
-_SCALAR_DTYPES = {  # little-endian, as GGUF stores them
-    GGUFValueType.UINT8: np.dtype("<u1"), GGUFValueType.INT8: np.dtype("<i1"), GGUFValueType.BOOL: np.dtype("?"),
-    GGUFValueType.UINT16: np.dtype("<u2"), GGUFValueType.INT16: np.dtype("<i2"),
-    GGUFValueType.UINT32: np.dtype("<u4"), GGUFValueType.INT32: np.dtype("<i4"), GGUFValueType.FLOAT32: np.dtype("<f4"),
-    GGUFValueType.UINT64: np.dtype("<u8"), GGUFValueType.INT64: np.dtype("<i8"), GGUFValueType.FLOAT64: np.dtype("<f8"),
+_SCALAR_DTYPES: dict[int, np.dtype] = {  # little-endian, as GGUF stores them
+    GGUFValueType.UINT8: np.dtype("<u1"),
+    GGUFValueType.INT8: np.dtype("<i1"),
+    GGUFValueType.BOOL: np.dtype("?"),
+    GGUFValueType.UINT16: np.dtype("<u2"),
+    GGUFValueType.INT16: np.dtype("<i2"),
+    GGUFValueType.UINT32: np.dtype("<u4"),
+    GGUFValueType.INT32: np.dtype("<i4"),
+    GGUFValueType.FLOAT32: np.dtype("<f4"),
+    GGUFValueType.UINT64: np.dtype("<u8"),
+    GGUFValueType.INT64: np.dtype("<i8"),
+    GGUFValueType.FLOAT64: np.dtype("<f8"),
 }
 _MIN_KV_BYTES = 8 + 4 + 1  # empty key, value type, one-byte value
 _MIN_TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8  # empty name, n_dims, one dim, type, offset
@@ -129,10 +137,13 @@ class _HeaderReader:
         length = self.u64(f"the length of {what}")
         start = self.take(length, what)
         try:
-            return self.buf[start:start + length].decode("utf-8")
+            return self.buf[start : start + length].decode("utf-8")
         except UnicodeDecodeError:
-            self.fail(f"the metadata key {key!r} holds text that is not valid UTF-8" if key
-                      else f"{what} at byte {start} is not valid UTF-8")
+            self.fail(
+                f"the metadata key {key!r} holds text that is not valid UTF-8"
+                if key
+                else f"{what} at byte {start} is not valid UTF-8"
+            )
 
     def check_count(self, count: int, min_bytes: int, what: str, limit: int = MAX_ARRAY_VALUES) -> None:
         """Reject a count above `limit`, or one whose items could not fit in the rest of the file."""
@@ -154,7 +165,7 @@ class _HeaderReader:
                 pos += 8
                 if length > size - pos:
                     self.fail(problem)
-                values.append(buf[pos:pos + length].decode("utf-8"))
+                values.append(buf[pos : pos + length].decode("utf-8"))
                 pos += length
         except UnicodeDecodeError:
             self.fail(f"the metadata key {key!r} holds text that is not valid UTF-8")
@@ -221,8 +232,12 @@ class _HeaderReader:
         try:
             block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(raw_type)]
         except (ValueError, KeyError):
-            _fail(self.path, f"the tensor {name!r} has ggml type {raw_type}, which Sprig does not know",
-                  "The file may need a newer version of Sprig.", UnsupportedModelError)
+            _fail(
+                self.path,
+                f"the tensor {name!r} has ggml type {raw_type}, which Sprig does not know",
+                "The file may need a newer version of Sprig.",
+                UnsupportedModelError,
+            )
         if dims[0] % block_size:
             self.fail(f"the rows of {name!r} ({dims[0]} values) are not whole blocks of {block_size}")
         offset = self.u64(f"the data offset of {name!r}")
@@ -233,17 +248,24 @@ class _HeaderReader:
     def read(self) -> _Header:
         """Read and check the whole header, or raise ModelFileError."""
         start = self.take(4, "the magic bytes")
-        if self.buf[start:start + 4] != b"GGUF":
+        if self.buf[start : start + 4] != b"GGUF":
             self.fail("it does not start with the GGUF magic bytes")
         version = self.u32("the version")
         if version not in SUPPORTED_VERSIONS:
             swapped = int.from_bytes(version.to_bytes(4, "little"), "big")
             if swapped in SUPPORTED_VERSIONS:
-                _fail(self.path, "it is a big-endian GGUF file",
-                      "Sprig reads little-endian files only; use the little-endian build of the model.",
-                      UnsupportedModelError)
-            _fail(self.path, f"it is GGUF version {version}; Sprig reads versions 2 and 3",
-                  "Convert the model again with a current llama.cpp.", UnsupportedModelError)
+                _fail(
+                    self.path,
+                    "it is a big-endian GGUF file",
+                    "Sprig reads little-endian files only; use the little-endian build of the model.",
+                    UnsupportedModelError,
+                )
+            _fail(
+                self.path,
+                f"it is GGUF version {version}; Sprig reads versions 2 and 3",
+                "Convert the model again with a current llama.cpp.",
+                UnsupportedModelError,
+            )
         n_tensors = self.u64("the tensor count")
         n_kv = self.u64("the metadata count")
         self.check_count(n_kv, _MIN_KV_BYTES, "metadata entries", MAX_METADATA_ENTRIES)
@@ -259,8 +281,9 @@ class _HeaderReader:
             if offset < previous_end:
                 self.fail(f"the data of {name!r} overlaps the data of {previous_name!r}")
             previous_end, previous_name = offset + n_bytes, name
-        tensors = [(name, raw_type, dims, data_start + offset, n_bytes)
-                   for offset, n_bytes, name, raw_type, dims in infos]
+        tensors = [
+            (name, raw_type, dims, data_start + offset, n_bytes) for offset, n_bytes, name, raw_type, dims in infos
+        ]
         return _Header(version, metadata, tensors)
 
 
@@ -301,7 +324,7 @@ class GGUFFile:
                 name=name,
                 ggml_type=ggml_type,
                 shape=tuple(reversed(dims)),
-                data=data[start:start + n_bytes],
+                data=data[start : start + n_bytes],
             )
             for name, ggml_type, dims, start, n_bytes in header.tensors
         }

@@ -13,7 +13,7 @@ from engine.config import ModelConfig
 from engine.errors import BackendFailure, LoadCancelled, ModelFileError
 from engine.gguf_file import GGUFFile, open_gguf
 from engine.kv_cache import KVCache
-from engine.models import build_model
+from engine.models import build_model, read_config
 from engine.models.common import Transformer
 from engine.tokenizer import Tokenizer
 
@@ -49,8 +49,13 @@ class LoadedModel:
 ProgressCallback = Callable[[float, str], None]
 
 
-def load_model(path: str | Path | GGUFFile, backend: str = "auto", progress: ProgressCallback | None = None,
-               cancel: threading.Event | None = None, threads: int | None = None) -> LoadedModel:
+def load_model(
+    path: str | Path | GGUFFile,
+    backend: str = "auto",
+    progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
+    threads: int | None = None,
+) -> LoadedModel:
     """Validate and open a GGUF file, build its tokenizer, template and model on a backend.
 
     `path` may also be a GGUFFile the caller opened already (its header is not read
@@ -62,6 +67,7 @@ def load_model(path: str | Path | GGUFFile, backend: str = "auto", progress: Pro
     Raises ModelFileError (bad or unsupported file) or BackendFailure (backend unusable,
     or not enough memory).
     """
+
     def step(fraction: float, stage: str) -> None:
         if cancel is not None and cancel.is_set():
             raise LoadCancelled(f"Loading {model_file.path.name} was cancelled.")
@@ -74,7 +80,7 @@ def load_model(path: str | Path | GGUFFile, backend: str = "auto", progress: Pro
     chosen = None
     try:
         step(0.1, "Building the tokenizer")
-        config = ModelConfig.from_gguf(model_file)
+        config = read_config(model_file)
         tokenizer = Tokenizer.from_metadata(model_file.metadata, source=model_file.path.name)
         template = ChatTemplate.from_metadata(model_file.metadata, origin=model_file.path.name)
         step(0.2, "Preparing the weights")
@@ -83,8 +89,12 @@ def load_model(path: str | Path | GGUFFile, backend: str = "auto", progress: Pro
         except BackendUnavailable as exc:
             raise BackendFailure(f"Cannot use the {backend} backend: {exc}") from exc
         try:
-            model = build_model(config, model_file, chosen,
-                                on_weight=lambda done, total: step(0.2 + 0.8 * done / total, "Preparing the weights"))
+            model = build_model(
+                config,
+                model_file,
+                chosen,
+                on_weight=lambda done, total: step(0.2 + 0.8 * done / total, "Preparing the weights"),
+            )
         except MemoryError as exc:
             raise BackendFailure(
                 f"Not enough memory to load {model_file.path.name} on the {chosen.name} backend. "
@@ -98,5 +108,6 @@ def load_model(path: str | Path | GGUFFile, backend: str = "auto", progress: Pro
             chosen.close()
         model_file.close()
         raise
-    return LoadedModel(model_file.path, model_file, config, tokenizer, template, chosen, model, notes,
-                       chosen.load_notes)
+    return LoadedModel(
+        model_file.path, model_file, config, tokenizer, template, chosen, model, notes, chosen.load_notes
+    )

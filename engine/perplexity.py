@@ -39,14 +39,17 @@ def perplexity(loaded: LoadedModel, text: str, ctx: int = 256, max_windows: int 
     cache = loaded.new_cache(ctx)
     total_nll, scored = 0.0, 0
     for start in starts:
-        window = list(tokens[start:start + ctx])
-        if loaded.tokenizer.add_bos:
-            window[0] = loaded.tokenizer.bos_id
+        window = list(tokens[start : start + ctx])
+        bos = loaded.tokenizer.bos_id
+        if loaded.tokenizer.add_bos and bos is not None:
+            window[0] = bos
         cache.truncate(0)
-        logits = loaded.model.forward(np.asarray(window, dtype=np.int64), 0, cache.storage, all_logits=True)  # (ctx, vocab)
+        logits = loaded.model.forward(
+            np.asarray(window, dtype=np.int64), 0, cache.storage, all_logits=True
+        )  # (ctx, vocab)
         first = ctx // 2
-        logprobs = log_softmax(logits[first:ctx - 1])  # (ctx - 1 - first, vocab)
-        targets = np.asarray(window[first + 1:], dtype=np.int64)
+        logprobs = log_softmax(logits[first : ctx - 1])  # (ctx - 1 - first, vocab)
+        targets = np.asarray(window[first + 1 :], dtype=np.int64)
         total_nll -= float(logprobs[np.arange(len(targets)), targets].sum())
         scored += len(targets)
     return PerplexityResult(float(np.exp(total_nll / scored)), scored)

@@ -4,6 +4,7 @@ The steps run in llama.cpp's default order: penalties, top-k, top-p, min-p, temp
 then a draw. A temperature of 0 means greedy decoding: the most likely token, always.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +24,13 @@ class SamplingParams:
     penalty_last_n: int = 64
     seed: int | None = None
 
+    @property
+    def penalties_neutral(self) -> bool:
+        """Whether the penalties leave every logit as it is (none set, or a window of 0 tokens)."""
+        return self.penalty_last_n == 0 or (
+            self.repeat_penalty == 1.0 and self.presence_penalty == 0.0 and self.frequency_penalty == 0.0
+        )
+
     @classmethod
     def greedy(cls) -> "SamplingParams":
         """Settings for deterministic greedy decoding."""
@@ -41,11 +49,9 @@ class Sampler:
     def apply_penalties(self, logits: np.ndarray, history: list[int]) -> np.ndarray:
         """Repetition, presence and frequency penalties over the last `penalty_last_n` tokens."""
         p = self.params
-        if not history or p.penalty_last_n == 0 or (
-            p.repeat_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0
-        ):
+        if not history or p.penalties_neutral:
             return logits
-        window = history[-p.penalty_last_n:] if p.penalty_last_n > 0 else history
+        window = history[-p.penalty_last_n :] if p.penalty_last_n > 0 else history
         ids, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
         logits = logits.copy()
         seen = logits[ids]
@@ -55,7 +61,7 @@ class Sampler:
         logits[ids] = seen
         return logits
 
-    def sample(self, logits: np.ndarray, history: list[int] = ()) -> int:
+    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         """Pick the next token id from float32 logits of shape (vocab,)."""
         logits = self.apply_penalties(np.asarray(logits, dtype=np.float32), list(history))
         if self.params.temperature <= 0.0:

@@ -27,6 +27,7 @@ tokens of equal score, ties go by token id here, by position in llama.cpp.
 import re
 import threading
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import tokenizers
@@ -65,22 +66,54 @@ def _pre_types() -> dict[str, tuple[str, bool, bool]]:
     groups = {
         ("default", False, False): ["default"],
         ("gpt2", False, False): [
-            "gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de",
-            "a.x-4.0", "mellum", "modern-bert", "mpt", "olmo", "jais", "exaone4", "trillion",
+            "gpt-2",
+            "phi-2",
+            "jina-es",
+            "jina-de",
+            "gigachat",
+            "jina-v2-es",
+            "jina-v2-de",
+            "a.x-4.0",
+            "mellum",
+            "modern-bert",
+            "mpt",
+            "olmo",
+            "jais",
+            "exaone4",
+            "trillion",
             "granite-docling",
             "gpt2",  # not a llama.cpp name (it writes "gpt-2"); accepted as the obvious alias
         ],
         ("starcoder", False, False): [
-            "starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b",
+            "starcoder",
+            "refact",
+            "command-r",
+            "smollm",
+            "codeshell",
+            "exaone",
+            "minerva-7b",
             "mellum2",
         ],
         ("llama3", True, True): [
-            "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0",
-            "lfm2", "jina-v5-nano",
+            "llama3",
+            "llama-v3",
+            "llama-bpe",
+            "falcon3",
+            "falcon-h1",
+            "pixtral",
+            "midm-2.0",
+            "lfm2",
+            "jina-v5-nano",
         ],
         ("llama3", False, False): ["dbrx", "smaug-bpe"],
         ("qwen2", False, False): [
-            "qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan",
+            "qwen2",
+            "deepseek-r1-qwen",
+            "kormo",
+            "f2llmv2",
+            "megrez",
+            "stablelm2",
+            "hunyuan",
         ],
     }
     return {name: settings for settings, names in groups.items() for name in names}
@@ -93,31 +126,76 @@ _PRE_TYPES = _pre_types()
 # llama.cpp takes the first its hash map yields (for SmolLM2's EOT, <|endoftext|> rather
 # than <|im_end|>). Both end generation either way.
 _EOT_TEXTS = (
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
-    "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "<｜end▁of▁sentence｜>",
+    "<end_of_utterance>",
 )
 _EOM_TEXTS = ("<|eom_id|>",)
 _FIM_PAD_TEXTS = ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]")
 _FIM_REP_TEXTS = ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>")
 _FIM_SEP_TEXTS = ("<|file_sep|>",)
 _FIM_PRE_TEXTS = (
-    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
-    "<|code_prefix|>", "<|prefix|>",
+    "<|fim_prefix|>",
+    "<fim-prefix>",
+    "<fim_prefix>",
+    "<｜fim▁begin｜>",
+    "<PRE>",
+    "▁<PRE>",
+    "<|code_prefix|>",
+    "<|prefix|>",
 )
 _FIM_SUF_TEXTS = (
-    "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
-    "<|code_suffix|>", "<|suffix|>",
+    "<|fim_suffix|>",
+    "<fim-suffix>",
+    "<fim_suffix>",
+    "<｜fim▁hole｜>",
+    "<SUF>",
+    "▁<SUF>",
+    "<|code_suffix|>",
+    "<|suffix|>",
 )
 _FIM_MID_TEXTS = (
-    "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
-    "<|code_middle|>", "<|middle|>",
+    "<|fim_middle|>",
+    "<fim-middle>",
+    "<fim_middle>",
+    "<｜fim▁end｜>",
+    "<MID>",
+    "▁<MID>",
+    "<|code_middle|>",
+    "<|middle|>",
 )
 # Every token with one of these texts ends generation.
 _EOG_TEXTS = (
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
-    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
-    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
-    "<｜end▁of▁sentence｜>", "[e~[",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",
+    "[e~[",
 )
 
 
@@ -190,12 +268,13 @@ class Tokenizer:
         """
         if add_bos is None:
             add_bos = self.add_bos
-        if add_bos and self.bos_id is None:
+        bos = self.bos_id if add_bos else None
+        if add_bos and bos is None:
             raise TokenizerError(f"{self._source}: this vocabulary has no BOS token to add.")
         with self._hf_lock:
             self._hf.encode_special_tokens = not parse_special
             ids = self._hf.encode(text, add_special_tokens=False).ids
-        return [self.bos_id, *ids] if add_bos else ids
+        return ids if bos is None else [bos, *ids]
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
         """The text of `ids`. With `skip_special`, control tokens (BOS, `<end_of_turn>`) give nothing.
@@ -288,8 +367,19 @@ class _Vocabulary:
         # llama.cpp's defaults where the file names no special token; out-of-range ids are dropped
         defaults = {"llama": {"bos": 1, "eos": 2, "unk": 0}, "gpt2": {"bos": 11, "eos": 11}}[model]
         self.ids: dict[str, int | None] = {}
-        for name in ("bos", "eos", "unk", "eot", "eom", "fim_pad", "fim_rep", "fim_sep",
-                     "fim_pre", "fim_suf", "fim_mid"):
+        for name in (
+            "bos",
+            "eos",
+            "unk",
+            "eot",
+            "eom",
+            "fim_pad",
+            "fim_rep",
+            "fim_sep",
+            "fim_pre",
+            "fim_suf",
+            "fim_mid",
+        ):
             value = _optional(metadata, f"tokenizer.ggml.{name}_token_id", int, None, source)
             if value is None or not 0 <= value < n:
                 value = defaults.get(name)
@@ -303,13 +393,20 @@ class _Vocabulary:
         Fills the ids the file does not give, makes the tokens found control tokens, and
         returns the ids that end generation.
         """
+
         def found(texts):
             return [self.token_ids[t] for t in texts if t in self.token_ids]
 
-        for name, texts in (("eot", _EOT_TEXTS), ("eom", _EOM_TEXTS), ("fim_pre", _FIM_PRE_TEXTS),
-                            ("fim_suf", _FIM_SUF_TEXTS), ("fim_mid", _FIM_MID_TEXTS),
-                            ("fim_pad", _FIM_PAD_TEXTS), ("fim_rep", _FIM_REP_TEXTS),
-                            ("fim_sep", _FIM_SEP_TEXTS)):
+        for name, texts in (
+            ("eot", _EOT_TEXTS),
+            ("eom", _EOM_TEXTS),
+            ("fim_pre", _FIM_PRE_TEXTS),
+            ("fim_suf", _FIM_SUF_TEXTS),
+            ("fim_mid", _FIM_MID_TEXTS),
+            ("fim_pad", _FIM_PAD_TEXTS),
+            ("fim_rep", _FIM_REP_TEXTS),
+            ("fim_sep", _FIM_SEP_TEXTS),
+        ):
             if self.ids[name] is None and (hits := found(texts)):
                 self.ids[name] = hits[0]
                 self.types[hits[0]] = TYPE_CONTROL
@@ -338,7 +435,7 @@ def _byte_level_bpe(vocab: _Vocabulary, metadata: dict, source: str) -> tuple[to
     pairs = []
     for merge in merges:
         cut = merge.find(" ", 1)
-        left, right = merge[:cut], merge[cut + 1:]
+        left, right = merge[:cut], merge[cut + 1 :]
         # llama.cpp ignores malformed merges; a merge into a missing token can never emit it
         if cut > 0 and left in token_ids and right in token_ids and left + right in token_ids:
             pairs.append((left, right))
@@ -359,8 +456,12 @@ def _sentencepiece_bpe(vocab: _Vocabulary) -> tokenizers.Tokenizer:
     token_ids = vocab.token_ids
     order = np.argsort(-vocab.scores, kind="stable")  # (n_tokens,) best score first, ties by id
     ordered = [vocab.tokens[i] for i in order.tolist()]
-    pairs = [(left, right) for text in ordered for cut in range(1, len(text))
-             if (left := text[:cut]) in token_ids and (right := text[cut:]) in token_ids]
+    pairs = [
+        (left, right)
+        for text in ordered
+        for cut in range(1, len(text))
+        if (left := text[:cut]) in token_ids and (right := text[cut:]) in token_ids
+    ]
     unk = vocab.tokens[vocab.ids["unk"]] if vocab.ids["unk"] is not None else None
     hf = tokenizers.Tokenizer(models.BPE(token_ids, pairs, unk_token=unk, byte_fallback=True))
     steps = [normalizers.Prepend(SPM_SPACE)] if vocab.add_space_prefix else []
@@ -374,6 +475,7 @@ def _add_special_tokens(hf: tokenizers.Tokenizer, vocab: _Vocabulary) -> None:
     Control and unknown tokens become 'special' added tokens, which `encode_special_tokens`
     turns off (llama.cpp's parse_special=false); user-defined tokens are always matched.
     """
+
     def added(kinds, special):
         wanted = np.flatnonzero(np.isin(vocab.types, kinds))
         return [AddedToken(vocab.tokens[i], special=special, normalized=False) for i in wanted]
@@ -420,8 +522,8 @@ def _number_array(metadata: dict, key: str, dtype, n: int, default, source: str)
     return array[:n].copy()  # (n_tokens,), writable: control tokens found by text are marked in it
 
 
-def _optional(metadata: dict, key: str, kind: type, default, source: str):
-    value = metadata.get(key, default)
+def _optional(metadata: dict, key: str, kind: type[Any], default: Any, source: str) -> Any:
+    value: Any = metadata.get(key, default)
     if value is not None and not (isinstance(value, kind) or (kind is int and isinstance(value, np.integer))):
         raise TokenizerError(f"{source}: {key} should be a {kind.__name__}, not {value!r}; the file is damaged.")
     return int(value) if kind is int and value is not None else value

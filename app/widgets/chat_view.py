@@ -9,7 +9,8 @@ an answer streams the view follows it down, unless the user has scrolled up to r
 from PySide6.QtCore import QRect, Qt, Signal
 from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
 
-from app.widgets.message_widget import STREAMING, MessageWidget
+from app.storage import MessageState
+from app.widgets.message_widget import MessageWidget
 
 COLUMN_WIDTH = 860  # px, cards and margins; longer lines are hard to read
 MARGIN = 16  # px around the column
@@ -101,13 +102,14 @@ class ChatView(QScrollArea):
         self._dark = False
         self._messages: list[MessageWidget] = []
         self._follow = True
-        self.setWidget(self._build_canvas())
+        self._canvas = self._build_canvas()
+        self.setWidget(self._canvas)
         scrollbar = self.verticalScrollBar()
         scrollbar.valueChanged.connect(self._on_scrolled)
         scrollbar.rangeChanged.connect(self._on_range_changed)
         self._apply_stylesheet()
 
-    def _build_canvas(self) -> QWidget:
+    def _build_canvas(self) -> _Canvas:
         """The centred column: placeholder, messages and notices, then a filler."""
         canvas = _Canvas()
         self._list = canvas.column
@@ -149,7 +151,7 @@ class ChatView(QScrollArea):
 
     def set_messages(self, messages: list[dict]) -> None:
         """Show a whole conversation (dicts: position, role, content, model, metrics, state)."""
-        canvas = self.widget()
+        canvas = self._canvas
         canvas.setUpdatesEnabled(False)
         self.clear()
         for message in messages:
@@ -220,7 +222,7 @@ class ChatView(QScrollArea):
         widget.continue_requested.connect(self.continue_requested)
         widget.version_requested.connect(self.version_requested)
         self._list.insertWidget(self._list.count() - 1, widget)
-        widget.resize(self.widget().card_width(), widget.height())  # lay its text out once, at its width
+        widget.resize(self._canvas.card_width(), widget.height())  # lay its text out once, at its width
         self._messages.append(widget)
         return widget
 
@@ -233,7 +235,7 @@ class ChatView(QScrollArea):
 
     def _after_change(self) -> None:
         """Placeholder, and which card offers Regenerate and Edit, after the list changed."""
-        streaming = bool(self._messages) and self._messages[-1].state == STREAMING
+        streaming = bool(self._messages) and self._messages[-1].state == MessageState.STREAMING
         for widget in self._messages:
             widget.set_regenerate_visible(widget is self._messages[-1] and not streaming)
             widget.set_actions_enabled(not streaming)

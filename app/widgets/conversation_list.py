@@ -5,8 +5,17 @@ import time
 from PySide6.QtCore import QEvent, QObject, QPoint, Qt, QTimer, Signal
 from PySide6.QtGui import QFocusEvent, QKeyEvent
 from PySide6.QtWidgets import (
-    QFrame, QHBoxLayout, QLabel, QLineEdit, QListWidget, QListWidgetItem, QMenu,
-    QMessageBox, QPushButton, QVBoxLayout, QWidget,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QMenu,
+    QMessageBox,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
 )
 
 from app.storage import Conversation
@@ -106,8 +115,9 @@ class ConversationList(QFrame):
         layout.addWidget(self.list, 1)
         layout.addLayout(footer)
 
-    def set_conversations(self, conversations: list[Conversation], current: int | None,
-                          snippets: dict[int, str] | None = None) -> None:
+    def set_conversations(
+        self, conversations: list[Conversation], current: int | None, snippets: dict[int, str] | None = None
+    ) -> None:
         """Show `conversations` (newest first) and highlight `current`.
 
         `snippets` (conversation id → text around a search match) replace the age line.
@@ -131,7 +141,12 @@ class ConversationList(QFrame):
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         """F2 on the list renames the current chat in place."""
-        if watched is self.list and event.type() == QEvent.Type.KeyPress and event.key() == Qt.Key.Key_F2:
+        if (
+            watched is self.list
+            and isinstance(event, QKeyEvent)
+            and event.type() == QEvent.Type.KeyPress
+            and event.key() == Qt.Key.Key_F2
+        ):
             self.start_rename(self.list.currentItem())
             return True
         return super().eventFilter(watched, event)

@@ -88,6 +88,7 @@ class ElidedButton(QPushButton):
     def _elide(self) -> None:
         chrome = super().sizeHint().width() - self.fontMetrics().horizontalAdvance(self.text())
         room = max(self.width() - chrome, 0) if self.isVisible() else 10_000
-        shown = self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight,
-                                              room - self.fontMetrics().horizontalAdvance(self._suffix))
+        shown = self.fontMetrics().elidedText(
+            self._full, Qt.TextElideMode.ElideRight, room - self.fontMetrics().horizontalAdvance(self._suffix)
+        )
         self.setText(shown + self._suffix)

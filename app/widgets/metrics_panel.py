@@ -67,7 +67,8 @@ class MetricsPanel(QFrame):
         self._decode_tokens = 0
         self._process = psutil.Process()
 
-        self.header = QToolButton(objectName="MetricsHeader")
+        self.header = QToolButton()
+        self.header.setObjectName("MetricsHeader")
         self.header.setAccessibleName("Fold or unfold the metrics")
         self.header.clicked.connect(lambda: self.set_collapsed(not self.is_collapsed()))
 
@@ -89,7 +90,8 @@ class MetricsPanel(QFrame):
         self.speculation = self._add_row(grid, "Drafts")
         self.speculation.setToolTip("Speculative decoding: the share of drafted tokens the model accepted, "
                                     "and how many it accepted per check")
-        self.context_bar = QProgressBar(objectName="ContextBar", textVisible=False)
+        self.context_bar = QProgressBar(textVisible=False)
+        self.context_bar.setObjectName("ContextBar")
         self.context_bar.setFixedHeight(4)
         self.context_bar.setAccessibleName("Context used")
         grid.addWidget(self.context_bar, grid.rowCount(), 0, 1, 2)

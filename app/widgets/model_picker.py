@@ -1,24 +1,33 @@
 """The model picker: the library as a table, with what each model needs.
 
-Headers are read on a background thread (a large vocabulary takes seconds to read), so
-the table appears at once and fills in row by row. Files that moved or cannot be read
+Headers are read by the controller's `HeaderReader`, on a thread of its own, so the
+table appears at once and fills in row by row. Files that moved or cannot be read
 stay listed with the reason.
 """
 
-import threading
 from pathlib import Path
 
 from PySide6.QtCore import Qt, QUrl, Signal
 from PySide6.QtGui import QBrush, QColor, QDesktopServices
 from PySide6.QtWidgets import (
-    QAbstractItemView, QApplication, QDialog, QFileDialog, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QPushButton,
-    QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
+    QAbstractItemView,
+    QApplication,
+    QDialog,
+    QFileDialog,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
 )
 
-from app.model_library import (
-    LibraryEntry, ModelInfo, available_memory, format_bytes, format_parameters, read_model_info,
-)
-from app.worker import EngineThread, Job, error_message
+from app.header_reader import HeaderReader
+from app.model_library import LibraryEntry, ModelInfo, available_memory, format_bytes, format_parameters
+from app.worker import Job
 from engine.draft_model import draft_refusals
 
 COLUMNS = ("Model", "File", "Architecture", "Parameters", "Quantization", "File size", "Context", "Memory", "Drafts")
@@ -41,51 +50,6 @@ class _Item(QTableWidgetItem):
         return self.text().casefold() < other.text().casefold()
 
 
-class InfoCache:
-    """Model headers already read, keyed by path, size and modification time."""
-
-    def __init__(self) -> None:
-        self._infos: dict[tuple, ModelInfo | str] = {}
-
-    @staticmethod
-    def key(path: Path) -> tuple:
-        """A key that changes when the file does."""
-        stat = path.stat()
-        return str(path), stat.st_size, stat.st_mtime_ns
-
-    def get(self, path: Path) -> ModelInfo | str | None:
-        """The info (or the error message) for `path`, if read before."""
-        try:
-            return self._infos.get(self.key(path))
-        except OSError:
-            return None
-
-    def put(self, path: Path, value: ModelInfo | str) -> None:
-        """Remember what reading `path` gave."""
-        try:
-            self._infos[self.key(path)] = value
-        except OSError:
-            pass
-
-
-def read_entries(entries: list[LibraryEntry], cache: InfoCache, cancel: threading.Event):
-    """Yield (row, ModelInfo or error text) for each entry, reading headers not cached."""
-    for row, entry in enumerate(entries):
-        if cancel.is_set():
-            return
-        if not entry.path.exists():
-            yield row, "File not found: it was moved or deleted. Remove it, or add it again from its new place."
-            continue
-        value = cache.get(entry.path)
-        if value is None:
-            try:
-                value = read_model_info(entry.path, entry.name)
-            except Exception as exc:
-                value = error_message(exc)
-            cache.put(entry.path, value)
-        yield row, value
-
-
 class ModelPicker(QDialog):
     """Choose, add or remove models. Emits `load_requested(path, name)`.
 
@@ -98,9 +62,17 @@ class ModelPicker(QDialog):
     add_requested = Signal(str)
     remove_requested = Signal(str)
 
-    def __init__(self, entries: list[LibraryEntry], cache: InfoCache, n_ctx: int, models_folder: Path,
-                 current: Path | None = None, parent: QWidget | None = None, backend: str = "numpy",
-                 draft_target: dict | None = None):
+    def __init__(
+        self,
+        entries: list[LibraryEntry],
+        headers: HeaderReader,
+        n_ctx: int,
+        models_folder: Path,
+        current: Path | None = None,
+        parent: QWidget | None = None,
+        backend: str = "numpy",
+        draft_target: dict | None = None,
+    ):
         super().__init__(parent)
         self.setWindowTitle("Models")
         room = self.screen().availableGeometry().width() - 40 if self.screen() else PICKER_WIDTH
@@ -123,8 +95,9 @@ class ModelPicker(QDialog):
         header = self.table.horizontalHeader()
         header.setMaximumSectionSize(MAX_COLUMN_WIDTH)  # longer texts are cut short; tooltips have them whole
         for column in range(len(COLUMNS)):  # the file name takes what the others leave
-            header.setSectionResizeMode(column, QHeaderView.ResizeMode.Stretch if column == FILE
-                                        else QHeaderView.ResizeMode.ResizeToContents)
+            header.setSectionResizeMode(
+                column, QHeaderView.ResizeMode.Stretch if column == FILE else QHeaderView.ResizeMode.ResizeToContents
+            )
         self.table.setWordWrap(False)
         self.table.setTextElideMode(Qt.TextElideMode.ElideMiddle)  # a file name's start and end tell most
         self.table.itemDoubleClicked.connect(lambda _item: self._load_selected())
@@ -145,8 +118,10 @@ class ModelPicker(QDialog):
         self.filter.setClearButtonEnabled(True)
         self.filter.textChanged.connect(self._apply_filter)
 
-        self.memory_label = QLabel(f"Memory available now: {format_bytes(available_memory())} · "
-                                   f"context length {n_ctx:,} tokens · {backend} backend")
+        self.memory_label = QLabel(
+            f"Memory available now: {format_bytes(available_memory())} · "
+            f"context length {n_ctx:,} tokens · {backend} backend"
+        )
         self.memory_label.setObjectName("MutedLabel")
         self.load_button = QPushButton("Load")
         self.load_button.setDefault(True)
@@ -174,11 +149,10 @@ class ModelPicker(QDialog):
         self.table.itemSelectionChanged.connect(self._update_buttons)
         self._update_buttons()
 
-        self._reader = EngineThread()
-        self._reader.worker.yielded.connect(self._on_infos)
-        self._job = self._reader.worker.submit(Job(lambda cancel: read_entries(self._entries, cache, cancel),
-                                                   "headers"))
-        self.finished.connect(lambda _result: self._reader.stop(self._job))
+        self._headers = headers
+        headers.rows_read.connect(self._on_infos)
+        self._job = headers.read(self._entries)
+        self.finished.connect(self._stop_reading)
 
     def info(self, row: int) -> ModelInfo | str | None:
         """What was read for `row` so far (None while reading)."""
@@ -191,10 +165,23 @@ class ModelPicker(QDialog):
 
     def _table_row(self, entry: int) -> int:
         """The table row (which sorting moves) showing entry `entry`."""
-        return next(row for row in range(self.table.rowCount()) if self.table.item(row, MODEL).data(ENTRY) == entry)
+        return next(row for row in range(self.table.rowCount()) if self._entry_at(row) == entry)
 
-    def _set(self, row: int, column: int, text: str, tooltip: str | None = None, warn: bool = False,
-             sort_key: float | None = None) -> None:
+    def _entry_at(self, table_row: int) -> int:
+        """The entry shown in table row `table_row` (its MODEL cell holds the index)."""
+        item = self.table.item(table_row, MODEL)
+        assert item is not None  # every row's MODEL cell is set when the table is built
+        return item.data(ENTRY)
+
+    def _set(
+        self,
+        row: int,
+        column: int,
+        text: str,
+        tooltip: str | None = None,
+        warn: bool = False,
+        sort_key: float | None = None,
+    ) -> None:
         """Fill the cell of entry `row` in `column`."""
         item = _Item(text)
         if tooltip:
@@ -209,7 +196,14 @@ class ModelPicker(QDialog):
         self.table.setItem(self._table_row(row), column, item)
         self.table.setSortingEnabled(sorting)
 
+    def _stop_reading(self) -> None:
+        """The picker closed: its rows are no longer wanted."""
+        self._job.cancel.set()
+        self._headers.rows_read.disconnect(self._on_infos)
+
     def _on_infos(self, job: Job, rows: list) -> None:
+        if job is not self._job:  # another picker's rows
+            return
         available = available_memory()
         for row, value in rows:
             self._infos[row] = value
@@ -219,8 +213,13 @@ class ModelPicker(QDialog):
                 continue
             fits, verdict = value.memory_verdict(self._n_ctx, available, self._backend)
             self._set(row, ARCHITECTURE, value.architecture)
-            self._set(row, PARAMETERS, format_parameters(value.parameters), tooltip=f"{value.parameters:,} parameters",
-                      sort_key=value.parameters)
+            self._set(
+                row,
+                PARAMETERS,
+                format_parameters(value.parameters),
+                tooltip=f"{value.parameters:,} parameters",
+                sort_key=value.parameters,
+            )
             self._set(row, QUANTIZATION, value.quantization)
             self._set(row, SIZE, format_bytes(value.file_size), sort_key=value.file_size)
             self._set(row, CONTEXT, f"{value.context_length:,}", sort_key=value.context_length)
@@ -251,25 +250,26 @@ class ModelPicker(QDialog):
     def _selected_row(self) -> int | None:
         """The entry of the selected row, if any."""
         rows = self.table.selectionModel().selectedRows()
-        return self.table.item(rows[0].row(), MODEL).data(ENTRY) if rows else None
+        return self._entry_at(rows[0].row()) if rows else None
 
     def _update_buttons(self) -> None:
         row = self._selected_row()
         usable = row is not None and row not in self._removed
-        self.load_button.setEnabled(usable and isinstance(self._infos.get(row), ModelInfo))
-        self.remove_button.setEnabled(usable and not self._entries[row].bundled)
+        self.load_button.setEnabled(row is not None and usable and isinstance(self._infos.get(row), ModelInfo))
+        self.remove_button.setEnabled(row is not None and usable and not self._entries[row].bundled)
 
     def _load_selected(self) -> None:
         row = self._selected_row()
-        if row is None or row in self._removed or not isinstance(self._infos.get(row), ModelInfo):
+        info = self._infos.get(row) if row is not None else None
+        if row is None or row in self._removed or not isinstance(info, ModelInfo):
             return
-        entry = self._entries[row]
-        self.load_requested.emit(str(entry.path), self._infos[row].name)
+        self.load_requested.emit(str(self._entries[row].path), info.name)
         self.accept()
 
     def _add(self) -> None:
-        path, _filter = QFileDialog.getOpenFileName(self, "Add a model", str(self._models_folder),
-                                                    "GGUF models (*.gguf);;All files (*)")
+        path, _filter = QFileDialog.getOpenFileName(
+            self, "Add a model", str(self._models_folder), "GGUF models (*.gguf);;All files (*)"
+        )
         if path:
             self.add_requested.emit(path)
             self.accept()

@@ -8,7 +8,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from PySide6.QtWidgets import (
-    QAbstractSpinBox,
     QCheckBox,
     QComboBox,
     QDialog,
@@ -44,10 +43,20 @@ _SAMPLING_SPECS: dict[str, tuple[str, str, int | None, float]] = {
     "temperature": ("Temperature", "Randomness. 0 always picks the most likely token; higher is more varied.", 2, 0.05),
     "top_k": ("Top-k", "Consider only the k most likely tokens. 0 switches this off.", None, 1),
     "top_p": ("Top-p", "Consider the fewest tokens whose probabilities add up to p. 1 switches this off.", 2, 0.01),
-    "min_p": ("Min-p", "Drop tokens less likely than this fraction of the likeliest one. 0 switches this off.", 2, 0.01),
+    "min_p": (
+        "Min-p",
+        "Drop tokens less likely than this fraction of the likeliest one. 0 switches this off.",
+        2,
+        0.01,
+    ),
     "repeat_penalty": ("Repetition penalty", "Make recently used tokens less likely. 1 switches this off.", 2, 0.05),
     "max_tokens": ("Max answer length", "The longest answer, in tokens.", None, 64),
-    "seed": ("Seed", "A fixed seed gives the same answer to the same prompt; Random draws a new one each time.", None, 1),
+    "seed": (
+        "Seed",
+        "A fixed seed gives the same answer to the same prompt; Random draws a new one each time.",
+        None,
+        1,
+    ),
 }
 _BACKEND_LABELS = {
     "auto": "Automatic (fastest available)",
@@ -63,9 +72,20 @@ _SPECULATIVE_LABELS = {
 }
 
 
-def _spin_box(name: str, decimals: int | None, step: float) -> QAbstractSpinBox:
-    """A spin box limited to RANGES[name]."""
-    box = QSpinBox() if decimals is None else QDoubleSpinBox(decimals=decimals)
+def _int_box(name: str, step: int) -> QSpinBox:
+    """A whole-number spin box limited to RANGES[name]."""
+    low, high = RANGES[name]
+    box = QSpinBox()
+    box.setRange(int(low), int(high))
+    box.setSingleStep(step)
+    return box
+
+
+def _spin_box(name: str, decimals: int | None, step: float) -> QSpinBox | QDoubleSpinBox:
+    """A spin box limited to RANGES[name]: whole numbers where `decimals` is None."""
+    if decimals is None:
+        return _int_box(name, int(step))
+    box = QDoubleSpinBox(decimals=decimals)
     box.setRange(*RANGES[name])
     box.setSingleStep(step)
     return box
@@ -76,7 +96,7 @@ class SeedEditor(QWidget):
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
-        self.spin = _spin_box("seed", None, 1)
+        self.spin = _int_box("seed", 1)
         self.random = QCheckBox("Random")
         self.random.toggled.connect(lambda on: self.spin.setEnabled(not on))
         layout = QHBoxLayout(self)
@@ -106,7 +126,7 @@ class SamplingForm(QWidget):
     def __init__(self, values: Settings, overridable: bool = False, parent: QWidget | None = None):
         super().__init__(parent)
         self._globals = values
-        self.editors: dict[str, QWidget] = {}
+        self.editors: dict[str, QSpinBox | QDoubleSpinBox | SeedEditor] = {}
         self.checks: dict[str, QCheckBox] = {}
         grid = QGridLayout(self)
         grid.setColumnStretch(2, 1)
@@ -217,12 +237,12 @@ class SettingsDialog(QDialog):
 
         self.system_prompt = QPlainTextEdit(tabChangesFocus=True)
         self.system_prompt.setPlaceholderText("Instructions the model sees before every conversation")
-        self.context_length = _spin_box("context_length", None, 256)
+        self.context_length = _int_box("context_length", 256)
         self.context_length.setSuffix(" tokens")
         self.context_length.setToolTip("How many tokens of the conversation the model can see at once.")
         self.sampling = SamplingForm(settings)
         self.backend = _combo(BACKENDS, _BACKEND_LABELS)
-        self.cpu_threads = _spin_box("cpu_threads", None, 1)
+        self.cpu_threads = _int_box("cpu_threads", 1)
         self.cpu_threads.setSpecialValueText("One per core")
         self.cpu_threads.setToolTip("Threads of the native CPU backend; a change reloads the model.")
         self.speculative = _combo(SPECULATIVE, _SPECULATIVE_LABELS)
@@ -308,8 +328,7 @@ class ConversationSettingsDialog(QDialog):
         self.form = SamplingForm(settings, overridable=True)
         self._set_overrides(overrides)
         hint = QLabel(
-            "Tick a setting to change it for this conversation only. "
-            "Unticked settings follow the global settings.",
+            "Tick a setting to change it for this conversation only. Unticked settings follow the global settings.",
             objectName="SettingsHint",
             wordWrap=True,
         )
@@ -322,10 +341,11 @@ class ConversationSettingsDialog(QDialog):
         self.resize(420, 0)
 
     def _set_overrides(self, overrides: Mapping[str, object]) -> None:
-        own = isinstance(overrides.get("system_prompt"), str)
+        prompt = overrides.get("system_prompt")
+        own = isinstance(prompt, str)
         self.own_prompt.setChecked(own)
         self.system_prompt.setEnabled(own)
-        self.system_prompt.setPlainText(overrides["system_prompt"] if own else self._global_prompt)
+        self.system_prompt.setPlainText(prompt if isinstance(prompt, str) else self._global_prompt)
         self.form.set_overrides(overrides)
 
     def overrides(self) -> dict[str, object]:

@@ -39,7 +39,7 @@ class Sparkline(QWidget):
         self._points.append(sum(self._bucket) / len(self._bucket))
         self._bucket.clear()
         if len(self._points) == self.CAPACITY:
-            pairs = zip(self._points[0::2], self._points[1::2])
+            pairs = zip(self._points[0::2], self._points[1::2], strict=True)  # CAPACITY is even
             self._points = [(a + b) / 2 for a, b in pairs]
             self._bucket_size *= 2
         self.update()

@@ -1,9 +1,15 @@
-"""Model architectures, one file each, and the function that builds the right one."""
+"""Model architectures, one file each, and the one registry of them.
+
+Each architecture file holds its `Family` (what it adds to the shared layout) as the
+`family` of its `Model` class. Adding an architecture is adding its file and a line to
+`ARCHITECTURES` (see docs/architecture.md).
+"""
 
 from collections.abc import Callable
 
 from backends.base import Backend
 from engine.config import ModelConfig
+from engine.errors import UnsupportedModelError
 from engine.gguf_file import GGUFFile
 from engine.models import gemma2, gemma3, llama, qwen2, qwen3
 from engine.models.common import Transformer
@@ -15,10 +21,30 @@ ARCHITECTURES: dict[str, type[Transformer]] = {
     "gemma2": gemma2.Model,
     "gemma3": gemma3.Model,
 }
+SUPPORTED_ARCHITECTURES = tuple(sorted(ARCHITECTURES))
 
 
-def build_model(config: ModelConfig, model_file: GGUFFile, backend: Backend,
-                on_weight: Callable[[int, int], None] | None = None) -> Transformer:
+def read_config(f: GGUFFile) -> ModelConfig:
+    """The config of `f`, read with its architecture's family settings.
+
+    Raises UnsupportedModelError for an architecture Sprig cannot run, and
+    ModelFileError for a missing or inconsistent key or tensor.
+    """
+    model_class = ARCHITECTURES.get(f.architecture)
+    if model_class is None:
+        raise UnsupportedModelError(
+            f"Cannot run {f.path}: its architecture is {f.architecture!r}, which Sprig does not support. "
+            f"Supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)}."
+        )
+    return ModelConfig.from_gguf(f, model_class.family)
+
+
+def build_model(
+    config: ModelConfig,
+    model_file: GGUFFile,
+    backend: Backend,
+    on_weight: Callable[[int, int], None] | None = None,
+) -> Transformer:
     """Instantiate the architecture named by `config` with the file's weights on `backend`.
 
     `on_weight(done, total)` is called after each weight is prepared.

@@ -1,19 +1,19 @@
 """The decoder-only transformer that every architecture file specialises.
 
 Written once against the backend contract (`backends/base.py`), so the same forward pass
-runs on NumPy, MLX and CUDA. An architecture file says only how it differs: which
-optional tensors it has (biases, q/k norms, post-norms), its activation, and how each
-layer attends (sliding windows, RoPE bases).
+runs on NumPy, MLX and CUDA. An architecture file says only how it differs: its
+`Family` (which optional tensors it has, its activation, how its layers attend), and where
+that is not enough, an override of `layer_rope` or `layer_attention`.
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from backends.base import Backend, LayerAttention, WeightSpec
-from engine.config import ModelConfig
+from engine.config import LAYER_TENSORS, Family, ModelConfig
 from engine.gguf_file import GGUFFile
 
 
@@ -49,26 +49,24 @@ class LayerWeights:
     gate_up: Any = None  # w_gate, w_up joined the same way
 
 
-_LAYER_TENSORS = {
-    "attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "attn_k.weight",
-    "wv": "attn_v.weight", "wo": "attn_output.weight", "ffn_norm": "ffn_norm.weight",
-    "w_gate": "ffn_gate.weight", "w_up": "ffn_up.weight", "w_down": "ffn_down.weight",
-    "bq": "attn_q.bias", "bk": "attn_k.bias", "bv": "attn_v.bias",
-    "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight",
-    "post_attn_norm": "post_attention_norm.weight", "post_ffw_norm": "post_ffw_norm.weight",
-}
-
-
 class Transformer:
     """A decoder-only transformer: embedding, N blocks, final norm, output projection.
 
     The features that tell families apart (activation, embedding scale, sliding windows,
-    RoPE bases, soft-capping) come from the config; subclasses (one per architecture
-    file) override `layer_rope` or `layer_attention` where that is not enough.
+    RoPE bases, soft-capping) come from the config, which `family` shaped; subclasses
+    (one per architecture file) set `family`, and override `layer_rope` or
+    `layer_attention` where that is not enough. Both are asked once per layer, at load.
     """
 
-    def __init__(self, config: ModelConfig, model_file: GGUFFile, backend: Backend,
-                 on_weight: Callable[[int, int], None] | None = None):
+    family: ClassVar[Family]
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        model_file: GGUFFile,
+        backend: Backend,
+        on_weight: Callable[[int, int], None] | None = None,
+    ):
         """Prepare every weight on `backend`; `on_weight(done, total)` follows the progress.
 
         `on_weight` may raise (for example to cancel loading); the exception propagates.
@@ -82,6 +80,8 @@ class Transformer:
         self.output_norm = self._weight("output_norm.weight")
         self.output = self._weight("output.weight") if "output.weight" in model_file.tensors else self.token_embd
         self.layers = [self._layer(i) for i in range(config.n_layers)]
+        self.ropes = [self.layer_rope(i) for i in range(config.n_layers)]
+        self.attentions = [self.layer_attention(i) for i in range(config.n_layers)]
 
     # -- loading -----------------------------------------------------------------
 
@@ -95,8 +95,8 @@ class Transformer:
 
     def _layer(self, i: int) -> LayerWeights:
         present = {
-            field: self._weight(f"blk.{i}.{suffix}")
-            for field, suffix in _LAYER_TENSORS.items()
+            tensor.field: self._weight(f"blk.{i}.{suffix}")
+            for suffix, tensor in LAYER_TENSORS.items()
             if f"blk.{i}.{suffix}" in self._file.tensors
         }
         layer = LayerWeights(**present)
@@ -104,7 +104,7 @@ class Transformer:
         layer.gate_up = self.backend.fuse_linear([layer.w_gate, layer.w_up])
         return layer
 
-    # -- what architectures override -----------------------------------------------
+    # -- what architectures override (called once per layer, at load) ----------------
 
     def layer_attention(self, i: int) -> LayerAttention:
         """Attention settings of layer i: scale, sliding window, soft-capping."""
@@ -145,8 +145,9 @@ class Transformer:
         """
         compile_decode = getattr(self.backend, "compile_decode", None)
         if compile_decode is not None:
-            return compile_decode(lambda ids, positions, start: self.logits(ids, positions, start, kv_storage),
-                                  kv_storage)
+            return compile_decode(
+                lambda ids, positions, start: self.logits(ids, positions, start, kv_storage), kv_storage
+            )
         return lambda token, start: self.logits(np.asarray([token]), np.arange(start, start + 1), start, kv_storage)
 
     def logits(self, token_ids: Any, positions: Any, start: Any, kv_storage: Any, all_logits: bool = False) -> Any:
@@ -187,10 +188,10 @@ class Transformer:
         if layer.q_norm is not None:
             q = be.rms_norm(q, layer.q_norm, cfg.rms_eps)
             k = be.rms_norm(k, layer.k_norm, cfg.rms_eps)
-        rope = self.layer_rope(i)
+        rope = self.ropes[i]
         q = be.rope(q, positions, rope.base, cfg.rope_dim, cfg.rope_neox, rope.freq_factors)
         k = be.rope(k, positions, rope.base, cfg.rope_dim, cfg.rope_neox, rope.freq_factors)
-        out = be.attention(q, k, v, kv_storage, i, start, self.layer_attention(i))  # (T, H * Dv)
+        out = be.attention(q, k, v, kv_storage, i, start, self.attentions[i])  # (T, H * Dv)
         return be.linear(out, layer.wo)
 
     def _mlp(self, layer: LayerWeights, h: Any) -> Any:

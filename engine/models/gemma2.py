@@ -1,13 +1,25 @@
 """Gemma 2.
 
-Gemma 3's older sibling, expressed through config features as well: scaled embeddings,
-GELU and the extra post-norms, but no q/k norms, local and global layers alternating
-(even layers are local), one RoPE base for all layers, and soft-capping of attention
-scores (50) and of the final logits (30).
+Gemma 3's older sibling: embeddings scaled by sqrt(d_model), GELU (tanh approximation),
+norms after attention and after the MLP too, but no q/k norms; local (sliding-window) and
+global layers alternate, even layers local, with one RoPE base for all; attention scores
+soft-capped at 50 and the final logits at 30 (Gemma 2's published defaults, used where
+the file has no value). Gemma 2 27B (46 layers) scales its queries by d_model / n_heads.
 """
 
+from engine.config import POST_NORMS, Family
 from engine.models.common import Transformer
 
 
 class Model(Transformer):
     """A Gemma 2 model."""
+
+    family = Family(
+        layer_tensors=POST_NORMS,
+        activation="gelu_tanh",
+        scale_embeddings=True,
+        sliding_window_pattern=2,
+        attn_logit_softcap=50.0,
+        final_logit_softcap=30.0,
+        d_model_query_scale_layers=46,
+    )

@@ -1,4 +1,7 @@
-"""Fixtures for the window tests: a real MainWindow on the real bundled model, offscreen."""
+"""Fixtures for the window tests: a real MainWindow, offscreen, on the real bundled model.
+
+A test of the window's wiring that needs only *a* model is marked `any_model`: its
+`window` then has a tiny synthetic model, which answers in milliseconds."""
 
 from dataclasses import replace
 from pathlib import Path
@@ -9,6 +12,7 @@ from app.main_window import MainWindow
 from app.settings import Settings
 from app.storage import Store
 from engine.bundled import bundled_model
+from tests.gguf_factory import write_tiny_model
 
 LOAD_TIMEOUT_MS = 120_000
 ANSWER_TIMEOUT_MS = 180_000
@@ -50,9 +54,18 @@ def answer(qtbot, window: MainWindow, send) -> tuple[dict, str]:
 
 
 @pytest.fixture
-def window(qtbot, tmp_path):
-    """A window with SmolLM2 loaded, greedy and short answers."""
+def window(qtbot, tmp_path, request):
+    """A window with SmolLM2 loaded, greedy and short answers.
+
+    Marked `any_model`: a tiny random-weight Qwen3 (4096-token context) instead. Its
+    answers are byte soup, but real answers all the same: streamed, measured, stored.
+    """
+    if request.node.get_closest_marker("any_model"):
+        model = write_tiny_model(tmp_path / "tiny-qwen3.gguf", arch="qwen3", **{"qwen3.context_length": 4096})
+    else:
+        model = bundled_model("smollm2").path
     win = make_window(qtbot, tmp_path / "data", quick_settings(tmp_path))
-    load(qtbot, win, bundled_model("smollm2").path)
+    load(qtbot, win, model)
     yield win
     close_window(win)
+

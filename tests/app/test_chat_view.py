@@ -8,7 +8,7 @@ from PySide6.QtGui import QDesktopServices, QMouseEvent
 from PySide6.QtWidgets import QApplication, QLabel
 
 from app.widgets.chat_view import ChatView
-from app.widgets.message_widget import RichLabel, metrics_summary, metrics_tooltip
+from app.widgets.markdown_view import RichLabel
 
 METRICS = {
     "prefill_tokens": 380, "prefill_tok_s": 380.4, "time_to_first_token_s": 0.42,
@@ -229,16 +229,6 @@ def test_finished_answer_shows_its_figures_with_details_in_the_tooltip(view):
     assert card.details_label.text() == "128 tokens · 31.2 tok/s · TTFT 0.42 s · prefill 380 tok/s · SmolLM2-135M"
     tooltip = card.details_label.toolTip()
     assert "Last token latency: 32.1 ms" in tooltip and "Context: 508 of 2,048 tokens" in tooltip
-
-
-def test_metrics_with_missing_figures_leave_them_out():
-    partial = {"decode_tokens": 3, "decode_tok_s": None, "time_to_first_token_s": 1.5, "prefill_tok_s": None}
-    assert metrics_summary(partial, "m") == "3 tokens · TTFT 1.50 s · m"
-    assert metrics_summary({"error": "boom"}, "m") == ""
-    drafted = {"decode_tokens": 3, "acceptance_rate": 0.5, "mean_accepted_length": 1.25}
-    assert metrics_summary(drafted) == "3 tokens · drafts 50% accepted"
-    assert metrics_tooltip(drafted) == "Tokens generated: 3\nDrafts accepted: 50%\nAccepted per check: 1.25 tokens"
-    assert metrics_tooltip({"context_used": 5, "context_size": None}) == ""
 
 
 @pytest.mark.parametrize("state, note", [

@@ -3,6 +3,7 @@
 import json
 from dataclasses import replace
 
+import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import (
@@ -126,6 +127,7 @@ def stored(window):
     return window.store.messages(window.controller.conversation.id)
 
 
+@pytest.mark.any_model
 def test_regenerated_answers_are_versions_stored_exported_and_kept_over_a_restart(qtbot, tmp_path, window):
     answer(qtbot, window, lambda: window.controller.send("Name a colour."))
     first = stored(window)[-1].content
@@ -183,7 +185,7 @@ def test_continue_after_stop(qtbot, window):
     stopped = stored(window)[-1]
     assert stopped.state == "cancelled" and window.chat_view._messages[-1].continue_button.isVisible()
     window.apply_settings(replace(window.controller.settings, max_tokens=8))
-    _metrics, state = answer(qtbot, window, lambda: window.actions["continue"].trigger())
+    _metrics, state = answer(qtbot, window, lambda: window.menu_actions["continue"].trigger())
     assert state == "complete" and stored(window)[-1].content.startswith(stopped.content)
     assert len(stored(window)) == 2
 
@@ -208,20 +210,20 @@ def test_the_menu_bar_has_quit_about_and_a_shortcuts_sheet(qtbot, window):
     from app.menu_bar import shortcuts_text, show_shortcuts
     menus = [action.text().replace("&", "") for action in window.menuBar().actions()]
     assert menus == ["File", "Model", "Chat", "View", "Help"]
-    assert window.actions["quit"].shortcut().toString() == "Ctrl+Q"
-    assert window.actions["shortcuts"].shortcut().toString() == "F1"
-    sheet = shortcuts_text(window.actions)
+    assert window.menu_actions["quit"].shortcut().toString() == "Ctrl+Q"
+    assert window.menu_actions["shortcuts"].shortcut().toString() == "F1"
+    sheet = shortcuts_text(window.menu_actions)
     for name in ("quit", "new", "choose_model", "continue", "stop", "settings"):
-        assert window.actions[name].shortcut().toString(QKeySequence.SequenceFormat.NativeText) in sheet
-    box = show_shortcuts(window, window.actions)
+        assert window.menu_actions[name].shortcut().toString(QKeySequence.SequenceFormat.NativeText) in sheet
+    box = show_shortcuts(window, window.menu_actions)
     assert box.isVisible() and "Quit" in box.text()
     box.close()
     # The View menu and the bar's Metrics button fold the panel together.
-    window.actions["metrics"].trigger()
+    window.menu_actions["metrics"].trigger()
     assert window.metrics.isHidden() and not window.model_bar.metrics_button.isChecked()
     window.model_bar.metrics_button.click()
-    assert not window.metrics.isHidden() and window.actions["metrics"].isChecked()
-    window.actions["quit"].trigger()
+    assert not window.metrics.isHidden() and window.menu_actions["metrics"].isChecked()
+    window.menu_actions["quit"].trigger()
     assert not window.isVisible()
 
 
@@ -257,6 +259,7 @@ def test_search_results_show_the_matching_snippet(qtbot, window):
     assert word.casefold() in second_line.casefold() and "ago" not in second_line
 
 
+@pytest.mark.any_model
 def test_a_restart_reopens_the_last_conversation_highlighted(qtbot, tmp_path, window):
     answer(qtbot, window, lambda: window.controller.send("First chat"))
     first = window.controller.conversation.id
@@ -293,6 +296,7 @@ def test_the_highlight_stays_on_the_open_chat_when_switching_is_refused(qtbot, w
         window.controller.cancel()
 
 
+@pytest.mark.any_model
 def test_a_conversation_can_have_its_own_system_prompt(qtbot, window):
     from app.widgets.settings_dialog import ConversationSettingsDialog
     dialog = ConversationSettingsDialog(window.controller.settings, {"system_prompt": "Answer in French."}, window)
@@ -329,16 +333,16 @@ def test_text_size_changes_with_ctrl_plus_and_minus_and_is_kept(qtbot, window):
     from app.settings import load_settings
     base = QApplication.font().pointSizeF()
     try:
-        window.actions["larger"].trigger()
+        window.menu_actions["larger"].trigger()
         assert QApplication.font().pointSizeF() > base
         assert load_settings(window.settings_path)[0].text_scale == 110
-        window.actions["smaller"].trigger()
-        window.actions["smaller"].trigger()
+        window.menu_actions["smaller"].trigger()
+        window.menu_actions["smaller"].trigger()
         assert QApplication.font().pointSizeF() < base
-        assert {k.toString() for k in window.actions["larger"].shortcuts()} >= {"Ctrl++"}
-        assert window.actions["smaller"].shortcut().toString() == "Ctrl+-"
+        assert {k.toString() for k in window.menu_actions["larger"].shortcuts()} >= {"Ctrl++"}
+        assert window.menu_actions["smaller"].shortcut().toString() == "Ctrl+-"
     finally:
-        window.actions["text_reset"].trigger()
+        window.menu_actions["text_reset"].trigger()
     assert QApplication.font().pointSizeF() == base
 
 
@@ -418,6 +422,7 @@ def test_the_model_picker_tells_files_apart_sorts_and_filters(qtbot, window, tmp
     assert small.exists()
 
 
+@pytest.mark.any_model
 def test_an_edit_keeps_the_earlier_question_with_its_answers(qtbot, window):
     answer(qtbot, window, lambda: window.controller.send("What is the capital of France?"))
     answer(qtbot, window, lambda: window.controller.send("And of Germany?"))

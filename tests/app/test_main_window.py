@@ -171,6 +171,7 @@ def test_conversations_survive_a_restart(qtbot, tmp_path):
         close_window(second)
 
 
+@pytest.mark.any_model
 def test_search_finds_conversations_by_title_and_content(qtbot, window):
     answer(qtbot, window, lambda: window.controller.send("What is the capital of France?"))
     other = window.store.create_conversation("Shopping list")
@@ -181,6 +182,7 @@ def test_search_finds_conversations_by_title_and_content(qtbot, window):
         qtbot.waitUntil(lambda expected=expected: window.sidebar.ids() == expected, timeout=5000)
 
 
+@pytest.mark.any_model
 def test_settings_apply_and_persist(qtbot, window):
     window.apply_settings(replace(window.controller.settings, max_tokens=5, theme="dark"))
     metrics, state = answer(qtbot, window, lambda: window.controller.send("Tell me about the sea."))
@@ -205,6 +207,7 @@ def test_a_context_change_made_while_answering_applies_when_the_answer_ends(qtbo
     assert state == "complete" and metrics["context_size"] == 512
 
 
+@pytest.mark.any_model
 def test_per_conversation_overrides_win_over_the_settings(qtbot, window):
     answer(qtbot, window, lambda: window.controller.send("Hello"))
     window.controller.set_overrides({"max_tokens": 3})
@@ -213,6 +216,7 @@ def test_per_conversation_overrides_win_over_the_settings(qtbot, window):
     assert window.store.conversation(window.controller.conversation.id).overrides == {"max_tokens": 3}
 
 
+@pytest.mark.any_model
 def test_context_overflow_shows_the_engines_notice(qtbot, window):
     window.apply_settings(replace(window.controller.settings, context_length=256, max_tokens=16))
     qtbot.waitUntil(lambda: not window.controller.busy, timeout=LOAD_TIMEOUT_MS)
@@ -225,6 +229,7 @@ def test_context_overflow_shows_the_engines_notice(qtbot, window):
     assert len(stored(window)) == 12  # nothing is deleted from the conversation itself
 
 
+@pytest.mark.any_model
 def test_a_message_longer_than_the_context_is_an_error_not_a_crash(qtbot, window):
     window.apply_settings(replace(window.controller.settings, context_length=256))
     qtbot.waitUntil(lambda: not window.controller.busy, timeout=LOAD_TIMEOUT_MS)
@@ -326,6 +331,7 @@ def test_the_event_loop_never_stalls_while_generating(qtbot, window):
     assert max(gaps) < 0.100
 
 
+@pytest.mark.any_model
 def test_rename_and_delete_conversations(qtbot, window):
     answer(qtbot, window, lambda: window.controller.send("Hello there"))
     conversation_id = window.controller.conversation.id

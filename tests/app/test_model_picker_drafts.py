@@ -1,7 +1,8 @@
 """The model picker's Drafts column: which models can draft for the loaded one, and why not."""
 
+from app.header_reader import HeaderReader
 from app.model_library import LibraryEntry, vocabulary_metadata
-from app.widgets.model_picker import DRAFTS, InfoCache, ModelPicker
+from app.widgets.model_picker import DRAFTS, ModelPicker
 from engine.bundled import bundled_model
 from engine.gguf_file import open_gguf
 from tests.gguf_factory import tiny_vocab, write_tiny_model
@@ -16,7 +17,8 @@ def test_drafts_column_says_which_models_can_draft_and_why_not(qtbot, tmp_path):
              bundled_model("smollm2").path]
     entries = [LibraryEntry(path, path.stem) for path in paths]
     target = vocabulary_metadata(open_gguf(loaded).metadata)
-    picker = ModelPicker(entries, InfoCache(), 512, tmp_path, current=loaded, draft_target=target)
+    headers = HeaderReader()
+    picker = ModelPicker(entries, headers, 512, tmp_path, current=loaded, draft_target=target)
     qtbot.addWidget(picker)
     try:
         picker.wait_for_headers()
@@ -30,11 +32,13 @@ def test_drafts_column_says_which_models_can_draft_and_why_not(qtbot, tmp_path):
         assert smollm2.text() == "no" and "the vocabularies differ in size" in smollm2.toolTip()
     finally:
         picker.close()
+        headers.stop()
 
 
 def test_without_a_loaded_model_the_drafts_column_explains_itself(qtbot, tmp_path):
     path = write_tiny_model(tmp_path / "any.gguf")
-    picker = ModelPicker([LibraryEntry(path, "any")], InfoCache(), 512, tmp_path)
+    headers = HeaderReader()
+    picker = ModelPicker([LibraryEntry(path, "any")], headers, 512, tmp_path)
     qtbot.addWidget(picker)
     try:
         picker.wait_for_headers()
@@ -42,3 +46,4 @@ def test_without_a_loaded_model_the_drafts_column_explains_itself(qtbot, tmp_pat
         assert cell.text() == "—" and "Load a model" in cell.toolTip()
     finally:
         picker.close()
+        headers.stop()

@@ -1,6 +1,7 @@
 """ModelConfig: the bundled models against their published configs, and synthetic files."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -8,13 +9,14 @@ from gguf import GGMLQuantizationType
 
 from engine.bundled import bundled_model
 from engine.config import ModelConfig
+from engine.models import read_config
 from engine.errors import ModelFileError, UnsupportedModelError
 from engine.gguf_file import open_gguf
 from tests.gguf_factory import write_mamba_model, write_tiny_model
 
 
 def config_of(path) -> ModelConfig:
-    return ModelConfig.from_gguf(open_gguf(path))
+    return read_config(open_gguf(path))
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +41,6 @@ def test_smollm2_matches_its_published_config(smollm2):
     assert c.rope_base == 100000.0
     assert c.rms_eps == pytest.approx(1e-5)
     assert c.tie_embeddings
-    assert not (c.qk_norm or c.qkv_bias or c.post_norms)
     assert c.rope_neox is False  # llama.cpp's converter permuted q/k for pairwise RoPE
     assert (c.activation, c.embedding_scale) == ("silu", 1.0)
     assert c.attn_scale == pytest.approx(1 / 8)
@@ -61,19 +62,18 @@ def test_gemma3_matches_its_published_config(gemma3):
     assert c.layer_rope_base(5) == 1e6 and c.layer_rope_base(0) == 10000.0
     assert c.rms_eps == pytest.approx(1e-6)
     assert c.attn_scale == pytest.approx(1 / 16)
-    assert c.tie_embeddings and c.qk_norm and c.post_norms and c.rope_neox
+    assert c.tie_embeddings and c.rope_neox
     assert c.activation == "gelu_tanh"
     assert c.embedding_scale == pytest.approx(math.sqrt(640))
     assert c.attn_logit_softcap is None and c.final_logit_softcap is None
 
 
-def test_qwen3_has_qk_norm_and_detects_tied_embeddings(tmp_path):
+def test_qwen3_detects_tied_embeddings(tmp_path):
     tied = config_of(write_tiny_model(tmp_path / "tied.gguf", arch="qwen3", tie_embeddings=True))
     untied = config_of(write_tiny_model(tmp_path / "untied.gguf", arch="qwen3"))
-    assert tied.qk_norm and untied.qk_norm
     assert tied.tie_embeddings is True
     assert untied.tie_embeddings is False
-    assert tied.rope_neox and not tied.qkv_bias and not tied.post_norms
+    assert tied.rope_neox
 
 
 def test_qwen3_head_dim_comes_from_key_length(tmp_path):
@@ -102,10 +102,10 @@ def test_bonsai_style_q1_0_qwen3_opens(tmp_path):
         tensor_type=GGMLQuantizationType.Q1_0, quantize=q1_0_zeros,
     )
     f = open_gguf(path)
-    c = ModelConfig.from_gguf(f)
+    c = read_config(f)
     q = f.tensors["blk.0.attn_q.weight"]
     assert (q.type_name, q.shape, q.n_bytes) == ("Q1_0", (128, 128), 128 * 18)
-    assert c.qk_norm and c.vocab_size == 288
+    assert c.architecture == "qwen3" and c.vocab_size == 288
 
 
 def test_vocab_size_comes_from_the_embedding(tmp_path):
@@ -113,16 +113,35 @@ def test_vocab_size_comes_from_the_embedding(tmp_path):
     assert config_of(path).vocab_size == 300
 
 
-def test_qwen2_has_qkv_biases(tmp_path):
+def test_qwen2_rotates_halves(tmp_path):
     c = config_of(write_tiny_model(tmp_path / "q2.gguf", arch="qwen2"))
-    assert c.qkv_bias and not c.qk_norm and c.rope_neox
+    assert c.rope_neox and (c.activation, c.embedding_scale) == ("silu", 1.0)
+
+
+# What each family needs beyond the shared layout, from llama.cpp's tensor lists
+# (llama-arch.cpp): a file of that architecture without one of them cannot be used.
+@pytest.mark.parametrize(
+    ("arch", "needed"),
+    [
+        ("qwen2", "attn_v.bias"),
+        ("qwen3", "attn_q_norm.weight"),
+        ("gemma2", "post_attention_norm.weight"),
+        ("gemma2", "post_ffw_norm.weight"),
+        ("gemma3", "post_ffw_norm.weight"),
+        ("gemma3", "attn_k_norm.weight"),
+    ],
+)
+def test_each_family_needs_its_own_tensors(tmp_path, arch, needed):
+    path = write_tiny_model(tmp_path / "m.gguf", arch=arch, n_layers=2, omit_tensors=(f"blk.1.{needed}",))
+    with pytest.raises(ModelFileError, match=re.escape(f"blk.1.{needed}")):
+        config_of(path)
 
 
 def test_gemma2_alternates_layers_and_soft_caps(tmp_path):
     c = config_of(write_tiny_model(tmp_path / "g2.gguf", arch="gemma2", n_layers=4))
     assert [c.is_sliding(i) for i in range(4)] == [True, False, True, False]
     assert (c.attn_logit_softcap, c.final_logit_softcap) == (50.0, 30.0)
-    assert c.embedding_scale == 8.0 and c.post_norms and not c.qk_norm
+    assert c.embedding_scale == 8.0
     capped = config_of(write_tiny_model(
         tmp_path / "g2b.gguf", arch="gemma2",
         **{"gemma2.attn_logit_softcapping": 20.0, "gemma2.final_logit_softcapping": 15.0},

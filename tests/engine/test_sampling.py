@@ -142,3 +142,21 @@ def test_top_p_on_a_large_vocabulary_keeps_the_whole_nucleus():
     counts = draw(SamplingParams(temperature=1.0, seed=7, top_k=0, top_p=0.5, min_p=0.0), logits, n=600)
     assert set(counts) <= set(plateau[:nucleus].tolist())
     assert max(counts) > plateau[64]  # tokens beyond the first 64 candidates were drawn
+
+
+@pytest.mark.parametrize(
+    ("changes", "neutral"),
+    [
+        ({}, True),
+        ({"repeat_penalty": 1.1}, False),
+        ({"presence_penalty": 0.5}, False),
+        ({"frequency_penalty": -0.5}, False),
+        ({"repeat_penalty": 1.3, "presence_penalty": 1.0, "penalty_last_n": 0}, True),  # an empty window
+    ],
+)
+def test_penalties_are_neutral_only_when_they_change_nothing(changes, neutral):
+    params = SamplingParams(**changes)
+    assert params.penalties_neutral is neutral
+    logits = np.array([2.0, -1.0, 0.5], np.float32)
+    penalised = Sampler(params).apply_penalties(logits, [0, 1, 1])
+    assert np.array_equal(penalised, logits) is neutral

@@ -1,0 +1,317 @@
+"""From an OpenAI request to a generation on the scheduler, and from its events to answers.
+
+`plan_chat` and `plan_completion` check a request against the model (template, context,
+schemas) and return a `Plan`; nothing runs on the model before the request is known to
+be good. A `Generation` queues the plan on the scheduler and yields its events on the
+event loop; leaving early (the client went away) cancels it.
+"""
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from engine.chat_session import answer_stops, chat_prompt_tokens
+from engine.errors import SprigError
+from engine.generation import (
+    FINISH_CANCELLED,
+    FINISH_CONTEXT_FULL,
+    FINISH_LENGTH,
+    GenerationEvent,
+    generate,
+)
+from engine.loader import LoadedModel
+from engine.sampling import Sampler, SamplingParams
+from engine.server.constrained import (
+    GrammarError,
+    GuidedSampler,
+    check_grammar,
+    json_schema_grammar,
+    tool_call_grammar,
+)
+from engine.server.errors import APIError
+from engine.server.scheduler import (
+    END,
+    SERVER,
+    QueueFull,
+    Scheduler,
+    SchedulerClosed,
+    Ticket,
+)
+from engine.server.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerationRequest,
+    NamedToolChoice,
+)
+from engine.server.tool_calls import call_schema, call_style
+
+RETRY_AFTER_SECONDS = "2"
+
+
+class ServedModel:
+    """The model the server serves: the scheduler that owns it and the KV cache of server requests.
+
+    Server requests share one cache, so a request that continues the previous one (a chat
+    client resending the history) prefills only its new tokens.
+    """
+
+    def __init__(self, loaded: LoadedModel, scheduler: Scheduler, name: str, n_ctx: int | None = None):
+        self.loaded = loaded
+        self.scheduler = scheduler
+        self.name = name
+        self.cache = loaded.new_cache(n_ctx)
+        self.chat_stops = answer_stops(loaded)
+        self.stop_ids = tuple(sorted(set(loaded.tokenizer.stop_ids) | set(self.chat_stops["stop_ids"])))
+        self.call_style = call_style(loaded.tokenizer)
+        self.created = int(time.time())
+
+    @property
+    def n_ctx(self) -> int:
+        """Context length of server requests."""
+        return self.cache.n_ctx
+
+
+@dataclass
+class Plan:
+    """A checked request, ready to run."""
+
+    prompt: list[int]
+    params: SamplingParams
+    max_tokens: int
+    stop_strings: list[str]
+    stop_ids: set[int] = field(default_factory=set)
+    grammar: str | None = None
+    parse_tools: bool = False
+
+
+def sampling_params(request: GenerationRequest) -> SamplingParams:
+    """The request's sampler settings over Sprig's defaults."""
+    given: dict[str, Any] = {
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "top_k": request.top_k,
+        "min_p": request.min_p,
+        "presence_penalty": request.presence_penalty,
+        "frequency_penalty": request.frequency_penalty,
+        "repeat_penalty": request.repetition_penalty or request.repeat_penalty,
+        "seed": request.seed,
+    }
+    return replace(SamplingParams(), **{k: v for k, v in given.items() if v is not None})
+
+
+def _max_tokens(served: ServedModel, prompt: list[int], requested: int | None) -> int:
+    """The answer's token budget; 400 `context_length_exceeded` when prompt and budget cannot fit."""
+    room = served.n_ctx - len(prompt)
+    if room < 1 or (requested is not None and requested > room):
+        wanted = f" plus max_tokens {requested}" if requested is not None else ""
+        raise APIError(
+            400,
+            f"This model's context is {served.n_ctx} tokens; the prompt has {len(prompt)} "
+            f"tokens{wanted}. Shorten the messages or lower max_tokens.",
+            code="context_length_exceeded",
+            param="messages",
+        )
+    return requested if requested is not None else room
+
+
+def _template_message(message) -> dict:
+    out: dict = {"role": "system" if message.role == "developer" else message.role, "content": message.text()}
+    if message.name:
+        out["name"] = message.name
+    if message.tool_call_id:
+        out["tool_call_id"] = message.tool_call_id
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.function.name, "arguments": _arguments(call.function.arguments)},
+            }
+            for call in message.tool_calls
+        ]
+    return out
+
+
+def _arguments(text: str) -> dict | str:
+    """Arguments as a mapping where they are JSON (templates write them with `tojson`)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return text
+    return value if isinstance(value, dict) else text
+
+
+def _grammar(served: ServedModel, request: ChatCompletionRequest) -> tuple[str | None, bool]:
+    """The grammar the answer must follow, and whether tool calls are to be parsed from it."""
+    tools = request.tools if request.tool_choice != "none" else None
+    if tools:
+        choice = request.tool_choice
+        if choice is None or choice == "auto":  # the model decides; a call it writes is parsed
+            return None, True
+        if choice == "required":
+            chosen = tools
+        else:
+            assert isinstance(choice, NamedToolChoice)
+            chosen = [t for t in tools if t.function.name == choice.function.name]
+            if not chosen:
+                raise APIError(
+                    400,
+                    f"tool_choice names {choice.function.name!r}, which is not among the tools.",
+                    param="tool_choice",
+                )
+        schemas = [call_schema(t.function.name, t.function.parameters, served.call_style) for t in chosen]
+        return tool_call_grammar(schemas, served.call_style), True
+    response_format = request.response_format
+    if response_format is None or response_format.type == "text":
+        return None, False
+    if response_format.type == "json_object":
+        return json_schema_grammar({"type": "object"}), False
+    if response_format.json_schema is None:
+        raise APIError(400, "response_format json_schema needs a json_schema object.", param="response_format")
+    return json_schema_grammar(response_format.json_schema.schema_), False
+
+
+def plan_chat(served: ServedModel, request: ChatCompletionRequest) -> Plan:
+    """Check a chat request and turn it into a Plan (raises APIError)."""
+    loaded = served.loaded
+    tools = (
+        [t.model_dump(exclude_none=True) for t in request.tools]
+        if request.tools and request.tool_choice != "none"
+        else None
+    )
+    try:
+        prompt = chat_prompt_tokens(loaded, [_template_message(m) for m in request.messages], tools=tools)
+        grammar, parse_tools = _grammar(served, request)
+        if grammar is not None:
+            check_grammar(grammar, loaded.tokenizer, served.stop_ids)
+    except SprigError as exc:
+        raise APIError(400, str(exc), param="response_format" if isinstance(exc, GrammarError) else "messages") from exc
+    max_tokens = _max_tokens(served, prompt, request.max_completion_tokens or request.max_tokens)
+    stops = served.chat_stops
+    return Plan(
+        prompt,
+        sampling_params(request),
+        max_tokens,
+        [*stops["stop_strings"], *request.stop_strings()],
+        set(stops["stop_ids"]),
+        grammar,
+        parse_tools,
+    )
+
+
+def plan_completion(served: ServedModel, request: CompletionRequest) -> Plan:
+    """Check a text completion request and turn it into a Plan (raises APIError)."""
+    text = request.prompt if isinstance(request.prompt, str) else request.prompt[0]
+    prompt = served.loaded.tokenizer.encode(text, parse_special=True)
+    if not prompt:
+        raise APIError(400, "The prompt is empty.", param="prompt")
+    max_tokens = _max_tokens(served, prompt, request.max_tokens if request.max_tokens is not None else 16)
+    return Plan(prompt, sampling_params(request), max_tokens, request.stop_strings())
+
+
+def _run(served: ServedModel, plan: Plan):
+    """The function of a cancel flag that the engine thread runs for `plan`."""
+    loaded = served.loaded
+    sampler = (
+        GuidedSampler(plan.params, plan.grammar, loaded.tokenizer, served.stop_ids)
+        if plan.grammar is not None
+        else Sampler(plan.params)
+    )
+
+    def run(cancel: threading.Event) -> Iterator[GenerationEvent]:
+        return generate(
+            loaded.model,
+            loaded.tokenizer,
+            served.cache,
+            plan.prompt,
+            plan.params,
+            max_tokens=plan.max_tokens,
+            stop_strings=plan.stop_strings,
+            stop_ids=plan.stop_ids,
+            cancel=cancel,
+            sampler=sampler,
+        )
+
+    return run
+
+
+class Generation:
+    """One plan on the scheduler, its events handed to the event loop.
+
+    `start` queues it (raising APIError 429 when the queue is full, before any answer has
+    begun); iterating `events()` yields its events. Leaving that loop early, or `stop()`,
+    ends the generation within one decode step; a request still waiting never starts.
+    """
+
+    def __init__(self, served: ServedModel, plan: Plan):
+        self.served, self.plan = served, plan
+        self.cancel = threading.Event()
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._loop = asyncio.get_running_loop()
+        self.ticket = Ticket(_run(served, plan), self._deliver, SERVER, self.cancel)
+
+    def _deliver(self, item) -> None:  # on the engine thread
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the event loop is gone: nobody is listening any more
+            self.cancel.set()
+
+    def start(self) -> None:
+        """Queue the generation (APIError 429 when the queue is full, 503 when the model is going)."""
+        try:
+            self.served.scheduler.submit(self.ticket)
+        except QueueFull as exc:
+            raise APIError(
+                429,
+                f"The server is busy ({exc}); retry shortly.",
+                code="queue_full",
+                headers={"Retry-After": RETRY_AFTER_SECONDS},
+            ) from exc
+        except SchedulerClosed as exc:
+            raise APIError(
+                503, "The model is being unloaded; retry shortly.", headers={"Retry-After": RETRY_AFTER_SECONDS}
+            ) from exc
+
+    def stop(self) -> None:
+        """Cancel: a running generation stops after its current step, a waiting one never starts."""
+        self.cancel.set()
+        self.served.scheduler.wake()
+
+    async def events(self) -> AsyncIterator[GenerationEvent]:
+        """The generation's events, as the engine thread produces them."""
+        try:
+            while True:
+                item = await self._queue.get()
+                if item is END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            self.stop()
+
+
+FINISH_REASONS = {FINISH_LENGTH: "length", FINISH_CONTEXT_FULL: "length"}
+
+
+def finish_reason(event: GenerationEvent | None) -> str | None:
+    """OpenAI's finish reason for the engine's (None for a cancelled or unfinished answer)."""
+    if event is None or event.finish_reason is None or event.finish_reason == FINISH_CANCELLED:
+        return None
+    return FINISH_REASONS.get(event.finish_reason, "stop")
+
+
+def usage(plan: Plan, last: GenerationEvent | None) -> dict:
+    """OpenAI's usage object: prompt, completion and cached prompt tokens."""
+    completion = last.metrics.decode_tokens if last else 0
+    prefilled = last.metrics.prefill_tokens if last else len(plan.prompt)
+    return {
+        "prompt_tokens": len(plan.prompt),
+        "completion_tokens": completion,
+        "total_tokens": len(plan.prompt) + completion,
+        "prompt_tokens_details": {"cached_tokens": len(plan.prompt) - prefilled},
+    }
