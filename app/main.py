@@ -16,6 +16,7 @@ from pathlib import Path
 
 from PySide6.QtWidgets import QApplication, QMessageBox
 
+from app.file_open import FileOpenFilter
 from app.main_window import MainWindow
 from app.settings import default_settings_path, load_settings
 from app.single_instance import claim_or_hand_over
@@ -60,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     existing = QApplication.instance()
     app = existing if isinstance(existing, QApplication) else QApplication(sys.argv[:1])
     app.setApplicationName("Sprig")
+    opened_files = FileOpenFilter(app)  # macOS passes files opened from Finder as events
+    app.installEventFilter(opened_files)
     settings_path = args.data_dir / "settings.json" if args.data_dir else default_settings_path()
     db_path = args.data_dir / DEFAULT_DB_NAME if args.data_dir else default_db_path()
     if args.data_dir:
@@ -79,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     for warning in warnings + ([store_warning] if store_warning else []):
         window.error_banner.show_text(warning)
     instance.activated.connect(window.open_from_launch)
+    opened_files.deliver_to(window.open_from_launch)
     window.add_model(str(model_to_open(args.model, settings.last_model)))
     code = app.exec()
     store.close()

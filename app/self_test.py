@@ -1,9 +1,10 @@
 """`sprig --self-test`: prove an installed (or packaged) Sprig works, without a screen.
 
 It checks, in order: that Qt can build the whole window offscreen (plugins, styles,
-resources), that the chats database works in WAL mode, and that the bundled default
-model loads and answers a question it knows, greedily, with "Paris". It prints one line
-per check and returns 0 only if all pass.
+resources), that the chats database works in WAL mode, that the local server's HTTP stack
+starts on loopback and answers (503 "loading", as it does before a model is served), and
+that the bundled default model loads and answers a question it knows, greedily, with
+"Paris". It prints one line per check and returns 0 only if all pass.
 """
 
 import os
@@ -52,6 +53,26 @@ def check_store(folder: Path) -> str:
     return "SQLite WAL round trip"
 
 
+def check_server() -> str:
+    """Start the local server on a free loopback port with no model; /health must say 503."""
+    import urllib.error
+    import urllib.request
+
+    from engine.server.app import ServerConfig, ServerState
+    from engine.server.serve import BackgroundServer
+
+    server = BackgroundServer(ServerState(), ServerConfig(port=0)).start()
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{server.port}/health", timeout=10)
+    except urllib.error.HTTPError as error:  # the answer expected: no model is served yet
+        if error.code != 503:
+            raise AssertionError(f"/health answered {error.code}, expected 503 with no model") from error
+        return f"HTTP server answered on 127.0.0.1:{server.port}"
+    finally:
+        server.stop()
+    raise AssertionError("/health answered 200 with no model")
+
+
 def check_model() -> str:
     """Load the default model and ask it a question it answers reliably."""
     from engine.bundled import default_model
@@ -72,8 +93,8 @@ def check_model() -> str:
         raise AssertionError(f"the model answered {answer!r}, expected it to mention {EXPECTED}")
     metrics = events[-1].metrics
     return (
-        f"{loaded.path.name} on {loaded.backend.name}: loaded in {load_s:.1f} s, answered {answer!r} "
-        f"at {metrics.decode_tokens_per_second or 0:.1f} tok/s ({events[-1].finish_reason})"
+        f"{loaded.path.name} on {loaded.backend.name} ({loaded.backend.device_name}): loaded in {load_s:.1f} s, "
+        f"answered {answer!r} at {metrics.decode_tokens_per_second or 0:.1f} tok/s ({events[-1].finish_reason})"
     )
 
 
@@ -85,6 +106,7 @@ def run_self_test() -> int:
         checks: list[tuple[str, Callable[[], str]]] = [
             ("window", lambda: check_window(Path(tmp))),
             ("storage", lambda: check_store(Path(tmp))),
+            ("server", check_server),
             ("model", check_model),
         ]
         for name, check in checks:

@@ -14,6 +14,7 @@ def test_self_test_loads_the_default_model_answers_and_exits_zero():
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
-    assert [line.split(":")[0] for line in lines[:3]] == ["ok    window", "ok    storage", "ok    model"]
-    assert "Paris" in lines[2]
+    assert [line.split(":")[0] for line in lines[:4]] == ["ok    window", "ok    storage", "ok    server", "ok    model"]
+    assert "HTTP server answered" in lines[2]
+    assert "Paris" in lines[3]
     assert lines[-1] == "self-test passed"
