@@ -28,6 +28,7 @@ from engine.generation import FINISH_CANCELLED, GenerationEvent
 from engine.gguf_file import open_gguf
 from engine.loader import LoadedModel, load_model
 from engine.server.scheduler import APP, Scheduler
+from engine.speculation import Speculation
 
 TITLE_LENGTH = 48
 
@@ -229,7 +230,12 @@ class ChatController(QObject):
 
     @staticmethod
     def _new_session(loaded: LoadedModel, settings: Settings) -> ChatSession:
-        return ChatSession(loaded, n_ctx=settings.context_length, max_tokens=settings.max_tokens)
+        """A session for `loaded`; speculation's costs c(T) are measured here, at load, not in the first answer."""
+        speculation = Speculation(settings.speculative)
+        if speculation.enabled:
+            speculation.prepare(loaded.model)
+        return ChatSession(loaded, n_ctx=settings.context_length, max_tokens=settings.max_tokens,
+                           speculation=speculation)
 
     # -- conversations -----------------------------------------------------------
 
@@ -385,6 +391,8 @@ class ChatController(QObject):
         def answer(cancel: threading.Event):
             session.params = sampling_params(settings)
             session.max_tokens = settings.max_tokens
+            if session.speculation.mode != settings.speculative:
+                session.speculation = replace(session.speculation, mode=settings.speculative)
             if continuing:
                 session.messages = system + turns + [{"role": "assistant", "content": assistant.content}]
                 return session.continue_answer(cancel)

@@ -28,7 +28,7 @@ from app.backend_status import backend_status, gpu_present
 from app.chat_controller import ChatController
 from app.local_server import LocalServer
 from app.menu_bar import build_menu_bar
-from app.model_library import LibraryEntry, ModelInfo, library_entries
+from app.model_library import LibraryEntry, ModelInfo, library_entries, vocabulary_metadata
 from app.settings import RANGES, Settings, save_settings
 from app.storage import Conversation, Store
 from app.theme import app_icon, apply_text_scale, apply_theme
@@ -312,6 +312,7 @@ class MainWindow(QMainWindow):
         """Show the model picker (non-modal); returns it."""
         current = self.controller.loaded.path if self.controller.loaded else None
         settings = self.controller.settings
+        loaded = self.controller.loaded
         picker = ModelPicker(
             self.library(),
             self.controller.headers,
@@ -320,6 +321,7 @@ class MainWindow(QMainWindow):
             current,
             self,
             backend=planned_backend(settings.backend),
+            draft_target=vocabulary_metadata(loaded.file.metadata) if loaded else None,
         )
         picker.load_requested.connect(self.controller.load)
         picker.add_requested.connect(self.add_model)

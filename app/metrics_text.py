@@ -10,6 +10,7 @@ SUMMARY_FIGURES = (
     ("decode_tok_s", "{:.1f} tok/s"),
     ("time_to_first_token_s", "TTFT {:.2f} s"),
     ("prefill_tok_s", "prefill {:.0f} tok/s"),
+    ("acceptance_rate", "drafts {:.0%} accepted"),
 )
 TOOLTIP_FIGURES = (
     ("prefill_tokens", "Prompt tokens processed: {:.0f}"),
@@ -18,6 +19,8 @@ TOOLTIP_FIGURES = (
     ("decode_tokens", "Tokens generated: {:.0f}"),
     ("decode_tok_s", "Generation speed: {:.2f} tok/s"),
     ("last_token_latency_s", "Last token latency: {:.1f} ms"),
+    ("acceptance_rate", "Drafts accepted: {:.0%}"),
+    ("mean_accepted_length", "Accepted per check: {:.2f} tokens"),
 )
 SCALE = {"last_token_latency_s": 1000.0}  # shown in ms
 

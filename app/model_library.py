@@ -10,7 +10,7 @@ GUI thread. Nothing here imports Qt.
 """
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import gguf
@@ -48,6 +48,7 @@ class ModelInfo:
     context_length: int
     weight_bytes_f32: int  # what the NumPy backend's float32 cache holds once loaded
     kv_bytes_per_token: int  # float32 keys and values of every layer, for one position
+    vocabulary: dict = field(default_factory=dict, compare=False, repr=False)  # its tokenizer.ggml.* metadata
 
     def memory_needed(self, n_ctx: int, backend: str = "numpy") -> int:
         """Bytes a load on `backend` needs with a KV cache of `n_ctx` positions: NumPy holds
@@ -140,7 +141,14 @@ def describe_model(model_file: GGUFFile, name: str | None = None) -> ModelInfo:
         context_length=config.context_length,
         weight_bytes_f32=4 * sum(t.n_elements for t in matrices),
         kv_bytes_per_token=kv_per_token,
+        vocabulary=vocabulary_metadata(model_file.metadata),
     )
+
+
+def vocabulary_metadata(metadata: dict) -> dict:
+    """The metadata that says whether one model can draft for another (engine.draft_model)."""
+    return {key: value for key, value in metadata.items()
+            if key.startswith("tokenizer.ggml.") and key not in ("tokenizer.ggml.merges", "tokenizer.ggml.scores")}
 
 
 def library_entries(models_folder: Path, added: list[tuple[str, str]]) -> list[LibraryEntry]:

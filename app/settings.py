@@ -38,6 +38,7 @@ RESOURCES = Path(__file__).resolve().parent.parent / "resources"
 DEFAULTS_FILE = RESOURCES / "default_settings.json"
 
 THEMES = ("system", "light", "dark")  # "system" follows the desktop's light or dark scheme
+SPECULATIVE = ("auto", "ngram", "off")  # the speculative decoding modes the app offers (no draft model yet)
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "max_tokens", "seed")
 CONVERSATION_FIELDS = ("system_prompt", *SAMPLING_FIELDS)  # what one conversation may set for itself
 
@@ -63,7 +64,8 @@ class Settings:
 
     `seed` None draws a fresh random seed for each answer. `text_scale` is the text size
     in percent of the system's. `cpu_threads` 0 gives the cpu backend one thread per
-    physical core. `last_model` is the path of the model file opened last, or None;
+    physical core. `speculative` is the speculative decoding mode ("auto" drafts only
+    where it pays). `last_model` is the path of the model file opened last, or None;
     `last_conversation` the id of the chat open last, or None.
     """
 
@@ -78,6 +80,7 @@ class Settings:
     context_length: int
     backend: str
     cpu_threads: int
+    speculative: str
     models_folder: Path
     theme: str
     text_scale: int
@@ -162,6 +165,7 @@ _PARSERS: dict[str, Callable[[str, object], object]] = {
     "context_length": _number(int),
     "backend": _choice(BACKENDS),
     "cpu_threads": _number(int),
+    "speculative": _choice(SPECULATIVE),
     "models_folder": _folder,
     "theme": _choice(THEMES),
     "text_scale": _number(int),

@@ -399,6 +399,10 @@ class CpuBackend(Backend):
     def kv_bytes(self, cache: CpuKV) -> int:
         return cache.k.nbytes + cache.v.nbytes
 
+    def forget_kv(self, cache: CpuKV, start: int, end: int) -> None:
+        cache.k[:, :, start:end] = 0.0  # (L, Hkv, end - start, Dh)
+        cache.v[:, :, start:end] = 0.0  # (L, Hkv, end - start, Dv)
+
     def compile_decode(self, forward: Callable[[Any, Any, Any], Any], cache: CpuKV) -> Callable[[Any, int], np.ndarray]:
         """Record `forward` for one token on `cache` once, then replay it in C per call."""
         if cache.decode_step is None:

@@ -274,5 +274,9 @@ class NumpyBackend(Backend):
     def kv_bytes(self, cache: NumpyKV) -> int:
         return cache.k.nbytes + cache.v.nbytes
 
+    def forget_kv(self, cache: NumpyKV, start: int, end: int) -> None:
+        cache.k[:, :, start:end] = 0.0  # (L, Hkv, end - start, Dh)
+        cache.v[:, :, start:end] = 0.0  # (L, Hkv, end - start, Dv)
+
     def close(self) -> None:
         self.cache.clear()

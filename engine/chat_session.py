@@ -14,6 +14,7 @@ from engine.errors import ContextFullError
 from engine.generation import GenerationEvent, generate
 from engine.loader import LoadedModel
 from engine.sampling import SamplingParams
+from engine.speculation import Speculation
 
 
 def chat_prompt_tokens(
@@ -54,8 +55,10 @@ class ChatSession:
         n_ctx: int | None = None,
         params: SamplingParams = SamplingParams(),
         max_tokens: int = 512,
+        speculation: Speculation | None = None,
     ):
         self.loaded = loaded
+        self.speculation = speculation
         self.cache = loaded.new_cache(n_ctx)
         self.params = params
         self.max_tokens = max_tokens
@@ -143,6 +146,7 @@ class ChatSession:
             self.params,
             max_tokens=self.max_tokens,
             cancel=cancel,
+            speculation=self.speculation,
             **answer_stops(self.loaded),
         ):
             answer["content"] += event.text

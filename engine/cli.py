@@ -29,6 +29,7 @@ from engine.loader import LoadedModel, load_model
 from engine.models import read_config
 from engine.perplexity import perplexity
 from engine.sampling import SamplingParams
+from engine.speculation import MODES, Speculation, check_draft
 from engine.tokenizer import Tokenizer
 
 
@@ -136,6 +137,17 @@ def _load(args) -> LoadedModel:
     return loaded
 
 
+def _speculation(args, loaded: LoadedModel) -> Speculation:
+    """--speculative, --draft-model and --draft-tokens as a Speculation (the draft model loaded and checked)."""
+    draft = None
+    if args.draft_model is not None:
+        if args.speculative not in ("draft", "auto"):
+            raise UsageError(f"--draft-model needs --speculative draft or auto, not {args.speculative}")
+        draft = load_model(resolve_model_path(args.draft_model), args.backend, threads=args.threads)
+        check_draft(loaded, draft)
+    return Speculation(args.speculative, args.draft_tokens, draft)
+
+
 def cmd_generate(args) -> None:
     """Continue a prompt (through the chat template) or raw token ids."""
     loaded = _load(args)
@@ -145,10 +157,10 @@ def cmd_generate(args) -> None:
         prompt = chat_prompt_tokens(loaded, [{"role": "user", "content": args.prompt}])
         stops = answer_stops(loaded)
     cache = loaded.new_cache(args.ctx)
+    speculation = _speculation(args, loaded)
     text, tokens, last = "", [], None
-    for event in generate(
-        loaded.model, loaded.tokenizer, cache, prompt, _sampling(args), max_tokens=args.max_tokens, **stops
-    ):
+    for event in generate(loaded.model, loaded.tokenizer, cache, prompt, _sampling(args), max_tokens=args.max_tokens,
+                          speculation=speculation, **stops):
         text += event.text
         if event.token is not None and event.finish_reason != "stop":
             tokens.append(event.token)
@@ -173,9 +185,8 @@ def cmd_generate(args) -> None:
 def cmd_chat(args) -> None:
     """An interactive chat in the terminal. Ctrl-C stops an answer; Ctrl-D quits."""
     loaded = _load(args)
-    session = ChatSession(
-        loaded, system_prompt=args.system, n_ctx=args.ctx, params=_sampling(args), max_tokens=args.max_tokens
-    )
+    session = ChatSession(loaded, system_prompt=args.system, n_ctx=args.ctx, params=_sampling(args),
+                          max_tokens=args.max_tokens, speculation=_speculation(args, loaded))
     print(f"{loaded.path.name} on {loaded.backend.device_name}. Ctrl-D to quit.", file=sys.stderr)
     while True:
         try:
@@ -215,17 +226,13 @@ def cmd_bench(args) -> None:
     started = time.perf_counter()
     loaded = _load(args)
     load_s, rss_after_load = time.perf_counter() - started, psutil.Process().memory_info().rss
-    figures = bench(loaded, args.prompt_tokens, args.gen_tokens, args.repeats)
-    figures.update(
-        load_s=load_s, rss_bytes={"after_load": rss_after_load, "after_run": psutil.Process().memory_info().rss}
-    )
+    figures = bench(loaded, args.prompt_tokens, args.gen_tokens, args.repeats, _speculation(args, loaded))
+    figures.update(load_s=load_s, rss_bytes={"after_load": rss_after_load, "after_run": psutil.Process().memory_info().rss})
     if args.json:
         _print_json(figures)
     else:
-        print(
-            f"prefill {figures['prefill_tok_s']:.1f} tok/s, decode {figures['decode_tok_s']:.1f} tok/s "
-            f"({figures['backend']}, {figures['device']})"
-        )
+        print(f"prefill {figures['prefill_tok_s']:.1f} tok/s, decode {figures['decode_tok_s']:.1f} tok/s "
+              f"({figures['backend']}, {figures['device']}, speculative {figures['speculative']})")
 
 
 def cmd_serve(args) -> None:
@@ -296,6 +303,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--messages-file", required=True)
     p.add_argument("--no-generation-prompt", action="store_true")
 
+    def speculative_options(p, default):
+        p.add_argument("--speculative", choices=MODES, default=default,
+                       help=f"speculative decoding (default {default}): auto drafts only where it pays")
+        p.add_argument("--draft-model", default=None, help="GGUF path or bundled key of a draft model")
+        p.add_argument("--draft-tokens", type=int, default=None, help="a fixed draft length (default: adaptive)")
+
     def sampling_options(p, max_tokens):
         p.add_argument("--max-tokens", type=int, default=max_tokens)
         p.add_argument("--temperature", type=float, default=0.0)
@@ -310,11 +323,13 @@ def build_parser() -> argparse.ArgumentParser:
     prompt.add_argument("--prompt", help="a user message, rendered through the chat template")
     prompt.add_argument("--tokens", help="comma-separated ids, used as given")
     sampling_options(p, 128)
+    speculative_options(p, "auto")
     p.add_argument("--json", action="store_true")
 
     p = command("chat", cmd_chat, needs_backend=True)
     p.add_argument("--system", default=None, help="system prompt")
     sampling_options(p, 512)
+    speculative_options(p, "auto")
     p.set_defaults(temperature=0.7)
 
     p = command("logits", cmd_logits, needs_backend=True)
@@ -340,6 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--gen-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=1)
+    speculative_options(p, "off")
     p.add_argument("--json", action="store_true")
     return parser
 

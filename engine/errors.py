@@ -35,3 +35,7 @@ class LoadCancelled(SprigError):
 
 class BackendFailure(SprigError):
     """A compute backend is unavailable or failed; the message says which and why."""
+
+
+class DraftModelError(SprigError):
+    """A model cannot draft for the loaded one (speculative decoding); the message says why."""

@@ -1,6 +1,7 @@
-"""Streaming generation: prefill in chunks, then decode token by token, as events.
+"""Streaming generation, the text side: prefill in chunks, then turn tokens into events.
 
-`generate` is a generator. Each decoded token yields a `GenerationEvent` with the new
+`generate` is a generator. It takes its tokens from a source in `engine.decoding` (plain
+decoding, or speculative decoding), and each token yields a `GenerationEvent` with the new
 text (possibly empty while a UTF-8 character or a possible stop string is incomplete),
 the token id and the running metrics. The last event carries the finish reason.
 """
@@ -8,16 +9,21 @@ the token id and the running metrics. The last event carries the finish reason.
 import threading
 import time
 from collections.abc import Collection, Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from engine.decoding import DraftStats, plain_tokens
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache import KVCache
 from engine.models.common import Transformer
 from engine.sampling import Sampler, SamplingParams
 from engine.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from engine.speculation import Speculation
 
 PREFILL_CHUNK = 256
 
@@ -40,6 +46,9 @@ class Metrics:
     last_token_latency: float | None = None
     context_used: int = 0
     context_size: int = 0
+    draft_rounds: int = 0  # verification passes that carried drafts (speculative decoding)
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
 
     @property
     def prefill_tokens_per_second(self) -> float | None:
@@ -50,6 +59,16 @@ class Metrics:
     def decode_tokens_per_second(self) -> float | None:
         """Generated tokens per second over the decode steps so far."""
         return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """The share of drafted tokens the model accepted, once something was drafted."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Drafted tokens accepted per verification pass, once one ran."""
+        return self.accepted_tokens / self.draft_rounds if self.draft_rounds else None
 
     def as_dict(self) -> dict:
         """Plain figures for JSON output and storage."""
@@ -62,6 +81,10 @@ class Metrics:
             "last_token_latency_s": self.last_token_latency,
             "context_used": self.context_used,
             "context_size": self.context_size,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accepted_length": self.mean_accepted_length,
         }
 
 
@@ -92,7 +115,7 @@ class StopStringFilter:
             return safe, True
         hold = max((_overlap(self.pending, s) for s in self.stop_strings), default=0)
         safe = self.pending[: len(self.pending) - hold]
-        self.pending = self.pending[len(safe) :]
+        self.pending = self.pending[len(safe):]
         return safe, False
 
     def flush(self) -> str:
@@ -116,9 +139,7 @@ def prefill(model: Transformer, cache: KVCache, tokens: Sequence[int], chunk: in
         raise ValueError("prefill needs at least one token")
     logits = None
     for lo in range(0, len(tokens), chunk):
-        piece = list(tokens[lo : lo + chunk])
-        logits = model.forward(np.asarray(piece, dtype=np.int64), cache.n_used, cache.storage)
-        cache.tokens.extend(piece)
+        logits = cache.feed(model, tokens[lo : lo + chunk])
     assert logits is not None  # the loop ran at least once
     return logits[-1]
 
@@ -136,13 +157,17 @@ def generate(
     cancel: threading.Event | None = None,
     ignore_stop_tokens: bool = False,
     sampler: Sampler | None = None,
+    speculation: "Speculation | None" = None,
 ) -> Iterator[GenerationEvent]:
-    """Continue `prompt` token by token, reusing whatever prefix the cache already holds.
+    """Continue `prompt`, reusing whatever prefix the cache already holds (mlx-lm's stream_generate).
 
+    Tokens come from plain decoding, or from speculative decoding when `speculation` says
+    so (`engine.speculation`); this side turns them into text and events either way.
     Stops on the model's end-of-generation tokens and `stop_ids` (unless
-    `ignore_stop_tokens`, as for benchmarks), a stop string, `max_tokens`, a full context, or `cancel` being set
-    (checked between decode steps). `sampler` replaces the one built from `params` (a
-    sampler that masks tokens, for constrained output).
+    `ignore_stop_tokens`, as for benchmarks), a stop string, `max_tokens`, a full context, or
+    `cancel` being set (checked between tokens). An answer ends at the same token, with the
+    same cache, whichever source produced it. `sampler` replaces the one built from `params`
+    (a sampler that masks tokens, for constrained output; it decodes plainly).
     """
     reused = cache.common_prefix(list(prompt))
     if reused == len(prompt):  # logits of the last prompt token are needed again
@@ -154,101 +179,50 @@ def generate(
     started = time.perf_counter()
     logits = prefill(model, cache, new_tokens)
     prefill_seconds = time.perf_counter() - started
-    metrics = replace(
-        metrics, prefill_tokens=len(new_tokens), prefill_seconds=prefill_seconds, context_used=cache.n_used
-    )
+    metrics = replace(metrics, prefill_tokens=len(new_tokens), prefill_seconds=prefill_seconds,
+                      context_used=cache.n_used)
 
     sampler = sampler or Sampler(params)
-    steps = DecodeSteps(model, cache, sampler)
+    stats = DraftStats()
+    if speculation is None or not speculation.enabled or sampler.masks_tokens:
+        source = plain_tokens(model, cache, logits, sampler, prompt, max_tokens)
+    else:
+        source = speculation.tokens(model, cache, logits, sampler, prompt, max_tokens, stats)
     detok = IncrementalDetokenizer(tokenizer)
     stops = StopStringFilter(stop_strings)
     stopping = frozenset(tokenizer.stop_ids) | frozenset(stop_ids)
-    history = list(prompt)
     generated = 0
-    pending = None  # what the next token is read from (see DecodeSteps); None: the prefill's logits
-    finish: str | None
-    while True:
-        if cancel is not None and cancel.is_set():
-            yield GenerationEvent(stops.flush() + detok.flush(), None, FINISH_CANCELLED, metrics)
-            return
-        step_started = time.perf_counter()
-        ahead = None
-        if steps.on_device and pending is not None and generated + 1 < max_tokens and cache.n_free > 0:
-            ahead = steps.queue(pending)  # from a token still on the device, before it is read back
-        token = sampler.sample(logits, history) if pending is None else steps.read(pending, history)
-        history.append(token)
-        generated += 1
-        if token in stopping and not ignore_stop_tokens:
-            text, finish = stops.flush() + detok.flush(), FINISH_STOP_TOKEN
-        else:
-            text, stopped = stops.feed(detok.push(token))
-            finish = FINISH_STOP_STRING if stopped else None
-            if finish is None and generated >= max_tokens:
-                finish = FINISH_LENGTH
-            elif finish is None and cache.n_free == 0:
-                finish = FINISH_CONTEXT_FULL
-            if finish in (FINISH_LENGTH, FINISH_CONTEXT_FULL):
-                text += stops.flush() + detok.flush()
-        if finish is None:
-            pending = ahead if ahead is not None else steps.queue(token)
-            cache.tokens.append(token)
-        elapsed = time.perf_counter() - step_started
-        metrics = replace(
-            metrics,
-            time_to_first_token=metrics.time_to_first_token or (time.perf_counter() - started),
-            decode_tokens=generated,
-            decode_seconds=metrics.decode_seconds + elapsed,
-            last_token_latency=elapsed,
-            context_used=cache.n_used,
-        )
-        yield GenerationEvent(text, token, finish, metrics)
-        if finish is not None:
-            return
-
-
-class DecodeSteps:
-    """The one-token forward passes of a `generate` call, each queued as early as its input allows.
-
-    Where the backend queues work without waiting for it (MLX), the host's share of a step
-    then overlaps the device's:
-    - plain greedy decoding (temperature 0, no penalties) on a backend with an `argmax`
-      hook keeps every token on the device, and step n + 1 is queued from token n before
-      token n is read back, as in mlx-lm's generate_step: the device does not wait for the
-      host between steps;
-    - other sampling reads the logits back and samples on the host; step n + 1 is queued
-      as soon as token n is known to continue the text, and runs while its text is decoded
-      and handed out. The device waits while the host samples.
-    Where the backend computes as it is called (NumPy), each step runs when it is queued,
-    and only once the text is known to continue.
-    """
-
-    def __init__(self, model: Transformer, cache: KVCache, sampler: Sampler):
-        self.backend = model.backend
-        self.cache = cache
-        self.sampler = sampler
-        self.step = model.decode_step(cache.storage)
-        argmax = getattr(model.backend, "argmax", None)
-        self.argmax = argmax if _argmax_only(sampler.params) and not sampler.masks_tokens else None
-
-    @property
-    def on_device(self) -> bool:
-        """Whether tokens stay on the device (greedy decoding on a backend with `argmax`)."""
-        return self.argmax is not None
-
-    def queue(self, token: Any) -> Any:
-        """Queue the step that feeds `token` (a host int, or a device token) at the cache's next
-        position; return what the token after it will be read from (`read`)."""
-        logits = self.step(token, self.cache.n_used)
-        return self.argmax(logits) if self.argmax is not None else logits
-
-    def read(self, pending: Any, history: list[int]) -> int:
-        """The token `pending` stands for: read back from the device, or sampled on the host."""
-        values = self.backend.to_host(pending)
-        if self.argmax is not None:
-            return int(values[0])
-        return self.sampler.sample(values[-1], history)
-
-
-def _argmax_only(params: SamplingParams) -> bool:
-    """Whether sampling with `params` is a plain argmax: greedy, with every penalty neutral."""
-    return params.temperature <= 0.0 and params.penalties_neutral
+    with closing(source):
+        while True:
+            if cancel is not None and cancel.is_set():
+                yield GenerationEvent(stops.flush() + detok.flush(), None, FINISH_CANCELLED, metrics)
+                return
+            step_started = time.perf_counter()
+            token = next(source)
+            generated += 1
+            if token in stopping and not ignore_stop_tokens:
+                text, finish = stops.flush() + detok.flush(), FINISH_STOP_TOKEN
+            else:
+                text, stopped = stops.feed(detok.push(token))
+                finish = FINISH_STOP_STRING if stopped else None
+                if finish is None and generated >= max_tokens:
+                    finish = FINISH_LENGTH
+                elif finish is None and len(prompt) + generated - 1 >= cache.n_ctx:
+                    finish = FINISH_CONTEXT_FULL  # no room to feed this token
+                if finish in (FINISH_LENGTH, FINISH_CONTEXT_FULL):
+                    text += stops.flush() + detok.flush()
+            elapsed = time.perf_counter() - step_started
+            metrics = replace(
+                metrics,
+                time_to_first_token=metrics.time_to_first_token or (time.perf_counter() - started),
+                decode_tokens=generated,
+                decode_seconds=metrics.decode_seconds + elapsed,
+                last_token_latency=elapsed,
+                context_used=min(len(prompt) + generated, cache.n_ctx),
+                draft_rounds=stats.rounds,
+                drafted_tokens=stats.drafted,
+                accepted_tokens=stats.accepted,
+            )
+            yield GenerationEvent(text, token, finish, metrics)
+            if finish is not None:
+                return

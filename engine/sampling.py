@@ -63,11 +63,29 @@ class Sampler:
 
     def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         """Pick the next token id from float32 logits of shape (vocab,)."""
-        p = self.params
         logits = self.apply_penalties(np.asarray(logits, dtype=np.float32), list(history))
-        if p.temperature <= 0.0:
+        if self.params.temperature <= 0.0:
             return int(np.argmax(logits))
+        candidates, probs = self._final(logits)
+        return int(self.rng.choice(candidates, p=probs))
 
+    def distribution(self, logits: np.ndarray, history: list[int] = ()) -> np.ndarray:
+        """The final distribution `sample` draws from, over the whole vocabulary: (vocab,) float64.
+
+        Greedy decoding puts all the mass on the argmax.
+        """
+        logits = self.apply_penalties(np.asarray(logits, dtype=np.float32), list(history))
+        full = np.zeros(logits.size, dtype=np.float64)
+        if self.params.temperature <= 0.0:
+            full[int(np.argmax(logits))] = 1.0
+            return full
+        candidates, probs = self._final(logits)
+        full[candidates] = probs
+        return full
+
+    def _final(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The tokens that survive top-k, top-p and min-p, and their probabilities after temperature."""
+        p = self.params
         pool = p.top_k if 0 < p.top_k < logits.size else logits.size
         if pool < logits.size:
             candidates = largest_first(logits, pool)
@@ -90,7 +108,7 @@ class Sampler:
 
         scaled = chosen / p.temperature
         weights = np.exp(scaled - scaled.max())
-        return int(self.rng.choice(candidates, p=weights / weights.sum()))
+        return candidates, weights / weights.sum()
 
 
 def largest_first(logits: np.ndarray, k: int) -> np.ndarray:

@@ -38,6 +38,14 @@ def format_duration(seconds: float | None) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
+def format_drafts(metrics: dict) -> str:
+    """Speculative decoding's figures: "72% accepted · 2.9 per check"; "—" when nothing was drafted."""
+    rate, length = metrics.get("acceptance_rate"), metrics.get("mean_accepted_length")
+    if rate is None or length is None:
+        return NONE
+    return f"{rate:.0%} accepted · {length:.1f} per check"
+
+
 class MetricsPanel(QFrame):
     """A collapsible panel of live generation figures, fed from the GUI thread.
 
@@ -48,7 +56,7 @@ class MetricsPanel(QFrame):
     second while the panel is shown and expanded.
 
     The child widgets are attributes (header, body, rate, caption, sparkline,
-    first_token, prefill, generated, context, context_bar, memory, backend, notes)
+    first_token, prefill, generated, context, speculation, context_bar, memory, backend, notes)
     for styling and tests; only the methods change them.
     """
 
@@ -79,6 +87,9 @@ class MetricsPanel(QFrame):
         self.prefill = self._add_row(grid, "Prefill")
         self.generated = self._add_row(grid, "Generated")
         self.context = self._add_row(grid, "Context")
+        self.speculation = self._add_row(grid, "Drafts")
+        self.speculation.setToolTip("Speculative decoding: the share of drafted tokens the model accepted, "
+                                    "and how many it accepted per check")
         self.context_bar = QProgressBar(textVisible=False)
         self.context_bar.setObjectName("ContextBar")
         self.context_bar.setFixedHeight(4)
@@ -185,7 +196,7 @@ class MetricsPanel(QFrame):
         self._latencies.clear()
         self._decode_tokens = 0
         self.sparkline.clear()
-        for label in (self.rate, self.first_token, self.prefill, self.generated, self.context):
+        for label in (self.rate, self.first_token, self.prefill, self.generated, self.context, self.speculation):
             label.setText(NONE)
         self.caption.setText("tok/s")
         self.context_bar.setRange(0, 1)
@@ -213,6 +224,7 @@ class MetricsPanel(QFrame):
         prefill = f"{prefill_tokens:,} tokens"
         self.prefill.setText(prefill if prefill_rate is None else f"{prefill} · {format_rate(prefill_rate)} tok/s")
         self.generated.setText(f"{decode_tokens:,} tokens")
+        self.speculation.setText(format_drafts(metrics))
 
         used, size = metrics.get("context_used") or 0, metrics.get("context_size") or 0
         self.context.setText(f"{used:,} / {size:,}" if size else f"{used:,}")

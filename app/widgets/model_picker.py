@@ -28,9 +28,10 @@ from PySide6.QtWidgets import (
 from app.header_reader import HeaderReader
 from app.model_library import LibraryEntry, ModelInfo, available_memory, format_bytes, format_parameters
 from app.worker import Job
+from engine.draft_model import draft_refusals
 
-COLUMNS = ("Model", "File", "Architecture", "Parameters", "Quantization", "File size", "Context", "Memory")
-MODEL, FILE, ARCHITECTURE, PARAMETERS, QUANTIZATION, SIZE, CONTEXT, MEMORY = range(len(COLUMNS))
+COLUMNS = ("Model", "File", "Architecture", "Parameters", "Quantization", "File size", "Context", "Memory", "Drafts")
+MODEL, FILE, ARCHITECTURE, PARAMETERS, QUANTIZATION, SIZE, CONTEXT, MEMORY, DRAFTS = range(len(COLUMNS))
 NUMERIC = (PARAMETERS, SIZE, CONTEXT)
 PICKER_WIDTH = 1200  # room for every column on a screen that has it
 MAX_COLUMN_WIDTH = 320
@@ -50,7 +51,12 @@ class _Item(QTableWidgetItem):
 
 
 class ModelPicker(QDialog):
-    """Choose, add or remove models. Emits `load_requested(path, name)`."""
+    """Choose, add or remove models. Emits `load_requested(path, name)`.
+
+    `draft_target` is the loaded model's vocabulary metadata (ModelInfo.vocabulary): the
+    Drafts column then says which models can draft for it (speculative decoding), and why
+    the others cannot.
+    """
 
     load_requested = Signal(str, str)
     add_requested = Signal(str)
@@ -65,6 +71,7 @@ class ModelPicker(QDialog):
         current: Path | None = None,
         parent: QWidget | None = None,
         backend: str = "numpy",
+        draft_target: dict | None = None,
     ):
         super().__init__(parent)
         self.setWindowTitle("Models")
@@ -75,6 +82,8 @@ class ModelPicker(QDialog):
         self._n_ctx = n_ctx
         self._backend = backend  # the one that will run a model: the memory estimate depends on it
         self._models_folder = models_folder
+        self._current = current
+        self._draft_target = draft_target
         self._infos: dict[int, ModelInfo | str] = {}
 
         self.table = QTableWidget(len(entries), len(COLUMNS))
@@ -215,8 +224,20 @@ class ModelPicker(QDialog):
             self._set(row, SIZE, format_bytes(value.file_size), sort_key=value.file_size)
             self._set(row, CONTEXT, f"{value.context_length:,}", sort_key=value.context_length)
             self._set(row, MEMORY, ("" if fits else "⚠ ") + verdict, tooltip=verdict, warn=not fits)
+            self._set(row, DRAFTS, *self._draft_verdict(value))
         self._apply_filter(self.filter.text())
         self._update_buttons()
+
+    def _draft_verdict(self, info: ModelInfo) -> tuple[str, str]:
+        """The Drafts cell: whether `info`'s model can draft for the loaded one, and why not."""
+        if self._draft_target is None:
+            return "—", "Load a model to see which models can draft for it."
+        if info.path == self._current:
+            return "loaded", "This is the loaded model."
+        reasons = draft_refusals(self._draft_target, info.vocabulary)
+        if reasons:
+            return "no", "Cannot draft for the loaded model: " + "; ".join(reasons) + "."
+        return "yes", "Shares the loaded model's vocabulary: it can draft for it (speculative decoding)."
 
     def _apply_filter(self, text: str) -> None:
         """Show only the rows whose name, file, architecture or quantization contain `text`."""

@@ -27,7 +27,16 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.settings import BACKENDS, RANGES, SAMPLING_FIELDS, THEMES, Settings, effective_sampling, merge_settings
+from app.settings import (
+    BACKENDS,
+    RANGES,
+    SAMPLING_FIELDS,
+    SPECULATIVE,
+    THEMES,
+    Settings,
+    effective_sampling,
+    merge_settings,
+)
 
 # field: (label, tooltip, decimals or None for whole numbers, step)
 _SAMPLING_SPECS: dict[str, tuple[str, str, int | None, float]] = {
@@ -55,6 +64,11 @@ _BACKEND_LABELS = {
     "numpy": "NumPy (CPU, reference)",
     "mlx": "MLX (Apple silicon)",
     "cuda": "CUDA (NVIDIA GPU)",
+}
+_SPECULATIVE_LABELS = {
+    "auto": "Automatic (only where it is faster)",
+    "ngram": "Always, copying from the conversation",
+    "off": "Off",
 }
 
 
@@ -231,6 +245,9 @@ class SettingsDialog(QDialog):
         self.cpu_threads = _int_box("cpu_threads", 1)
         self.cpu_threads.setSpecialValueText("One per core")
         self.cpu_threads.setToolTip("Threads of the native CPU backend; a change reloads the model.")
+        self.speculative = _combo(SPECULATIVE, _SPECULATIVE_LABELS)
+        self.speculative.setToolTip("Speculative decoding: guess a few tokens from earlier text and let the model "
+                                    "check them in one pass. The answers are the same; only the speed changes.")
         passed_over = "\n".join(["Not available on this computer:", *(f"• {r}" for r in backend_reasons)])
         reasons = QLabel(passed_over, objectName="BackendReasons", wordWrap=True)
         reasons.setVisible(bool(backend_reasons))
@@ -248,7 +265,8 @@ class SettingsDialog(QDialog):
         self.tabs = QTabWidget()
         self.tabs.addTab(_tab(("System prompt", self.system_prompt), ("Context length", self.context_length)), "Chat")
         self.tabs.addTab(self.sampling, "Sampling")
-        self.tabs.addTab(_tab(("Backend", self.backend), reasons, ("CPU threads", self.cpu_threads)), "Engine")
+        self.tabs.addTab(_tab(("Backend", self.backend), reasons, ("CPU threads", self.cpu_threads),
+                              ("Speculative decoding", self.speculative)), "Engine")
         self.tabs.addTab(_tab(("Theme", self.theme)), "Appearance")
         hint = QLabel("Where Sprig looks for .gguf model files.", objectName="SettingsHint")
         self.tabs.addTab(_tab(("Models folder", folder), hint), "Models")
@@ -266,6 +284,7 @@ class SettingsDialog(QDialog):
         self.sampling.set_values(settings)
         _select(self.backend, settings.backend)
         self.cpu_threads.setValue(settings.cpu_threads)
+        _select(self.speculative, settings.speculative)
         _select(self.theme, settings.theme)
         self.models_folder.setText(str(settings.models_folder))
 
@@ -277,6 +296,7 @@ class SettingsDialog(QDialog):
             **self.sampling.values(),
             "backend": self.backend.currentData(),
             "cpu_threads": self.cpu_threads.value(),
+            "speculative": self.speculative.currentData(),
             "theme": self.theme.currentData(),
             "models_folder": self.models_folder.text().strip(),
         }

@@ -60,6 +60,15 @@ def test_sparkline_gains_a_point_per_new_token_only(panel):
     assert panel.rate.text() == panel.generated.text() == "—"
 
 
+def test_drafts_show_acceptance_and_accepted_per_check(panel):
+    panel.update_metrics(metrics(1))
+    assert panel.speculation.text() == "—"  # nothing drafted (plain decoding, or no match yet)
+    panel.update_metrics(metrics(2, acceptance_rate=0.725, mean_accepted_length=2.9))
+    assert panel.speculation.text() == "72% accepted · 2.9 per check"
+    panel.start_answer()
+    assert panel.speculation.text() == "—"
+
+
 def test_missing_figures_show_a_dash(panel):
     panel.update_metrics({
         "prefill_tokens": 0,

@@ -40,3 +40,9 @@ def test_tooltip_lists_every_figure_with_latency_in_milliseconds():
         "Last token latency: 32.1 ms",
         "Context: 1,508 of 2,048 tokens",
     ]
+
+
+def test_speculative_figures_show_acceptance():
+    drafted = {"decode_tokens": 3, "acceptance_rate": 0.5, "mean_accepted_length": 1.25}
+    assert metrics_summary(drafted) == "3 tokens · drafts 50% accepted"
+    assert metrics_tooltip(drafted) == "Tokens generated: 3\nDrafts accepted: 50%\nAccepted per check: 1.25 tokens"

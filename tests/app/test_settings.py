@@ -42,6 +42,7 @@ def custom_settings() -> Settings:
         context_length=8192,
         backend="numpy",
         cpu_threads=3,
+        speculative="ngram",
         models_folder=Path("/tmp/sprig-models"),
         theme="dark",
         text_scale=130,
@@ -62,6 +63,7 @@ def test_defaults_come_from_the_resource_file():
     assert (defaults.seed, defaults.backend, defaults.theme, defaults.last_model) == (None, "auto", "system", None)
     assert (defaults.text_scale, defaults.last_conversation) == (100, None)
     assert defaults.cpu_threads == 0  # one thread per physical core
+    assert defaults.speculative == data["speculative"] == "auto"
     assert defaults.models_folder == default_models_folder()
     assert default_models_folder().parts[-2:] == ("Sprig", "models")
 
@@ -102,6 +104,7 @@ def test_bad_fields_fall_back_one_by_one(tmp_path):
         "max_tokens": 12.5,
         "backend": "tpu",
         "theme": 3,
+        "speculative": "sometimes",
         "models_folder": "",
         "system_prompt": "Be brief.",
         "seed": 99,
@@ -110,7 +113,7 @@ def test_bad_fields_fall_back_one_by_one(tmp_path):
     loaded, warnings = load_settings(path)
     defaults = Settings.defaults()
     assert loaded == replace(defaults, system_prompt="Be brief.", seed=99)
-    named = ["temperature", "top_k", "max_tokens", "backend", "theme", "models_folder"]
+    named = ["temperature", "top_k", "max_tokens", "backend", "theme", "speculative", "models_folder"]
     assert len(warnings) == len(named)
     for field, warning in zip(named, warnings):
         assert warning.startswith(f"Settings file {path}: {field} ")
@@ -215,6 +218,7 @@ def test_dialog_returns_what_the_widgets_show(dialog):
     form["seed"].spin.setValue(77)
     dialog.backend.setCurrentIndex(dialog.backend.findData("numpy"))
     dialog.cpu_threads.setValue(2)
+    dialog.speculative.setCurrentIndex(dialog.speculative.findData("off"))
     dialog.theme.setCurrentIndex(dialog.theme.findData("dark"))
     dialog.models_folder.setText("/data/models")
 
@@ -230,6 +234,7 @@ def test_dialog_returns_what_the_widgets_show(dialog):
         context_length=8192,
         backend="numpy",
         cpu_threads=2,
+        speculative="off",
         models_folder=Path("/data/models"),
         theme="dark",
         text_scale=100,

@@ -1,0 +1,236 @@
+"""Speculative decoding: which drafter, how many tokens to draft, and what checking them costs.
+
+`Speculation` is the setting a caller passes to `generate`: a mode ("off", "auto",
+"ngram", "draft"), an optional fixed draft length, and the draft model for "draft". It
+builds the token source of `engine.decoding` for each answer and keeps the controller's
+estimates from one answer to the next.
+
+Never slower: checking T tokens in one pass costs c(T) steps (measured once per model by
+`measure_costs`). `AdaptiveController` tracks how often the draft at each position is
+accepted, picks the draft length with the most expected tokens per unit of cost, drafts
+nothing (a plain step) when no length beats plain decoding, and probes again later.
+"""
+
+import time
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from engine.decoding import Drafter, DraftStats, speculative_tokens
+from engine.draft_model import DraftModelDrafter, draft_refusals
+from engine.errors import DraftModelError
+from engine.kv_cache import KVCache
+from engine.models.common import Transformer
+from engine.ngram import NgramDrafter
+from engine.sampling import Sampler, SamplingParams
+
+MODES = ("off", "auto", "ngram", "draft")
+MAX_DRAFT = 8  # the longest draft the adaptive controller considers
+
+
+@dataclass(frozen=True)
+class VerifyCosts:
+    """c(T): the time of one forward pass over T tokens, in plain decode steps; c[0] is c(1) = 1.
+
+    `step_seconds` is the plain step's time the ratios are relative to.
+    """
+
+    ratios: tuple[float, ...]
+    step_seconds: float
+
+    def __call__(self, n_tokens: int) -> float:
+        """c(n_tokens); past the measured range, grown linearly from the last two."""
+        if n_tokens <= len(self.ratios):
+            return self.ratios[n_tokens - 1]
+        last, before = self.ratios[-1], self.ratios[-2] if len(self.ratios) > 1 else 0.0
+        return last + (n_tokens - len(self.ratios)) * max(last - before, 0.0)
+
+
+_measured: "weakref.WeakKeyDictionary[Transformer, VerifyCosts]" = weakref.WeakKeyDictionary()
+
+
+def measure_costs(model: Transformer, cache: KVCache, longest: int = MAX_DRAFT + 1, rounds: int = 3) -> VerifyCosts:
+    """Time passes over 1 .. `longest` tokens after a short prompt, interleaved, best of `rounds`.
+
+    Kept per model: the first call measures (a fraction of a second on small models), the
+    others return the same figures. `cache` is a scratch cache with room for 32 + `longest`
+    positions; it is left empty.
+    """
+    known = _measured.get(model)
+    if known is not None and len(known.ratios) >= longest:
+        return known
+    tokens = list(range(1, 33 + longest))
+    cache.truncate(0)
+    cache.feed(model, tokens[:32])
+    best = [float("inf")] * longest
+    for _ in range(rounds):
+        for n in range(1, longest + 1):
+            began = time.perf_counter()
+            cache.feed(model, tokens[32:32 + n], all_logits=True)
+            best[n - 1] = min(best[n - 1], time.perf_counter() - began)
+            cache.truncate(32)
+    cache.truncate(0)
+    costs = VerifyCosts(tuple(t / best[0] for t in best), best[0])
+    _measured[model] = costs
+    return costs
+
+
+class FixedLength:
+    """Always `k` drafts (the user chose the length)."""
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def choose(self, most: int) -> int:
+        """`k`, or fewer where the answer or the context has less room."""
+        return min(self.k, most)
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """Nothing to learn."""
+
+
+@dataclass
+class AdaptiveController:
+    """Picks each round's draft length from acceptance so far and the measured c(T).
+
+    The chance that the draft at position i is accepted when the ones before it were is
+    (hits + 2 * prior) / (trials + 2) at that position, over the rounds that reached it,
+    older rounds weighing less (each round multiplies the counts by `memory`); the prior is
+    position i - 1's estimate (0.5 for position 0), so a position never tried yet is
+    expected to do as well as the one before it. With k drafts a round
+    yields 1 + sum over j <= k of accept(0) * ... * accept(j - 1) tokens on average and
+    costs c(k + 1) + k * `draft_cost` steps. When no k > 0 beats one token per step, the
+    controller drafts nothing; after `probe_after` such rounds it drafts the longest it may
+    once, to see whether the text has become predictable (the wait doubles after each
+    probe that did not pay, up to `longest_wait`).
+    """
+
+    costs: VerifyCosts
+    longest: int = MAX_DRAFT
+    draft_cost: float = 0.0
+    memory: float = 0.95
+    probe_after: int = 16
+    longest_wait: int = 512
+    hits: list[float] = field(default_factory=list)
+    trials: list[float] = field(default_factory=list)
+    plain_rounds: int = 0
+    wait: int = 0
+
+    def __post_init__(self):
+        self.hits = self.hits or [0.0] * self.longest
+        self.trials = self.trials or [0.0] * self.longest
+        self.wait = self.wait or self.probe_after
+
+    def acceptance(self) -> list[float]:
+        """The estimated chance that draft i is accepted given that drafts 0 .. i-1 were, for each i."""
+        estimates, prior = [], 0.5
+        for hits, trials in zip(self.hits, self.trials, strict=True):
+            prior = (hits + 2.0 * prior) / (trials + 2.0)
+            estimates.append(prior)
+        return estimates
+
+    def expected_gain(self, k: int) -> float:
+        """Expected tokens per unit of cost with `k` drafts, relative to plain decoding (1.0)."""
+        reach, tokens = 1.0, 1.0
+        for chance in self.acceptance()[:k]:
+            reach *= chance
+            tokens += reach
+        return tokens / (self.costs(k + 1) + k * self.draft_cost)
+
+    def choose(self, most: int) -> int:
+        """The best draft length up to `most`; 0 when plain decoding wins, but for a probe."""
+        top = min(self.longest, most)
+        best = max(range(top + 1), key=lambda k: (self.expected_gain(k), -k))
+        if best > 0 or top == 0:
+            return best
+        self.plain_rounds += 1
+        if self.plain_rounds < self.wait:
+            return 0
+        self.plain_rounds = 0
+        self.wait = min(self.wait * 2, self.longest_wait)
+        return top
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """Count the positions this round reached: accepted ones as hits, the first rejected one as a miss."""
+        self.hits = [h * self.memory for h in self.hits]
+        self.trials = [t * self.memory for t in self.trials]
+        for i in range(min(drafted, accepted + 1, self.longest)):
+            self.trials[i] += 1.0
+            self.hits[i] += 1.0 if i < accepted else 0.0
+        if any(self.expected_gain(k) > 1.0 for k in range(1, self.longest + 1)):
+            self.wait = self.probe_after
+
+
+@dataclass
+class Speculation:
+    """How answers are decoded.
+
+    `mode`: "off" (plain decoding), "ngram" (prompt lookup), "draft" (the draft model
+    `draft`, a LoadedModel checked with `check_draft`), or "auto": the draft model if one is
+    set, else prompt lookup, with the adaptive controller deciding each round whether
+    drafting pays. `draft_tokens` fixes the draft length (None: the controller chooses, up
+    to MAX_DRAFT; in "auto" the controller always chooses).
+    """
+
+    mode: str = "auto"
+    draft_tokens: int | None = None
+    draft: Any = None
+    controller: AdaptiveController | FixedLength | None = field(default=None, repr=False)
+    _draft_drafter: DraftModelDrafter | None = field(default=None, repr=False)
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"unknown speculative mode {self.mode!r}; choose one of {', '.join(MODES)}")
+        if self.draft_tokens is not None and not 1 <= self.draft_tokens <= 32:
+            raise ValueError(f"the draft length must be between 1 and 32, not {self.draft_tokens}")
+        if self.mode == "draft" and self.draft is None:
+            raise ValueError("speculative mode 'draft' needs a draft model (--draft-model)")
+        if self.draft_tokens is not None and self.mode != "auto":
+            self.controller = FixedLength(self.draft_tokens)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether answers are decoded speculatively."""
+        return self.mode != "off"
+
+    def tokens(self, model: Transformer, cache: KVCache, logits: np.ndarray, sampler: Sampler,
+               prompt: Sequence[int], limit: int, stats: DraftStats) -> Iterator[int]:
+        """The token source of one answer (see `engine.decoding.speculative_tokens`)."""
+        self.prepare(model)
+        drafter = self.new_drafter(model, cache.n_ctx, sampler.params)
+        return speculative_tokens(model, cache, logits, sampler, prompt, limit, drafter, self.controller, stats)
+
+    def prepare(self, model: Transformer) -> None:
+        """Make the adaptive controller, measuring c(T) for `model` (and the draft model's step) once."""
+        if self.controller is not None:
+            return
+        costs = measure_costs(model, scratch_cache(model))
+        draft_cost = 0.0
+        if self.draft is not None and self.mode != "ngram":
+            draft_step = measure_costs(self.draft.model, scratch_cache(self.draft.model), 1).step_seconds
+            draft_cost = draft_step / costs.step_seconds
+        self.controller = AdaptiveController(costs, draft_cost=draft_cost)
+
+    def new_drafter(self, model: Transformer, n_ctx: int, params: SamplingParams) -> Drafter:
+        """The drafter of one answer: prompt lookup anew, or the draft model with the cache it keeps."""
+        if self.draft is None or self.mode == "ngram":
+            return NgramDrafter()
+        if self._draft_drafter is None or self._draft_drafter.cache.n_ctx != n_ctx:
+            self._draft_drafter = DraftModelDrafter(self.draft.model, n_ctx, params, model.config.vocab_size)
+        self._draft_drafter.retarget(params)
+        return self._draft_drafter
+
+
+def check_draft(target: Any, draft: Any) -> None:
+    """Raise DraftModelError unless the loaded model `draft` can draft for the loaded `target`."""
+    reasons = draft_refusals(target.file.metadata, draft.file.metadata)
+    if reasons:
+        raise DraftModelError(f"{draft.path.name} cannot draft for {target.path.name}: " + "; ".join(reasons) + ".")
+
+
+def scratch_cache(model: Transformer) -> KVCache:
+    """A small cache to time forward passes in."""
+    return KVCache(model.backend, model.config, 32 + MAX_DRAFT + 1)

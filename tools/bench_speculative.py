@@ -1,0 +1,110 @@
+"""Speculative against plain decoding, end to end, interleaved in one process.
+
+For each workload the same answer is produced with --speculative off, auto and ngram (a
+fixed draft length), one after the other, `--rounds` times; tokens/s counts every decode
+second, the drafter's included. Prints a Markdown table (docs/benchmarks.md) and, with
+--json, the raw figures. Chat turn 2 is the second answer of a two-turn session (the
+first turn's answer is in its prompt).
+
+    .venv/bin/python -m tools.bench_speculative --model smollm2 --backend cpu --tokens 64 --rounds 2
+"""
+
+import argparse
+import json
+import os
+import time
+
+from engine.bundled import resolve_model_path
+from engine.chat_session import ChatSession
+from engine.loader import load_model
+from engine.sampling import SamplingParams
+from engine.speculation import Speculation, measure_costs, scratch_cache
+
+ARTICLE = (
+    "The city council met on Tuesday to discuss the new bicycle lanes on Main Street. Supporters said the lanes "
+    "would make cycling safer and reduce traffic. Shop owners worried that removing parking spaces would hurt "
+    "their business. After two hours of debate, the council voted five to two to build the lanes next spring, "
+    "and promised to add a parking garage near the market square by the end of the year."
+)
+CODE = (
+    "def total_price(items):\n    total = 0\n    for item in items:\n"
+    "        total = total + item.price * item.quantity\n    return total\n"
+)
+WORKLOADS = {
+    "summarization": [f"{ARTICLE}\n\nSummarize the text above in two sentences."],
+    "code editing": [(f"{CODE}\nRename the function to order_total and the variable total to amount. "
+                      "Show the whole code.")],
+    "document Q&A": [(f"{ARTICLE}\n\nAccording to the text, when will the lanes be built, and what did the "
+                      "council promise? Quote the text.")],
+    "chat turn 1": ["What are three tips for learning a new language?"],
+    "chat turn 2": ["What are three tips for learning a new language?",
+                    "Repeat your second tip and explain it."],
+    "creative writing": ["Write a short poem about a lighthouse in a storm."],
+}
+SAMPLING = {
+    "greedy": SamplingParams.greedy(),
+    "app default": SamplingParams(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.1, seed=1),
+}
+MODES = {"off": lambda: Speculation("off"), "auto": lambda: Speculation("auto"),
+         "ngram k=4": lambda: Speculation("ngram", 4)}
+
+
+def run_turns(loaded, turns, params, speculation, max_tokens):
+    """The last turn's final metrics (earlier turns are answered the same way, untimed)."""
+    session = ChatSession(loaded, params=params, max_tokens=max_tokens, speculation=speculation)
+    for text in turns:
+        *_, last = session.send(text)
+    return last.metrics
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--backend", default="cpu")
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    loaded = load_model(resolve_model_path(args.model), args.backend)
+    costs = measure_costs(loaded.model, scratch_cache(loaded.model))
+    rows = []
+    load_before = os.getloadavg()
+    for workload, turns in WORKLOADS.items():
+        for sampling, params in SAMPLING.items():
+            figures = {mode: [] for mode in MODES}
+            for _ in range(args.rounds):
+                for mode, make in MODES.items():  # interleaved: off, auto, ngram, off, ...
+                    speculation = make()
+                    if speculation.enabled:
+                        speculation.prepare(loaded.model)  # at load in the app: not part of the answer
+                    metrics = run_turns(loaded, turns, params, speculation, args.tokens)
+                    figures[mode].append(metrics)
+            rows.append((workload, sampling, figures))
+    load_after = os.getloadavg()
+    report = {"model": loaded.path.name, "backend": loaded.backend.name, "device": loaded.backend.device_name,
+              "c(T)": [round(c, 2) for c in costs.ratios], "step_ms": costs.step_seconds * 1000,
+              "loadavg_before": load_before, "loadavg_after": load_after, "time": time.strftime("%Y-%m-%d %H:%M"),
+              "rows": []}
+    print(f"{report['model']} on {report['device']}; c(1..9) = {report['c(T)']}; "
+          f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after")
+    print("| workload | sampling | plain tok/s | auto tok/s | auto / plain | ngram k=4 tok/s | ngram / plain "
+          "| acceptance (ngram) | accepted per check (ngram) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for workload, sampling, figures in rows:
+        rate = {mode: sum(m.decode_tokens for m in ms) / sum(m.decode_seconds for m in ms)
+                for mode, ms in figures.items()}
+        ngram = figures["ngram k=4"]
+        drafted, accepted = sum(m.drafted_tokens for m in ngram), sum(m.accepted_tokens for m in ngram)
+        rounds = sum(m.draft_rounds for m in ngram)
+        acceptance = f"{accepted / drafted:.0%}" if drafted else "—"
+        per_check = f"{accepted / rounds:.2f}" if rounds else "—"
+        print(f"| {workload} | {sampling} | {rate['off']:.1f} | {rate['auto']:.1f} | {rate['auto'] / rate['off']:.2f} "
+              f"| {rate['ngram k=4']:.1f} | {rate['ngram k=4'] / rate['off']:.2f} | {acceptance} | {per_check} |")
+        report["rows"].append({"workload": workload, "sampling": sampling, "tok_s": rate,
+                               "drafted": drafted, "accepted": accepted, "rounds": rounds})
+    if args.json:
+        print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
