@@ -234,8 +234,9 @@ class ChatController(QObject):
         speculation = Speculation(settings.speculative)
         if speculation.enabled:
             speculation.prepare(loaded.model)
-        return ChatSession(loaded, n_ctx=settings.context_length, max_tokens=settings.max_tokens,
-                           speculation=speculation)
+        return ChatSession(
+            loaded, n_ctx=settings.context_length, max_tokens=settings.max_tokens, speculation=speculation
+        )
 
     # -- conversations -----------------------------------------------------------
 
@@ -391,8 +392,10 @@ class ChatController(QObject):
         def answer(cancel: threading.Event):
             session.params = sampling_params(settings)
             session.max_tokens = settings.max_tokens
-            if session.speculation.mode != settings.speculative:
-                session.speculation = replace(session.speculation, mode=settings.speculative)
+            speculation = session.speculation
+            assert speculation is not None  # every session the controller makes has one
+            if speculation.mode != settings.speculative:
+                session.speculation = replace(speculation, mode=settings.speculative)
             if continuing:
                 session.messages = system + turns + [{"role": "assistant", "content": assistant.content}]
                 return session.continue_answer(cancel)

@@ -147,8 +147,11 @@ def describe_model(model_file: GGUFFile, name: str | None = None) -> ModelInfo:
 
 def vocabulary_metadata(metadata: dict) -> dict:
     """The metadata that says whether one model can draft for another (engine.draft_model)."""
-    return {key: value for key, value in metadata.items()
-            if key.startswith("tokenizer.ggml.") and key not in ("tokenizer.ggml.merges", "tokenizer.ggml.scores")}
+    return {
+        key: value
+        for key, value in metadata.items()
+        if key.startswith("tokenizer.ggml.") and key not in ("tokenizer.ggml.merges", "tokenizer.ggml.scores")
+    }
 
 
 def library_entries(models_folder: Path, added: list[tuple[str, str]]) -> list[LibraryEntry]:

@@ -172,11 +172,12 @@ class Backend(ABC):
     def kv_bytes(self, cache: Any) -> int:
         """Bytes the KV cache storage occupies."""
 
-    def forget_kv(self, cache: Any, start: int, end: int) -> None:
+    def forget_kv(self, cache: Any, start: int, end: int) -> None:  # noqa: B027  # a no-op by default
         """Forget positions start .. end-1 of every layer (a rollback, as after a rejected
-        speculative draft). `attention` gives a position past the end no weight (it writes a
-        position before any query may see it), so keeping stale values is correct (MLX); a backend whose storage is host memory zeroes them, so a
-        rolled-back cache equals a fresh one. By default nothing is done."""
+        speculative draft). `attention` writes a position before any query may see it, so
+        stale values past the end get no weight and keeping them is correct (MLX); a backend
+        whose storage is host memory zeroes them, so a rolled-back cache equals a fresh one.
+        By default nothing is done."""
 
     @property
     def load_notes(self) -> list[str]:

@@ -14,8 +14,13 @@ from engine.sampling import SamplingParams
 from engine.speculation import Speculation
 
 
-def bench(loaded: LoadedModel, prompt_tokens: int = 256, gen_tokens: int = 128, repeats: int = 1,
-          speculation: Speculation | None = None) -> dict:
+def bench(
+    loaded: LoadedModel,
+    prompt_tokens: int = 256,
+    gen_tokens: int = 128,
+    repeats: int = 1,
+    speculation: Speculation | None = None,
+) -> dict:
     """Time a prefill of `prompt_tokens` and `gen_tokens` decode steps; best of `repeats`.
 
     With `speculation`, the tokens come from speculative decoding (a random prompt gives
@@ -29,8 +34,16 @@ def bench(loaded: LoadedModel, prompt_tokens: int = 256, gen_tokens: int = 128, 
         cache.truncate(0)
         # n_gen + 1 tokens: the first comes from the prefill's logits, each of the others
         # from one decode step, so decode_seconds covers n_gen steps.
-        *_, last = generate(loaded.model, loaded.tokenizer, cache, prompt[:n_prompt], SamplingParams.greedy(),
-                            max_tokens=n_gen + 1, ignore_stop_tokens=True, speculation=speculation)
+        *_, last = generate(
+            loaded.model,
+            loaded.tokenizer,
+            cache,
+            prompt[:n_prompt],
+            SamplingParams.greedy(),
+            max_tokens=n_gen + 1,
+            ignore_stop_tokens=True,
+            speculation=speculation,
+        )
         return last.metrics.prefill_seconds, last.metrics.decode_seconds, last.metrics
 
     run_once(min(32, prompt_tokens), 4)  # warm-up: fills the dequantization cache

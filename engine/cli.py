@@ -159,8 +159,16 @@ def cmd_generate(args) -> None:
     cache = loaded.new_cache(args.ctx)
     speculation = _speculation(args, loaded)
     text, tokens, last = "", [], None
-    for event in generate(loaded.model, loaded.tokenizer, cache, prompt, _sampling(args), max_tokens=args.max_tokens,
-                          speculation=speculation, **stops):
+    for event in generate(
+        loaded.model,
+        loaded.tokenizer,
+        cache,
+        prompt,
+        _sampling(args),
+        max_tokens=args.max_tokens,
+        speculation=speculation,
+        **stops,
+    ):
         text += event.text
         if event.token is not None and event.finish_reason != "stop":
             tokens.append(event.token)
@@ -185,8 +193,14 @@ def cmd_generate(args) -> None:
 def cmd_chat(args) -> None:
     """An interactive chat in the terminal. Ctrl-C stops an answer; Ctrl-D quits."""
     loaded = _load(args)
-    session = ChatSession(loaded, system_prompt=args.system, n_ctx=args.ctx, params=_sampling(args),
-                          max_tokens=args.max_tokens, speculation=_speculation(args, loaded))
+    session = ChatSession(
+        loaded,
+        system_prompt=args.system,
+        n_ctx=args.ctx,
+        params=_sampling(args),
+        max_tokens=args.max_tokens,
+        speculation=_speculation(args, loaded),
+    )
     print(f"{loaded.path.name} on {loaded.backend.device_name}. Ctrl-D to quit.", file=sys.stderr)
     while True:
         try:
@@ -227,12 +241,16 @@ def cmd_bench(args) -> None:
     loaded = _load(args)
     load_s, rss_after_load = time.perf_counter() - started, psutil.Process().memory_info().rss
     figures = bench(loaded, args.prompt_tokens, args.gen_tokens, args.repeats, _speculation(args, loaded))
-    figures.update(load_s=load_s, rss_bytes={"after_load": rss_after_load, "after_run": psutil.Process().memory_info().rss})
+    figures.update(
+        load_s=load_s, rss_bytes={"after_load": rss_after_load, "after_run": psutil.Process().memory_info().rss}
+    )
     if args.json:
         _print_json(figures)
     else:
-        print(f"prefill {figures['prefill_tok_s']:.1f} tok/s, decode {figures['decode_tok_s']:.1f} tok/s "
-              f"({figures['backend']}, {figures['device']}, speculative {figures['speculative']})")
+        print(
+            f"prefill {figures['prefill_tok_s']:.1f} tok/s, decode {figures['decode_tok_s']:.1f} tok/s "
+            f"({figures['backend']}, {figures['device']}, speculative {figures['speculative']})"
+        )
 
 
 def cmd_serve(args) -> None:
@@ -304,8 +322,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-generation-prompt", action="store_true")
 
     def speculative_options(p, default):
-        p.add_argument("--speculative", choices=MODES, default=default,
-                       help=f"speculative decoding (default {default}): auto drafts only where it pays")
+        p.add_argument(
+            "--speculative",
+            choices=MODES,
+            default=default,
+            help=f"speculative decoding (default {default}): auto drafts only where it pays",
+        )
         p.add_argument("--draft-model", default=None, help="GGUF path or bundled key of a draft model")
         p.add_argument("--draft-tokens", type=int, default=None, help="a fixed draft length (default: adaptive)")
 

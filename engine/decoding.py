@@ -14,7 +14,7 @@ A source's contract with the text side:
 - it never yields more than `limit` tokens, nor feeds past the end of the context.
 """
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -66,8 +66,9 @@ class DraftLength(Protocol):
         """The outcome of a round that checked `drafted` tokens and accepted `accepted`."""
 
 
-def plain_tokens(model: Transformer, cache: KVCache, logits: np.ndarray, sampler: Sampler,
-                 history: Sequence[int], limit: int) -> Iterator[int]:
+def plain_tokens(
+    model: Transformer, cache: KVCache, logits: np.ndarray, sampler: Sampler, history: Sequence[int], limit: int
+) -> Generator[int, None, None]:
     """Decode one token per forward pass (mlx-lm's generate_step).
 
     `logits` (vocab,) are those after the last token of `history`, which the cache holds.
@@ -91,9 +92,17 @@ def plain_tokens(model: Transformer, cache: KVCache, logits: np.ndarray, sampler
         pending = ahead
 
 
-def speculative_tokens(model: Transformer, cache: KVCache, logits: np.ndarray, sampler: Sampler,
-                       history: Sequence[int], limit: int, drafter: Drafter, lengths: DraftLength,
-                       stats: DraftStats) -> Iterator[int]:
+def speculative_tokens(
+    model: Transformer,
+    cache: KVCache,
+    logits: np.ndarray,
+    sampler: Sampler,
+    history: Sequence[int],
+    limit: int,
+    drafter: Drafter,
+    lengths: DraftLength,
+    stats: DraftStats,
+) -> Generator[int, None, None]:
     """Decode with drafts checked by the model (mlx-lm's speculative_generate_step).
 
     Each round the drafter proposes up to `lengths.choose(...)` tokens; one forward pass

@@ -28,6 +28,7 @@ FIRST_CHECKED_ID = 5  # llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_ID
 
 def draft_refusals(target: dict[str, Any], draft: dict[str, Any]) -> list[str]:
     """Why a model with GGUF metadata `draft` cannot draft for one with `target`; [] if it can."""
+
     def get(meta: dict, key: str, default: Any = None) -> Any:
         return meta.get(f"tokenizer.ggml.{key}", default)
 
@@ -43,8 +44,10 @@ def draft_refusals(target: dict[str, Any], draft: dict[str, Any]) -> list[str]:
             reasons.append(f"the {name.upper()} tokens differ (ids {ours} and {theirs})")
     tokens, draft_tokens = get(target, "tokens", []), get(draft, "tokens", [])
     if abs(len(tokens) - len(draft_tokens)) > VOCAB_SIZE_MARGIN:
-        reasons.append(f"the vocabularies differ in size by more than {VOCAB_SIZE_MARGIN} "
-                       f"({len(tokens)} and {len(draft_tokens)} tokens)")
+        reasons.append(
+            f"the vocabularies differ in size by more than {VOCAB_SIZE_MARGIN} "
+            f"({len(tokens)} and {len(draft_tokens)} tokens)"
+        )
     else:
         for i in range(FIRST_CHECKED_ID, min(len(tokens), len(draft_tokens))):
             if tokens[i] != draft_tokens[i]:
@@ -81,10 +84,12 @@ class DraftModelDrafter:
         self.cache.truncate(min(held, len(history) - 1))  # the last token is fed again for its logits
         logits = None
         for lo in range(self.cache.n_used, len(history), 256):
-            logits = self.cache.feed(self.model, history[lo:lo + 256])
-        tokens, probs = [], []
+            logits = self.cache.feed(self.model, history[lo : lo + 256])
+        assert logits is not None  # the history is never empty: it ends with the last token
+        tokens: list[int] = []
+        probs: list[np.ndarray] = []
         for i in range(k):
-            row = logits[-1][:self.vocab_size]  # ids the main model has
+            row = logits[-1][: self.vocab_size]  # ids the main model has
             if self.sampled:
                 q = self.sampler.distribution(row, history + tokens)
                 token = int(self.sampler.rng.choice(q.size, p=q))

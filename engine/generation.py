@@ -115,7 +115,7 @@ class StopStringFilter:
             return safe, True
         hold = max((_overlap(self.pending, s) for s in self.stop_strings), default=0)
         safe = self.pending[: len(self.pending) - hold]
-        self.pending = self.pending[len(safe):]
+        self.pending = self.pending[len(safe) :]
         return safe, False
 
     def flush(self) -> str:
@@ -179,8 +179,9 @@ def generate(
     started = time.perf_counter()
     logits = prefill(model, cache, new_tokens)
     prefill_seconds = time.perf_counter() - started
-    metrics = replace(metrics, prefill_tokens=len(new_tokens), prefill_seconds=prefill_seconds,
-                      context_used=cache.n_used)
+    metrics = replace(
+        metrics, prefill_tokens=len(new_tokens), prefill_seconds=prefill_seconds, context_used=cache.n_used
+    )
 
     sampler = sampler or Sampler(params)
     stats = DraftStats()
@@ -200,6 +201,7 @@ def generate(
             step_started = time.perf_counter()
             token = next(source)
             generated += 1
+            finish: str | None
             if token in stopping and not ignore_stop_tokens:
                 text, finish = stops.flush() + detok.flush(), FINISH_STOP_TOKEN
             else:

@@ -39,7 +39,7 @@ class NgramDrafter:
     def _index(self, history: Sequence[int]) -> None:
         for position in range(max(self.indexed, 1), len(history)):
             for n in range(self.min_n, min(self.max_n, position) + 1):
-                self.follows[tuple(history[position - n:position])] = position
+                self.follows[tuple(history[position - n : position])] = position
         self.indexed = max(self.indexed, len(history))
 
 

@@ -69,7 +69,7 @@ class Sampler:
         candidates, probs = self._final(logits)
         return int(self.rng.choice(candidates, p=probs))
 
-    def distribution(self, logits: np.ndarray, history: list[int] = ()) -> np.ndarray:
+    def distribution(self, logits: np.ndarray, history: Sequence[int] = ()) -> np.ndarray:
         """The final distribution `sample` draws from, over the whole vocabulary: (vocab,) float64.
 
         Greedy decoding puts all the mass on the argmax.

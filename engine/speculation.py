@@ -13,7 +13,7 @@ nothing (a plain step) when no length beats plain decoding, and probes again lat
 
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,7 +69,7 @@ def measure_costs(model: Transformer, cache: KVCache, longest: int = MAX_DRAFT +
     for _ in range(rounds):
         for n in range(1, longest + 1):
             began = time.perf_counter()
-            cache.feed(model, tokens[32:32 + n], all_logits=True)
+            cache.feed(model, tokens[32 : 32 + n], all_logits=True)
             best[n - 1] = min(best[n - 1], time.perf_counter() - began)
             cache.truncate(32)
     cache.truncate(0)
@@ -196,11 +196,20 @@ class Speculation:
         """Whether answers are decoded speculatively."""
         return self.mode != "off"
 
-    def tokens(self, model: Transformer, cache: KVCache, logits: np.ndarray, sampler: Sampler,
-               prompt: Sequence[int], limit: int, stats: DraftStats) -> Iterator[int]:
+    def tokens(
+        self,
+        model: Transformer,
+        cache: KVCache,
+        logits: np.ndarray,
+        sampler: Sampler,
+        prompt: Sequence[int],
+        limit: int,
+        stats: DraftStats,
+    ) -> Generator[int, None, None]:
         """The token source of one answer (see `engine.decoding.speculative_tokens`)."""
         self.prepare(model)
         drafter = self.new_drafter(model, cache.n_ctx, sampler.params)
+        assert self.controller is not None  # made by prepare
         return speculative_tokens(model, cache, logits, sampler, prompt, limit, drafter, self.controller, stats)
 
     def prepare(self, model: Transformer) -> None:

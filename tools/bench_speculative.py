@@ -32,21 +32,28 @@ CODE = (
 )
 WORKLOADS = {
     "summarization": [f"{ARTICLE}\n\nSummarize the text above in two sentences."],
-    "code editing": [(f"{CODE}\nRename the function to order_total and the variable total to amount. "
-                      "Show the whole code.")],
-    "document Q&A": [(f"{ARTICLE}\n\nAccording to the text, when will the lanes be built, and what did the "
-                      "council promise? Quote the text.")],
+    "code editing": [
+        (f"{CODE}\nRename the function to order_total and the variable total to amount. Show the whole code.")
+    ],
+    "document Q&A": [
+        (
+            f"{ARTICLE}\n\nAccording to the text, when will the lanes be built, and what did the "
+            "council promise? Quote the text."
+        )
+    ],
     "chat turn 1": ["What are three tips for learning a new language?"],
-    "chat turn 2": ["What are three tips for learning a new language?",
-                    "Repeat your second tip and explain it."],
+    "chat turn 2": ["What are three tips for learning a new language?", "Repeat your second tip and explain it."],
     "creative writing": ["Write a short poem about a lighthouse in a storm."],
 }
 SAMPLING = {
     "greedy": SamplingParams.greedy(),
     "app default": SamplingParams(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.1, seed=1),
 }
-MODES = {"off": lambda: Speculation("off"), "auto": lambda: Speculation("auto"),
-         "ngram k=4": lambda: Speculation("ngram", 4)}
+MODES = {
+    "off": lambda: Speculation("off"),
+    "auto": lambda: Speculation("auto"),
+    "ngram k=4": lambda: Speculation("ngram", 4),
+}
 
 
 def run_turns(loaded, turns, params, speculation, max_tokens):
@@ -81,27 +88,49 @@ def main() -> None:
                     figures[mode].append(metrics)
             rows.append((workload, sampling, figures))
     load_after = os.getloadavg()
-    report = {"model": loaded.path.name, "backend": loaded.backend.name, "device": loaded.backend.device_name,
-              "c(T)": [round(c, 2) for c in costs.ratios], "step_ms": costs.step_seconds * 1000,
-              "loadavg_before": load_before, "loadavg_after": load_after, "time": time.strftime("%Y-%m-%d %H:%M"),
-              "rows": []}
-    print(f"{report['model']} on {report['device']}; c(1..9) = {report['c(T)']}; "
-          f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after")
-    print("| workload | sampling | plain tok/s | auto tok/s | auto / plain | ngram k=4 tok/s | ngram / plain "
-          "| acceptance (ngram) | accepted per check (ngram) |")
+    report = {
+        "model": loaded.path.name,
+        "backend": loaded.backend.name,
+        "device": loaded.backend.device_name,
+        "c(T)": [round(c, 2) for c in costs.ratios],
+        "step_ms": costs.step_seconds * 1000,
+        "loadavg_before": load_before,
+        "loadavg_after": load_after,
+        "time": time.strftime("%Y-%m-%d %H:%M"),
+        "rows": [],
+    }
+    print(
+        f"{report['model']} on {report['device']}; c(1..9) = {report['c(T)']}; "
+        f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after"
+    )
+    print(
+        "| workload | sampling | plain tok/s | auto tok/s | auto / plain | ngram k=4 tok/s | ngram / plain "
+        "| acceptance (ngram) | accepted per check (ngram) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for workload, sampling, figures in rows:
-        rate = {mode: sum(m.decode_tokens for m in ms) / sum(m.decode_seconds for m in ms)
-                for mode, ms in figures.items()}
+        rate = {
+            mode: sum(m.decode_tokens for m in ms) / sum(m.decode_seconds for m in ms) for mode, ms in figures.items()
+        }
         ngram = figures["ngram k=4"]
         drafted, accepted = sum(m.drafted_tokens for m in ngram), sum(m.accepted_tokens for m in ngram)
         rounds = sum(m.draft_rounds for m in ngram)
         acceptance = f"{accepted / drafted:.0%}" if drafted else "—"
         per_check = f"{accepted / rounds:.2f}" if rounds else "—"
-        print(f"| {workload} | {sampling} | {rate['off']:.1f} | {rate['auto']:.1f} | {rate['auto'] / rate['off']:.2f} "
-              f"| {rate['ngram k=4']:.1f} | {rate['ngram k=4'] / rate['off']:.2f} | {acceptance} | {per_check} |")
-        report["rows"].append({"workload": workload, "sampling": sampling, "tok_s": rate,
-                               "drafted": drafted, "accepted": accepted, "rounds": rounds})
+        print(
+            f"| {workload} | {sampling} | {rate['off']:.1f} | {rate['auto']:.1f} | {rate['auto'] / rate['off']:.2f} "
+            f"| {rate['ngram k=4']:.1f} | {rate['ngram k=4'] / rate['off']:.2f} | {acceptance} | {per_check} |"
+        )
+        report["rows"].append(
+            {
+                "workload": workload,
+                "sampling": sampling,
+                "tok_s": rate,
+                "drafted": drafted,
+                "accepted": accepted,
+                "rounds": rounds,
+            }
+        )
     if args.json:
         print(json.dumps(report, indent=1))
 

@@ -88,8 +88,9 @@ class MetricsPanel(QFrame):
         self.generated = self._add_row(grid, "Generated")
         self.context = self._add_row(grid, "Context")
         self.speculation = self._add_row(grid, "Drafts")
-        self.speculation.setToolTip("Speculative decoding: the share of drafted tokens the model accepted, "
-                                    "and how many it accepted per check")
+        self.speculation.setToolTip(
+            "Speculative decoding: the share of drafted tokens the model accepted, and how many it accepted per check"
+        )
         self.context_bar = QProgressBar(textVisible=False)
         self.context_bar.setObjectName("ContextBar")
         self.context_bar.setFixedHeight(4)

@@ -246,8 +246,10 @@ class SettingsDialog(QDialog):
         self.cpu_threads.setSpecialValueText("One per core")
         self.cpu_threads.setToolTip("Threads of the native CPU backend; a change reloads the model.")
         self.speculative = _combo(SPECULATIVE, _SPECULATIVE_LABELS)
-        self.speculative.setToolTip("Speculative decoding: guess a few tokens from earlier text and let the model "
-                                    "check them in one pass. The answers are the same; only the speed changes.")
+        self.speculative.setToolTip(
+            "Speculative decoding: guess a few tokens from earlier text and let the model "
+            "check them in one pass. The answers are the same; only the speed changes."
+        )
         passed_over = "\n".join(["Not available on this computer:", *(f"• {r}" for r in backend_reasons)])
         reasons = QLabel(passed_over, objectName="BackendReasons", wordWrap=True)
         reasons.setVisible(bool(backend_reasons))
@@ -265,8 +267,15 @@ class SettingsDialog(QDialog):
         self.tabs = QTabWidget()
         self.tabs.addTab(_tab(("System prompt", self.system_prompt), ("Context length", self.context_length)), "Chat")
         self.tabs.addTab(self.sampling, "Sampling")
-        self.tabs.addTab(_tab(("Backend", self.backend), reasons, ("CPU threads", self.cpu_threads),
-                              ("Speculative decoding", self.speculative)), "Engine")
+        self.tabs.addTab(
+            _tab(
+                ("Backend", self.backend),
+                reasons,
+                ("CPU threads", self.cpu_threads),
+                ("Speculative decoding", self.speculative),
+            ),
+            "Engine",
+        )
         self.tabs.addTab(_tab(("Theme", self.theme)), "Appearance")
         hint = QLabel("Where Sprig looks for .gguf model files.", objectName="SettingsHint")
         self.tabs.addTab(_tab(("Models folder", folder), hint), "Models")

@@ -70,16 +70,18 @@ def test_drafts_show_acceptance_and_accepted_per_check(panel):
 
 
 def test_missing_figures_show_a_dash(panel):
-    panel.update_metrics({
-        "prefill_tokens": 0,
-        "prefill_tok_s": None,
-        "time_to_first_token_s": None,
-        "decode_tokens": 0,
-        "decode_tok_s": None,
-        "last_token_latency_s": None,
-        "context_used": 0,
-        "context_size": 0,
-    })
+    panel.update_metrics(
+        {
+            "prefill_tokens": 0,
+            "prefill_tok_s": None,
+            "time_to_first_token_s": None,
+            "decode_tokens": 0,
+            "decode_tok_s": None,
+            "last_token_latency_s": None,
+            "context_used": 0,
+            "context_size": 0,
+        }
+    )
     assert panel.rate.text() == panel.first_token.text() == "—"
     assert panel.prefill.text() == "0 tokens"
     assert panel.sparkline.points() == []
@@ -187,6 +189,7 @@ def test_sparkline_paints_the_line(qtbot):
 
 def test_gpu_present_looks_for_the_nvidia_driver(monkeypatch, tmp_path):
     import app.backend_status
+
     monkeypatch.setattr(app.backend_status.platform, "system", lambda: "Linux")
     monkeypatch.setattr(app.backend_status, "_NVIDIA_SIGNS", (str(tmp_path / "nvidia0"),))
     assert gpu_present() is None

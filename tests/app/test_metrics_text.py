@@ -27,9 +27,14 @@ def test_figures_that_are_not_numbers_are_left_out():
 
 def test_tooltip_lists_every_figure_with_latency_in_milliseconds():
     metrics = {
-        "prefill_tokens": 40, "prefill_tok_s": 812.34, "time_to_first_token_s": 0.0492,
-        "decode_tokens": 128, "decode_tok_s": 31.234, "last_token_latency_s": 0.0321,
-        "context_used": 1508, "context_size": 2048,
+        "prefill_tokens": 40,
+        "prefill_tok_s": 812.34,
+        "time_to_first_token_s": 0.0492,
+        "decode_tokens": 128,
+        "decode_tok_s": 31.234,
+        "last_token_latency_s": 0.0321,
+        "context_used": 1508,
+        "context_size": 2048,
     }
     assert metrics_tooltip(metrics).splitlines() == [
         "Prompt tokens processed: 40",

@@ -12,9 +12,12 @@ def test_drafts_column_says_which_models_can_draft_and_why_not(qtbot, tmp_path):
     tokens, _ = tiny_vocab(288)
     renamed = [*tokens[:270], "renamed", *tokens[271:]]
     loaded = write_tiny_model(tmp_path / "loaded.gguf", seed=0)
-    paths = [loaded, write_tiny_model(tmp_path / "same-vocab.gguf", n_layers=1, seed=1),
-             write_tiny_model(tmp_path / "renamed.gguf", seed=2, **{"tokenizer.ggml.tokens": renamed}),
-             bundled_model("smollm2").path]
+    paths = [
+        loaded,
+        write_tiny_model(tmp_path / "same-vocab.gguf", n_layers=1, seed=1),
+        write_tiny_model(tmp_path / "renamed.gguf", seed=2, **{"tokenizer.ggml.tokens": renamed}),
+        bundled_model("smollm2").path,
+    ]
     entries = [LibraryEntry(path, path.stem) for path in paths]
     target = vocabulary_metadata(open_gguf(loaded).metadata)
     headers = HeaderReader()
@@ -26,8 +29,9 @@ def test_drafts_column_says_which_models_can_draft_and_why_not(qtbot, tmp_path):
         assert cells["loaded"].text() == "loaded"
         assert cells["same-vocab"].text() == "yes"
         assert cells["renamed"].text() == "no"
-        assert cells["renamed"].toolTip() == ("Cannot draft for the loaded model: "
-                                              "token 270 differs ('<|reserved_6|>' and 'renamed').")
+        assert cells["renamed"].toolTip() == (
+            "Cannot draft for the loaded model: token 270 differs ('<|reserved_6|>' and 'renamed')."
+        )
         smollm2 = cells["SmolLM2-135M-Instruct.Q4_1"]
         assert smollm2.text() == "no" and "the vocabularies differ in size" in smollm2.toolTip()
     finally:

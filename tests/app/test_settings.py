@@ -98,18 +98,22 @@ def test_corrupt_file_gives_defaults_and_one_warning_naming_it(tmp_path, text):
 
 def test_bad_fields_fall_back_one_by_one(tmp_path):
     path = tmp_path / "settings.json"
-    path.write_text(json.dumps({
-        "temperature": "hot",
-        "top_k": True,
-        "max_tokens": 12.5,
-        "backend": "tpu",
-        "theme": 3,
-        "speculative": "sometimes",
-        "models_folder": "",
-        "system_prompt": "Be brief.",
-        "seed": 99,
-        "some_future_setting": 1,
-    }))
+    path.write_text(
+        json.dumps(
+            {
+                "temperature": "hot",
+                "top_k": True,
+                "max_tokens": 12.5,
+                "backend": "tpu",
+                "theme": 3,
+                "speculative": "sometimes",
+                "models_folder": "",
+                "system_prompt": "Be brief.",
+                "seed": 99,
+                "some_future_setting": 1,
+            }
+        )
+    )
     loaded, warnings = load_settings(path)
     defaults = Settings.defaults()
     assert loaded == replace(defaults, system_prompt="Be brief.", seed=99)
@@ -171,15 +175,18 @@ def test_settings_load_without_qt():
 
 def test_overrides_apply_to_sampling_fields_and_the_system_prompt_only():
     base = custom_settings()
-    merged = effective_sampling(base, {
-        "temperature": 0.2,
-        "seed": None,
-        "top_p": 7,  # clamped
-        "top_k": "many",  # wrong type: the global value stays
-        "system_prompt": "Per chat.",
-        "backend": "mlx",  # ignored: not something one conversation sets
-        "bogus": 1,
-    })
+    merged = effective_sampling(
+        base,
+        {
+            "temperature": 0.2,
+            "seed": None,
+            "top_p": 7,  # clamped
+            "top_k": "many",  # wrong type: the global value stays
+            "system_prompt": "Per chat.",
+            "backend": "mlx",  # ignored: not something one conversation sets
+            "bogus": 1,
+        },
+    )
     assert merged == replace(base, temperature=0.2, seed=None, top_p=1.0, system_prompt="Per chat.")
     assert base.temperature == 1.3  # the global settings are not touched
 
@@ -199,7 +206,9 @@ def test_sampling_fields_are_settings_fields():
 
 @pytest.fixture
 def dialog(qtbot):
-    dialog = SettingsDialog(replace(Settings.defaults(), last_model="/models/a.gguf"), ["cuda: pycuda is not installed"])
+    dialog = SettingsDialog(
+        replace(Settings.defaults(), last_model="/models/a.gguf"), ["cuda: pycuda is not installed"]
+    )
     qtbot.addWidget(dialog)
     return dialog
 
@@ -262,8 +271,12 @@ def test_restore_defaults_resets_every_field_but_those_it_does_not_show(qtbot):
     qtbot.addWidget(dialog)
     dialog.findChild(QDialogButtonBox).button(QDialogButtonBox.StandardButton.RestoreDefaults).click()
     custom = custom_settings()
-    assert dialog.settings() == replace(Settings.defaults(), last_model=custom.last_model,
-                                        last_conversation=custom.last_conversation, text_scale=custom.text_scale)
+    assert dialog.settings() == replace(
+        Settings.defaults(),
+        last_model=custom.last_model,
+        last_conversation=custom.last_conversation,
+        text_scale=custom.text_scale,
+    )
 
 
 def test_an_empty_models_folder_keeps_the_old_one(dialog):

@@ -69,9 +69,9 @@ class PrefixModel:
         stored = kv_storage.tokens
         if np.any(stored[:start] < 0):
             raise AssertionError(f"position {int(np.argmax(stored[:start] < 0))} read before it was written")
-        stored[start:start + len(token_ids)] = token_ids
+        stored[start : start + len(token_ids)] = token_ids
         self.passes.append(len(token_ids))
-        rows = [self.logits_after(stored[:start + t + 1]) for t in range(len(token_ids))]
+        rows = [self.logits_after(stored[: start + t + 1]) for t in range(len(token_ids))]
         return np.stack(rows if all_logits else rows[-1:])  # (T or 1, vocab)
 
     def decode_step(self, kv_storage: PrefixKV):

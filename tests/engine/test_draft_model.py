@@ -54,21 +54,25 @@ def test_drafts_over_the_same_vocabulary_are_accepted(files, draft):
     assert refusals(files, draft) == []
 
 
-@pytest.mark.parametrize("draft, reason", [
-    ("much-larger-vocab", "the vocabularies differ in size by more than 128 (288 and 488 tokens)"),
-    ("renamed-token", "token 270 differs ("),
-    ("adds-bos", "one adds a BOS token to the prompt and the other does not"),
-    ("other-eos", "the EOS tokens differ (ids "),
-    ("sentencepiece", "the vocabulary types differ (gpt2 and llama)"),
-])
+@pytest.mark.parametrize(
+    "draft, reason",
+    [
+        ("much-larger-vocab", "the vocabularies differ in size by more than 128 (288 and 488 tokens)"),
+        ("renamed-token", "token 270 differs ("),
+        ("adds-bos", "one adds a BOS token to the prompt and the other does not"),
+        ("other-eos", "the EOS tokens differ (ids "),
+        ("sentencepiece", "the vocabulary types differ (gpt2 and llama)"),
+    ],
+)
 def test_each_refusal_says_why(files, draft, reason):
     reasons = refusals(files, draft)
     assert len(reasons) == 1 and reasons[0].startswith(reason), reasons
 
 
 def test_the_bundled_models_cannot_draft_for_each_other():
-    reasons = draft_refusals(open_gguf(bundled_model("smollm2").path).metadata,
-                             open_gguf(bundled_model("gemma3").path).metadata)
+    reasons = draft_refusals(
+        open_gguf(bundled_model("smollm2").path).metadata, open_gguf(bundled_model("gemma3").path).metadata
+    )
     assert "the vocabulary types differ (gpt2 and llama)" in reasons
     assert any(r.startswith("the vocabularies differ in size by more than 128") for r in reasons)
 
@@ -90,8 +94,18 @@ def test_check_draft_names_both_files_and_the_reason(pair):
 
 def answer(target, params, speculation=None, max_tokens=24):
     prompt = [10, 20, 30, 40, 50, 60, 70, 80]
-    events = list(generate(target.model, target.tokenizer, target.new_cache(128), prompt, params,
-                           max_tokens=max_tokens, ignore_stop_tokens=True, speculation=speculation))
+    events = list(
+        generate(
+            target.model,
+            target.tokenizer,
+            target.new_cache(128),
+            prompt,
+            params,
+            max_tokens=max_tokens,
+            ignore_stop_tokens=True,
+            speculation=speculation,
+        )
+    )
     assert speculation is None or events[-1].metrics.drafted_tokens > 0, "the draft model must have drafted"
     return [e.token for e in events]
 
@@ -119,13 +133,39 @@ def test_a_sampled_draft_model_drafts_with_its_distribution(pair):
 
 
 def test_cli_refuses_an_incompatible_draft_model_with_the_reason(files, capsys):
-    status = main(["generate", "--model", str(files["target"]), "--backend", "numpy", "--tokens", "10,20,30",
-                   "--max-tokens", "4", "--speculative", "draft", "--draft-model", str(files["adds-bos"])])
+    status = main(
+        [
+            "generate",
+            "--model",
+            str(files["target"]),
+            "--backend",
+            "numpy",
+            "--tokens",
+            "10,20,30",
+            "--max-tokens",
+            "4",
+            "--speculative",
+            "draft",
+            "--draft-model",
+            str(files["adds-bos"]),
+        ]
+    )
     assert status == 2
     assert "adds-bos.gguf cannot draft for target.gguf: one adds a BOS token" in capsys.readouterr().err
 
 
 def test_cli_draft_mode_needs_a_draft_model(files, capsys):
-    status = main(["generate", "--model", str(files["target"]), "--backend", "numpy", "--tokens", "10,20,30",
-                   "--speculative", "draft"])
+    status = main(
+        [
+            "generate",
+            "--model",
+            str(files["target"]),
+            "--backend",
+            "numpy",
+            "--tokens",
+            "10,20,30",
+            "--speculative",
+            "draft",
+        ]
+    )
     assert status == 2 and "needs a draft model" in capsys.readouterr().err

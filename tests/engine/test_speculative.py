@@ -29,12 +29,21 @@ from tests.engine.prefix_model import EOS, VOCAB, CharTokenizer, PrefixModel
 PROMPT = [5, 6, 7, 8, 5, 6, 7, 9, 3, 4, 5, 6]
 PARAMS = {
     "greedy": SamplingParams.greedy(),
-    "greedy-penalties": SamplingParams(temperature=0.0, repeat_penalty=1.3, presence_penalty=0.4,
-                                       frequency_penalty=0.2, penalty_last_n=8),
+    "greedy-penalties": SamplingParams(
+        temperature=0.0, repeat_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.2, penalty_last_n=8
+    ),
     "seeded": SamplingParams(temperature=0.9, top_k=0, top_p=1.0, min_p=0.0, seed=7),
     "seeded-topk-topp-minp": SamplingParams(temperature=0.8, top_k=6, top_p=0.9, min_p=0.1, seed=11),
-    "seeded-penalties": SamplingParams(temperature=1.1, top_k=10, top_p=0.95, min_p=0.05, repeat_penalty=1.2,
-                                       frequency_penalty=0.3, penalty_last_n=16, seed=3),
+    "seeded-penalties": SamplingParams(
+        temperature=1.1,
+        top_k=10,
+        top_p=0.95,
+        min_p=0.05,
+        repeat_penalty=1.2,
+        frequency_penalty=0.3,
+        penalty_last_n=16,
+        seed=3,
+    ),
 }
 
 
@@ -45,8 +54,8 @@ class Oracle:
         self.reference, self.wrong_at, self.rng = reference, wrong_at, rng
 
     def propose(self, history, k):
-        assert list(history) == self.reference[:len(history)], "the speculative answer left the plain one"
-        tokens = self.reference[len(history):len(history) + k]
+        assert list(history) == self.reference[: len(history)], "the speculative answer left the plain one"
+        tokens = self.reference[len(history) : len(history) + k]
         if self.rng is not None and tokens:  # partly right: one wrong token at a random place
             i = int(self.rng.integers(len(tokens)))
             tokens[i] = (tokens[i] + 1 + int(self.rng.integers(VOCAB - 1))) % VOCAB
@@ -86,8 +95,9 @@ def run(model, params, *, speculation=None, n_ctx=200, prompt=PROMPT, cancel_aft
     cache = KVCache(model.backend, model.config, n_ctx)
     cancel = threading.Event()
     events = []
-    for event in generate(model, CharTokenizer(), cache, prompt, params, speculation=speculation, cancel=cancel,
-                          **kwargs):
+    for event in generate(
+        model, CharTokenizer(), cache, prompt, params, speculation=speculation, cancel=cancel, **kwargs
+    ):
         events.append(event)
         if cancel_after is not None and len(events) == cancel_after:
             cancel.set()
@@ -160,12 +170,13 @@ def test_end_of_text_inside_an_accepted_run(params_name):
 def test_stop_string_inside_an_accepted_run():
     model, params = PrefixModel(), PARAMS["greedy"]
     ref = reference_for(model, params)
-    text = "".join(chr(ord("a") + t) for t in ref[len(PROMPT):])
+    text = "".join(chr(ord("a") + t) for t in ref[len(PROMPT) :])
     stop = text[20:23]  # three letters well inside the answer
     plain = run(model, params, max_tokens=60, stop_strings=[stop])
     assert plain[0][-1].finish_reason == FINISH_STOP_STRING
-    assert_same(plain, run(model, params, max_tokens=60, stop_strings=[stop],
-                           speculation=WithDrafter(lambda: Oracle(ref), 8)))
+    assert_same(
+        plain, run(model, params, max_tokens=60, stop_strings=[stop], speculation=WithDrafter(lambda: Oracle(ref), 8))
+    )
 
 
 @pytest.mark.parametrize("max_tokens", [1, 2, 7, 13])
@@ -193,8 +204,10 @@ def test_stop_inside_an_accepted_run(cancel_after):
     ref = reference_for(model, params)
     plain = run(model, params, max_tokens=60, cancel_after=cancel_after)
     assert plain[0][-1].finish_reason == FINISH_CANCELLED and len(plain[0]) == cancel_after + 1
-    assert_same(plain, run(model, params, max_tokens=60, cancel_after=cancel_after,
-                           speculation=WithDrafter(lambda: Oracle(ref), 8)))
+    assert_same(
+        plain,
+        run(model, params, max_tokens=60, cancel_after=cancel_after, speculation=WithDrafter(lambda: Oracle(ref), 8)),
+    )
 
 
 def test_rolled_back_cache_equals_a_fresh_runs():
@@ -206,8 +219,9 @@ def test_rolled_back_cache_equals_a_fresh_runs():
     spec = run(model, params, max_tokens=30, speculation=WithDrafter(lambda: Wrong(ref), 6))
     assert_same(plain, spec)
     follow_up = [*plain[1].tokens, 3, 4]
-    again = [list(generate(model, CharTokenizer(), cache, follow_up, params, max_tokens=10)) for cache in
-             (plain[1], spec[1])]
+    again = [
+        list(generate(model, CharTokenizer(), cache, follow_up, params, max_tokens=10)) for cache in (plain[1], spec[1])
+    ]
     assert answer(again[0]) == answer(again[1])
     assert again[1][-1].metrics.prefill_tokens == 2  # every token the cache held was reused
 
@@ -256,7 +270,7 @@ def test_controller_falls_back_to_plain_steps_when_drafts_fail():
     ref = reference_for(model, PARAMS["greedy"], n=130)
     costly = VerifyCosts(tuple(1.0 + 0.9 * t for t in range(9)), 0.01)  # c(T) = 1 + 0.9 (T - 1)
     events, passes, controller = passes_with(model, lambda: Wrong(ref), costly)
-    assert [e.token for e in events] == ref[len(PROMPT):len(PROMPT) + 120]
+    assert [e.token for e in events] == ref[len(PROMPT) : len(PROMPT) + 120]
     checks = [n for n in passes if n > 1]
     # Probes only: after 16 plain rounds, then 32, 64, ... (a probe drafts as long as it may).
     assert 1 <= len(checks) <= 3 and len(passes) >= 110
@@ -268,7 +282,7 @@ def test_controller_drafts_long_when_drafts_are_right_and_checks_are_cheap():
     ref = reference_for(model, PARAMS["greedy"], n=130)
     cheap = VerifyCosts(tuple(1.0 + 0.1 * t for t in range(9)), 0.01)
     events, passes, _ = passes_with(model, lambda: Oracle(ref), cheap)
-    assert [e.token for e in events] == ref[len(PROMPT):len(PROMPT) + 120]
+    assert [e.token for e in events] == ref[len(PROMPT) : len(PROMPT) + 120]
     assert passes[0] > 1 and len(passes) <= 120 // 5  # drafting from the start, long runs
     assert sum(n == 9 for n in passes) >= len(passes) - 3
 
@@ -302,7 +316,17 @@ def test_a_sampler_that_masks_tokens_decodes_plainly():
     ref = reference_for(model, PARAMS["greedy"])
     cache = KVCache(model.backend, model.config, 200)
     model.passes.clear()
-    events = list(generate(model, CharTokenizer(), cache, PROMPT, PARAMS["greedy"], max_tokens=20,
-                           sampler=Masking(PARAMS["greedy"]), speculation=WithDrafter(lambda: Oracle(ref), 4)))
-    assert [e.token for e in events] == ref[len(PROMPT):len(PROMPT) + 20]
+    events = list(
+        generate(
+            model,
+            CharTokenizer(),
+            cache,
+            PROMPT,
+            PARAMS["greedy"],
+            max_tokens=20,
+            sampler=Masking(PARAMS["greedy"]),
+            speculation=WithDrafter(lambda: Oracle(ref), 4),
+        )
+    )
+    assert [e.token for e in events] == ref[len(PROMPT) : len(PROMPT) + 20]
     assert max(model.passes[1:]) == 1 and events[-1].metrics.drafted_tokens == 0

@@ -72,12 +72,14 @@ def chi_square_critical(df: int, z: float = 3.09) -> float:
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
-@pytest.mark.parametrize("vocab,temperature,top_k,n_tokens,draft_tokens,rounds", [
-    (3, 1.0, 0, 4, 2, 1500),  # 81 sequences; drafts of 2, a bonus after a full run
-    (4, 0.7, 3, 3, 1, 2000),  # top-k 3 of 4: zeros in p and q
-])
-def test_speculative_sampling_keeps_the_target_distribution(vocab, temperature, top_k, n_tokens, draft_tokens,
-                                                            rounds):
+@pytest.mark.parametrize(
+    "vocab,temperature,top_k,n_tokens,draft_tokens,rounds",
+    [
+        (3, 1.0, 0, 4, 2, 1500),  # 81 sequences; drafts of 2, a bonus after a full run
+        (4, 0.7, 3, 3, 1, 2000),  # top-k 3 of 4: zeros in p and q
+    ],
+)
+def test_speculative_sampling_keeps_the_target_distribution(vocab, temperature, top_k, n_tokens, draft_tokens, rounds):
     model = PrefixModel(vocab=vocab, spread=1.5, eos_bias=0.0)
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=1.0, min_p=0.0, seed=1234)
     drafter = SampledDrafter(model, temperature, top_k, seed=5)
@@ -87,9 +89,18 @@ def test_speculative_sampling_keeps_the_target_distribution(vocab, temperature, 
     drafted = accepted = 0
     for i in range(rounds):
         cache.truncate(0)
-        run = list(generate(model, CharTokenizer(vocab), cache, PROMPT,
-                            replace(params, seed=i), max_tokens=n_tokens,
-                            ignore_stop_tokens=True, speculation=speculation))
+        run = list(
+            generate(
+                model,
+                CharTokenizer(vocab),
+                cache,
+                PROMPT,
+                replace(params, seed=i),
+                max_tokens=n_tokens,
+                ignore_stop_tokens=True,
+                speculation=speculation,
+            )
+        )
         key = tuple(e.token for e in run)
         counts[key] = counts.get(key, 0) + 1
         drafted += run[-1].metrics.drafted_tokens

@@ -26,10 +26,15 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module", params=[
-    pytest.param((key, backend), marks=pytest.mark.slow)
-    for backend in ("cpu", "numpy") for key in ("smollm2", "gemma3")
-], ids=lambda p: "-".join(p))
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param((key, backend), marks=pytest.mark.slow)
+        for backend in ("cpu", "numpy")
+        for key in ("smollm2", "gemma3")
+    ],
+    ids=lambda p: "-".join(p),
+)
 def loaded(request):
     """The model, with its plain greedy answer to each prompt (computed once per module)."""
     key, backend = request.param
@@ -41,8 +46,18 @@ def loaded(request):
 
 def answer(model, prompt, speculation=None):
     cache = model.new_cache(256)
-    events = list(generate(model.model, model.tokenizer, cache, prompt, SamplingParams.greedy(),
-                           max_tokens=N_TOKENS, ignore_stop_tokens=True, speculation=speculation))
+    events = list(
+        generate(
+            model.model,
+            model.tokenizer,
+            cache,
+            prompt,
+            SamplingParams.greedy(),
+            max_tokens=N_TOKENS,
+            ignore_stop_tokens=True,
+            speculation=speculation,
+        )
+    )
     return [e.token for e in events], events[-1].metrics
 
 
@@ -56,9 +71,11 @@ def top_two_gap(model, tokens):
 @pytest.mark.parametrize("drafter", ["ngram", "self-draft", "auto"])
 def test_greedy_speculative_answer_equals_plain(loaded, drafter):
     loaded, plain_answers = loaded
-    speculation = {"ngram": lambda: Speculation("ngram", 4),
-                   "self-draft": lambda: Speculation("draft", 3, draft=loaded),
-                   "auto": lambda: Speculation("auto")}[drafter]
+    speculation = {
+        "ngram": lambda: Speculation("ngram", 4),
+        "self-draft": lambda: Speculation("draft", 3, draft=loaded),
+        "auto": lambda: Speculation("auto"),
+    }[drafter]
     drafted = 0
     for prompt, plain in plain_answers:
         spec, metrics = answer(loaded, prompt, speculation())
