@@ -73,6 +73,10 @@ class Backend(ABC):
     """A compute backend: prepares weights once, then runs the op set on its own tensors."""
 
     name: str = "abstract"
+    batched_decode: bool = True
+    """Whether `rope` takes any positions, not only consecutive ones, and `attention_batch`
+    works, so the transformer's `decode_batch` can step several sequences in one pass. A
+    backend without it (MLX) decodes concurrent sequences one step each."""
 
     @property
     @abstractmethod
@@ -145,6 +149,22 @@ class Backend(ABC):
         Writes k and v into `cache` at those positions of `layer`, then attends each query
         to positions 0 .. its own (within `settings.window`). Returns (T, H * Dv).
         """
+
+    def attention_batch(
+        self, q: Tensor, k: Tensor, v: Tensor, caches: list[Any], layer: int, starts: list[int], settings: LayerAttention
+    ) -> Tensor:
+        """`attention` for B sequences with one new token each (batched decoding).
+
+        Row b of q (B, H, Dh), k (B, Hkv, Dh) and v (B, Hkv, Dv) is the token of sequence b, at
+        position starts[b] of its own storage caches[b]; it attends to that storage only.
+        Returns (B, H * Dv). By default one `attention` per row, the rows joined with NumPy:
+        right for backends whose tensors are NumPy arrays (numpy, cpu).
+        """
+        rows = [
+            self.attention(q[b : b + 1], k[b : b + 1], v[b : b + 1], cache, layer, start, settings)  # (1, H * Dv)
+            for b, (cache, start) in enumerate(zip(caches, starts, strict=True))
+        ]
+        return np.concatenate(rows)  # (B, H * Dv)
 
     @abstractmethod
     def gated_activation(self, gate: Tensor, up: Tensor, kind: str) -> Tensor:

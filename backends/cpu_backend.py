@@ -321,7 +321,7 @@ class CpuBackend(Backend):
         self, x: Any, positions: Any, base: float, rope_dim: int, neox: bool, freq_factors: np.ndarray | None = None
     ) -> Any:
         if not isinstance(positions, _StepInput) and np.any(np.diff(positions) != 1):
-            # the kernel takes consecutive positions; others (tests, never the engine) go one by one
+            # the kernel takes consecutive positions; others (a batch of sequences) go one by one
             return np.concatenate(
                 [
                     self.rope(x[t : t + 1], positions[t : t + 1], base, rope_dim, neox, freq_factors)

@@ -262,6 +262,8 @@ def cmd_serve(args) -> None:
     from engine.server.serve import serve_forever
 
     check_bind(args.host, args.api_key)
+    if args.max_batch < 1:
+        raise UsageError(f"--max-batch must be at least 1, not {args.max_batch}")
     config = ServerConfig(host=args.host, port=args.port, api_key=args.api_key, cors_origins=args.cors_origin or [])
     state = ServerState()
 
@@ -273,7 +275,7 @@ def cmd_serve(args) -> None:
             server.should_exit = True
             return
         name = args.alias or loaded.path.stem
-        state.served = ServedModel(loaded, Scheduler(max_waiting=args.max_waiting), name, args.ctx)
+        state.served = ServedModel(loaded, Scheduler(args.max_waiting, args.max_batch), name, args.ctx)
         print(f"serving {name} on http://{args.host}:{args.port}/v1", file=sys.stderr)
 
     serve_forever(state, config, on_started=load)
@@ -372,6 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cors-origin", action="append", metavar="URL", help="a web origin allowed to call (repeatable)")
     p.add_argument("--ctx", type=int, default=None, help="context length of server requests (default 4096)")
     p.add_argument("--max-waiting", type=int, default=16, help="requests that may wait; more get 429")
+    p.add_argument("--max-batch", type=int, default=4, help="requests decoded together in one batched step")
 
     p = command("bench", cmd_bench, needs_backend=True)
     p.add_argument("--prompt-tokens", type=int, default=256)

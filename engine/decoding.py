@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from engine.batching import batched_step
 from engine.kv_cache import KVCache
 from engine.models.common import Transformer
 from engine.sampling import Sampler, SamplingParams
@@ -192,14 +193,18 @@ class DecodeSteps:
     - other sampling reads the logits back and samples on the host; step n + 1 is queued
       once the text side asks for the token after n.
     Where the backend computes as it is called (NumPy, cpu), each step runs when it is queued.
+    Inside a batch (`engine.batching.stepping`, the server's scheduler) each step joins the
+    batch's next forward pass, and every token is sampled on the host.
     """
 
     def __init__(self, model: Transformer, cache: KVCache, sampler: Sampler):
         self.backend = model.backend
         self.sampler = sampler
-        self.step = model.decode_step(cache.storage)
+        batched = batched_step(model, cache.storage)
+        self.step = batched or model.decode_step(cache.storage)
         argmax = getattr(model.backend, "argmax", None)
-        self.argmax = argmax if argmax_only(sampler.params) and not sampler.masks_tokens else None
+        device_greedy = argmax_only(sampler.params) and not sampler.masks_tokens and batched is None
+        self.argmax = argmax if device_greedy else None
 
     @property
     def on_device(self) -> bool:

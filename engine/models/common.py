@@ -49,6 +49,15 @@ class LayerWeights:
     gate_up: Any = None  # w_gate, w_up joined the same way
 
 
+@dataclass(frozen=True)
+class KVBatch:
+    """The KV storages of a batch of sequences, one new token each, and their positions
+    (passed where one sequence passes its storage, see `Transformer.decode_batch`)."""
+
+    storages: list[Any]
+    positions: list[int]
+
+
 class Transformer:
     """A decoder-only transformer: embedding, N blocks, final norm, output projection.
 
@@ -150,6 +159,20 @@ class Transformer:
             )
         return lambda token, start: self.logits(np.asarray([token]), np.arange(start, start + 1), start, kv_storage)
 
+    def decode_batch(self, token_ids: np.ndarray, positions: np.ndarray, kv_storages: list[Any]) -> Any:
+        """One new token for each of B sequences, each at its own position of its own KV storage.
+
+        `token_ids` (B,) and `positions` (B,) are host ints; sequence b attends only to
+        `kv_storages[b]`. Returns backend logits (B, vocab). Embedding, norms, matrix
+        products (one product over the B rows reads each weight once), RoPE and the MLP
+        are row-wise; attention runs per sequence (`Backend.attention_batch`). One
+        sequence goes through `decode_step`. Needs a backend with `batched_decode`.
+        """
+        if len(token_ids) == 1:
+            return self.decode_step(kv_storages[0])(int(token_ids[0]), int(positions[0]))
+        batch = KVBatch(list(kv_storages), [int(p) for p in positions])
+        return self.logits(np.asarray(token_ids), np.asarray(positions), None, batch, all_logits=True)
+
     def logits(self, token_ids: Any, positions: Any, start: Any, kv_storage: Any, all_logits: bool = False) -> Any:
         """The forward pass on backend tensors: logits (T, vocab), or (1, vocab) for the last position.
 
@@ -191,7 +214,10 @@ class Transformer:
         rope = self.ropes[i]
         q = be.rope(q, positions, rope.base, cfg.rope_dim, cfg.rope_neox, rope.freq_factors)
         k = be.rope(k, positions, rope.base, cfg.rope_dim, cfg.rope_neox, rope.freq_factors)
-        out = be.attention(q, k, v, kv_storage, i, start, self.attentions[i])  # (T, H * Dv)
+        if isinstance(kv_storage, KVBatch):  # one token of each sequence, each on its own cache
+            out = be.attention_batch(q, k, v, kv_storage.storages, i, kv_storage.positions, self.attentions[i])
+        else:
+            out = be.attention(q, k, v, kv_storage, i, start, self.attentions[i])  # (T, H * Dv)
         return be.linear(out, layer.wo)
 
     def _mlp(self, layer: LayerWeights, h: Any) -> Any:

@@ -23,6 +23,7 @@ from engine.generation import (
     GenerationEvent,
     generate,
 )
+from engine.kv_cache import KVCache
 from engine.loader import LoadedModel
 from engine.sampling import Sampler, SamplingParams
 from engine.server.constrained import (
@@ -52,18 +53,50 @@ from engine.server.tool_calls import call_schema, call_style
 RETRY_AFTER_SECONDS = "2"
 
 
-class ServedModel:
-    """The model the server serves: the scheduler that owns it and the KV cache of server requests.
+class CachePool:
+    """The KV caches of server requests: one per request that runs, made as concurrency needs them.
 
-    Server requests share one cache, so a request that continues the previous one (a chat
-    client resending the history) prefills only its new tokens.
+    A request takes the free cache that already holds the longest prefix of its prompt
+    (the least recently used among equals), so a request that continues the previous one
+    (a chat client resending the history) prefills only its new tokens. At most `size`
+    caches are made: the scheduler runs at most that many server requests at once.
     """
+
+    def __init__(self, loaded: LoadedModel, n_ctx: int | None, size: int):
+        self._loaded, self.size = loaded, size
+        first = loaded.new_cache(n_ctx)
+        self.n_ctx = first.n_ctx
+        self.caches: list[KVCache] = [first]  # every cache made
+        self._free: list[KVCache] = [first]  # least recently used first
+        self._lock = threading.Lock()
+
+    def acquire(self, prompt: list[int]) -> KVCache:
+        """The cache a request with `prompt` should run on; it is the request's until `release`."""
+        with self._lock:
+            if self._free:
+                cache = max(self._free, key=lambda c: c.common_prefix(prompt))  # the first of equals: LRU
+                self._free.remove(cache)
+                return cache
+            if len(self.caches) >= self.size:
+                raise RuntimeError(f"all {self.size} KV caches of the server are in use")
+            cache = self._loaded.new_cache(self.n_ctx)
+            self.caches.append(cache)
+            return cache
+
+    def release(self, cache: KVCache) -> None:
+        """Give `cache` back, keeping what it holds for a request that continues it."""
+        with self._lock:
+            self._free.append(cache)
+
+
+class ServedModel:
+    """The model the server serves: the scheduler that owns it and the KV caches of server requests."""
 
     def __init__(self, loaded: LoadedModel, scheduler: Scheduler, name: str, n_ctx: int | None = None):
         self.loaded = loaded
         self.scheduler = scheduler
         self.name = name
-        self.cache = loaded.new_cache(n_ctx)
+        self.caches = CachePool(loaded, n_ctx, scheduler.max_batch)
         self.chat_stops = answer_stops(loaded)
         self.stop_ids = tuple(sorted(set(loaded.tokenizer.stop_ids) | set(self.chat_stops["stop_ids"])))
         self.call_style = call_style(loaded.tokenizer)
@@ -72,7 +105,7 @@ class ServedModel:
     @property
     def n_ctx(self) -> int:
         """Context length of server requests."""
-        return self.cache.n_ctx
+        return self.caches.n_ctx
 
 
 @dataclass
@@ -214,7 +247,7 @@ def plan_completion(served: ServedModel, request: CompletionRequest) -> Plan:
 
 
 def _run(served: ServedModel, plan: Plan):
-    """The function of a cancel flag that the engine thread runs for `plan`."""
+    """The function of a cancel flag that the scheduler runs for `plan`, on a cache of the pool."""
     loaded = served.loaded
     sampler = (
         GuidedSampler(plan.params, plan.grammar, loaded.tokenizer, served.stop_ids)
@@ -223,18 +256,22 @@ def _run(served: ServedModel, plan: Plan):
     )
 
     def run(cancel: threading.Event) -> Iterator[GenerationEvent]:
-        return generate(
-            loaded.model,
-            loaded.tokenizer,
-            served.cache,
-            plan.prompt,
-            plan.params,
-            max_tokens=plan.max_tokens,
-            stop_strings=plan.stop_strings,
-            stop_ids=plan.stop_ids,
-            cancel=cancel,
-            sampler=sampler,
-        )
+        cache = served.caches.acquire(plan.prompt)
+        try:
+            yield from generate(
+                loaded.model,
+                loaded.tokenizer,
+                cache,
+                plan.prompt,
+                plan.params,
+                max_tokens=plan.max_tokens,
+                stop_strings=plan.stop_strings,
+                stop_ids=plan.stop_ids,
+                cancel=cancel,
+                sampler=sampler,
+            )
+        finally:
+            served.caches.release(cache)
 
     return run
 
@@ -254,7 +291,7 @@ class Generation:
         self._loop = asyncio.get_running_loop()
         self.ticket = Ticket(_run(served, plan), self._deliver, SERVER, self.cancel)
 
-    def _deliver(self, item) -> None:  # on the engine thread
+    def _deliver(self, item) -> None:  # on the ticket's thread
         try:
             self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
         except RuntimeError:  # the event loop is gone: nobody is listening any more
@@ -282,7 +319,7 @@ class Generation:
         self.served.scheduler.wake()
 
     async def events(self) -> AsyncIterator[GenerationEvent]:
-        """The generation's events, as the engine thread produces them."""
+        """The generation's events, as the scheduler produces them."""
         try:
             while True:
                 item = await self._queue.get()

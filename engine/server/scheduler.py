@@ -1,19 +1,30 @@
-"""The one engine thread that owns a loaded model and runs every generation on it, in turn.
+"""The engine that owns a loaded model and runs its generations, several at once, in lock-step.
 
 The app's chat and the server's requests all become `Ticket`s. The scheduler keeps two
-FIFO lanes, the app's first, and runs one ticket at a time on its own thread, so no two
-generations ever touch the model (and its backend's buffers) at once. Each ticket brings
-its own KV cache, or uses the scheduler's server cache, so conversations never overwrite
-each other's keys and values.
+FIFO lanes, the app's first, and runs up to `max_batch` server tickets at once (the app's
+chat is never held back by that limit). Each running ticket is a generator driven on a
+thread of its own, but only one thread runs at a time: the engine thread hands each
+running ticket its turn and waits for it to give the turn back, so no two threads ever
+touch the model (and its backend's buffers) at once.
 
-A ticket is a function of a cancel flag that returns an iterator of events. The scheduler
-hands each event to the ticket's `deliver` callback (on the engine thread), then the
-`END` marker, or the exception that ended it. Setting a ticket's cancel flag stops a
-running generation between two decode steps (`generate` checks it), and a waiting ticket
-whose flag is set is dropped without ever starting.
+A turn ends when the ticket yields an event, ends, or asks for a plain decode step
+(`engine.batching`). A round of the engine gives every running ticket a turn, runs the
+decode steps they asked for as one batched forward pass (`run_batch`), and gives those
+tickets a turn again to sample their token and yield its event. So plain decodes step in
+lock-step, one token each per round; prefill stays per request (in the ticket's first
+turn), a ticket that arrives joins at the next round (continuous batching), and a ticket
+that decodes otherwise (speculation) takes its turns unbatched between the rounds' passes.
+
+Each ticket brings its own KV cache (the server's come from a pool, see `completions`), so
+conversations never overwrite each other's keys and values. A ticket is a function of a
+cancel flag that returns an iterator of events. Each event goes to the ticket's `deliver`
+callback (on the ticket's thread), then the `END` marker, or the exception that ended it.
+Setting a ticket's cancel flag stops a running generation between two decode steps
+(`generate` checks it), and a waiting ticket whose flag is set is dropped without ever
+starting.
 
 The server's lane is bounded: `submit` raises `QueueFull` when `max_waiting` server tickets
-already wait. The app's lane is never refused.
+already wait beyond those about to fill the batch's free places. The app's lane is never refused.
 """
 
 import queue
@@ -23,6 +34,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from engine.batching import StepRequest, run_batch, stepping
 
 APP = 0  # the app's own chat: served before any waiting server request
 SERVER = 1
@@ -40,14 +53,14 @@ class SchedulerClosed(Exception):
 
 @dataclass
 class Ticket:
-    """One generation waiting for, or holding, the model."""
+    """One generation waiting for the model, or running on it."""
 
-    run: Callable[[threading.Event], Iterator[Any]]  # called on the engine thread
-    deliver: Callable[[Any], None]  # each event, then END or the exception; on the engine thread
+    run: Callable[[threading.Event], Iterator[Any]]  # called, and iterated, on the ticket's thread
+    deliver: Callable[[Any], None]  # each event, then END or the exception; on the ticket's thread
     lane: int = SERVER
     cancel: threading.Event = field(default_factory=threading.Event)
     enqueued: float = field(default_factory=time.monotonic)
-    started: float | None = None  # when it got the model; None while it waits or if it never ran
+    started: float | None = None  # when it began to run; None while it waits or if it never ran
 
 
 @dataclass
@@ -60,15 +73,70 @@ class SchedulerStats:
     queue_wait_seconds: float = 0.0  # summed over the tickets that started
 
 
-class Scheduler:
-    """Runs tickets one at a time on a daemon thread, app lane first, FIFO within a lane."""
+class _Running:
+    """A ticket that runs: its generator, driven on a thread of its own that runs only
+    between `turn()` and the turn's end (an event yielded, a step asked for, or the end)."""
 
-    def __init__(self, max_waiting: int = 16, name: str = "sprig-scheduler"):
+    def __init__(self, ticket: Ticket, name: str):
+        self.ticket = ticket
+        self.step: StepRequest | None = None  # the decode step it waits for, until the batch ran
+        self.done = False
+        self._go = threading.Semaphore(0)
+        self._parked = threading.Semaphore(0)
+        self.thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self.thread.start()
+
+    def turn(self) -> None:
+        """Let the ticket run until it gives the turn back (engine thread)."""
+        self._go.release()
+        self._parked.acquire()
+        if self.done:
+            self.thread.join()
+
+    def _park(self) -> None:
+        self._parked.release()
+        self._go.acquire()
+
+    def _post(self, request: StepRequest) -> Any:
+        """Wait for the batch to run `request`; its logits (1, vocab), or its error raised."""
+        self.step = request
+        self._park()
+        self.step = None
+        if request.error is not None:
+            raise request.error
+        return request.logits
+
+    def _main(self) -> None:
+        self._go.acquire()
+        ticket = self.ticket
+        try:
+            with stepping(self._post):
+                for event in ticket.run(ticket.cancel):
+                    ticket.deliver(event)
+                    self._park()
+        except BaseException as exc:  # handed to the waiting caller, who reports it
+            ticket.deliver(exc)
+        else:
+            ticket.deliver(END)
+        finally:
+            self.done = True
+            self._parked.release()
+
+
+class Scheduler:
+    """Runs up to `max_batch` server tickets (and the app's) at once, their plain decode
+    steps batched; app lane first, FIFO within a lane."""
+
+    def __init__(self, max_waiting: int = 16, max_batch: int = 4, name: str = "sprig-scheduler"):
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, not {max_batch}")
         self.max_waiting = max_waiting
+        self.max_batch = max_batch
         self.stats = SchedulerStats()
+        self._name = name
         self._lanes: tuple[deque[Ticket], deque[Ticket]] = (deque(), deque())
         self._cond = threading.Condition()
-        self._running: Ticket | None = None
+        self._running: list[_Running] = []
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
@@ -80,13 +148,11 @@ class Scheduler:
         with self._cond:
             if self._closed:
                 raise SchedulerClosed("the model is being unloaded")
-            lane = self._lanes[ticket.lane]
-            idle = self._running is None and not any(self._lanes)  # it starts at once: it will not wait
-            if ticket.lane == SERVER and not idle and self._waiting_server() >= self.max_waiting:
+            if ticket.lane == SERVER and self._waiting_server() >= self.max_waiting + self._free_slots():
                 self.stats.refused += 1
                 raise QueueFull(f"{self.max_waiting} requests are already waiting")
             ticket.enqueued = time.monotonic()
-            lane.append(ticket)
+            self._lanes[ticket.lane].append(ticket)
             self._cond.notify_all()
         return ticket
 
@@ -118,6 +184,15 @@ class Scheduler:
     def _waiting_server(self) -> int:
         return sum(1 for t in self._lanes[SERVER] if not t.cancel.is_set())
 
+    def _free_slots(self) -> int:
+        """Server tickets that may still join the running batch."""
+        return self.max_batch - sum(r.ticket.lane == SERVER for r in self._running)
+
+    def _has_room(self, lane: int) -> bool:
+        """Whether a ticket of `lane` may start now: the app's always, the server's while the
+        batch has room."""
+        return lane == APP or self._free_slots() > 0
+
     @property
     def waiting(self) -> int:
         """Tickets waiting for the model, both lanes, not counting cancelled ones."""
@@ -126,8 +201,8 @@ class Scheduler:
 
     @property
     def in_flight(self) -> int:
-        """1 while a ticket holds the model, else 0."""
-        return 0 if self._running is None else 1
+        """Tickets running now (decoding together)."""
+        return len(self._running)
 
     def wake(self) -> None:
         """Let the engine thread notice cancelled waiting tickets now (they are dropped)."""
@@ -138,45 +213,62 @@ class Scheduler:
         """Cancel what runs and what waits, and end the thread (after the running step)."""
         with self._cond:
             self._closed = True
-            if self._running is not None:
-                self._running.cancel.set()
+            for running in self._running:
+                running.ticket.cancel.set()
             for lane in self._lanes:
                 for ticket in lane:
                     ticket.cancel.set()
             self._cond.notify_all()
-        if threading.current_thread() is not self._thread:
+            own = {self._thread, *(r.thread for r in self._running)}
+        if threading.current_thread() not in own:
             self._thread.join(timeout)
 
     # -- the engine thread -------------------------------------------------------------
 
-    def _next(self) -> Ticket | None:
-        """The next ticket to run, dropping cancelled ones; None once closed and drained."""
+    def _admit(self) -> bool:
+        """Start the waiting tickets there is room for, dropping cancelled ones; wait while
+        nothing runs. False once closed and drained."""
         with self._cond:
             while True:
-                for lane in self._lanes:
-                    while lane:
-                        ticket = lane.popleft()
-                        if not ticket.cancel.is_set():
-                            self._running = ticket
-                            return ticket
+                for lane_index, lane in enumerate(self._lanes):
+                    for ticket in [t for t in lane if t.cancel.is_set()]:
+                        lane.remove(ticket)
                         self.stats.skipped += 1
                         ticket.deliver(END)
+                    while lane and self._has_room(lane_index):
+                        self._start(lane.popleft())
+                if self._running:
+                    return True
                 if self._closed:
-                    return None
+                    return False
                 self._cond.wait()
 
+    def _start(self, ticket: Ticket) -> None:
+        ticket.started = time.monotonic()
+        self.stats.queue_wait_seconds += ticket.started - ticket.enqueued
+        self._running.append(_Running(ticket, f"{self._name}-ticket"))
+
+    def _round(self) -> None:
+        """Every running ticket's turn, then one batched pass for the steps they asked for,
+        then the turns of those tickets again (each samples its token and yields it)."""
+        for running in list(self._running):
+            if running.step is None:
+                running.turn()
+        self._reap()
+        asking = [r for r in self._running if r.step is not None]
+        if asking:
+            run_batch([r.step for r in asking if r.step is not None])
+            for running in asking:
+                running.turn()
+            self._reap()
+
+    def _reap(self) -> None:
+        with self._cond:
+            ended = [r for r in self._running if r.done]
+            for running in ended:
+                self._running.remove(running)
+                self.stats.served += 1
+
     def _loop(self) -> None:
-        while (ticket := self._next()) is not None:
-            ticket.started = time.monotonic()
-            self.stats.queue_wait_seconds += ticket.started - ticket.enqueued
-            try:
-                for event in ticket.run(ticket.cancel):
-                    ticket.deliver(event)
-            except BaseException as exc:  # handed to the waiting caller, who reports it
-                ticket.deliver(exc)
-            else:
-                ticket.deliver(END)
-            finally:
-                with self._cond:
-                    self._running = None
-                    self.stats.served += 1
+        while self._admit():
+            self._round()

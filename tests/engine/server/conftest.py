@@ -13,10 +13,10 @@ from tests.gguf_factory import write_tiny_model
 
 
 @contextlib.contextmanager
-def running_server(model_path, backend="numpy", *, n_ctx=1024, max_waiting=16, **config):
+def running_server(model_path, backend="numpy", *, n_ctx=1024, max_waiting=16, max_batch=4, **config):
     """Load `model_path`, serve it on 127.0.0.1 (a free port), and yield the BackgroundServer."""
     loaded = load_model(model_path, backend)
-    scheduler = Scheduler(max_waiting=max_waiting)
+    scheduler = Scheduler(max_waiting=max_waiting, max_batch=max_batch)
     state = ServerState(ServedModel(loaded, scheduler, "tiny", n_ctx))
     server = BackgroundServer(state, ServerConfig(port=0, **config)).start()
     try:

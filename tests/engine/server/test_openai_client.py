@@ -5,12 +5,14 @@ strings, finish reasons, constrained output, and the errors the client raises.
 """
 
 import json
+import threading
 
 import httpx2 as httpx
 import jsonschema
 import openai
 import pytest
 
+from engine.server.scheduler import SERVER, Ticket
 from tests.engine.server.conftest import running_server
 
 LONG = [{"role": "user", "content": "hello"}]  # the tiny model answers this greedily without ever stopping
@@ -171,14 +173,25 @@ def test_errors_the_client_raises(client):
 
 
 def test_wrong_key_and_full_queue(tiny_model_path):
-    with running_server(tiny_model_path, api_key="right", max_waiting=0) as server:
+    with running_server(tiny_model_path, api_key="right", max_waiting=0, max_batch=1) as server:
         wrong = openai.OpenAI(base_url=server.url, api_key="wrong", max_retries=0)
         with pytest.raises(openai.AuthenticationError):
             wrong.models.list()
         right = openai.OpenAI(base_url=server.url, api_key="right", max_retries=0)
         assert [m.id for m in right.models.list()] == ["tiny"]
-        with right.chat.completions.create(model="tiny", messages=LONG, max_tokens=900, stream=True) as stream:
-            next(iter(stream))  # this one holds the model; with no room to wait, the next is refused
-            with pytest.raises(openai.RateLimitError) as exc:
+        scheduler, release = server.state.served.scheduler, threading.Event()
+
+        def hold(cancel):  # holds the model's only place until released, however fast the model is
+            release.wait(30)
+            yield from ()
+
+        holder = scheduler.submit(Ticket(hold, lambda item: None, SERVER))
+        try:
+            while holder.started is None:
+                release.wait(0.005)
+            with pytest.raises(openai.RateLimitError) as exc:  # no place to run, no room to wait
                 right.chat.completions.create(model="tiny", messages=LONG, max_tokens=4)
+        finally:
+            release.set()
         assert exc.value.response.headers["retry-after"]
+        assert right.chat.completions.create(model="tiny", messages=LONG, max_tokens=4).usage.completion_tokens
