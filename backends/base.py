@@ -151,7 +151,14 @@ class Backend(ABC):
         """
 
     def attention_batch(
-        self, q: Tensor, k: Tensor, v: Tensor, caches: list[Any], layer: int, starts: list[int], settings: LayerAttention
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        caches: list[Any],
+        layer: int,
+        starts: list[int],
+        settings: LayerAttention,
     ) -> Tensor:
         """`attention` for B sequences with one new token each (batched decoding).
 

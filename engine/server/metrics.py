@@ -37,7 +37,7 @@ class ServerMetrics:
         )
         self.tokens_per_second = Gauge("sprig_decode_tokens_per_second", "Decode speed of the last request", registry=r)
         self.queue_length = Gauge("sprig_queue_length", "Requests waiting for the model", registry=r)
-        self.in_flight = Gauge("sprig_requests_in_flight", "Requests holding the model", registry=r)
+        self.in_flight = Gauge("sprig_requests_in_flight", "Requests running (decoded together)", registry=r)
 
         def current(attribute: str):
             def read() -> float:

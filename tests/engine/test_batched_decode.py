@@ -51,7 +51,7 @@ def test_a_batched_step_gives_every_sequence_its_own_logits(tmp_path, backend, k
             assert batch.shape == (len(prompts), loaded.config.vocab_size)
             for b, (_, logits) in enumerate(alone):
                 spread = float(np.ptp(logits[n]))
-                np.testing.assert_allclose(batch[b], logits[n], rtol=0, atol=1e-5 * spread, err_msg=f"step {n}, row {b}")
+                np.testing.assert_allclose(batch[b], logits[n], rtol=0, atol=1e-5 * spread, err_msg=f"step {n} row {b}")
     finally:
         loaded.close()
 

@@ -1,4 +1,4 @@
-"""The scheduler on its own: one ticket at a time, the app's lane first, FIFO, cancellation, bounds."""
+"""The scheduler on its own, one ticket at a time: the app's lane first, FIFO, cancellation, bounds."""
 
 import threading
 
@@ -49,7 +49,7 @@ def hold(scheduler, log, gate, steps=1, deliver=lambda item: None):
 
 @pytest.fixture
 def scheduler():
-    s = Scheduler(max_waiting=2)
+    s = Scheduler(max_waiting=2, max_batch=1)  # one ticket at a time (batches: test_batching.py)
     yield s
     s.close()
 
