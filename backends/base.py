@@ -81,8 +81,8 @@ class Backend(ABC):
     max_compiled_tokens: int = 0  # the most new tokens `compile_forward` takes (0: no such hook)
     batched_decode: bool = True
     """Whether `rope` takes any positions, not only consecutive ones, and `attention_batch`
-    works, so the transformer's `decode_batch` can step several sequences in one pass. A
-    backend without it (MLX) decodes concurrent sequences one step each."""
+    works, so the transformer's `decode_batch` can step several sequences in one pass. On a
+    backend without it (MLX) concurrent sequences take their own steps in turn."""
 
     @property
     @abstractmethod

@@ -125,7 +125,7 @@ class MLXBackend(Backend):
     """Runs the op set with MLX on its default device: the GPU on Apple silicon."""
 
     name = "mlx"
-    batched_decode = False  # fast RoPE counts on from one position: concurrent sequences step one by one
+    batched_decode = False  # fast RoPE counts on from one position: concurrent sequences step in turn
 
     def __init__(self):
         self.one_bit = _has_one_bit_kernels()

@@ -193,8 +193,8 @@ class DecodeSteps:
     - other sampling reads the logits back and samples on the host; step n + 1 is queued
       once the text side asks for the token after n.
     Where the backend computes as it is called (NumPy, cpu), each step runs when it is queued.
-    Inside a batch (`engine.batching.stepping`, the server's scheduler) each step joins the
-    batch's next forward pass, and every token is sampled on the host.
+    Inside a batch (`engine.batching.stepping`, the server's scheduler) on a backend that
+    batches, each step joins the batch's next forward pass, and every token is sampled on the host.
     """
 
     def __init__(self, model: Transformer, cache: KVCache, sampler: Sampler):

@@ -77,6 +77,7 @@ class Answer:
     def __init__(self, loaded, prompt, params=GREEDY, n=N_TOKENS, on_token=None):
         self.tokens: list[int] = []
         self.finish: str | None = None
+        self.error: BaseException | None = None
         self.done = threading.Event()
         self.on_token = on_token
         cache = loaded.new_cache(128)
@@ -89,7 +90,7 @@ class Answer:
 
     def deliver(self, item):
         if item is END or isinstance(item, BaseException):
-            self.error = item if isinstance(item, BaseException) else None
+            self.error = None if item is END else item
             self.done.set()
             return
         if item.token is not None:
@@ -278,3 +279,34 @@ def test_a_batch_below_one_is_refused_in_one_line(tiny_model_path):
                              "--max-batch", "0"], check=False, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "--max-batch" in result.stderr
+
+
+def test_a_backend_that_cannot_batch_steps_each_generation_in_turn(loaded, scheduler, batch_sizes, monkeypatch):
+    monkeypatch.setattr(loaded.backend, "batched_decode", False)  # as MLX, whose RoPE wants consecutive positions
+    batch_prompts = prompts(loaded, 3)
+    answers = [Answer(loaded, p) for p in batch_prompts]
+    with held(scheduler):
+        for answer in answers:
+            scheduler.submit(answer.ticket)
+    assert finished(answers)
+    assert batch_sizes == []
+    for answer, prompt in zip(answers, batch_prompts, strict=True):
+        assert answer.tokens == alone(loaded, prompt)
+
+
+def test_a_failed_pass_ends_the_generations_in_it_and_the_next_ones_run(loaded, scheduler, monkeypatch):
+    def out_of_memory(*args):
+        raise MemoryError("no room for the batch")
+
+    real = loaded.model.decode_batch
+    monkeypatch.setattr(loaded.model, "decode_batch", out_of_memory)
+    failing = [Answer(loaded, p) for p in prompts(loaded, 2)]
+    with held(scheduler):
+        for answer in failing:
+            scheduler.submit(answer.ticket)
+    assert all(a.done.wait(30) for a in failing)
+    assert all(isinstance(a.error, MemoryError) and len(a.tokens) == 1 for a in failing)
+    monkeypatch.setattr(loaded.model, "decode_batch", real)
+    later = Answer(loaded, prompts(loaded, 1)[0])
+    scheduler.submit(later.ticket)
+    assert finished([later]) and later.tokens == alone(loaded, prompts(loaded, 1)[0])
