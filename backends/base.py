@@ -83,6 +83,8 @@ class Backend(ABC):
     """Whether `rope` takes any positions, not only consecutive ones, and `attention_batch`
     works, so the transformer's `decode_batch` can step several sequences in one pass. On a
     backend without it (MLX) concurrent sequences take their own steps in turn."""
+    min_decode_batch: int = 2
+    """The fewest sequences worth one batched pass; fewer take their own decode steps in turn."""
 
     @property
     @abstractmethod

@@ -203,6 +203,9 @@ class CpuBackend(Backend):
 
     name = "cpu"
     max_compiled_tokens = MAX_STEP_TOKENS
+    # The products share a weight row's reads among four tokens at a time (dot_tokens); two or
+    # three rows cost about as much as their own compiled steps, plus the pass's Python per op.
+    min_decode_batch = 4
 
     def __init__(self, threads: int | None = None, tier: str | None = None):
         self.native = cpu_native.load(tier)

@@ -61,13 +61,20 @@ def batched_step(model: Transformer, storage: Any) -> Callable[[int, int], Any] 
 
 
 def run_batch(requests: list[StepRequest]) -> None:
-    """Run every request's step, one forward pass per model, and fill in its logits or error."""
+    """Run every request's step, one forward pass per model, and fill in its logits or error.
+
+    A model's requests fewer than its backend's `min_decode_batch` run their own steps.
+    """
     by_model: dict[int, list[StepRequest]] = {}
     for request in requests:
         by_model.setdefault(id(request.model), []).append(request)
     for group in by_model.values():
         model = group[0].model
         try:
+            if len(group) < model.backend.min_decode_batch:
+                for request in group:
+                    request.logits = model.decode_step(request.storage)(request.token, request.position)
+                continue
             tokens = np.array([r.token for r in group], dtype=np.int64)  # (B,)
             positions = np.array([r.position for r in group], dtype=np.int64)  # (B,)
             logits = model.decode_batch(tokens, positions, [r.storage for r in group])  # (B, vocab)

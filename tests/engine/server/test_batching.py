@@ -41,7 +41,12 @@ def loaded(request, tiny_model_path):
 
 @pytest.fixture
 def batch_sizes(loaded, monkeypatch):
-    """The size of every batched pass the model runs (a spy: it records and passes on)."""
+    """The size of every batched pass the model runs (a spy: it records and passes on).
+
+    Every batch of two or more runs as one pass here, the cpu backend's too (which batches
+    only from four in use: see `test_a_backend_batches_from_its_least_worthwhile_size`).
+    """
+    monkeypatch.setattr(loaded.backend, "min_decode_batch", 2)
     sizes: list[int] = []
     real = loaded.model.decode_batch
 
@@ -225,7 +230,7 @@ def test_openai_clients_decoded_together_get_their_answers_alone(tiny_model_path
             return reply.choices[0].text, reply.usage.completion_tokens
 
         expected = [complete(text) for text in texts]  # one at a time: nothing to batch with
-        assert set(spy_sizes) == {1}
+        assert spy_sizes == []  # a sequence alone takes its own steps
         results: dict[int, tuple] = {}
         with held(served.scheduler):
             threads = [threading.Thread(target=lambda i=i: results.update({i: complete(texts[i])})) for i in range(4)]
@@ -298,6 +303,8 @@ def test_a_failed_pass_ends_the_generations_in_it_and_the_next_ones_run(loaded, 
     def out_of_memory(*args):
         raise MemoryError("no room for the batch")
 
+    monkeypatch.setattr(loaded.backend, "min_decode_batch", 2)
+
     real = loaded.model.decode_batch
     monkeypatch.setattr(loaded.model, "decode_batch", out_of_memory)
     failing = [Answer(loaded, p) for p in prompts(loaded, 2)]
@@ -310,3 +317,16 @@ def test_a_failed_pass_ends_the_generations_in_it_and_the_next_ones_run(loaded, 
     later = Answer(loaded, prompts(loaded, 1)[0])
     scheduler.submit(later.ticket)
     assert finished([later]) and later.tokens == alone(loaded, prompts(loaded, 1)[0])
+
+
+def test_a_backend_batches_from_its_least_worthwhile_size(loaded, scheduler, batch_sizes, monkeypatch):
+    monkeypatch.setattr(loaded.backend, "min_decode_batch", 3)
+    batch_prompts = prompts(loaded, 3)
+    answers = [Answer(loaded, p, n=n) for p, n in zip(batch_prompts, (8, 16, 16), strict=True)]
+    with held(scheduler):
+        for answer in answers:
+            scheduler.submit(answer.ticket)
+    assert finished(answers)
+    assert batch_sizes == [3] * 7  # once the shortest answer ends, the other two take their own steps
+    for answer, prompt in zip(answers, batch_prompts, strict=True):
+        assert answer.tokens == alone(loaded, prompt, n=len(answer.tokens))
