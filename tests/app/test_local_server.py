@@ -13,6 +13,7 @@ from PySide6.QtWidgets import QApplication
 from app.settings import sampling_params
 from engine.chat_session import ChatSession
 from engine.loader import load_model
+from engine.server.scheduler import SERVER, Ticket
 from tests.app.conftest import answer, close_window, load, make_window, quick_settings
 from tests.gguf_factory import write_tiny_model
 
@@ -94,14 +95,23 @@ def test_chat_and_server_share_the_model_without_mixing_their_state(qtbot, serve
 def test_a_chat_answer_stopped_while_it_waits_for_the_model_is_cancelled(qtbot, served_window):
     window, _model = served_window
     scheduler = window.controller.scheduler
-    client = openai.OpenAI(base_url=window.local_server.address, api_key="unused", max_retries=0, timeout=60)
-    with client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=1000, temperature=0,
-                                        stream=True) as stream:
-        next(iter(stream))  # the server's request holds the model
+    release, holding = threading.Event(), threading.Event()
+
+    def hold(cancel):  # holds the model in its turn (as a long prefill does) until released
+        holding.set()
+        release.wait(30)
+        yield from ()
+
+    scheduler.submit(Ticket(hold, lambda item: None, SERVER))
+    assert holding.wait(5)
+    try:
         with qtbot.waitSignal(window.controller.answer_finished, timeout=60_000) as finished:
             assert window.send("Tell me about rivers") is not False
             qtbot.waitUntil(lambda: scheduler.waiting == 1, timeout=5000)
             window.controller.cancel()
+            release.set()
+    finally:
+        release.set()
     _metrics, state = finished.args
     assert state == "cancelled"
     assert scheduler.stats.skipped == 1  # it never ran
