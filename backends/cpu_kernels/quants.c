@@ -297,11 +297,12 @@ void dequantize_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf, 
         memcpy(out, buf->f, 4 * (size_t)cols);
         return;
     }
-    for (int64_t i = 0; i < cols; i++) {
-        int64_t g = i / GROUP;
-        float s = buf->scale[g * HALVES + (i % GROUP) / 16];
-        out[i] = s * (float)buf->q[i] + buf->min[g];
-    }
+    for (int64_t g = 0; g < cols / GROUP; g++)
+        for (int e = 0; e < GROUP; e += 8) { /* 8 weights: s * q + m */
+            float s = buf->scale[g * HALVES + e / 16], m = buf->min[g];
+            v8f w = widen8(buf->q + g * GROUP + e) * s + m;
+            memcpy(out + g * GROUP + e, &w, sizeof w);
+        }
 }
 
 void quantize_row(const float *x, int64_t K, int16_t *q, float *d, float *xsum) {
@@ -434,3 +435,47 @@ float dot_row(int type, const uint8_t *row, int64_t K, const int16_t *xq, const 
     return type_has_min(type) ? total + dot_float(mins, xs, K / GROUP) : total;
 }
 
+
+/* -- many tokens: rows dequantized to float, fused multiply-adds ----------------------------
+ * A product over FLOAT_TOKENS or more tokens (prefill) takes the float activations as they
+ * are and the weights as gguf-py dequantizes them (dequantize_row), and each (row, token) is
+ * the sum of w[i] * x[i] in 8 lanes (lane i mod 8), each step one fused multiply-add, then
+ * reduce8. FLOAT_ROWS rows x FLOAT_BLOCK tokens of accumulators share each load. */
+
+/* R rows of `w` (row r at r * K) times tokens t .. t + TK - 1, into out[token * stride + row]. */
+static inline __attribute__((always_inline)) void float_kernel(const float *w, int64_t K, const int R, const int TK,
+                                                               const float *x, int64_t t, float *out, int64_t stride) {
+    v8f acc[FLOAT_ROWS][FLOAT_BLOCK] = {{{0}}};
+    for (int64_t i = 0; i < K; i += 8) {
+        v8f wv[FLOAT_ROWS];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) memcpy(&wv[r], w + r * K + i, sizeof wv[r]);
+#pragma GCC unroll 8
+        for (int k = 0; k < TK; k++) {
+            v8f xv;
+            memcpy(&xv, x + (t + k) * K + i, sizeof xv);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) acc[r][k] = fma8(wv[r], xv, acc[r][k]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int k = 0; k < TK; k++) out[(t + k) * stride + r] = reduce8(acc[r][k]);
+}
+
+static inline __attribute__((always_inline)) void float_rows(const float *w, int64_t K, const int R, const float *x,
+                                                             int64_t t0, int64_t t1, float *out, int64_t stride) {
+    int64_t t = t0;
+    for (; t + FLOAT_BLOCK <= t1; t += FLOAT_BLOCK) float_kernel(w, K, R, FLOAT_BLOCK, x, t, out, stride);
+    for (; t < t1; t++) float_kernel(w, K, R, 1, x, t, out, stride);
+}
+
+/* n (1 .. FLOAT_ROWS) float rows (row r at w + r * K, K a multiple of 8) times tokens
+ * t0 .. t1 - 1 of x (T, K), into out[t * stride + r]. */
+void float_product(const float *w, int n, int64_t K, const float *x, int64_t t0, int64_t t1, float *out,
+                   int64_t stride) {
+    if (n == FLOAT_ROWS) {
+        float_rows(w, K, FLOAT_ROWS, x, t0, t1, out, stride);
+        return;
+    }
+    for (int r = 0; r < n; r++) float_rows(w + r * K, K, 1, x, t0, t1, out + r, stride);
+}
