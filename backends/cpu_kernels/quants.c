@@ -410,25 +410,26 @@ float dot_row(int type, const uint8_t *row, int64_t K, const int16_t *xq, const 
               float *mins) {
     v8f acc = {0};
     int split = type == T_Q6_K;
-#define DOT_BLOCKS(unpack, weights, bytes)                                                          \
-    for (int64_t blk = 0; blk < K / (weights); blk++) {                                             \
+    float no_mins[8]; /* the zero min terms of types without any: stores the compiler drops */
+#define DOT_BLOCKS(unpack, weights, bytes, has_min)                                                 \
+    _Pragma("GCC unroll 2") for (int64_t blk = 0; blk < K / (weights); blk++) {                     \
         int8_t q[weights];                                                                          \
         float scale[(weights) / GROUP * HALVES];                                                    \
         int64_t g0 = blk * ((weights) / GROUP);                                                     \
-        unpack(row + blk * (bytes), q, scale, mins + g0);                                           \
+        unpack(row + blk * (bytes), q, scale, (has_min) ? mins + g0 : no_mins);                     \
         for (int g = 0; g < (weights) / GROUP; g++)                                                 \
             acc += group_term(q + g * GROUP, xq + (g0 + g) * GROUP, scale + g * HALVES, xd[g0 + g], split); \
     }                                                                                               \
     break
     switch (type) {
-    case T_Q4_0: DOT_BLOCKS(unpack_q4_0, 32, 18);
-    case T_Q4_1: DOT_BLOCKS(unpack_q4_1, 32, 20);
-    case T_Q5_0: DOT_BLOCKS(unpack_q5_0, 32, 22);
-    case T_Q5_1: DOT_BLOCKS(unpack_q5_1, 32, 24);
-    case T_Q8_0: DOT_BLOCKS(unpack_q8_0, 32, 34);
-    case T_Q4_K: DOT_BLOCKS(unpack_q4_k, 256, 144);
-    case T_Q5_K: DOT_BLOCKS(unpack_q5_k, 256, 176);
-    case T_Q6_K: DOT_BLOCKS(unpack_q6_k, 256, 210);
+    case T_Q4_0: DOT_BLOCKS(unpack_q4_0, 32, 18, 0);
+    case T_Q4_1: DOT_BLOCKS(unpack_q4_1, 32, 20, 1);
+    case T_Q5_0: DOT_BLOCKS(unpack_q5_0, 32, 22, 0);
+    case T_Q5_1: DOT_BLOCKS(unpack_q5_1, 32, 24, 1);
+    case T_Q8_0: DOT_BLOCKS(unpack_q8_0, 32, 34, 0);
+    case T_Q4_K: DOT_BLOCKS(unpack_q4_k, 256, 144, 1);
+    case T_Q5_K: DOT_BLOCKS(unpack_q5_k, 256, 176, 1);
+    case T_Q6_K: DOT_BLOCKS(unpack_q6_k, 256, 210, 0);
     }
 #undef DOT_BLOCKS
     float total = reduce8(acc);
