@@ -53,8 +53,8 @@ static inline uint32_t u32(const uint8_t *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 
-/* Bit j of `bits` (LSB first) as byte j, 0 or 1. */
-static inline u8x32 expand_bits(uint32_t bits) {
+/* Bit j of `bits` (LSB first) as byte j: 0xff if set, else 0. */
+static inline i8x32 bit_mask(uint32_t bits) {
     const u8x32 select = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128,
                           1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
 #if defined(__AVX2__)
@@ -67,7 +67,17 @@ static inline u8x32 expand_bits(uint32_t bits) {
     u8x32 spread = {b0, b0, b0, b0, b0, b0, b0, b0, b1, b1, b1, b1, b1, b1, b1, b1,
                     b2, b2, b2, b2, b2, b2, b2, b2, b3, b3, b3, b3, b3, b3, b3, b3};
 #endif
-    return (u8x32)((spread & select) != 0) & 1;
+    return (i8x32)((spread & select) == select);
+}
+
+/* Bit j of `bits` (LSB first) as byte j, 0 or 1. */
+static inline u8x32 expand_bits(uint32_t bits) { return (u8x32)bit_mask(bits) & 1; }
+
+/* Nibbles 0-15 of qs[j] (low) and 16-31 (high) as 32 bytes. */
+static inline u8x32 nibbles32(const uint8_t *qs) {
+    u8x16 v = load16(qs);
+    return __builtin_shufflevector(v & 15, v >> 4, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18,
+                                   19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
 }
 
 int type_block(int type, int *weights, int *bytes) {
@@ -120,11 +130,8 @@ static inline void unpack_q4_1(const uint8_t *b, int8_t *q, float *scale, float 
 /* Q5_0, 32 weights in 22 bytes:  | d: fp16 | qh: 32 bits | qs: 16 bytes |
  * weight j = ((nibble j) | (bit j of qh) << 4) - 16, times d (nibbles as in Q4_0). */
 static inline void unpack_q5_0(const uint8_t *b, int8_t *q, float *scale, float *min) {
-    u8x32 high = expand_bits(u32(b + 2)) << 4;
-    u8x16 qs = load16(b + 6);
-    u8x32 nibbles = __builtin_shufflevector(qs & 15, qs >> 4, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
-                                            16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
-    i8x32 codes = (i8x32)(nibbles | high) - 16;
+    /* nibble | bit << 4, minus 16: the nibble, minus 16 where the bit is clear */
+    i8x32 codes = (i8x32)nibbles32(b + 6) - (~bit_mask(u32(b + 2)) & 16);
     memcpy(q, &codes, 32);
     float d = f16(b);
     set_scales(scale, d, d);
@@ -133,10 +140,7 @@ static inline void unpack_q5_0(const uint8_t *b, int8_t *q, float *scale, float 
 
 /* Q5_1, 32 weights in 24 bytes:  | d: fp16 | m: fp16 | qh: 32 bits | qs: 16 bytes |   d * q5 + m */
 static inline void unpack_q5_1(const uint8_t *b, int8_t *q, float *scale, float *min) {
-    u8x32 high = expand_bits(u32(b + 4)) << 4;
-    u8x16 qs = load16(b + 8);
-    u8x32 codes = __builtin_shufflevector(qs & 15, qs >> 4, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
-                                          16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31) | high;
+    u8x32 codes = nibbles32(b + 8) | (u8x32)(bit_mask(u32(b + 4)) & 16);
     memcpy(q, &codes, 32);
     float d = f16(b);
     set_scales(scale, d, d);
