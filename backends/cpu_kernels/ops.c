@@ -70,6 +70,13 @@ static void tiles_product(const Matrix *w, int64_t K, int64_t r0, int64_t r1, in
                          out + t * w->rows);
 }
 
+/* One token reads each row once, in order: ask for a row a few rows ahead of the one being
+ * multiplied, so that memory works while the core computes. */
+#define PREFETCH_ROWS 4
+static inline void prefetch_row(const uint8_t *row, size_t bytes) {
+    for (size_t at = 0; at < bytes; at += 64) __builtin_prefetch(row + at);
+}
+
 static void linear_task(void *vctx, int chunk, int chunks, int thread) {
     const LinearCtx *c = vctx;
     const Op *op = c->op;
@@ -95,9 +102,11 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
                     float_product(buf->f, n, K, op->a, t0, t1, op->outs[m] + r, w->rows);
                 }
             } else if (t1 - t0 == 1 && type_takes_codes(w->type)) { /* one token: no row buffer */
-                for (int64_t r = r0; r < r1; r++)
+                for (int64_t r = r0; r < r1; r++) {
+                    if (r + PREFETCH_ROWS < r1) prefetch_row(w->data + (r + PREFETCH_ROWS) * w->row_bytes, w->row_bytes);
                     op->outs[m][t0 * w->rows + r] = dot_row(w->type, w->data + r * w->row_bytes, K, acts.q + t0 * K,
                                                             acts.d + t0 * G, acts.xsum + t0 * G, buf->min);
+                }
             } else {
                 for (int64_t r = r0; r < r1; r++) {
                     unpack_row(w->type, w->data + r * w->row_bytes, K, buf);
