@@ -25,6 +25,11 @@ engine looks for them with `getattr` and works op by op without them (NumPy):
         position, and so the KV length) belongs to the KV storage object, which the step
         updates in place, so nothing is rebuilt on the host per token. The step is made
         once per KV storage and kept on it.
+    compile_forward(forward, kv, n_tokens) -> step(tokens, start) -> logits (n_tokens, vocab)
+        the same for a pass over `n_tokens` new positions (at most the backend's
+        `max_compiled_tokens`) that returns the logits at each of them: a speculative
+        draft's verification. `forward` returns every position's logits. (cpu: one
+        recorded op list per `n_tokens`.)
     argmax(logits) -> token
         the most likely next token, left on the device, so greedy decoding can queue the
         next step before the current token is read back (mlx-lm's generate_step).
@@ -73,6 +78,7 @@ class Backend(ABC):
     """A compute backend: prepares weights once, then runs the op set on its own tensors."""
 
     name: str = "abstract"
+    max_compiled_tokens: int = 0  # the most new tokens `compile_forward` takes (0: no such hook)
 
     @property
     @abstractmethod

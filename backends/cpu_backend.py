@@ -8,10 +8,11 @@ quantized in groups of 32 (once, shared by q/k/v and by gate/up): to int16 codes
 Q1_0 to 12-bit codes and their lookup tables. Types without a kernel are converted once at
 load to Q8_0 and the load notes say so.
 
-Every op is a tuple (see module.c) that runs at once. `compile_decode` instead records the
-one-token forward pass once, with stand-in tensors, into a list of such tuples over one
-preallocated arena, and replays it in C: one call per token, no Python per op. The token
-and position it reads live in the KV storage's `step_state` array.
+Every op is a tuple (see module.c) that runs at once. `compile_forward` instead records a
+forward pass over a fixed number of new tokens (one for decoding, up to MAX_STEP_TOKENS
+for a speculative draft's verification) once, with stand-in tensors, into a list of such
+tuples over one preallocated arena, and replays it in C: one call per pass, no Python per
+op. The position and the tokens it reads live in the KV storage's `step_state` array.
 """
 
 from collections.abc import Callable
@@ -46,6 +47,7 @@ NATIVE_TYPES = frozenset(
 _ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 _Q8_0 = GGMLQuantizationType.Q8_0
 _ALIGN = 16  # floats: recorded buffers start on 64-byte cache lines
+MAX_STEP_TOKENS = 16  # the most new tokens a compiled pass takes
 
 
 def _bufs(a=None, b=None, c=None, out=None, ids=None, pos=None, table=None, kcache=None, vcache=None) -> tuple:
@@ -72,15 +74,16 @@ class CpuMatrix:
 class CpuKV:
     """KV cache storage: keys (L, Hkv, N, Dh) and values (L, Hkv, N, Dv), float32.
 
-    `step_state` ([token, position], int64) is what a compiled decode step reads; the engine
-    never rebuilds it, the step writes both before it runs. `decode_step` is the compiled step.
+    `step_state` ([position, token 0, token 1, ...], int64) is what a compiled pass reads;
+    the engine never rebuilds it, the pass writes it before it runs. `steps` holds the
+    compiled passes by their number of new tokens.
     """
 
     def __init__(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int, value_dim: int):
         self.k = np.zeros((n_layers, n_kv_heads, n_ctx, head_dim), dtype=np.float32)
         self.v = np.zeros((n_layers, n_kv_heads, n_ctx, value_dim), dtype=np.float32)
-        self.step_state = np.zeros(2, dtype=np.int64)
-        self.decode_step: Callable[[Any, int], np.ndarray] | None = None
+        self.step_state = np.zeros(1 + MAX_STEP_TOKENS, dtype=np.int64)
+        self.steps: dict[int, Callable[[Any, int], np.ndarray]] = {}
 
     @property
     def n_ctx(self) -> int:
@@ -108,13 +111,17 @@ class _Slot:
 
 
 class _StepInput:
-    """The token or the position of a compiled step: one element of the KV's `step_state`."""
+    """The tokens or the positions of a compiled pass: a view of the KV's `step_state`.
 
-    def __init__(self, view: np.ndarray):
-        self.view = view
+    The positions stand in as the first one (`view`, one element) and their count
+    (`length`): the kernels take consecutive positions from the first.
+    """
+
+    def __init__(self, view: np.ndarray, length: int):
+        self.view, self.length = view, length
 
     def __len__(self) -> int:
-        return 1
+        return self.length
 
 
 class _Recorder:
@@ -184,11 +191,7 @@ def _slots_in(op: tuple) -> list[_Slot]:
 
 def _replace_slots(op: tuple, view: Callable[[_Slot], np.ndarray]) -> tuple:
     def resolve(value: Any) -> Any:
-        if isinstance(value, _Slot):
-            return view(value)
-        if isinstance(value, _StepInput):
-            return value.view
-        return value
+        return view(value) if isinstance(value, _Slot) else value
 
     code, bufs, mats, ints, floats = op
     mats = tuple(mat[:4] + tuple(resolve(m) for m in mat[4:]) for mat in mats)
@@ -199,6 +202,7 @@ class CpuBackend(Backend):
     """Runs every op in Sprig's C kernels, on quantized weights, with a thread pool."""
 
     name = "cpu"
+    max_compiled_tokens = MAX_STEP_TOKENS
 
     def __init__(self, threads: int | None = None, tier: str | None = None):
         self.native = cpu_native.load(tier)
@@ -286,16 +290,16 @@ class CpuBackend(Backend):
         else:
             self.native.run(op)
 
-    def _position(self, positions: Any) -> Any:
-        """The first position as a one-element int64 buffer (or the compiled step's)."""
+    def _position(self, positions: Any) -> np.ndarray:
+        """The first position as a one-element int64 buffer (a view of a compiled pass's state)."""
         if isinstance(positions, _StepInput):
-            return positions
+            return positions.view
         return np.asarray(positions[:1], dtype=np.int64)
 
     # -- ops ----------------------------------------------------------------------------
 
     def embedding(self, weight: CpuMatrix, token_ids: Any, scale: float = 1.0) -> Any:
-        ids = token_ids if isinstance(token_ids, _StepInput) else np.ascontiguousarray(token_ids, dtype=np.int64)
+        ids = token_ids.view if isinstance(token_ids, _StepInput) else np.ascontiguousarray(token_ids, dtype=np.int64)
         out = self._new((len(ids), weight.cols))
         self._emit(OP_EMBED, _bufs(out=out, ids=ids), (weight.lookup_entry(),), (len(ids),), (scale,))
         return out
@@ -356,7 +360,7 @@ class CpuBackend(Backend):
         n_tokens, heads, head_dim = q.shape
         kv_heads, value_dim = k.shape[1], v.shape[2]
         out = self._new((n_tokens, heads * value_dim))
-        pos = start if isinstance(start, _StepInput) else np.array([start], dtype=np.int64)
+        pos = start if isinstance(start, np.ndarray) else np.array([start], dtype=np.int64)
         self._emit(
             OP_ATTN,
             _bufs(a=q, b=k, c=v, out=out, pos=pos, kcache=cache.k[layer], vcache=cache.v[layer]),
@@ -404,25 +408,37 @@ class CpuBackend(Backend):
         cache.v[:, :, start:end] = 0.0  # (L, Hkv, end - start, Dv)
 
     def compile_decode(self, forward: Callable[[Any, Any, Any], Any], cache: CpuKV) -> Callable[[Any, int], np.ndarray]:
-        """Record `forward` for one token on `cache` once, then replay it in C per call."""
-        if cache.decode_step is None:
-            token, position = _StepInput(cache.step_state[0:1]), _StepInput(cache.step_state[1:2])
+        """`compile_forward` for one token: step(token, start) -> logits (1, vocab)."""
+        one = self.compile_forward(forward, cache, 1)
+        return lambda token, start: one([token], start)
+
+    def compile_forward(
+        self, forward: Callable[[Any, Any, Any], Any], cache: CpuKV, n_tokens: int
+    ) -> Callable[[Any, int], np.ndarray]:
+        """Record `forward` over `n_tokens` (at most MAX_STEP_TOKENS) new tokens on `cache` once,
+        then replay it in C per call: step(tokens, start) -> logits (n_tokens, vocab)."""
+        if not 1 <= n_tokens <= MAX_STEP_TOKENS:
+            raise ValueError(f"a compiled pass takes 1 to {MAX_STEP_TOKENS} tokens, not {n_tokens}")
+        step = cache.steps.get(n_tokens)
+        if step is None:
+            state = cache.step_state
+            first = state[0:1]
             self._recorder = recorder = _Recorder()
             try:
-                logits = forward(token, position, position)
+                logits = forward(_StepInput(state[1 : 1 + n_tokens], n_tokens), _StepInput(first, n_tokens), first)
             finally:
                 self._recorder = None
             ops, logits_view = recorder.build(logits)
             graph = self.native.graph(ops)
 
-            def step(token_id: Any, start: int) -> np.ndarray:
-                cache.step_state[0] = int(token_id)
-                cache.step_state[1] = start
+            def step(token_ids: Any, start: int) -> np.ndarray:
+                state[1 : 1 + n_tokens] = token_ids
+                state[0] = start
                 self.native.graph_run(graph)
-                return logits_view.copy()  # (1, vocab); the arena is reused by the next step
+                return logits_view.copy()  # (n_tokens, vocab); the arena is reused by the next pass
 
-            cache.decode_step = step
-        return cache.decode_step
+            cache.steps[n_tokens] = step
+        return step
 
     def close(self) -> None:
         self._rope_tables.clear()

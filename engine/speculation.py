@@ -52,28 +52,35 @@ class VerifyCosts:
 _measured: "weakref.WeakKeyDictionary[Transformer, VerifyCosts]" = weakref.WeakKeyDictionary()
 
 
-def measure_costs(model: Transformer, cache: KVCache, longest: int = MAX_DRAFT + 1, rounds: int = 3) -> VerifyCosts:
-    """Time passes over 1 .. `longest` tokens after a short prompt, interleaved, best of `rounds`.
+def measure_costs(
+    model: Transformer, cache: KVCache, longest: int = MAX_DRAFT + 1, rounds: int = 2, prompt: int = 16
+) -> VerifyCosts:
+    """Time passes over 1, 2, 4, ... (up to half of `longest`) and `longest` tokens after a short prompt,
+    interleaved, best of `rounds`; c(T) between two measured lengths is interpolated
+    linearly (it grows about linearly past T = 2, and measuring every length would make
+    loading a large model seconds slower).
 
-    Kept per model: the first call measures (a fraction of a second on small models), the
-    others return the same figures. `cache` is a scratch cache with room for 32 + `longest`
-    positions; it is left empty.
+    Kept per model: the first call measures, the others return the same figures. `cache`
+    is a scratch cache with room for `prompt` + `longest` positions; it is left empty.
     """
     known = _measured.get(model)
     if known is not None and len(known.ratios) >= longest:
         return known
-    tokens = list(range(1, 33 + longest))
+    lengths = sorted({1, longest, *(2**i for i in range(1, longest.bit_length()) if 2 * 2**i <= longest)})
+    tokens = list(range(1, 1 + prompt + longest))
     cache.truncate(0)
-    cache.feed(model, tokens[:32])
-    best = [float("inf")] * longest
+    cache.feed(model, tokens[:prompt])
+    best = dict.fromkeys(lengths, float("inf"))
     for _ in range(rounds):
-        for n in range(1, longest + 1):
+        for n in lengths:
             began = time.perf_counter()
-            cache.feed(model, tokens[32 : 32 + n], all_logits=True)
-            best[n - 1] = min(best[n - 1], time.perf_counter() - began)
-            cache.truncate(32)
+            cache.feed(model, tokens[prompt : prompt + n], all_logits=True)
+            best[n] = min(best[n], time.perf_counter() - began)
+            cache.truncate(prompt)
     cache.truncate(0)
-    costs = VerifyCosts(tuple(t / best[0] for t in best), best[0])
+    step = best[1]
+    ratios = np.interp(np.arange(1, longest + 1), lengths, [best[n] / step for n in lengths])
+    costs = VerifyCosts(tuple(float(r) for r in ratios), step)
     _measured[model] = costs
     return costs
 
@@ -103,9 +110,12 @@ class AdaptiveController:
     expected to do as well as the one before it. With k drafts a round
     yields 1 + sum over j <= k of accept(0) * ... * accept(j - 1) tokens on average and
     costs c(k + 1) + k * `draft_cost` steps. When no k > 0 beats one token per step, the
-    controller drafts nothing; after `probe_after` such rounds it drafts the longest it may
-    once, to see whether the text has become predictable (the wait doubles after each
-    probe that did not pay, up to `longest_wait`).
+    controller drafts nothing; after `probe_after` such rounds it drafts once, to see
+    whether the text has become predictable (the wait doubles after each probe that did
+    not pay, up to `longest_wait`). A probe drafts the length that would pay best if drafts
+    were right `hopeful` of the time: long where checks are cheap, short where they are
+    dear, so a probe that fails costs little; where even such drafts would not pay, it
+    never probes.
     """
 
     costs: VerifyCosts
@@ -114,6 +124,7 @@ class AdaptiveController:
     memory: float = 0.95
     probe_after: int = 16
     longest_wait: int = 512
+    hopeful: float = 0.9
     hits: list[float] = field(default_factory=list)
     trials: list[float] = field(default_factory=list)
     plain_rounds: int = 0
@@ -132,13 +143,20 @@ class AdaptiveController:
             estimates.append(prior)
         return estimates
 
-    def expected_gain(self, k: int) -> float:
-        """Expected tokens per unit of cost with `k` drafts, relative to plain decoding (1.0)."""
+    def expected_gain(self, k: int, acceptance: Sequence[float] | None = None) -> float:
+        """Expected tokens per unit of cost with `k` drafts, relative to plain decoding (1.0),
+        with the estimated acceptance per position (or `acceptance`)."""
         reach, tokens = 1.0, 1.0
-        for chance in self.acceptance()[:k]:
+        for chance in (self.acceptance() if acceptance is None else acceptance)[:k]:
             reach *= chance
             tokens += reach
         return tokens / (self.costs(k + 1) + k * self.draft_cost)
+
+    def probe_length(self, top: int) -> int:
+        """The draft length of a probe, up to `top`; 0 if even drafts right `hopeful` of the time would not pay."""
+        hoped = [self.hopeful] * self.longest
+        best = max(range(top + 1), key=lambda k: (self.expected_gain(k, hoped), -k))
+        return best if self.expected_gain(best, hoped) > 1.0 else 0
 
     def choose(self, most: int) -> int:
         """The best draft length up to `most`; 0 when plain decoding wins, but for a probe."""
@@ -151,7 +169,7 @@ class AdaptiveController:
             return 0
         self.plain_rounds = 0
         self.wait = min(self.wait * 2, self.longest_wait)
-        return top
+        return self.probe_length(top)
 
     def record(self, drafted: int, accepted: int) -> None:
         """Count the positions this round reached: accepted ones as hits, the first rejected one as a miss."""
@@ -241,5 +259,5 @@ def check_draft(target: Any, draft: Any) -> None:
 
 
 def scratch_cache(model: Transformer) -> KVCache:
-    """A small cache to time forward passes in."""
-    return KVCache(model.backend, model.config, 32 + MAX_DRAFT + 1)
+    """A small cache to time forward passes in (see `measure_costs`)."""
+    return KVCache(model.backend, model.config, 16 + MAX_DRAFT + 1)

@@ -126,12 +126,22 @@ class Transformer:
         """Run tokens at positions start.. through the model, filling the KV cache.
 
         Returns float32 logits on the host: (T, vocab) if `all_logits`, else (1, vocab)
-        for the last position only. A single token goes through `decode_step`.
+        for the last position only. A single token goes through `decode_step`, a few tokens
+        whose every logit is wanted (a speculative draft's verification) through the
+        backend's compiled pass where it has one (`compile_forward`).
         """
-        if len(token_ids) == 1:
+        n = len(token_ids)
+        if n == 1:
             logits = self.decode_step(kv_storage)(int(token_ids[0]), start)
+        elif all_logits and n <= self.backend.max_compiled_tokens:
+            step = self.backend.compile_forward(  # type: ignore[attr-defined]  # an optional hook
+                lambda ids, positions, first: self.logits(ids, positions, first, kv_storage, all_logits=True),
+                kv_storage,
+                n,
+            )
+            logits = step(np.asarray(token_ids, dtype=np.int64), start)
         else:
-            positions = np.arange(start, start + len(token_ids))
+            positions = np.arange(start, start + n)
             logits = self.logits(np.asarray(token_ids), positions, start, kv_storage, all_logits)
         return self.backend.to_host(logits)
 

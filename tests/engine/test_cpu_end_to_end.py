@@ -14,7 +14,8 @@ What must hold:
 - 32-token greedy continuations identical for at least 90% of the prompts (a near-tie
   between two tokens can flip once activations are rounded; measured: 10 of 10 on every model);
 - the compiled decode step (recorded once, replayed in C) gives exactly the op-by-op
-  pass's logits, and a batch of 2-16 tokens exactly the logits of feeding them one by one.
+  pass's logits, and so does a compiled pass over several tokens (a speculative draft's
+  verification); a batch of 2-16 tokens gives exactly the logits of feeding them one by one.
 """
 
 from dataclasses import dataclass
@@ -126,6 +127,34 @@ def test_compiled_step_equals_the_op_by_op_pass(pair):
         token = int(np.argmax(a))
 
 
+@pytest.mark.parametrize("batch", [2, 9])
+def test_a_compiled_pass_over_several_tokens_equals_the_op_by_op_pass(pair, batch):
+    model, prompt = pair.cpu, pair.prompts[-1]
+    tokens = (prompt * (2 * batch + 2))[: len(prompt) + 2 * batch]
+    compiled, eager = model.new_cache(len(tokens)), model.new_cache(len(tokens))
+    for cache in (compiled, eager):
+        model.model.forward(np.asarray(prompt), 0, cache.storage)
+    for start in (len(prompt), len(prompt) + batch):  # the second replays the recorded pass elsewhere
+        tail = np.asarray(tokens[start : start + batch])
+        a = model.model.forward(tail, start, compiled.storage, all_logits=True)  # the recorded pass: (batch, vocab)
+        b = model.backend.to_host(
+            model.model.logits(tail, np.arange(start, start + batch), start, eager.storage, all_logits=True)
+        )
+        np.testing.assert_array_equal(a, b)
+    assert batch in compiled.storage.steps
+    np.testing.assert_array_equal(compiled.storage.k, eager.storage.k)
+    np.testing.assert_array_equal(compiled.storage.v, eager.storage.v)
+
+
+def test_a_compiled_pass_takes_at_most_sixteen_tokens(pair):
+    model = pair.cpu
+    cache = model.new_cache(32)
+    logits = model.model.forward(np.asarray(pair.prompts[0] * 17)[:17], 0, cache.storage, all_logits=True)
+    assert logits.shape[0] == 17 and 17 not in cache.storage.steps  # op by op
+    with pytest.raises(ValueError, match="1 to 16 tokens"):
+        model.backend.compile_forward(lambda *inputs: None, cache.storage, 17)
+
+
 @pytest.mark.parametrize("batch", [2, 5, 16])
 def test_a_small_batch_equals_feeding_its_tokens_one_by_one(pair, batch):
     model, prompt = pair.cpu, pair.prompts[-1]
@@ -144,4 +173,4 @@ def test_generate_runs_on_the_compiled_step(pair):
     events = list(generate(pair.cpu.model, pair.cpu.tokenizer, cache, pair.prompts[0], SamplingParams.greedy(),
                            max_tokens=8, ignore_stop_tokens=True))
     assert [e.token for e in events] == pair.greedy["cpu"][0][:8]
-    assert events[-1].finish_reason == "length" and cache.storage.decode_step is not None
+    assert events[-1].finish_reason == "length" and 1 in cache.storage.steps

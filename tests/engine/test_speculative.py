@@ -268,13 +268,23 @@ def passes_with(model, drafter, costs, max_tokens=120):
 def test_controller_falls_back_to_plain_steps_when_drafts_fail():
     model = PrefixModel(eos_bias=-9.0)
     ref = reference_for(model, PARAMS["greedy"], n=130)
-    costly = VerifyCosts(tuple(1.0 + 0.9 * t for t in range(9)), 0.01)  # c(T) = 1 + 0.9 (T - 1)
+    costly = VerifyCosts(tuple(1.0 + 0.7 * t for t in range(9)), 0.01)  # c(T) = 1 + 0.7 (T - 1)
     events, passes, controller = passes_with(model, lambda: Wrong(ref), costly)
     assert [e.token for e in events] == ref[len(PROMPT) : len(PROMPT) + 120]
     checks = [n for n in passes if n > 1]
-    # Probes only: after 16 plain rounds, then 32, 64, ... (a probe drafts as long as it may).
-    assert 1 <= len(checks) <= 3 and len(passes) >= 110
+    # Probes only: after 16 plain rounds, then 32, 64, ... A probe drafts 2 tokens: with
+    # drafts right 90% of the time, 2 pay best: (1 + 0.9 + 0.81) / c(3) = 2.71 / 2.4.
+    assert checks == [3] * len(checks) and 1 <= len(checks) <= 3 and len(passes) >= 110
     assert controller.choose(8) == 0
+
+
+def test_controller_never_probes_where_even_good_drafts_would_not_pay():
+    model = PrefixModel(eos_bias=-9.0)
+    ref = reference_for(model, PARAMS["greedy"], n=130)
+    dear = VerifyCosts(tuple(1.0 + 0.95 * t for t in range(9)), 0.01)  # (1 + 0.9) / c(2) < 1, and longer is worse
+    events, passes, _ = passes_with(model, lambda: Wrong(ref), dear)
+    assert [e.token for e in events] == ref[len(PROMPT) : len(PROMPT) + 120]
+    assert passes == [1] * len(passes)
 
 
 def test_controller_drafts_long_when_drafts_are_right_and_checks_are_cheap():
