@@ -22,11 +22,16 @@ def random_blocks(qtype: GGMLQuantizationType, rows: int, cols: int, rng: np.ran
     per_block, block_bytes = GGML_QUANT_SIZES[qtype]
     n_blocks = rows * cols // per_block
     blocks = rng.integers(0, 256, size=(n_blocks, block_bytes), dtype=np.uint8)
-    offsets = {GGMLQuantizationType.Q6_K: (208,), GGMLQuantizationType.Q4_1: (0, 2), GGMLQuantizationType.Q5_1: (0, 2),
-               GGMLQuantizationType.Q4_K: (0, 2), GGMLQuantizationType.Q5_K: (0, 2)}.get(qtype, (0,))
+    offsets = {
+        GGMLQuantizationType.Q6_K: (208,),
+        GGMLQuantizationType.Q4_1: (0, 2),
+        GGMLQuantizationType.Q5_1: (0, 2),
+        GGMLQuantizationType.Q4_K: (0, 2),
+        GGMLQuantizationType.Q5_K: (0, 2),
+    }.get(qtype, (0,))
     for offset in offsets:
         scales = (0.05 * rng.standard_normal(n_blocks)).astype(np.float16)
-        blocks[:, offset:offset + 2] = scales.view(np.uint8).reshape(n_blocks, 2)  # (n_blocks, 2)
+        blocks[:, offset : offset + 2] = scales.view(np.uint8).reshape(n_blocks, 2)  # (n_blocks, 2)
     return blocks.reshape(-1)  # (n_blocks * block_bytes,)
 
 
@@ -40,7 +45,9 @@ def main() -> None:
     parser.add_argument("cases", nargs="+", help="TYPE:ROWSxCOLS:TOKENS, e.g. Q4_K:2048x640:256")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=1.0, help="time spent on each case")
-    parser.add_argument("--runs", type=int, default=0, help="a fixed number of products per case instead (for perf stat)")
+    parser.add_argument(
+        "--runs", type=int, default=0, help="a fixed number of products per case instead (for perf stat)"
+    )
     args = parser.parse_args()
     backend = CpuBackend(threads=args.threads)
     rng = np.random.default_rng(0)
@@ -57,7 +64,9 @@ def main() -> None:
             runs += 1
         wall, cpu = time.perf_counter() - wall0, cpu_seconds() - cpu0
         work = runs * rows * cols * int(tokens) / 1e9
-        print(f"{case:28s} {work / wall:7.2f} G/s wall  {work / cpu:7.2f} G/s CPU  ({runs} runs, {backend.native.TIER})")
+        print(
+            f"{case:28s} {work / wall:7.2f} G/s wall  {work / cpu:7.2f} G/s CPU  ({runs} runs, {backend.native.TIER})"
+        )
 
 
 if __name__ == "__main__":
