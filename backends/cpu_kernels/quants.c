@@ -37,6 +37,12 @@ typedef uint8_t u8x16 __attribute__((vector_size(16)));
 typedef int8_t i8x16 __attribute__((vector_size(16)));
 typedef uint8_t u8x32 __attribute__((vector_size(32)));
 typedef int8_t i8x32 __attribute__((vector_size(32)));
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+
+/* Byte vectors shifted in 16-bit lanes (one instruction, where a byte shift takes several);
+ * the caller masks off the bits that crossed from the neighbouring byte. */
+static inline u8x32 shl16(u8x32 v, int n) { return (u8x32)((u16x16)v << n); }
+static inline u8x32 shr16(u8x32 v, int n) { return (u8x32)((u16x16)v >> n); }
 
 static inline u8x16 load16(const uint8_t *p) {
     u8x16 v;
@@ -212,8 +218,11 @@ static inline void unpack_q5_k(const uint8_t *b, int8_t *q, float *scale, float 
     u8x32 high = load32(qh);
     for (int i = 0; i < 4; i++) {
         u8x32 packed = load32(qs + 32 * i);
-        u8x32 lo = (packed & 15) | (((high >> (2 * i)) & 1) << 4);
-        u8x32 hi = (packed >> 4) | (((high >> (2 * i + 1)) & 1) << 4);
+        /* bit 2i (and 2i + 1) of each byte of qh moved to bit 4 */
+        u8x32 bit_lo = 2 * i <= 4 ? shl16(high, 4 - 2 * i) : shr16(high, 2 * i - 4);
+        u8x32 bit_hi = 2 * i + 1 <= 4 ? shl16(high, 3 - 2 * i) : shr16(high, 2 * i - 3);
+        u8x32 lo = (packed & 15) | (bit_lo & 16);
+        u8x32 hi = (shr16(packed, 4) & 15) | (bit_hi & 16);
         memcpy(q + 64 * i, &lo, 32);
         memcpy(q + 64 * i + 32, &hi, 32);
     }
@@ -235,10 +244,11 @@ static inline void unpack_q6_k(const uint8_t *b, int8_t *q, float *scale, float 
         const uint8_t *l4 = ql + 64 * n, *h2 = qh + 32 * n;
         int8_t *y = q + 128 * n;
         u8x32 a = load32(l4), c = load32(l4 + 32), h = load32(h2);
-        i8x32 y0 = (i8x32)((a & 15) | ((h & 3) << 4)) - 32;
-        i8x32 y1 = (i8x32)((c & 15) | (((h >> 2) & 3) << 4)) - 32;
-        i8x32 y2 = (i8x32)((a >> 4) | (((h >> 4) & 3) << 4)) - 32;
-        i8x32 y3 = (i8x32)((c >> 4) | (((h >> 6) & 3) << 4)) - 32;
+        /* each 2-bit field of qh moved to bits 4-5 */
+        i8x32 y0 = (i8x32)((a & 15) | (shl16(h, 4) & 48)) - 32;
+        i8x32 y1 = (i8x32)((c & 15) | (shl16(h, 2) & 48)) - 32;
+        i8x32 y2 = (i8x32)((shr16(a, 4) & 15) | (h & 48)) - 32;
+        i8x32 y3 = (i8x32)((shr16(c, 4) & 15) | (shr16(h, 2) & 48)) - 32;
         memcpy(y, &y0, 32);
         memcpy(y + 32, &y1, 32);
         memcpy(y + 64, &y2, 32);
