@@ -161,7 +161,8 @@ class AdaptiveController:
     def choose(self, most: int) -> int:
         """The best draft length up to `most`; 0 when plain decoding wins, but for a probe."""
         top = min(self.longest, most)
-        best = max(range(top + 1), key=lambda k: (self.expected_gain(k), -k))
+        estimates = self.acceptance()
+        best = max(range(top + 1), key=lambda k: (self.expected_gain(k, estimates), -k))
         if best > 0 or top == 0:
             return best
         self.plain_rounds += 1
@@ -178,7 +179,8 @@ class AdaptiveController:
         for i in range(min(drafted, accepted + 1, self.longest)):
             self.trials[i] += 1.0
             self.hits[i] += 1.0 if i < accepted else 0.0
-        if any(self.expected_gain(k) > 1.0 for k in range(1, self.longest + 1)):
+        estimates = self.acceptance()
+        if any(self.expected_gain(k, estimates) > 1.0 for k in range(1, self.longest + 1)):
             self.wait = self.probe_after
 
 

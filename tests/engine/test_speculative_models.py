@@ -9,6 +9,8 @@ answer differs, the first differing token must sit at a near-tie of the plain ru
 logits (within NEAR_TIE). Measured: no divergence in these runs (0 of 12 answers).
 """
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -88,3 +90,47 @@ def test_greedy_speculative_answer_equals_plain(loaded, drafter):
             print(f"divergence at token {first}, top-two gap {gap:.2e}")
     if drafter != "auto":  # auto may decide that drafting does not pay on this machine
         assert drafted > 0, "the drafter never proposed anything: the test would check plain decoding only"
+
+
+@pytest.mark.parametrize("backend", ["cpu", "numpy"])
+def test_a_cache_that_rolled_back_drafts_holds_what_plain_decoding_wrote(tmp_path, backend):
+    """Drafts that are always wrong: every round writes keys and values for positions it then
+    forgets. When the answer is stopped after a few tokens, the storage equals a plain run's,
+    position by position, the forgotten positions past the end too."""
+    from engine.decoding import Draft
+    from tests.gguf_factory import write_tiny_model
+
+    model = load_model(write_tiny_model(tmp_path / "tiny.gguf"), backend)
+
+    class Wrong:
+        def propose(self, history, k):
+            return Draft([(history[-1] + 1 + i) % model.config.vocab_size for i in range(k)])
+
+    def stopped_answer(speculation=None):
+        cache, cancel = model.new_cache(64), threading.Event()
+        events = []
+        for event in generate(model.model, model.tokenizer, cache, [5, 6, 7, 8, 9], SamplingParams.greedy(),
+                              max_tokens=20, ignore_stop_tokens=True, speculation=speculation, cancel=cancel):
+            events.append(event)
+            if len(events) == 6:
+                cancel.set()  # the last round's 4 drafts were verified and rolled back
+        return events, cache
+
+    plain, plain_cache = stopped_answer()
+    speculation = Speculation("ngram", 4)
+    speculation.new_drafter = lambda *args: Wrong()
+    spec, spec_cache = stopped_answer(speculation)
+    assert [e.token for e in spec] == [e.token for e in plain] and spec[-1].finish_reason == "cancelled"
+    # the first token comes from the prompt's logits; each of the next five checked 4 drafts
+    assert spec[-1].metrics.drafted_tokens == 4 * 5 and spec[-1].metrics.accepted_tokens == 0
+    assert plain_cache.tokens == spec_cache.tokens
+    plain_kv, spec_kv = plain_cache.storage, spec_cache.storage
+    if backend == "cpu":  # a batch of positions equals feeding them one by one, bit for bit
+        np.testing.assert_array_equal(plain_kv.k, spec_kv.k)
+        np.testing.assert_array_equal(plain_kv.v, spec_kv.v)
+    else:  # a batched float32 product may round differently from a one-row one
+        np.testing.assert_allclose(plain_kv.k, spec_kv.k, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(plain_kv.v, spec_kv.v, rtol=1e-5, atol=1e-6)
+    used = spec_cache.n_used
+    assert not spec_kv.k[:, :, used:].any() and not spec_kv.v[:, :, used:].any()
+    model.close()
