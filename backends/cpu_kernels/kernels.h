@@ -14,6 +14,9 @@
  *     acc[l] += (float)(isum_lo[l] + isum_hi[l]) * (wscale * xscale)
  * (Q6_K, whose halves have their own scales, adds the two halves separately). The row's
  * result is reduce8(acc) + the min terms, wmin[g] * xsum[g], summed in lanes g mod 8.
+ * A product over FLOAT_TOKENS or more tokens (prefill) instead dequantizes FLOAT_ROWS rows at
+ * a time to float and takes the float activations as they are, summing with fused
+ * multiply-adds in 8 lanes (fma8, the same rounding in every tier; float_product in quants.c).
  * The float types take the float activations as they are. Q1_0 is multiplied by table
  * lookup, its rows regrouped at load into tiles of 32 (q1_tiles.c).
  */
@@ -34,6 +37,9 @@ enum {
 #define LANES 8  /* float accumulators per row product */
 #define HALVES 2 /* scales per group of 32 weights: weights 0-15, 16-31 */
 #define Q1_TILE 32 /* rows of a Q1_0 tile */
+#define FLOAT_TOKENS 32 /* products over this many tokens or more use float weights (quants.c) */
+#define FLOAT_ROWS 3    /* rows dequantized together for them */
+#define FLOAT_BLOCK 4   /* tokens register-blocked with those rows */
 
 /* A weight matrix as it lies in the model file: `rows` rows of `row_bytes` bytes. */
 typedef struct {
@@ -49,7 +55,7 @@ typedef struct {
     int8_t *q;
     float *scale;
     float *min;
-    float *f; /* float weights (F32/F16/BF16 rows) */
+    float *f; /* float weights (F32/F16/BF16 rows), or FLOAT_ROWS rows dequantized */
 } RowBuffer;
 
 static inline int type_is_float(int type) { return type == T_F32 || type == T_F16 || type == T_BF16; }
@@ -70,6 +76,8 @@ float dot_row(int type, const uint8_t *row, int64_t K, const int16_t *xq, const 
 void dot_tokens(const RowBuffer *w, int type, const float *x, const int16_t *xq, const float *xd, const float *xs,
                 int64_t K, int64_t t0, int64_t t1, float *out, int64_t stride);
 int64_t count_bad_scales(int type, const uint8_t *data, int64_t n_blocks);
+void float_product(const float *w, int n, int64_t K, const float *x, int64_t t0, int64_t t1, float *out,
+                   int64_t stride);
 
 /* q1_tiles.c */
 void q1_tiles_init(void);

@@ -8,6 +8,7 @@
 #include "simd.h"
 
 #define TOKEN_TILE 32  /* tokens dotted with one unpacked weight row before the next row */
+#define FLOAT_TILE_BYTES 262144 /* float activations per tile of tokens, when rows are dequantized */
 #define PARALLEL_ELEMENTS 65536
 
 /* -- activations quantized once per product, shared by every matrix of a fused op ------ */
@@ -47,6 +48,7 @@ typedef struct {
     const Op *op;
     int64_t T, K, total_rows;
     int codes, tables; /* which forms of the activations the matrices take */
+    int dequantize;    /* quantized rows to float for FLOAT_TOKENS or more tokens */
 } LinearCtx;
 
 static void quantize_task(void *vctx, int chunk, int chunks, int thread) {
@@ -68,24 +70,43 @@ static void tiles_product(const Matrix *w, int64_t K, int64_t r0, int64_t r1, in
                          out + t * w->rows);
 }
 
+/* One token reads each row once, in order: ask for a row a few rows ahead of the one being
+ * multiplied, so that memory works while the core computes. */
+#define PREFETCH_ROWS 4
+static inline void prefetch_row(const uint8_t *row, size_t bytes) {
+    for (size_t at = 0; at < bytes; at += 64) __builtin_prefetch(row + at);
+}
+
 static void linear_task(void *vctx, int chunk, int chunks, int thread) {
     const LinearCtx *c = vctx;
     const Op *op = c->op;
     int64_t lo, hi, K = c->K, G = K / GROUP;
     split_range(c->total_rows, chunk, chunks, &lo, &hi);
     RowBuffer *buf = scratch_row(thread);
-    for (int64_t t0 = 0; t0 < c->T; t0 += TOKEN_TILE) {
-        int64_t t1 = t0 + TOKEN_TILE < c->T ? t0 + TOKEN_TILE : c->T;
+    /* dequantized rows: as many tokens as keep their activations in a core's L2 */
+    int64_t tile = c->dequantize ? FLOAT_TILE_BYTES / (int64_t)sizeof(float) / K : TOKEN_TILE;
+    if (tile < TOKEN_TILE) tile = TOKEN_TILE;
+    for (int64_t t0 = 0; t0 < c->T; t0 += tile) {
+        int64_t t1 = t0 + tile < c->T ? t0 + tile : c->T;
         int64_t base = 0;
         for (int m = 0; m < op->n_mats; base += op->mats[m].rows, m++) {
             const Matrix *w = &op->mats[m];
             int64_t r0 = lo > base ? lo - base : 0, r1 = hi - base < w->rows ? hi - base : w->rows;
             if (w->type == T_Q1_0_TILES) {
                 tiles_product(w, K, r0, r1, t0, t1, op->outs[m]);
+            } else if (c->dequantize && type_takes_codes(w->type)) {
+                for (int64_t r = r0; r < r1; r += FLOAT_ROWS) {
+                    int n = r1 - r < FLOAT_ROWS ? (int)(r1 - r) : FLOAT_ROWS;
+                    for (int i = 0; i < n; i++)
+                        dequantize_row(w->type, w->data + (r + i) * w->row_bytes, K, buf, buf->f + i * K);
+                    float_product(buf->f, n, K, op->a, t0, t1, op->outs[m] + r, w->rows);
+                }
             } else if (t1 - t0 == 1 && type_takes_codes(w->type)) { /* one token: no row buffer */
-                for (int64_t r = r0; r < r1; r++)
+                for (int64_t r = r0; r < r1; r++) {
+                    if (r + PREFETCH_ROWS < r1) prefetch_row(w->data + (r + PREFETCH_ROWS) * w->row_bytes, w->row_bytes);
                     op->outs[m][t0 * w->rows + r] = dot_row(w->type, w->data + r * w->row_bytes, K, acts.q + t0 * K,
                                                             acts.d + t0 * G, acts.xsum + t0 * G, buf->min);
+                }
             } else {
                 for (int64_t r = r0; r < r1; r++) {
                     unpack_row(w->type, w->data + r * w->row_bytes, K, buf);
@@ -97,10 +118,10 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
 }
 
 static int linear(const Op *op, const char **error) {
-    LinearCtx c = {op, op->n[0], op->mats[0].cols, 0, 0, 0};
+    LinearCtx c = {op, op->n[0], op->mats[0].cols, 0, 0, 0, op->n[0] >= FLOAT_TOKENS};
     for (int m = 0; m < op->n_mats; m++) {
         c.total_rows += op->mats[m].rows;
-        c.codes |= type_takes_codes(op->mats[m].type);
+        c.codes |= type_takes_codes(op->mats[m].type) && !c.dequantize;
         c.tables |= op->mats[m].type == T_Q1_0_TILES;
     }
     if (scratch_reserve(c.K, 0) != 0 || reserve_acts(c.T * c.K, c.codes, c.tables) != 0) {

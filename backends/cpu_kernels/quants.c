@@ -37,6 +37,12 @@ typedef uint8_t u8x16 __attribute__((vector_size(16)));
 typedef int8_t i8x16 __attribute__((vector_size(16)));
 typedef uint8_t u8x32 __attribute__((vector_size(32)));
 typedef int8_t i8x32 __attribute__((vector_size(32)));
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+
+/* Byte vectors shifted in 16-bit lanes (one instruction, where a byte shift takes several);
+ * the caller masks off the bits that crossed from the neighbouring byte. */
+static inline u8x32 shl16(u8x32 v, int n) { return (u8x32)((u16x16)v << n); }
+static inline u8x32 shr16(u8x32 v, int n) { return (u8x32)((u16x16)v >> n); }
 
 static inline u8x16 load16(const uint8_t *p) {
     u8x16 v;
@@ -53,8 +59,8 @@ static inline uint32_t u32(const uint8_t *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 
-/* Bit j of `bits` (LSB first) as byte j, 0 or 1. */
-static inline u8x32 expand_bits(uint32_t bits) {
+/* Bit j of `bits` (LSB first) as byte j: 0xff if set, else 0. */
+static inline i8x32 bit_mask(uint32_t bits) {
     const u8x32 select = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128,
                           1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
 #if defined(__AVX2__)
@@ -67,7 +73,17 @@ static inline u8x32 expand_bits(uint32_t bits) {
     u8x32 spread = {b0, b0, b0, b0, b0, b0, b0, b0, b1, b1, b1, b1, b1, b1, b1, b1,
                     b2, b2, b2, b2, b2, b2, b2, b2, b3, b3, b3, b3, b3, b3, b3, b3};
 #endif
-    return (u8x32)((spread & select) != 0) & 1;
+    return (i8x32)((spread & select) == select);
+}
+
+/* Bit j of `bits` (LSB first) as byte j, 0 or 1. */
+static inline u8x32 expand_bits(uint32_t bits) { return (u8x32)bit_mask(bits) & 1; }
+
+/* Nibbles 0-15 of qs[j] (low) and 16-31 (high) as 32 bytes. */
+static inline u8x32 nibbles32(const uint8_t *qs) {
+    u8x16 v = load16(qs);
+    return __builtin_shufflevector(v & 15, v >> 4, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18,
+                                   19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
 }
 
 int type_block(int type, int *weights, int *bytes) {
@@ -120,11 +136,8 @@ static inline void unpack_q4_1(const uint8_t *b, int8_t *q, float *scale, float 
 /* Q5_0, 32 weights in 22 bytes:  | d: fp16 | qh: 32 bits | qs: 16 bytes |
  * weight j = ((nibble j) | (bit j of qh) << 4) - 16, times d (nibbles as in Q4_0). */
 static inline void unpack_q5_0(const uint8_t *b, int8_t *q, float *scale, float *min) {
-    u8x32 high = expand_bits(u32(b + 2)) << 4;
-    u8x16 qs = load16(b + 6);
-    u8x32 nibbles = __builtin_shufflevector(qs & 15, qs >> 4, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
-                                            16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
-    i8x32 codes = (i8x32)(nibbles | high) - 16;
+    /* nibble | bit << 4, minus 16: the nibble, minus 16 where the bit is clear */
+    i8x32 codes = (i8x32)nibbles32(b + 6) - (~bit_mask(u32(b + 2)) & 16);
     memcpy(q, &codes, 32);
     float d = f16(b);
     set_scales(scale, d, d);
@@ -133,10 +146,7 @@ static inline void unpack_q5_0(const uint8_t *b, int8_t *q, float *scale, float 
 
 /* Q5_1, 32 weights in 24 bytes:  | d: fp16 | m: fp16 | qh: 32 bits | qs: 16 bytes |   d * q5 + m */
 static inline void unpack_q5_1(const uint8_t *b, int8_t *q, float *scale, float *min) {
-    u8x32 high = expand_bits(u32(b + 4)) << 4;
-    u8x16 qs = load16(b + 8);
-    u8x32 codes = __builtin_shufflevector(qs & 15, qs >> 4, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
-                                          16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31) | high;
+    u8x32 codes = nibbles32(b + 8) | (u8x32)(bit_mask(u32(b + 4)) & 16);
     memcpy(q, &codes, 32);
     float d = f16(b);
     set_scales(scale, d, d);
@@ -208,8 +218,11 @@ static inline void unpack_q5_k(const uint8_t *b, int8_t *q, float *scale, float 
     u8x32 high = load32(qh);
     for (int i = 0; i < 4; i++) {
         u8x32 packed = load32(qs + 32 * i);
-        u8x32 lo = (packed & 15) | (((high >> (2 * i)) & 1) << 4);
-        u8x32 hi = (packed >> 4) | (((high >> (2 * i + 1)) & 1) << 4);
+        /* bit 2i (and 2i + 1) of each byte of qh moved to bit 4 */
+        u8x32 bit_lo = 2 * i <= 4 ? shl16(high, 4 - 2 * i) : shr16(high, 2 * i - 4);
+        u8x32 bit_hi = 2 * i + 1 <= 4 ? shl16(high, 3 - 2 * i) : shr16(high, 2 * i - 3);
+        u8x32 lo = (packed & 15) | (bit_lo & 16);
+        u8x32 hi = (shr16(packed, 4) & 15) | (bit_hi & 16);
         memcpy(q + 64 * i, &lo, 32);
         memcpy(q + 64 * i + 32, &hi, 32);
     }
@@ -231,10 +244,11 @@ static inline void unpack_q6_k(const uint8_t *b, int8_t *q, float *scale, float 
         const uint8_t *l4 = ql + 64 * n, *h2 = qh + 32 * n;
         int8_t *y = q + 128 * n;
         u8x32 a = load32(l4), c = load32(l4 + 32), h = load32(h2);
-        i8x32 y0 = (i8x32)((a & 15) | ((h & 3) << 4)) - 32;
-        i8x32 y1 = (i8x32)((c & 15) | (((h >> 2) & 3) << 4)) - 32;
-        i8x32 y2 = (i8x32)((a >> 4) | (((h >> 4) & 3) << 4)) - 32;
-        i8x32 y3 = (i8x32)((c >> 4) | (((h >> 6) & 3) << 4)) - 32;
+        /* each 2-bit field of qh moved to bits 4-5 */
+        i8x32 y0 = (i8x32)((a & 15) | (shl16(h, 4) & 48)) - 32;
+        i8x32 y1 = (i8x32)((c & 15) | (shl16(h, 2) & 48)) - 32;
+        i8x32 y2 = (i8x32)((shr16(a, 4) & 15) | (h & 48)) - 32;
+        i8x32 y3 = (i8x32)((shr16(c, 4) & 15) | (shr16(h, 2) & 48)) - 32;
         memcpy(y, &y0, 32);
         memcpy(y + 32, &y1, 32);
         memcpy(y + 64, &y2, 32);
@@ -297,11 +311,12 @@ void dequantize_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf, 
         memcpy(out, buf->f, 4 * (size_t)cols);
         return;
     }
-    for (int64_t i = 0; i < cols; i++) {
-        int64_t g = i / GROUP;
-        float s = buf->scale[g * HALVES + (i % GROUP) / 16];
-        out[i] = s * (float)buf->q[i] + buf->min[g];
-    }
+    for (int64_t g = 0; g < cols / GROUP; g++)
+        for (int e = 0; e < GROUP; e += 8) { /* 8 weights: s * q + m */
+            float s = buf->scale[g * HALVES + e / 16], m = buf->min[g];
+            v8f w = widen8(buf->q + g * GROUP + e) * s + m;
+            memcpy(out + g * GROUP + e, &w, sizeof w);
+        }
 }
 
 void quantize_row(const float *x, int64_t K, int16_t *q, float *d, float *xsum) {
@@ -409,28 +424,73 @@ float dot_row(int type, const uint8_t *row, int64_t K, const int16_t *xq, const 
               float *mins) {
     v8f acc = {0};
     int split = type == T_Q6_K;
-#define DOT_BLOCKS(unpack, weights, bytes)                                                          \
-    for (int64_t blk = 0; blk < K / (weights); blk++) {                                             \
+    float no_mins[8]; /* the zero min terms of types without any: stores the compiler drops */
+#define DOT_BLOCKS(unpack, weights, bytes, has_min)                                                 \
+    _Pragma("GCC unroll 2") for (int64_t blk = 0; blk < K / (weights); blk++) {                     \
         int8_t q[weights];                                                                          \
         float scale[(weights) / GROUP * HALVES];                                                    \
         int64_t g0 = blk * ((weights) / GROUP);                                                     \
-        unpack(row + blk * (bytes), q, scale, mins + g0);                                           \
+        unpack(row + blk * (bytes), q, scale, (has_min) ? mins + g0 : no_mins);                     \
         for (int g = 0; g < (weights) / GROUP; g++)                                                 \
             acc += group_term(q + g * GROUP, xq + (g0 + g) * GROUP, scale + g * HALVES, xd[g0 + g], split); \
     }                                                                                               \
     break
     switch (type) {
-    case T_Q4_0: DOT_BLOCKS(unpack_q4_0, 32, 18);
-    case T_Q4_1: DOT_BLOCKS(unpack_q4_1, 32, 20);
-    case T_Q5_0: DOT_BLOCKS(unpack_q5_0, 32, 22);
-    case T_Q5_1: DOT_BLOCKS(unpack_q5_1, 32, 24);
-    case T_Q8_0: DOT_BLOCKS(unpack_q8_0, 32, 34);
-    case T_Q4_K: DOT_BLOCKS(unpack_q4_k, 256, 144);
-    case T_Q5_K: DOT_BLOCKS(unpack_q5_k, 256, 176);
-    case T_Q6_K: DOT_BLOCKS(unpack_q6_k, 256, 210);
+    case T_Q4_0: DOT_BLOCKS(unpack_q4_0, 32, 18, 0);
+    case T_Q4_1: DOT_BLOCKS(unpack_q4_1, 32, 20, 1);
+    case T_Q5_0: DOT_BLOCKS(unpack_q5_0, 32, 22, 0);
+    case T_Q5_1: DOT_BLOCKS(unpack_q5_1, 32, 24, 1);
+    case T_Q8_0: DOT_BLOCKS(unpack_q8_0, 32, 34, 0);
+    case T_Q4_K: DOT_BLOCKS(unpack_q4_k, 256, 144, 1);
+    case T_Q5_K: DOT_BLOCKS(unpack_q5_k, 256, 176, 1);
+    case T_Q6_K: DOT_BLOCKS(unpack_q6_k, 256, 210, 0);
     }
 #undef DOT_BLOCKS
     float total = reduce8(acc);
     return type_has_min(type) ? total + dot_float(mins, xs, K / GROUP) : total;
 }
 
+
+/* -- many tokens: rows dequantized to float, fused multiply-adds ----------------------------
+ * A product over FLOAT_TOKENS or more tokens (prefill) takes the float activations as they
+ * are and the weights as gguf-py dequantizes them (dequantize_row), and each (row, token) is
+ * the sum of w[i] * x[i] in 8 lanes (lane i mod 8), each step one fused multiply-add, then
+ * reduce8. FLOAT_ROWS rows x FLOAT_BLOCK tokens of accumulators share each load. */
+
+/* R rows of `w` (row r at r * K) times tokens t .. t + TK - 1, into out[token * stride + row]. */
+static inline __attribute__((always_inline)) void float_kernel(const float *w, int64_t K, const int R, const int TK,
+                                                               const float *x, int64_t t, float *out, int64_t stride) {
+    v8f acc[FLOAT_ROWS][FLOAT_BLOCK] = {{{0}}};
+    for (int64_t i = 0; i < K; i += 8) {
+        v8f wv[FLOAT_ROWS];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) memcpy(&wv[r], w + r * K + i, sizeof wv[r]);
+#pragma GCC unroll 8
+        for (int k = 0; k < TK; k++) {
+            v8f xv;
+            memcpy(&xv, x + (t + k) * K + i, sizeof xv);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) acc[r][k] = fma8(wv[r], xv, acc[r][k]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int k = 0; k < TK; k++) out[(t + k) * stride + r] = reduce8(acc[r][k]);
+}
+
+static inline __attribute__((always_inline)) void float_rows(const float *w, int64_t K, const int R, const float *x,
+                                                             int64_t t0, int64_t t1, float *out, int64_t stride) {
+    int64_t t = t0;
+    for (; t + FLOAT_BLOCK <= t1; t += FLOAT_BLOCK) float_kernel(w, K, R, FLOAT_BLOCK, x, t, out, stride);
+    for (; t < t1; t++) float_kernel(w, K, R, 1, x, t, out, stride);
+}
+
+/* n (1 .. FLOAT_ROWS) float rows (row r at w + r * K, K a multiple of 8) times tokens
+ * t0 .. t1 - 1 of x (T, K), into out[t * stride + r]. */
+void float_product(const float *w, int n, int64_t K, const float *x, int64_t t0, int64_t t1, float *out,
+                   int64_t stride) {
+    if (n == FLOAT_ROWS) {
+        float_rows(w, K, FLOAT_ROWS, x, t0, t1, out, stride);
+        return;
+    }
+    for (int r = 0; r < n; r++) float_rows(w + r * K, K, 1, x, t0, t1, out + r, stride);
+}

@@ -1,6 +1,8 @@
-/* The one piece that differs between tiers: the integer dot product of a group of 32 int8
+/* The pieces that differ between tiers. dot32: the integer dot product of a group of 32 int8
  * weights with 32 int16 activation codes. It gives two vectors of 8 int32 lanes, one per half
- * group: lane l of half h sums weights 16h + 2l and 16h + 2l + 1. Integer sums are exact in
+ * group: lane l of half h sums weights 16h + 2l and 16h + 2l + 1. fma8: a * b + c in 8 float
+ * lanes, rounded once (a fused multiply-add is exact before its one rounding in every tier).
+ * widen8: 8 int8 codes as floats (exact). Integer sums are exact in
  * every tier, so the tiers agree bit for bit. Weight codes lie in [-128, 127], activation
  * codes in [-32767, 32767]: a lane is at most 2 * 128 * 32767, far from overflowing. */
 #ifndef SPRIG_SIMD_H
@@ -20,6 +22,10 @@ static inline void dot32(const int8_t *w, const int16_t *x, v8i *lo, v8i *hi) {
     *lo = (v8i)_mm256_dpwssd_epi32(_mm256_setzero_si256(), w0, _mm256_loadu_si256((const __m256i *)x));
     *hi = (v8i)_mm256_dpwssd_epi32(_mm256_setzero_si256(), w1, _mm256_loadu_si256((const __m256i *)(x + 16)));
 }
+static inline v8f fma8(v8f a, v8f b, v8f c) { return (v8f)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c); }
+static inline v8f widen8(const int8_t *q) {
+    return (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
+}
 #elif defined(__AVX2__)
 #include <immintrin.h>
 #define SPRIG_TIER "avx2"
@@ -28,6 +34,10 @@ static inline void dot32(const int8_t *w, const int16_t *x, v8i *lo, v8i *hi) {
     __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16)));
     *lo = (v8i)_mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)x));
     *hi = (v8i)_mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(x + 16)));
+}
+static inline v8f fma8(v8f a, v8f b, v8f c) { return (v8f)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c); }
+static inline v8f widen8(const int8_t *q) {
+    return (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
 }
 #elif defined(__ARM_NEON) && defined(__aarch64__)
 #include <arm_neon.h>
@@ -43,6 +53,19 @@ static inline void dot32(const int8_t *w, const int16_t *x, v8i *lo, v8i *hi) {
     vst1q_s32(h, pair_sums(vld1_s8(w + 16), vld1q_s16(x + 16)));
     vst1q_s32(h + 4, pair_sums(vld1_s8(w + 24), vld1q_s16(x + 24)));
 }
+static inline v8f fma8(v8f a, v8f b, v8f c) {
+    float *pa = (float *)&a, *pb = (float *)&b, *pc = (float *)&c;
+    vst1q_f32(pc, vfmaq_f32(vld1q_f32(pc), vld1q_f32(pa), vld1q_f32(pb)));
+    vst1q_f32(pc + 4, vfmaq_f32(vld1q_f32(pc + 4), vld1q_f32(pa + 4), vld1q_f32(pb + 4)));
+    return c;
+}
+static inline v8f widen8(const int8_t *q) {
+    int16x8_t q16 = vmovl_s8(vld1_s8(q));
+    v8f out;
+    vst1q_f32((float *)&out, vcvtq_f32_s32(vmovl_s16(vget_low_s16(q16))));
+    vst1q_f32((float *)&out + 4, vcvtq_f32_s32(vmovl_high_s16(q16)));
+    return out;
+}
 #else
 #define SPRIG_TIER "scalar"
 static inline void dot32(const int8_t *w, const int16_t *x, v8i *lo, v8i *hi) {
@@ -50,6 +73,16 @@ static inline void dot32(const int8_t *w, const int16_t *x, v8i *lo, v8i *hi) {
         (*lo)[l] = (int32_t)w[2 * l] * x[2 * l] + (int32_t)w[2 * l + 1] * x[2 * l + 1];
         (*hi)[l] = (int32_t)w[16 + 2 * l] * x[16 + 2 * l] + (int32_t)w[17 + 2 * l] * x[17 + 2 * l];
     }
+}
+#include <math.h>
+static inline v8f fma8(v8f a, v8f b, v8f c) {
+    for (int l = 0; l < 8; l++) c[l] = fmaf(a[l], b[l], c[l]);
+    return c;
+}
+static inline v8f widen8(const int8_t *q) {
+    v8f out;
+    for (int l = 0; l < 8; l++) out[l] = (float)q[l];
+    return out;
 }
 #endif
 

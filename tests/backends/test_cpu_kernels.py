@@ -7,7 +7,8 @@
 - A product is x @ W.T within the error that quantizing x in groups of 32 allows (a bound
   worked out per element from the data), W dequantized by gguf-py: codes up to 32767 for
   the integer kernels, up to 2047 for Q1_0's lookup tables. The float types take float
-  activations: within float rounding.
+  activations: within float rounding. So do the quantized types (Q1_0 aside) in products
+  over 32 tokens or more (prefill), whose rows are dequantized to float.
 """
 
 import numpy as np
@@ -89,7 +90,8 @@ def test_every_tier_matches_scalar_bit_for_bit(tier, qtype):
     rng = np.random.default_rng(100 + int(qtype))
     cols = 768 if GGML_QUANT_SIZES[qtype][0] != 256 else 1024
     for kind in ("random", "extreme", "ones"):
-        for rows, n_tokens, threads in [(7, 1, 1), (33, 2, 2), (64, 3, 3), (5, 7, 2), (31, 16, 3), (96, 11, 1)]:
+        cases = [(7, 1, 1), (33, 2, 2), (64, 3, 3), (5, 7, 2), (31, 16, 3), (96, 11, 1), (13, 40, 2), (8, 32, 3)]
+        for rows, n_tokens, threads in cases:
             raw = random_matrix(qtype, rows, cols, rng, kind)
             x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
             x[0, :32] *= 1000.0  # one group with a large scale
@@ -115,6 +117,22 @@ def test_products_are_within_the_activation_quantization_bound(qtype, threads):
         magnitude = np.abs(x).astype(np.float64) @ np.abs(weights).T  # (T, rows)
         bound = (step @ np.abs(weights).reshape(rows, cols // 32, 32).sum(-1).T) * 1.001 + 1e-6 * magnitude
         assert np.all(np.abs(got - exact) <= bound), np.max(np.abs(got - exact) - bound)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("qtype", [t for t in QUANT_TYPES if t != T.Q1_0], ids=lambda t: t.name)
+def test_products_over_32_tokens_or_more_take_float_activations(qtype, threads):
+    rng = np.random.default_rng(300 + int(qtype))
+    rows, cols = 14, 512  # 14: blocks of 3 rows and a remainder
+    raw = random_matrix(qtype, rows, cols, rng)
+    weights = dequantize(raw.reshape(-1), int(qtype), (rows, cols)).astype(np.float64)
+    x = rng.standard_normal((37, cols)).astype(np.float32)
+    x[:, ::32] *= 1000.0  # a large element in every group: int16 codes would be off by ~1000/65534
+    exact = x.astype(np.float64) @ weights.T
+    magnitude = np.abs(x).astype(np.float64) @ np.abs(weights).T  # (T, rows)
+    # float32 rounding of the products and of 64 + 3 additions per lane, nothing more
+    got = product(TIERS[0], threads, qtype, raw, cols, x)
+    assert np.all(np.abs(got - exact) <= 8e-6 * magnitude), np.max(np.abs(got - exact) / magnitude)
 
 
 @pytest.mark.parametrize("qtype", FLOAT_TYPES, ids=lambda t: t.name)

@@ -34,7 +34,7 @@ static void print(const float *v, int64_t n) {
 }
 
 int main(void) {
-    enum { K = 512, ROWS = 45, T = 3 };
+    enum { K = 512, ROWS = 45, T = 5 };
     static float x[T * K];
     for (int i = 0; i < T * K; i++) x[i] = uniform();
     for (int i = 0; i < 32; i++) x[i] *= 1000.0f; /* one group with a large scale */
@@ -62,6 +62,7 @@ int main(void) {
     static int8_t q[K];
     static float scale[K / GROUP * HALVES], min[K / GROUP], f[K];
     RowBuffer buf = {q, scale, min, f};
+    static float dequantized[4 * K], prefill[T * 4];
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
         int weights, bytes;
         type_block(types[k].type, &weights, &bytes);
@@ -76,7 +77,13 @@ int main(void) {
             unpack_row(types[k].type, row, K, &buf);
             dot_tokens(&buf, types[k].type, x, xq, xd, xs, K, 0, T, several, 1);
             print(several, T);
+            dequantize_row(types[k].type, row, K, &buf, dequantized + r * K);
+            print(dequantized + r * K, K);
         }
+        /* the prefill product: a block of 3 rows and one more, blocks of 4 tokens and one more */
+        float_product(dequantized, 3, K, x, 0, T, prefill, 4);
+        float_product(dequantized + 3 * K, 1, K, x, 0, T, prefill + 3, 4);
+        print(prefill, T * 4);
         free(row);
     }
     free(tiles);
