@@ -7,8 +7,9 @@
  *
  * A matrix product quantizes each activation row to int16 in groups of 32 (one float scale
  * per group: 15 bits, where llama.cpp's Q8 activations keep 7, so the products stay within
- * float32 rounding of the reference), unpacks each weight row once into int8 codes plus the
- * scales of each half group, and dots it with every token. Within a group the products are
+ * float32 rounding of the reference), unpacks each block of a weight row into int8 codes plus
+ * the scales of each half group, in registers and on the stack, and dots it with up to
+ * ROW_TOKENS tokens before the next block (dot_row_tokens). Within a group the products are
  * summed exactly in 8 int32 lanes, lane l of each half taking weights 2l and 2l + 1, and each
  * lane keeps its own float accumulator:
  *     acc[l] += (float)(isum_lo[l] + isum_hi[l]) * (wscale * xscale)
@@ -70,11 +71,12 @@ float fp16_to_float(uint16_t h);
 void unpack_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf);
 void dequantize_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf, float *out);
 void quantize_row(const float *x, int64_t K, int16_t *q, float *d, float *xsum);
-float dot_quant(const RowBuffer *w, int type, const int16_t *xq, const float *xd, const float *xs, int64_t K);
-float dot_row(int type, const uint8_t *row, int64_t K, const int16_t *xq, const float *xd, const float *xs,
-              float *mins);
-void dot_tokens(const RowBuffer *w, int type, const float *x, const int16_t *xq, const float *xd, const float *xs,
-                int64_t K, int64_t t0, int64_t t1, float *out, int64_t stride);
+#define ROW_TOKENS 4 /* tokens one pass over a packed row serves (dot_row_tokens) */
+/* n (1 .. ROW_TOKENS) tokens times one packed row: out[k * stride] for token k, whose codes
+ * start at xq + k * K and group scales and sums at xd + k * K / GROUP, xs + k * K / GROUP */
+void dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq, const float *xd, const float *xs,
+                    float *mins, int n, float *out, int64_t stride);
+void dot_tokens(const RowBuffer *w, const float *x, int64_t K, int64_t t0, int64_t t1, float *out, int64_t stride);
 int64_t count_bad_scales(int type, const uint8_t *data, int64_t n_blocks);
 void float_product(const float *w, int n, int64_t K, const float *x, int64_t t0, int64_t t1, float *out,
                    int64_t stride);

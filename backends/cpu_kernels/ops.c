@@ -101,16 +101,20 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
                         dequantize_row(w->type, w->data + (r + i) * w->row_bytes, K, buf, buf->f + i * K);
                     float_product(buf->f, n, K, op->a, t0, t1, op->outs[m] + r, w->rows);
                 }
-            } else if (t1 - t0 == 1 && type_takes_codes(w->type)) { /* one token: no row buffer */
+            } else if (type_takes_codes(w->type)) { /* a few tokens: each row read once, no row buffer */
                 for (int64_t r = r0; r < r1; r++) {
-                    if (r + PREFETCH_ROWS < r1) prefetch_row(w->data + (r + PREFETCH_ROWS) * w->row_bytes, w->row_bytes);
-                    op->outs[m][t0 * w->rows + r] = dot_row(w->type, w->data + r * w->row_bytes, K, acts.q + t0 * K,
-                                                            acts.d + t0 * G, acts.xsum + t0 * G, buf->min);
+                    const uint8_t *row = w->data + r * w->row_bytes;
+                    if (r + PREFETCH_ROWS < r1) prefetch_row(row + PREFETCH_ROWS * w->row_bytes, w->row_bytes);
+                    for (int64_t t = t0; t < t1; t += ROW_TOKENS) {
+                        int n = t1 - t < ROW_TOKENS ? (int)(t1 - t) : ROW_TOKENS;
+                        dot_row_tokens(w->type, row, K, acts.q + t * K, acts.d + t * G, acts.xsum + t * G, buf->min, n,
+                                       op->outs[m] + t * w->rows + r, w->rows);
+                    }
                 }
-            } else {
+            } else { /* float rows */
                 for (int64_t r = r0; r < r1; r++) {
                     unpack_row(w->type, w->data + r * w->row_bytes, K, buf);
-                    dot_tokens(buf, w->type, op->a, acts.q, acts.d, acts.xsum, K, t0, t1, op->outs[m] + r, w->rows);
+                    dot_tokens(buf, op->a, K, t0, t1, op->outs[m] + r, w->rows);
                 }
             }
         }

@@ -354,16 +354,6 @@ static inline v8f group_term(const int8_t *w, const int16_t *x, const float *sca
     return __builtin_convertvector(lo, v8f) * (scale[0] * xd) + __builtin_convertvector(hi, v8f) * (scale[1] * xd);
 }
 
-float dot_quant(const RowBuffer *w, int type, const int16_t *xq, const float *xd, const float *xs, int64_t K) {
-    v8f acc = {0};
-    int64_t groups = K / GROUP;
-    int split = type == T_Q6_K;
-    for (int64_t g = 0; g < groups; g++)
-        acc += group_term(w->q + g * GROUP, xq + g * GROUP, w->scale + g * HALVES, xd[g], split);
-    float total = reduce8(acc);
-    return type_has_min(type) ? total + dot_float(w->min, xs, groups) : total;
-}
-
 /* Blocks whose fp16 scale (or min) is inf or nan; for float types, elements that are. */
 int64_t count_bad_scales(int type, const uint8_t *data, int64_t n_blocks) {
     int64_t bad = 0;
@@ -389,51 +379,34 @@ int64_t count_bad_scales(int type, const uint8_t *data, int64_t n_blocks) {
     return bad;
 }
 
-/* The unpacked row `w` times tokens t0 .. t1 - 1 (x float, or quantized xq/xd/xs), into
- * out[t * stride]. Four tokens share each pass over the row; each token's arithmetic is
- * exactly dot_quant's, so the result does not depend on how tokens are grouped. */
-void dot_tokens(const RowBuffer *w, int type, const float *x, const int16_t *xq, const float *xd, const float *xs,
-                int64_t K, int64_t t0, int64_t t1, float *out, int64_t stride) {
-    if (type_is_float(type)) {
-        for (int64_t t = t0; t < t1; t++) out[t * stride] = dot_float(w->f, x + t * K, K);
-        return;
-    }
-    int64_t G = K / GROUP, t = t0;
-    int has_min = type_has_min(type), split = type == T_Q6_K;
-    for (; t + 4 <= t1; t += 4) {
-        v8f acc[4] = {{0}, {0}, {0}, {0}};
-        for (int64_t g = 0; g < G; g++) {
-            const int8_t *wq = w->q + g * GROUP;
-            const float *scale = w->scale + g * HALVES;
-#pragma GCC unroll 4
-            for (int k = 0; k < 4; k++)
-                acc[k] += group_term(wq, xq + (t + k) * K + g * GROUP, scale, xd[(t + k) * G + g], split);
-        }
-        for (int k = 0; k < 4; k++) {
-            float total = reduce8(acc[k]);
-            out[(t + k) * stride] = has_min ? total + dot_float(w->min, xs + (t + k) * G, G) : total;
-        }
-    }
-    for (; t < t1; t++) out[t * stride] = dot_quant(w, type, xq + t * K, xd + t * G, xs + t * G, K);
+/* The float row `w->f` (F32, F16, BF16) times float tokens t0 .. t1 - 1, into out[t * stride]. */
+void dot_tokens(const RowBuffer *w, const float *x, int64_t K, int64_t t0, int64_t t1, float *out, int64_t stride) {
+    for (int64_t t = t0; t < t1; t++) out[t * stride] = dot_float(w->f, x + t * K, K);
 }
 
-/* One token's product with one row, unpacking block by block into registers and the stack
- * instead of a whole-row buffer (decode: each row is read once, for one token). The
- * arithmetic is dot_quant's, in the same order. `mins` is scratch for the row's min terms. */
-float dot_row(int type, const uint8_t *row, int64_t K, const int16_t *xq, const float *xd, const float *xs,
-              float *mins) {
-    v8f acc = {0};
+/* N tokens' products with one packed row, each block unpacked once into registers and the
+ * stack for all of them (decode, speculative verification, batched decoding: each row is
+ * read once). Token k's codes are at xq + k * K, its group scales and sums at xd, xs + k * G.
+ * Each token's arithmetic is the same, in the same order, whatever N and the tokens beside
+ * it: a group's int32 sums, then acc += sums * (wscale * xscale) in 8 lanes, reduce8, and
+ * the min terms. `mins` is scratch for the row's min terms. */
+static inline __attribute__((always_inline)) void row_tokens(int type, const uint8_t *row, int64_t K,
+                                                             const int16_t *xq, const float *xd, const float *xs,
+                                                             float *mins, const int N, float *out, int64_t stride) {
+    v8f acc[ROW_TOKENS] = {{0}};
+    int64_t G = K / GROUP;
     int split = type == T_Q6_K;
     float no_mins[8]; /* the zero min terms of types without any: stores the compiler drops */
-#define DOT_BLOCKS(unpack, weights, bytes, has_min)                                                 \
-    _Pragma("GCC unroll 2") for (int64_t blk = 0; blk < K / (weights); blk++) {                     \
-        int8_t q[weights];                                                                          \
-        float scale[(weights) / GROUP * HALVES];                                                    \
-        int64_t g0 = blk * ((weights) / GROUP);                                                     \
-        unpack(row + blk * (bytes), q, scale, (has_min) ? mins + g0 : no_mins);                     \
-        for (int g = 0; g < (weights) / GROUP; g++)                                                 \
-            acc += group_term(q + g * GROUP, xq + (g0 + g) * GROUP, scale + g * HALVES, xd[g0 + g], split); \
-    }                                                                                               \
+#define DOT_BLOCKS(unpack, weights, bytes, has_min)                                                     \
+    _Pragma("GCC unroll 2") for (int64_t blk = 0; blk < K / (weights); blk++) {                         \
+        int8_t q[weights];                                                                              \
+        float scale[(weights) / GROUP * HALVES];                                                        \
+        int64_t g0 = blk * ((weights) / GROUP);                                                         \
+        unpack(row + blk * (bytes), q, scale, (has_min) ? mins + g0 : no_mins);                         \
+        for (int g = 0; g < (weights) / GROUP; g++)                                                     \
+            _Pragma("GCC unroll 4") for (int k = 0; k < N; k++) acc[k] +=                               \
+                group_term(q + g * GROUP, xq + k * K + (g0 + g) * GROUP, scale + g * HALVES, xd[k * G + g0 + g], split); \
+    }                                                                                                   \
     break
     switch (type) {
     case T_Q4_0: DOT_BLOCKS(unpack_q4_0, 32, 18, 0);
@@ -446,8 +419,20 @@ float dot_row(int type, const uint8_t *row, int64_t K, const int16_t *xq, const 
     case T_Q6_K: DOT_BLOCKS(unpack_q6_k, 256, 210, 0);
     }
 #undef DOT_BLOCKS
-    float total = reduce8(acc);
-    return type_has_min(type) ? total + dot_float(mins, xs, K / GROUP) : total;
+    for (int k = 0; k < N; k++) {
+        float total = reduce8(acc[k]);
+        out[k * stride] = type_has_min(type) ? total + dot_float(mins, xs + k * G, G) : total;
+    }
+}
+
+void dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq, const float *xd, const float *xs,
+                    float *mins, int n, float *out, int64_t stride) {
+    switch (n) { /* one body per count, so that the loop over tokens unrolls and shares each unpacked block */
+    case 1: row_tokens(type, row, K, xq, xd, xs, mins, 1, out, stride); break;
+    case 2: row_tokens(type, row, K, xq, xd, xs, mins, 2, out, stride); break;
+    case 3: row_tokens(type, row, K, xq, xd, xs, mins, 3, out, stride); break;
+    default: row_tokens(type, row, K, xq, xd, xs, mins, ROW_TOKENS, out, stride); break;
+    }
 }
 
 

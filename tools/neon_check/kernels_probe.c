@@ -72,10 +72,10 @@ int main(void) {
             for (int64_t i = 0; i < row_bytes; i++) row[i] = (uint8_t)next();
             for (int b = 0; b < K / weights; b++)
                 for (int j = 0; j < types[k].n_offsets; j++) put_scale(row + b * bytes + types[k].offsets[j]);
-            float one = dot_row(types[k].type, row, K, xq, xd, xs, mins), several[T];
-            print(&one, 1);
-            unpack_row(types[k].type, row, K, &buf);
-            dot_tokens(&buf, types[k].type, x, xq, xd, xs, K, 0, T, several, 1);
+            float several[T];
+            for (int t = 0; t < T; t += ROW_TOKENS) /* blocks of ROW_TOKENS tokens, and the rest */
+                dot_row_tokens(types[k].type, row, K, xq + t * K, xd + t * (K / GROUP), xs + t * (K / GROUP), mins,
+                               T - t < ROW_TOKENS ? T - t : ROW_TOKENS, several + t, 1);
             print(several, T);
             dequantize_row(types[k].type, row, K, &buf, dequantized + r * K);
             print(dequantized + r * K, K);
