@@ -14,6 +14,7 @@ A source's contract with the text side:
 - it never yields more than `limit` tokens, nor feeds past the end of the context.
 """
 
+import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -65,6 +66,9 @@ class DraftLength(Protocol):
 
     def record(self, drafted: int, accepted: int) -> None:
         """The outcome of a round that checked `drafted` tokens and accepted `accepted`."""
+
+    def timed(self, n_tokens: int, seconds: float) -> None:
+        """How long a round took that fed `n_tokens` (1: a plain step), checking included."""
 
 
 def plain_tokens(
@@ -120,9 +124,11 @@ def speculative_tokens(
         most = min(lengths.choose(limit - produced - 1), cache.n_ctx - len(history))
         draft = drafter.propose(history, most) if most > 0 else Draft([])
         fed = [history[-1], *draft.tokens]
+        began = time.perf_counter()
         logits = cache.feed(model, fed, all_logits=True)  # (1 + drafts, vocab)
         kept = verify(sampler, logits, history, draft)
         cache.trim(len(draft.tokens) - (len(kept) - 1))
+        lengths.timed(len(fed), time.perf_counter() - began)
         if draft.tokens:
             stats.rounds += 1
             stats.drafted += len(draft.tokens)

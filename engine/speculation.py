@@ -98,6 +98,9 @@ class FixedLength:
     def record(self, drafted: int, accepted: int) -> None:
         """Nothing to learn."""
 
+    def timed(self, n_tokens: int, seconds: float) -> None:
+        """Nothing to learn."""
+
 
 @dataclass
 class AdaptiveController:
@@ -109,7 +112,11 @@ class AdaptiveController:
     position i - 1's estimate (0.5 for position 0), so a position never tried yet is
     expected to do as well as the one before it. With k drafts a round
     yields 1 + sum over j <= k of accept(0) * ... * accept(j - 1) tokens on average and
-    costs c(k + 1) + k * `draft_cost` steps. When no k > 0 beats one token per step, the
+    costs c(k + 1) + k * `draft_cost` steps. c(T) starts as measured at load (`costs`) and,
+    with `follow_timing`, follows what rounds of T and of 1 token take in the answers'
+    contexts once both have run (a moving average of each, `seconds`; the first round of
+    each length is left out, as it may include recording the pass), which a short prompt
+    at load may not show. When no k > 0 beats one token per step, the
     controller drafts nothing; after `probe_after` such rounds it drafts once, to see
     whether the text has become predictable (the wait doubles after each probe that did
     not pay, up to `longest_wait`). A probe drafts the length that would pay best if drafts
@@ -125,6 +132,9 @@ class AdaptiveController:
     probe_after: int = 16
     longest_wait: int = 512
     hopeful: float = 0.9
+    follow_timing: bool = True
+    seconds: dict[int, float] = field(default_factory=dict)
+    first_rounds: set[int] = field(default_factory=set)
     hits: list[float] = field(default_factory=list)
     trials: list[float] = field(default_factory=list)
     plain_rounds: int = 0
@@ -150,7 +160,23 @@ class AdaptiveController:
         for chance in (self.acceptance() if acceptance is None else acceptance)[:k]:
             reach *= chance
             tokens += reach
-        return tokens / (self.costs(k + 1) + k * self.draft_cost)
+        return tokens / (self.cost(k + 1) + k * self.draft_cost)
+
+    def cost(self, n_tokens: int) -> float:
+        """c(n_tokens): a round of `n_tokens` in plain steps, as timed here if both were, else as measured at load."""
+        if n_tokens in self.seconds and 1 in self.seconds:
+            return self.seconds[n_tokens] / self.seconds[1]
+        return self.costs(n_tokens)
+
+    def timed(self, n_tokens: int, seconds: float) -> None:
+        """Fold a round's time into the moving average for its length (but a length's first)."""
+        if not self.follow_timing:
+            return
+        if n_tokens not in self.first_rounds:
+            self.first_rounds.add(n_tokens)
+            return
+        known = self.seconds.get(n_tokens)
+        self.seconds[n_tokens] = seconds if known is None else known + 0.2 * (seconds - known)
 
     def probe_length(self, top: int) -> int:
         """The draft length of a probe, up to `top`; 0 if even drafts right `hopeful` of the time would not pay."""

@@ -256,10 +256,24 @@ def test_expected_gain_by_hand():
     assert VerifyCosts((1.0, 1.5, 2.0), 0.01)(5) == pytest.approx(3.0)  # extended by the last step, 0.5
 
 
+def test_controller_follows_the_rounds_it_times():
+    controller = AdaptiveController(VerifyCosts((1.0, 1.2, 1.4), 0.01), longest=2)
+    for seconds in (9.0, 0.010, 0.010):  # the first round of a length is left out
+        controller.timed(1, seconds)
+    assert controller.cost(2) == pytest.approx(1.2)  # no round of 2 timed yet: as measured at load
+    for seconds in (9.0, 0.030, 0.030):
+        controller.timed(2, seconds)
+    assert controller.cost(2) == pytest.approx(3.0)
+    controller.timed(2, 0.010)  # a moving average: a fifth of the way to the new time
+    assert controller.cost(2) == pytest.approx((0.030 + 0.2 * (0.010 - 0.030)) / 0.010)
+    controller.record(2, 2)  # both drafts right, but a round of 2 costs 2.6 steps: not worth it
+    assert controller.cost(3) == pytest.approx(1.4) and controller.choose(1) == 0
+
+
 def passes_with(model, drafter, costs, max_tokens=120):
     """Run `drafter` under an adaptive controller with `costs`; the answer and the model's passes."""
     speculation = WithDrafter(drafter)
-    speculation.controller = AdaptiveController(costs)
+    speculation.controller = AdaptiveController(costs, follow_timing=False)  # the mock's own times would not tell
     model.passes.clear()
     events, _ = run(model, PARAMS["greedy"], max_tokens=max_tokens, speculation=speculation)
     return events, model.passes[1:], speculation.controller
