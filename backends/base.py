@@ -14,7 +14,7 @@ Activations are float32 unless a backend documents otherwise; the NumPy backend 
 reference, and every other backend must match its numbers within the tolerance its tests
 state.
 
-Two optional hooks let a backend fuse a decode step and keep tokens on its device. The
+Optional hooks let a backend fuse a decode step and keep tokens on its device. The
 engine looks for them with `getattr` and works op by op without them (NumPy):
     compile_decode(forward, kv) -> step(token, start) -> logits (1, vocab)
         wraps the transformer's one-token forward pass on one KV storage into a single
@@ -30,6 +30,10 @@ engine looks for them with `getattr` and works op by op without them (NumPy):
         `max_compiled_tokens`) that returns the logits at each of them: a speculative
         draft's verification. `forward` returns every position's logits. (cpu: one
         recorded op list per `n_tokens`.)
+    compile_batch(forward, kvs) -> step(tokens, positions) -> logits (B, vocab)
+        the same for one new token of each of B sequences, each at its own position on its
+        own KV storage (batched decoding); `forward(ids, positions, starts)` takes per-row
+        positions and each row's start. (cpu: one recorded op list per set of storages.)
     argmax(logits) -> token
         the most likely next token, left on the device, so greedy decoding can queue the
         next step before the current token is read back (mlx-lm's generate_step).

@@ -48,6 +48,7 @@ _ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 _Q8_0 = GGMLQuantizationType.Q8_0
 _ALIGN = 16  # floats: recorded buffers start on 64-byte cache lines
 MAX_STEP_TOKENS = 16  # the most new tokens a compiled pass takes
+MAX_BATCH_GRAPHS = 8  # recorded batch passes kept, one per set of sequences
 
 
 def _bufs(a=None, b=None, c=None, out=None, ids=None, pos=None, table=None, kcache=None, vcache=None) -> tuple:
@@ -92,15 +93,21 @@ class CpuKV:
 
 
 class _Slot:
-    """A stand-in activation while a decode step is recorded: a buffer of the arena."""
+    """A stand-in activation while a pass is recorded: a buffer of the arena, or its rows
+    from `offset` (floats) on."""
 
-    def __init__(self, recorder: "_Recorder", shape: tuple[int, ...], buffer: int):
-        self.recorder, self.shape, self.buffer = recorder, shape, buffer
+    def __init__(self, recorder: "_Recorder", shape: tuple[int, ...], buffer: int, offset: int = 0):
+        self.recorder, self.shape, self.buffer, self.offset = recorder, shape, buffer, offset
 
     def reshape(self, *shape: int) -> "_Slot":
         """The same buffer with another shape (as NumPy's reshape of a contiguous array)."""
         assert int(np.prod(shape)) == int(np.prod(self.shape)), (shape, self.shape)
-        return _Slot(self.recorder, tuple(shape), self.buffer)
+        return _Slot(self.recorder, tuple(shape), self.buffer, self.offset)
+
+    def row(self, b: int) -> "_Slot":
+        """Row b, as x[b : b + 1] of an array."""
+        size = int(np.prod(self.shape[1:]))
+        return _Slot(self.recorder, (1, *self.shape[1:]), self.buffer, self.offset + b * size)
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -113,12 +120,13 @@ class _Slot:
 class _StepInput:
     """The tokens or the positions of a compiled pass: a view of the KV's `step_state`.
 
-    The positions stand in as the first one (`view`, one element) and their count
-    (`length`): the kernels take consecutive positions from the first.
+    The positions of one sequence's new tokens stand in as the first one (`view`, one
+    element) and their count (`length`): the kernels take consecutive positions from the
+    first. A batch of sequences has a position per row (`per_row`, `view` holds all).
     """
 
-    def __init__(self, view: np.ndarray, length: int):
-        self.view, self.length = view, length
+    def __init__(self, view: np.ndarray, length: int, per_row: bool = False):
+        self.view, self.length, self.per_row = view, length, per_row
 
     def __len__(self) -> int:
         return self.length
@@ -167,7 +175,7 @@ class _Recorder:
         arena = _aligned_zeros(end)
 
         def view(slot: _Slot) -> np.ndarray:
-            start = placed[slot.buffer]
+            start = placed[slot.buffer] + slot.offset
             return arena[start : start + int(np.prod(slot.shape))]
 
         resolved = [_replace_slots(op, view) for op in self.ops]
@@ -213,6 +221,7 @@ class CpuBackend(Backend):
         self._load_notes: list[str] = []
         self._recorder: _Recorder | None = None
         self._rope_tables: dict[tuple, np.ndarray] = {}
+        self._batch_steps: dict[tuple[int, ...], tuple[tuple[CpuKV, ...], Callable[[Any, Any], np.ndarray]]] = {}
 
     @property
     def device_name(self) -> str:
@@ -293,12 +302,6 @@ class CpuBackend(Backend):
         else:
             self.native.run(op)
 
-    def _position(self, positions: Any) -> np.ndarray:
-        """The first position as a one-element int64 buffer (a view of a compiled pass's state)."""
-        if isinstance(positions, _StepInput):
-            return positions.view
-        return np.asarray(positions[:1], dtype=np.int64)
-
     # -- ops ----------------------------------------------------------------------------
 
     def embedding(self, weight: CpuMatrix, token_ids: Any, scale: float = 1.0) -> Any:
@@ -327,23 +330,18 @@ class CpuBackend(Backend):
     def rope(
         self, x: Any, positions: Any, base: float, rope_dim: int, neox: bool, freq_factors: np.ndarray | None = None
     ) -> Any:
-        if not isinstance(positions, _StepInput) and np.any(np.diff(positions) != 1):
-            # the kernel takes consecutive positions; others (a batch of sequences) go one by one
-            return np.concatenate(
-                [
-                    self.rope(x[t : t + 1], positions[t : t + 1], base, rope_dim, neox, freq_factors)
-                    for t in range(len(positions))
-                ]
-            )
+        if isinstance(positions, _StepInput):
+            pos, per_row = positions.view, positions.per_row
+        else:  # consecutive positions from the first, or one per row (a batch of sequences)
+            positions = np.asarray(positions, dtype=np.int64)
+            per_row = bool(np.any(np.diff(positions) != 1))
+            pos = np.ascontiguousarray(positions if per_row else positions[:1])
         x = _contiguous(x)
         out = self._new(x.shape)
         n_tokens, heads, dim = x.shape
         table = self._rope_table(base, rope_dim, freq_factors)
         self._emit(
-            OP_ROPE,
-            _bufs(a=x, out=out, pos=self._position(positions), table=table),
-            (),
-            (n_tokens, heads, dim, rope_dim, neox),
+            OP_ROPE, _bufs(a=x, out=out, pos=pos, table=table), (), (n_tokens, heads, dim, rope_dim, neox, per_row)
         )
         return out
 
@@ -360,9 +358,25 @@ class CpuBackend(Backend):
 
     def attention(self, q: Any, k: Any, v: Any, cache: CpuKV, layer: int, start: Any, settings: LayerAttention) -> Any:
         q, k, v = _contiguous(q), _contiguous(k), _contiguous(v)
+        out = self._new((q.shape[0], q.shape[1] * v.shape[2]))  # (T, H * Dv)
+        self._attend(q, k, v, out, cache, layer, start, settings)
+        return out
+
+    def attention_batch(
+        self, q: Any, k: Any, v: Any, caches: list[CpuKV], layer: int, starts: list[Any], settings: LayerAttention
+    ) -> Any:
+        q, k, v = _contiguous(q), _contiguous(k), _contiguous(v)
+        out = self._new((q.shape[0], q.shape[1] * v.shape[2]))  # (B, H * Dv)
+        for b, (cache, start) in enumerate(zip(caches, starts, strict=True)):
+            self._attend(_row(q, b), _row(k, b), _row(v, b), _row(out, b), cache, layer, start, settings)
+        return out
+
+    def _attend(
+        self, q: Any, k: Any, v: Any, out: Any, cache: CpuKV, layer: int, start: Any, settings: LayerAttention
+    ) -> None:
+        """One attention op: q (T, H, Dh), k, v of one sequence at `start` on `cache`, into `out` (T, H * Dv)."""
         n_tokens, heads, head_dim = q.shape
         kv_heads, value_dim = k.shape[1], v.shape[2]
-        out = self._new((n_tokens, heads * value_dim))
         pos = start if isinstance(start, np.ndarray) else np.array([start], dtype=np.int64)
         self._emit(
             OP_ATTN,
@@ -371,7 +385,6 @@ class CpuBackend(Backend):
             (n_tokens, heads, kv_heads, head_dim, value_dim, cache.n_ctx, settings.window or 0),
             (settings.scale, settings.softcap or 0.0),
         )
-        return out
 
     def gated_activation(self, gate: Any, up: Any, kind: str) -> Any:
         if kind not in _ACTIVATIONS:
@@ -426,13 +439,8 @@ class CpuBackend(Backend):
         if step is None:
             state = cache.step_state
             first = state[0:1]
-            self._recorder = recorder = _Recorder()
-            try:
-                logits = forward(_StepInput(state[1 : 1 + n_tokens], n_tokens), _StepInput(first, n_tokens), first)
-            finally:
-                self._recorder = None
-            ops, logits_view = recorder.build(logits)
-            graph = self.native.graph(ops)
+            tokens = _StepInput(state[1 : 1 + n_tokens], n_tokens)
+            graph, logits_view = self._record(lambda: forward(tokens, _StepInput(first, n_tokens), first))
 
             def step(token_ids: Any, start: int) -> np.ndarray:
                 state[1 : 1 + n_tokens] = token_ids
@@ -443,9 +451,54 @@ class CpuBackend(Backend):
             cache.steps[n_tokens] = step
         return step
 
+    def compile_batch(
+        self, forward: Callable[[Any, Any, Any], Any], caches: list[CpuKV]
+    ) -> Callable[[Any, Any], np.ndarray]:
+        """Record `forward` over one new token of each of `caches` (a batch of sequences, each
+        at its own position) once per set of caches, then replay it in C per call:
+        step(tokens, positions) -> logits (B, vocab). `forward(ids, positions, starts)` gets
+        per-row positions and each row's start. The latest MAX_BATCH_GRAPHS sets are kept."""
+        key = tuple(id(cache) for cache in caches)
+        entry = self._batch_steps.pop(key, None)
+        if entry is None:
+            n = len(caches)
+            state = np.zeros(2 * n, dtype=np.int64)  # each row's position, then each row's token
+            rows = [state[b : b + 1] for b in range(n)]
+            graph, logits_view = self._record(
+                lambda: forward(_StepInput(state[n:], n), _StepInput(state[:n], n, per_row=True), rows)
+            )
+
+            def step(token_ids: Any, positions: Any) -> np.ndarray:
+                state[:n] = positions
+                state[n:] = token_ids
+                self.native.graph_run(graph)
+                return logits_view.copy()  # (B, vocab)
+
+            entry = (tuple(caches), step)  # holds the caches, so no other storage takes their ids
+        self._batch_steps[key] = entry  # the most recent last
+        while len(self._batch_steps) > MAX_BATCH_GRAPHS:
+            del self._batch_steps[next(iter(self._batch_steps))]
+        return entry[1]
+
+    def _record(self, run: Callable[[], Any]) -> tuple[Any, np.ndarray]:
+        """The ops `run` emits, recorded over one arena and parsed for replay, and the view of its output."""
+        self._recorder = recorder = _Recorder()
+        try:
+            output = run()
+        finally:
+            self._recorder = None
+        ops, output_view = recorder.build(output)
+        return self.native.graph(ops), output_view
+
     def close(self) -> None:
         self._rope_tables.clear()
+        self._batch_steps.clear()
 
 
 def _contiguous(x: Any) -> Any:
     return x if isinstance(x, _Slot) else np.ascontiguousarray(x, dtype=np.float32)
+
+
+def _row(x: Any, b: int) -> Any:
+    """Row b of an activation (a view), as x[b : b + 1]."""
+    return x.row(b) if isinstance(x, _Slot) else x[b : b + 1]

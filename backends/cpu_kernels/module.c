@@ -149,7 +149,7 @@ static int parse_op(PyObject *tuple, Op *op) {
     case OP_ROPE:
         if (n[3] > n[2] || n[3] % 2) break;
         return need(&a, n[0] * n[1] * n[2], 4, "x") || need(&out, n[0] * n[1] * n[2], 4, "out") ||
-               need(&table, n[3] / 2, 8, "table") || need(&pos, 1, 8, "pos");
+               need(&table, n[3] / 2, 8, "table") || need(&pos, n[5] ? n[0] : 1, 8, "pos");
     case OP_ATTN:
         if (n[1] <= 0 || n[2] <= 0 || n[1] % n[2]) break;
         return need(&a, n[0] * n[1] * n[3], 4, "q") || need(&b, n[0] * n[2] * n[3], 4, "k") ||

@@ -194,7 +194,7 @@ static void rope(const Op *op) {
     int neox = (int)op->n[4];
     if (op->out != op->a) memcpy(op->out, op->a, sizeof(float) * (size_t)(T * heads * dim));
     for (int64_t t = 0; t < T; t++) {
-        int64_t pos = *op->pos + t;
+        int64_t pos = op->n[5] ? op->pos[t] : *op->pos + t;
         if (rope_cache.pos != pos || rope_cache.half != half ||
             memcmp(rope_cache.table, op->table, sizeof(double) * (size_t)half) != 0) {
             for (int64_t i = 0; i < half; i++) {

@@ -55,7 +55,7 @@ class KVBatch:
     (passed where one sequence passes its storage, see `Transformer.decode_batch`)."""
 
     storages: list[Any]
-    positions: list[int]
+    positions: list[Any]  # host ints, or a backend's stand-ins while it records the pass
 
 
 class Transformer:
@@ -180,7 +180,15 @@ class Transformer:
         """
         if len(token_ids) == 1:
             return self.decode_step(kv_storages[0])(int(token_ids[0]), int(positions[0]))
-        batch = KVBatch(list(kv_storages), [int(p) for p in positions])
+        storages = list(kv_storages)
+        compile_batch = getattr(self.backend, "compile_batch", None)
+        if compile_batch is not None:  # recorded once per set of storages (cpu)
+            step = compile_batch(
+                lambda ids, rows, starts: self.logits(ids, rows, None, KVBatch(storages, starts), all_logits=True),
+                storages,
+            )
+            return step(np.asarray(token_ids, dtype=np.int64), np.asarray(positions, dtype=np.int64))
+        batch = KVBatch(storages, [int(p) for p in positions])
         return self.logits(np.asarray(token_ids), np.asarray(positions), None, batch, all_logits=True)
 
     def logits(self, token_ids: Any, positions: Any, start: Any, kv_storage: Any, all_logits: bool = False) -> Any:

@@ -13,6 +13,7 @@ import pytest
 
 from engine.generation import prefill
 from engine.loader import load_model
+from engine.models.common import KVBatch
 from tests.engine.parity_models import model_path
 
 PROMPT_LENGTHS = (3, 21, 9, 9)  # past the tiny Gemmas' window of 16; two at the same positions
@@ -50,8 +51,30 @@ def test_a_batched_step_gives_every_sequence_its_own_logits(tmp_path, backend, k
             batch = loaded.backend.to_host(loaded.model.decode_batch(tokens, positions, [c.storage for c in caches]))
             assert batch.shape == (len(prompts), loaded.config.vocab_size)
             for b, (_, logits) in enumerate(alone):
+                if backend == "cpu":  # the recorded batch pass: each row's arithmetic is its own step's
+                    np.testing.assert_array_equal(batch[b], logits[n], err_msg=f"step {n} row {b}")
+                    continue
                 spread = float(np.ptp(logits[n]))
                 np.testing.assert_allclose(batch[b], logits[n], rtol=0, atol=1e-5 * spread, err_msg=f"step {n} row {b}")
+    finally:
+        loaded.close()
+
+
+def test_the_cpu_backend_records_a_batch_pass_once_per_set_of_sequences(tmp_path):
+    from backends.cpu_backend import MAX_BATCH_GRAPHS
+
+    loaded = load_model(model_path("tiny-qwen3-f32", tmp_path), "cpu")
+    try:
+        caches = [loaded.new_cache(64) for _ in range(MAX_BATCH_GRAPHS + 2)]
+        for cache in caches:
+            prefill(loaded.model, cache, [5, 6, 7])
+        pairs = [(caches[i], caches[i + 1]) for i in range(MAX_BATCH_GRAPHS + 1)]
+        for n, pair in enumerate(pairs + pairs[:1]):  # the first pair again, after it was let go
+            logits = loaded.model.decode_batch(np.array([8, 9]), np.array([3 + n, 3 + n]), [c.storage for c in pair])
+            eager = loaded.model.logits(np.array([8, 9]), np.array([3 + n, 3 + n]), None,
+                                        KVBatch([c.storage for c in pair], [3 + n, 3 + n]), all_logits=True)
+            np.testing.assert_array_equal(logits, eager)  # the replayed pass is the op-by-op pass
+            assert len(loaded.backend._batch_steps) == min(n + 1, MAX_BATCH_GRAPHS)
     finally:
         loaded.close()
 
