@@ -211,9 +211,9 @@ class CpuBackend(Backend):
 
     name = "cpu"
     max_compiled_tokens = MAX_STEP_TOKENS
-    # The products share a weight row's reads among four tokens at a time (dot_tokens); two or
-    # three rows cost about as much as their own compiled steps, plus the pass's Python per op.
-    min_decode_batch = 4
+    # A recorded batch pass over two sequences costs about 0.8 of their two compiled steps,
+    # over four about 0.65 (docs/benchmarks.md): batching pays from two.
+    min_decode_batch = 2
 
     def __init__(self, threads: int | None = None, tier: str | None = None):
         self.native = cpu_native.load(tier)
