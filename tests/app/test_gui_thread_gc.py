@@ -48,7 +48,12 @@ def test_cycles_made_on_a_worker_thread_are_collected_on_the_gui_thread(qtbot):
 def test_without_it_the_worker_collects_them():
     """The hazard the collector removes: Python collects on whichever thread allocates."""
     Cycle.finalized_on.clear()
-    assert gc.isenabled()
-    make_garbage_on_a_worker()
-    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.enable()  # as in a process without the collector (a window left open elsewhere would have it off)
+    try:
+        make_garbage_on_a_worker()
+        gc.collect()
+    finally:
+        if not was_enabled:
+            gc.disable()
     assert "engine-like" in Cycle.finalized_on
