@@ -26,7 +26,6 @@ from PySide6.QtWidgets import (
 
 from app.backend_status import backend_status, gpu_present
 from app.chat_controller import ChatController
-from app.gui_thread_gc import GuiThreadCollector
 from app.local_server import LocalServer
 from app.menu_bar import build_menu_bar
 from app.model_library import LibraryEntry, ModelInfo, library_entries, vocabulary_metadata
@@ -59,7 +58,6 @@ class MainWindow(QMainWindow):
         self.setAcceptDrops(True)
         self.store = store
         self.settings_path = settings_path
-        self.collector = GuiThreadCollector(self)  # before any engine thread starts
         self.controller = ChatController(store, settings, self)
         self.local_server = LocalServer(self.controller, parent=self)
         self.server_panel = ServerPanel()
@@ -456,5 +454,4 @@ class MainWindow(QMainWindow):
         self.local_server.set_running(False)
         self.controller.shutdown()
         self._save_settings()
-        self.collector.stop()
         super().closeEvent(event)

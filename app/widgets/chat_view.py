@@ -6,7 +6,7 @@ second; only the last card re-renders), `finish_streaming` when the answer ends.
 an answer streams the view follows it down, unless the user has scrolled up to read.
 """
 
-from PySide6.QtCore import QRect, Qt, Signal
+from PySide6.QtCore import QRect, QSize, Qt, Signal
 from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
 
 from app.storage import MessageState
@@ -54,6 +54,18 @@ class _CentredLayout(QVBoxLayout):
         if self.contentsMargins().left() != side:
             self.setContentsMargins(side, MARGIN, side, MARGIN)
         super().setGeometry(rect)
+
+    def minimumSize(self) -> QSize:
+        """The minimum with sides of MARGIN, not the centring margins of the current width.
+
+        The centring margins grow with the width. Counted in the minimum, a canvas whose
+        content was wider than the column would get a minimum wider than itself; the
+        scroll area then widened it, which widened the margins and so the minimum, inside
+        its own resize handler, until the stack overflowed (a crash seen in CI).
+        """
+        size = super().minimumSize()
+        extra = 2 * (self.contentsMargins().left() - MARGIN)
+        return QSize(max(0, size.width() - extra), size.height())
 
     @staticmethod
     def side_margin(width: int) -> int:

@@ -345,3 +345,24 @@ def test_two_hundred_messages_load_and_scroll_smoothly(view, record_property):
           f"longest {max(steps) * 1000:.1f} ms, mean {sum(steps) / len(steps) * 1000:.1f} ms")
     assert len(view.messages()) == 200 and len(steps) > 100
     assert max(steps) < 0.1
+
+
+def test_the_canvas_minimum_width_does_not_grow_with_the_view(qtbot):
+    """Content wider than the column: if the minimum counted the centring margins, which
+    grow with the width, the scroll area would widen the canvas to its minimum, which would
+    grow the minimum, inside its resize handler, until the stack overflowed."""
+    from app.widgets.chat_view import COLUMN_WIDTH
+
+    view = ChatView()
+    qtbot.addWidget(view)
+    wide = QLabel("wide")
+    wide.setMinimumWidth(COLUMN_WIDTH + 200)
+    view._list.addWidget(wide)
+    view.show()
+    minimums = []
+    for width in (1400, 2400):
+        view.resize(width, 600)
+        qtbot.wait(20)
+        minimums.append(view.widget().layout().totalMinimumSize().width())
+    assert minimums[0] == minimums[1] <= COLUMN_WIDTH + 200 + 2 * 16
+    assert view.widget().width() <= max(view.viewport().width(), minimums[0])
