@@ -18,22 +18,21 @@ Optional hooks let a backend fuse a decode step and keep tokens on its device. T
 engine looks for them with `getattr` and works op by op without them (NumPy):
     compile_decode(forward, kv) -> step(token, start) -> logits (1, vocab)
         wraps the transformer's one-token forward pass on one KV storage into a single
-        fused call (MLX: one mx.compile'd function, queued without waiting; cpu: the op
-        list recorded once and replayed in C, one call per token). `forward(ids,
+        fused call (MLX: one mx.compile'd function, queued without waiting). `forward(ids,
         positions, start)` may be called with the backend's own stand-ins for the three
         (device arrays, recorded buffers); the step state they stand for (the token, the
         position, and so the KV length) belongs to the KV storage object, which the step
         updates in place, so nothing is rebuilt on the host per token. The step is made
         once per KV storage and kept on it.
-    compile_forward(forward, kv, n_tokens) -> step(tokens, start) -> logits (n_tokens, vocab)
-        the same for a pass over `n_tokens` new positions (at most the backend's
-        `max_compiled_tokens`) that returns the logits at each of them: a speculative
-        draft's verification. `forward` returns every position's logits. (cpu: one
-        recorded op list per `n_tokens`.)
-    compile_batch(forward, kvs) -> step(tokens, positions) -> logits (B, vocab)
+    compile_forward(forward, kv, n_tokens, owner) -> step(tokens, start) -> logits (n_tokens, vocab)
+        a pass over `n_tokens` new positions (at most the backend's `max_compiled_tokens`)
+        of the model `owner`, replayed in one call, that returns the logits at each of
+        them: decoding (one token) and a speculative draft's verification. (cpu: one
+        recorded op list per model, `n_tokens` and shape of storage, bound to `kv` per call.)
+    compile_batch(forward, kvs, owner) -> step(tokens, positions) -> logits (B, vocab)
         the same for one new token of each of B sequences, each at its own position on its
         own KV storage (batched decoding); `forward(ids, positions, starts)` takes per-row
-        positions and each row's start. (cpu: one recorded op list per set of storages.)
+        positions and each row's start. (cpu: one recorded op list per model, B and shapes.)
     argmax(logits) -> token
         the most likely next token, left on the device, so greedy decoding can queue the
         next step before the current token is read back (mlx-lm's generate_step).

@@ -12,9 +12,12 @@ Every op is a tuple (see module.c) that runs at once. `compile_forward` instead 
 forward pass over a fixed number of new tokens (one for decoding, up to MAX_STEP_TOKENS
 for a speculative draft's verification) once, with stand-in tensors, into a list of such
 tuples over one preallocated arena, and replays it in C: one call per pass, no Python per
-op. The position and the tokens it reads live in the KV storage's `step_state` array.
+op. A pass is recorded once per model, number of tokens and shape of KV storage, on stand-in
+storages whose memory is never touched; each call binds it to the caller's storages, so a
+new conversation (a new storage) replays the passes the last one recorded.
 """
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -48,7 +51,6 @@ _ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 _Q8_0 = GGMLQuantizationType.Q8_0
 _ALIGN = 16  # floats: recorded buffers start on 64-byte cache lines
 MAX_STEP_TOKENS = 16  # the most new tokens a compiled pass takes
-MAX_BATCH_GRAPHS = 8  # recorded batch passes kept, one per set of sequences
 
 
 def _bufs(a=None, b=None, c=None, out=None, ids=None, pos=None, table=None, kcache=None, vcache=None) -> tuple:
@@ -73,23 +75,27 @@ class CpuMatrix:
 
 
 class CpuKV:
-    """KV cache storage: keys (L, Hkv, N, Dh) and values (L, Hkv, N, Dv), float32.
-
-    `step_state` ([position, token 0, token 1, ...], int64) is what a compiled pass reads;
-    the engine never rebuilds it, the pass writes it before it runs. `steps` holds the
-    compiled passes by their number of new tokens.
-    """
+    """KV cache storage: keys (L, Hkv, N, Dh) and values (L, Hkv, N, Dv), float32."""
 
     def __init__(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int, value_dim: int):
         self.k = np.zeros((n_layers, n_kv_heads, n_ctx, head_dim), dtype=np.float32)
         self.v = np.zeros((n_layers, n_kv_heads, n_ctx, value_dim), dtype=np.float32)
-        self.step_state = np.zeros(1 + MAX_STEP_TOKENS, dtype=np.int64)
-        self.steps: dict[int, Callable[[Any, int], np.ndarray]] = {}
 
     @property
     def n_ctx(self) -> int:
         """Positions the storage holds."""
         return self.k.shape[2]
+
+    @property
+    def shape(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The shapes of keys and values: storages alike in them share recorded passes."""
+        return self.k.shape, self.v.shape
+
+    def stand_in(self) -> "CpuKV":
+        """A storage of the same shape to record a pass on. Its zeros are never written or
+        read (each replay binds the caller's storage), so its pages are never touched."""
+        n_layers, n_kv_heads, n_ctx, head_dim = self.k.shape
+        return CpuKV(n_layers, n_ctx, n_kv_heads, head_dim, self.v.shape[3])
 
 
 class _Slot:
@@ -118,7 +124,7 @@ class _Slot:
 
 
 class _StepInput:
-    """The tokens or the positions of a compiled pass: a view of the KV's `step_state`.
+    """The tokens or the positions of a compiled pass: a view of its recorded state array.
 
     The positions of one sequence's new tokens stand in as the first one (`view`, one
     element) and their count (`length`): the kernels take consecutive positions from the
@@ -134,11 +140,13 @@ class _StepInput:
 
 class _Recorder:
     """Collects the ops of one forward pass over stand-in buffers, then lays them out in one
-    arena, reusing a buffer once its last reader has run."""
+    arena, reusing a buffer once its last reader has run. Attention ops are recorded on a
+    stand-in for each KV storage (`stand_ins`, by the real storage's id)."""
 
-    def __init__(self):
+    def __init__(self, storages: list[CpuKV]):
         self.ops: list[tuple] = []
         self.sizes: list[int] = []
+        self.stand_ins = {id(storage): storage.stand_in() for storage in storages}
 
     def new(self, shape: tuple[int, ...]) -> _Slot:
         self.sizes.append(-(-int(np.prod(shape)) // _ALIGN) * _ALIGN)  # whole cache lines: aligned loads
@@ -221,7 +229,9 @@ class CpuBackend(Backend):
         self._load_notes: list[str] = []
         self._recorder: _Recorder | None = None
         self._rope_tables: dict[tuple, np.ndarray] = {}
-        self._batch_steps: dict[tuple[int, ...], tuple[tuple[CpuKV, ...], Callable[[Any, Any], np.ndarray]]] = {}
+        # recorded passes, by model: by ("tokens", n) or ("batch", B) and the storages' shapes
+        self._passes: weakref.WeakKeyDictionary[Any, dict[tuple, _RecordedPass]] = weakref.WeakKeyDictionary()
+        self.recordings = 0  # passes recorded so far
 
     @property
     def device_name(self) -> str:
@@ -378,6 +388,8 @@ class CpuBackend(Backend):
         n_tokens, heads, head_dim = q.shape
         kv_heads, value_dim = k.shape[1], v.shape[2]
         pos = start if isinstance(start, np.ndarray) else np.array([start], dtype=np.int64)
+        if self._recorder:
+            cache = self._recorder.stand_ins[id(cache)]
         self._emit(
             OP_ATTN,
             _bufs(a=q, b=k, c=v, out=out, pos=pos, kcache=cache.k[layer], vcache=cache.v[layer]),
@@ -423,76 +435,98 @@ class CpuBackend(Backend):
         cache.k[:, :, start:end] = 0.0  # (L, Hkv, end - start, Dh)
         cache.v[:, :, start:end] = 0.0  # (L, Hkv, end - start, Dv)
 
-    def compile_decode(self, forward: Callable[[Any, Any, Any], Any], cache: CpuKV) -> Callable[[Any, int], np.ndarray]:
-        """`compile_forward` for one token: step(token, start) -> logits (1, vocab)."""
-        one = self.compile_forward(forward, cache, 1)
-        return lambda token, start: one([token], start)
-
     def compile_forward(
-        self, forward: Callable[[Any, Any, Any], Any], cache: CpuKV, n_tokens: int
+        self, forward: Callable[[Any, Any, Any], Any], cache: CpuKV, n_tokens: int, owner: Any
     ) -> Callable[[Any, int], np.ndarray]:
-        """Record `forward` over `n_tokens` (at most MAX_STEP_TOKENS) new tokens on `cache` once,
-        then replay it in C per call: step(tokens, start) -> logits (n_tokens, vocab)."""
+        """Record `forward` (of the model `owner`) over `n_tokens` (at most MAX_STEP_TOKENS) new
+        tokens once per shape of storage, then replay it in C on `cache` per call:
+        step(tokens, start) -> logits (n_tokens, vocab)."""
         if not 1 <= n_tokens <= MAX_STEP_TOKENS:
             raise ValueError(f"a compiled pass takes 1 to {MAX_STEP_TOKENS} tokens, not {n_tokens}")
-        step = cache.steps.get(n_tokens)
-        if step is None:
-            state = cache.step_state
+
+        def record(state: np.ndarray) -> Any:
             first = state[0:1]
-            tokens = _StepInput(state[1 : 1 + n_tokens], n_tokens)
-            graph, logits_view = self._record(lambda: forward(tokens, _StepInput(first, n_tokens), first))
+            return forward(_StepInput(state[1:], n_tokens), _StepInput(first, n_tokens), first)
 
-            def step(token_ids: Any, start: int) -> np.ndarray:
-                state[1 : 1 + n_tokens] = token_ids
-                state[0] = start
-                self.native.graph_run(graph)
-                return logits_view.copy()  # (n_tokens, vocab); the arena is reused by the next pass
+        recorded = self._recorded(owner, ("tokens", n_tokens, cache.shape), 1 + n_tokens, [cache], record)
+        state = np.zeros(1 + n_tokens, dtype=np.int64)  # the position, then the tokens
 
-            cache.steps[n_tokens] = step
+        def step(token_ids: Any, start: int) -> np.ndarray:
+            state[0] = start
+            state[1:] = token_ids
+            return recorded.run(state, [cache])
+
         return step
 
     def compile_batch(
-        self, forward: Callable[[Any, Any, Any], Any], caches: list[CpuKV]
+        self, forward: Callable[[Any, Any, Any], Any], caches: list[CpuKV], owner: Any
     ) -> Callable[[Any, Any], np.ndarray]:
-        """Record `forward` over one new token of each of `caches` (a batch of sequences, each
-        at its own position) once per set of caches, then replay it in C per call:
-        step(tokens, positions) -> logits (B, vocab). `forward(ids, positions, starts)` gets
-        per-row positions and each row's start. The latest MAX_BATCH_GRAPHS sets are kept."""
-        key = tuple(id(cache) for cache in caches)
-        entry = self._batch_steps.pop(key, None)
-        if entry is None:
-            n = len(caches)
-            state = np.zeros(2 * n, dtype=np.int64)  # each row's position, then each row's token
+        """Record `forward` (of the model `owner`) over one new token of each of `caches` (a
+        batch of sequences, each at its own position) once per batch size and shapes of
+        storage, then replay it in C on `caches` per call: step(tokens, positions) -> logits
+        (B, vocab). `forward(ids, positions, starts)` gets per-row positions and each row's start."""
+        n = len(caches)
+
+        def record(state: np.ndarray) -> Any:
             rows = [state[b : b + 1] for b in range(n)]
-            graph, logits_view = self._record(
-                lambda: forward(_StepInput(state[n:], n), _StepInput(state[:n], n, per_row=True), rows)
-            )
+            return forward(_StepInput(state[n:], n), _StepInput(state[:n], n, per_row=True), rows)
 
-            def step(token_ids: Any, positions: Any) -> np.ndarray:
-                state[:n] = positions
-                state[n:] = token_ids
-                self.native.graph_run(graph)
-                return logits_view.copy()  # (B, vocab)
+        key = ("batch", n, tuple(cache.shape for cache in caches))
+        recorded = self._recorded(owner, key, 2 * n, caches, record)
+        state = np.zeros(2 * n, dtype=np.int64)  # each row's position, then each row's token
 
-            entry = (tuple(caches), step)  # holds the caches, so no other storage takes their ids
-        self._batch_steps[key] = entry  # the most recent last
-        while len(self._batch_steps) > MAX_BATCH_GRAPHS:
-            del self._batch_steps[next(iter(self._batch_steps))]
-        return entry[1]
+        def step(token_ids: Any, positions: Any) -> np.ndarray:
+            state[:n] = positions
+            state[n:] = token_ids
+            return recorded.run(state, caches)
 
-    def _record(self, run: Callable[[], Any]) -> tuple[Any, np.ndarray]:
-        """The ops `run` emits, recorded over one arena and parsed for replay, and the view of its output."""
-        self._recorder = recorder = _Recorder()
-        try:
-            output = run()
-        finally:
-            self._recorder = None
-        ops, output_view = recorder.build(output)
-        return self.native.graph(ops), output_view
+        return step
+
+    def passes(self, owner: Any) -> dict[tuple, "_RecordedPass"]:
+        """The passes recorded for the model `owner`, by key (see `_recorded`)."""
+        return dict(self._passes.get(owner, {}))
+
+    def _recorded(
+        self, owner: Any, key: tuple, state_size: int, caches: list[CpuKV], forward: Callable[[np.ndarray], Any]
+    ) -> "_RecordedPass":
+        """The pass `key` of `owner`, recorded now if it was not: `forward(state)` emits its ops
+        reading positions and tokens from `state` (int64, `state_size`), attention on stand-ins
+        for `caches`."""
+        passes = self._passes.setdefault(owner, {})
+        recorded = passes.get(key)
+        if recorded is None:
+            state = np.zeros(state_size, dtype=np.int64)
+            self._recorder = recorder = _Recorder(caches)
+            try:
+                output = forward(state)
+            finally:
+                self._recorder = None
+            ops, output_view = recorder.build(output)
+            stand_ins = tuple((kv.k, kv.v) for kv in recorder.stand_ins.values())
+            graph = self.native.graph(ops, state, output_view, stand_ins)
+            recorded = passes[key] = _RecordedPass(self.native, graph, output_view.shape)
+            self.recordings += 1
+        return recorded
 
     def close(self) -> None:
         self._rope_tables.clear()
-        self._batch_steps.clear()
+        self._passes.clear()
+
+
+class _RecordedPass:
+    """A forward pass parsed by the kernels (`graph`), replayed on any storages of the shape it was recorded on."""
+
+    def __init__(self, native: Any, graph: Any, output_shape: tuple[int, ...]):
+        self.native, self.graph, self.output_shape = native, graph, output_shape
+        self.runs = 0
+
+    def run(self, state: np.ndarray, caches: list[CpuKV]) -> np.ndarray:
+        """Run with `state` (positions and tokens) on `caches`; the logits, a new array (the
+        arena is reused by the next pass)."""
+        out = np.empty(self.output_shape, dtype=np.float32)
+        self.native.graph_run(self.graph, state, out, tuple((kv.k, kv.v) for kv in caches))
+        self.runs += 1
+        return out
 
 
 def _contiguous(x: Any) -> Any:

@@ -25,6 +25,8 @@
 
 static pthread_mutex_t exec_lock = PTHREAD_MUTEX_INITIALIZER;
 
+#define MAX_BATCH 64 /* storages one recorded pass may bind */
+
 typedef struct {
     void *ptr;
     Py_ssize_t len; /* bytes */
@@ -187,58 +189,163 @@ static PyObject *py_run(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* A parsed op list with what it reads and writes between calls: `state` (int64: the
+ * positions and tokens of the pass), `output` (its logits), and the KV storages its attention
+ * ops were recorded on, stand-ins whose memory is never touched: each call binds every
+ * attention op to the same place in the caller's storages, so one recording serves any
+ * storages of the same shape. */
 typedef struct {
     Py_ssize_t n;
     Op *ops;
-    PyObject *keep; /* the op list: it owns every array the ops point into */
+    int64_t *state;
+    Py_ssize_t state_len, output_len; /* elements */
+    float *output;
+    Py_ssize_t n_kv;                  /* storages (one per sequence of a batch) */
+    Py_ssize_t *k_bytes, *v_bytes;    /* each storage's size, per array */
+    Py_ssize_t *kv_of;                /* per op: the storage its kcache lies in, or -1 */
+    ptrdiff_t *k_at, *v_at;           /* per op: where in that storage, in bytes */
+    PyObject *keep;                   /* the op list, state, output and stand-ins */
 } Graph;
 
-static void graph_free(PyObject *capsule) {
-    Graph *g = PyCapsule_GetPointer(capsule, "sprig.graph");
-    if (!g) return;
+static void graph_release(Graph *g) {
     free(g->ops);
+    free(g->k_bytes);
+    free(g->v_bytes);
+    free(g->kv_of);
+    free(g->k_at);
+    free(g->v_at);
     Py_XDECREF(g->keep);
     free(g);
 }
 
-static PyObject *py_graph(PyObject *self, PyObject *args) {
-    PyObject *list;
-    if (!PyArg_ParseTuple(args, "O!", &PyList_Type, &list)) return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(list);
-    Graph *g = calloc(1, sizeof *g);
-    Op *ops = calloc(n ? (size_t)n : 1, sizeof(Op));
-    if (!g || !ops) {
-        free(g);
-        free(ops);
-        return PyErr_NoMemory();
+static void graph_free(PyObject *capsule) {
+    Graph *g = PyCapsule_GetPointer(capsule, "sprig.graph");
+    if (g) graph_release(g);
+}
+
+/* The storages' (keys, values) pairs as buffers; `n` of them, the sizes checked against `g`
+ * unless `g` is NULL. */
+static int get_storages(PyObject *kvs, Py_ssize_t n, const Graph *g, Buf *k, Buf *v) {
+    if (!PyTuple_Check(kvs) || PyTuple_GET_SIZE(kvs) != n) {
+        PyErr_Format(PyExc_ValueError, "expected a tuple of %zd (keys, values) storages", n);
+        return -1;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PyList_GET_ITEM(list, i);
-        if (!PyTuple_Check(item) || parse_op(item, &ops[i]) != 0) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "an op is a tuple");
-            free(g);
-            free(ops);
-            return NULL;
+        PyObject *pair = PyTuple_GET_ITEM(kvs, i);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            PyErr_SetString(PyExc_ValueError, "a storage is a (keys, values) tuple");
+            return -1;
+        }
+        if (get_buf(PyTuple_GET_ITEM(pair, 0), 1, 4, &k[i], "keys") || get_buf(PyTuple_GET_ITEM(pair, 1), 1, 4, &v[i], "values"))
+            return -1;
+        if (g && (k[i].len != g->k_bytes[i] || v[i].len != g->v_bytes[i])) {
+            PyErr_SetString(PyExc_ValueError, "a KV storage differs in size from the one the pass was recorded on");
+            return -1;
         }
     }
-    g->n = n;
-    g->ops = ops;
-    g->keep = Py_NewRef(list);
-    PyObject *capsule = PyCapsule_New(g, "sprig.graph", graph_free);
-    if (!capsule) {
-        g->keep = NULL;
-        Py_DECREF(list);
-        free(ops);
-        free(g);
+    return 0;
+}
+
+static PyObject *py_graph(PyObject *self, PyObject *args) {
+    PyObject *list, *state_obj, *output_obj, *kvs;
+    if (!PyArg_ParseTuple(args, "O!OOO!", &PyList_Type, &list, &state_obj, &output_obj, &PyTuple_Type, &kvs)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(list), n_kv = PyTuple_GET_SIZE(kvs);
+    Buf state, output;
+    if (get_buf(state_obj, 1, 8, &state, "state") || get_buf(output_obj, 1, 4, &output, "output")) return NULL;
+    Buf *k = calloc(n_kv ? (size_t)n_kv : 1, sizeof(Buf)), *v = calloc(n_kv ? (size_t)n_kv : 1, sizeof(Buf));
+    Graph *g = calloc(1, sizeof *g);
+    size_t slots = n ? (size_t)n : 1, kv_slots = n_kv ? (size_t)n_kv : 1;
+    if (g) {
+        g->ops = calloc(slots, sizeof(Op));
+        g->kv_of = calloc(slots, sizeof(Py_ssize_t));
+        g->k_at = calloc(slots, sizeof(ptrdiff_t));
+        g->v_at = calloc(slots, sizeof(ptrdiff_t));
+        g->k_bytes = calloc(kv_slots, sizeof(Py_ssize_t));
+        g->v_bytes = calloc(kv_slots, sizeof(Py_ssize_t));
     }
+    if (!k || !v || !g || !g->ops || !g->kv_of || !g->k_at || !g->v_at || !g->k_bytes || !g->v_bytes) {
+        free(k);
+        free(v);
+        if (g) graph_release(g);
+        return PyErr_NoMemory();
+    }
+    int failed = get_storages(kvs, n_kv, NULL, k, v) != 0;
+    for (Py_ssize_t i = 0; i < n_kv; i++) {
+        g->k_bytes[i] = k[i].len;
+        g->v_bytes[i] = v[i].len;
+    }
+    for (Py_ssize_t i = 0; i < n && !failed; i++) {
+        PyObject *item = PyList_GET_ITEM(list, i);
+        if (!PyTuple_Check(item) || parse_op(item, &g->ops[i]) != 0) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "an op is a tuple");
+            failed = 1;
+            break;
+        }
+        g->kv_of[i] = -1;
+        const char *kc = (const char *)g->ops[i].kcache, *vc = (const char *)g->ops[i].vcache;
+        for (Py_ssize_t s = 0; kc && s < n_kv; s++) {
+            const char *k0 = k[s].ptr, *v0 = v[s].ptr;
+            if (kc >= k0 && kc < k0 + k[s].len && vc >= v0 && vc < v0 + v[s].len) {
+                g->kv_of[i] = s;
+                g->k_at[i] = kc - k0;
+                g->v_at[i] = vc - v0;
+            }
+        }
+        if (kc && g->kv_of[i] < 0) {
+            PyErr_SetString(PyExc_ValueError, "an attention op's cache is none of the pass's storages");
+            failed = 1;
+        }
+    }
+    free(k);
+    free(v);
+    if (failed) {
+        graph_release(g);
+        return NULL;
+    }
+    g->n = n;
+    g->n_kv = n_kv;
+    g->state = state.ptr;
+    g->state_len = state.len / 8;
+    g->output = output.ptr;
+    g->output_len = output.len / 4;
+    g->keep = PyTuple_Pack(4, list, state_obj, output_obj, kvs);
+    PyObject *capsule = g->keep ? PyCapsule_New(g, "sprig.graph", graph_free) : NULL;
+    if (!capsule) graph_release(g);
     return capsule;
 }
 
+/* graph_run(graph, state, out, storages): the pass with `state` (int64, as long as the
+ * recorded one) on `storages` (a (keys, values) tuple per recorded storage, each the same
+ * size), its output copied into `out`; all three under the lock, so threads may share a graph. */
 static PyObject *py_graph_run(PyObject *self, PyObject *args) {
-    PyObject *capsule;
-    if (!PyArg_ParseTuple(args, "O", &capsule)) return NULL;
+    PyObject *capsule, *state_obj, *out_obj, *kvs;
+    if (!PyArg_ParseTuple(args, "OOOO", &capsule, &state_obj, &out_obj, &kvs)) return NULL;
     Graph *g = PyCapsule_GetPointer(capsule, "sprig.graph");
-    if (!g || exec_ops(g->ops, g->n) != 0) return NULL;
+    if (!g) return NULL;
+    Buf state, out, k[MAX_BATCH], v[MAX_BATCH];
+    if (g->n_kv > MAX_BATCH) return PyErr_Format(PyExc_ValueError, "a pass over more than %d storages", MAX_BATCH);
+    if (get_buf(state_obj, 0, 8, &state, "state") || need(&state, g->state_len, 8, "state") ||
+        get_buf(out_obj, 1, 4, &out, "output") || need(&out, g->output_len, 4, "output") ||
+        get_storages(kvs, g->n_kv, g, k, v))
+        return NULL;
+    const char *error = NULL;
+    int status = 0;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&exec_lock);
+    memcpy(g->state, state.ptr, sizeof(int64_t) * (size_t)g->state_len);
+    for (Py_ssize_t i = 0; i < g->n; i++) {
+        if (g->kv_of[i] < 0) continue;
+        g->ops[i].kcache = (float *)((char *)k[g->kv_of[i]].ptr + g->k_at[i]);
+        g->ops[i].vcache = (float *)((char *)v[g->kv_of[i]].ptr + g->v_at[i]);
+    }
+    for (Py_ssize_t i = 0; i < g->n && status == 0; i++) status = exec_op(&g->ops[i], &error);
+    if (status == 0) memcpy(out.ptr, g->output, sizeof(float) * (size_t)g->output_len);
+    pthread_mutex_unlock(&exec_lock);
+    Py_END_ALLOW_THREADS
+    if (status != 0) {
+        PyErr_SetString(PyExc_RuntimeError, error);
+        return NULL;
+    }
     Py_RETURN_NONE;
 }
 
@@ -322,8 +429,8 @@ static PyObject *py_cpu_has(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"run", py_run, METH_VARARGS, "Run one op now (GIL released)."},
-    {"graph", py_graph, METH_VARARGS, "Parse a list of ops once; returns a handle for graph_run."},
-    {"graph_run", py_graph_run, METH_VARARGS, "Replay a parsed op list (GIL released)."},
+    {"graph", py_graph, METH_VARARGS, "Parse a list of ops (its state, output, KV stand-ins) once; a handle for graph_run."},
+    {"graph_run", py_graph_run, METH_VARARGS, "Replay a parsed op list on given KV storages (GIL released)."},
     {"set_threads", py_set_threads, METH_VARARGS, "Use n threads, the caller included; returns the count."},
     {"threads", py_threads, METH_NOARGS, "Threads in use, the caller included."},
     {"tile_q1_0", py_tile_q1_0, METH_VARARGS, "Q1_0 blocks (rows, cols) regrouped for the product, as bytes."},

@@ -147,6 +147,7 @@ class Transformer:
                 lambda ids, positions, first: self.logits(ids, positions, first, kv_storage, all_logits=True),
                 kv_storage,
                 n,
+                self,
             )
             logits = step(np.asarray(token_ids, dtype=np.int64), start)
         else:
@@ -160,8 +161,14 @@ class Transformer:
         The logits stay a backend tensor. `token` is a host int, or a backend tensor from
         the backend's optional `argmax` hook. A backend with the optional hook
         `compile_decode(forward, kv_storage)` fuses the step (MLX: one mx.compile'd
-        function, queued without waiting for it); the others run `logits` op by op.
+        function, queued without waiting for it), one with `compile_forward` replays its
+        one-token pass (cpu); the others run `logits` op by op.
         """
+        if self.backend.max_compiled_tokens:
+            one = self.backend.compile_forward(  # type: ignore[attr-defined]  # an optional hook
+                lambda ids, positions, first: self.logits(ids, positions, first, kv_storage), kv_storage, 1, self
+            )
+            return lambda token, start: one([token], start)
         compile_decode = getattr(self.backend, "compile_decode", None)
         if compile_decode is not None:
             return compile_decode(
@@ -182,10 +189,11 @@ class Transformer:
             return self.decode_step(kv_storages[0])(int(token_ids[0]), int(positions[0]))
         storages = list(kv_storages)
         compile_batch = getattr(self.backend, "compile_batch", None)
-        if compile_batch is not None:  # recorded once per set of storages (cpu)
+        if compile_batch is not None:  # recorded once per batch size (cpu)
             step = compile_batch(
                 lambda ids, rows, starts: self.logits(ids, rows, None, KVBatch(storages, starts), all_logits=True),
                 storages,
+                self,
             )
             return step(np.asarray(token_ids, dtype=np.int64), np.asarray(positions, dtype=np.int64))
         batch = KVBatch(storages, [int(p) for p in positions])

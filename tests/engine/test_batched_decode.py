@@ -60,21 +60,21 @@ def test_a_batched_step_gives_every_sequence_its_own_logits(tmp_path, backend, k
         loaded.close()
 
 
-def test_the_cpu_backend_records_a_batch_pass_once_per_set_of_sequences(tmp_path):
-    from backends.cpu_backend import MAX_BATCH_GRAPHS
-
+def test_the_cpu_backend_records_a_batch_pass_once_per_batch_size(tmp_path):
     loaded = load_model(model_path("tiny-qwen3-f32", tmp_path), "cpu")
     try:
-        caches = [loaded.new_cache(64) for _ in range(MAX_BATCH_GRAPHS + 2)]
-        for cache in caches:
-            prefill(loaded.model, cache, [5, 6, 7])
-        pairs = [(caches[i], caches[i + 1]) for i in range(MAX_BATCH_GRAPHS + 1)]
-        for n, pair in enumerate(pairs + pairs[:1]):  # the first pair again, after it was let go
-            logits = loaded.model.decode_batch(np.array([8, 9]), np.array([3 + n, 3 + n]), [c.storage for c in pair])
-            eager = loaded.model.logits(np.array([8, 9]), np.array([3 + n, 3 + n]), None,
-                                        KVBatch([c.storage for c in pair], [3 + n, 3 + n]), all_logits=True)
-            np.testing.assert_array_equal(logits, eager)  # the replayed pass is the op-by-op pass
-            assert len(loaded.backend._batch_steps) == min(n + 1, MAX_BATCH_GRAPHS)
+        caches = [loaded.new_cache(64) for _ in range(5)]
+        for i, cache in enumerate(caches):
+            prefill(loaded.model, cache, [5 + i, 6, 7])  # each sequence its own prompt
+        groups = [caches[0:2], caches[1:3], caches[3:5], caches[2:5], caches[0:3]]
+        for n, group in enumerate(groups):
+            tokens, positions = np.arange(8, 8 + len(group)), np.full(len(group), 3 + n)
+            logits = loaded.model.decode_batch(tokens, positions, [c.storage for c in group])
+            eager = loaded.model.logits(tokens, positions, None, KVBatch([c.storage for c in group], list(positions)),
+                                        all_logits=True)
+            np.testing.assert_array_equal(logits, eager)  # the replayed pass is the op-by-op pass, on these storages
+        batch_passes = [key for key in loaded.backend.passes(loaded.model) if key[0] == "batch"]
+        assert sorted(key[1] for key in batch_passes) == [2, 3]  # one recording per batch size
     finally:
         loaded.close()
 

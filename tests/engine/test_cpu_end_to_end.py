@@ -15,7 +15,8 @@ What must hold:
   between two tokens can flip once activations are rounded; measured: 10 of 10 on every model);
 - the compiled decode step (recorded once, replayed in C) gives exactly the op-by-op
   pass's logits, and so does a compiled pass over several tokens (a speculative draft's
-  verification); a batch of 2-16 tokens gives exactly the logits of feeding them one by one.
+  verification); a batch of 2-16 tokens gives exactly the logits of feeding them one by one;
+  a pass recorded on one KV storage replays on another of the same shape, there alone.
 """
 
 from dataclasses import dataclass
@@ -141,7 +142,7 @@ def test_a_compiled_pass_over_several_tokens_equals_the_op_by_op_pass(pair, batc
             model.model.logits(tail, np.arange(start, start + batch), start, eager.storage, all_logits=True)
         )
         np.testing.assert_array_equal(a, b)
-    assert batch in compiled.storage.steps
+    assert model.backend.passes(model.model)[("tokens", batch, compiled.storage.shape)].runs >= 2
     np.testing.assert_array_equal(compiled.storage.k, eager.storage.k)
     np.testing.assert_array_equal(compiled.storage.v, eager.storage.v)
 
@@ -150,9 +151,10 @@ def test_a_compiled_pass_takes_at_most_sixteen_tokens(pair):
     model = pair.cpu
     cache = model.new_cache(32)
     logits = model.model.forward(np.asarray(pair.prompts[0] * 17)[:17], 0, cache.storage, all_logits=True)
-    assert logits.shape[0] == 17 and 17 not in cache.storage.steps  # op by op
+    assert logits.shape[0] == 17  # op by op
+    assert not [key for key in model.backend.passes(model.model) if key[1] == 17]
     with pytest.raises(ValueError, match="1 to 16 tokens"):
-        model.backend.compile_forward(lambda *inputs: None, cache.storage, 17)
+        model.backend.compile_forward(lambda *inputs: None, cache.storage, 17, model.model)
 
 
 @pytest.mark.parametrize("batch", [2, 5, 16])
@@ -173,4 +175,37 @@ def test_generate_runs_on_the_compiled_step(pair):
     events = list(generate(pair.cpu.model, pair.cpu.tokenizer, cache, pair.prompts[0], SamplingParams.greedy(),
                            max_tokens=8, ignore_stop_tokens=True))
     assert [e.token for e in events] == pair.greedy["cpu"][0][:8]
-    assert events[-1].finish_reason == "length" and 1 in cache.storage.steps
+    assert events[-1].finish_reason == "length"
+    assert pair.cpu.backend.passes(pair.cpu.model)[("tokens", 1, cache.storage.shape)].runs >= 7
+
+
+@pytest.mark.parametrize("n_tokens", [1, 3])
+def test_a_pass_recorded_on_one_storage_serves_another_of_the_same_shape(pair, n_tokens):
+    model, (first, second) = pair.cpu, pair.prompts[:2]
+    n_ctx = max(len(first), len(second)) + 2 * n_tokens
+    one, other, reference = (model.new_cache(n_ctx) for _ in range(3))
+    model.model.forward(np.asarray(first), 0, one.storage)
+    for cache in (other, reference):
+        model.model.forward(np.asarray(second), 0, cache.storage)
+    tail = np.asarray(pair.greedy["cpu"][1][:n_tokens])
+    model.model.forward(tail, len(first), one.storage, all_logits=True)  # records the pass (or replays it)
+    kept_k, kept_v = one.storage.k.copy(), one.storage.v.copy()
+    recordings = model.backend.recordings
+    replayed = model.model.forward(tail, len(second), other.storage, all_logits=True)  # (n_tokens, vocab)
+    eager = model.model.logits(tail, np.arange(len(second), len(second) + n_tokens), len(second), reference.storage,
+                               all_logits=True)
+    assert model.backend.recordings == recordings  # nothing recorded for the second storage
+    np.testing.assert_array_equal(replayed, model.backend.to_host(eager)[-n_tokens:])
+    np.testing.assert_array_equal(other.storage.k, reference.storage.k)  # its keys went to its own storage...
+    np.testing.assert_array_equal(one.storage.k, kept_k)  # ...and the first storage was left alone
+    np.testing.assert_array_equal(one.storage.v, kept_v)
+
+
+def test_a_recorded_pass_refuses_a_storage_of_another_size(pair):
+    model = pair.cpu
+    cache, smaller = model.new_cache(8), model.new_cache(7)
+    model.model.forward(np.asarray(pair.prompts[0][:1]), 0, cache.storage)  # one token: the recorded pass
+    recorded = model.backend.passes(model.model)[("tokens", 1, cache.storage.shape)]
+    state, out = np.zeros(2, dtype=np.int64), np.empty((1, model.config.vocab_size), dtype=np.float32)
+    with pytest.raises(ValueError, match="differs in size"):
+        model.backend.native.graph_run(recorded.graph, state, out, ((smaller.storage.k, smaller.storage.v),))
