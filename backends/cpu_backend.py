@@ -12,9 +12,9 @@ Every op is a tuple (see module.c) that runs at once. `compile_forward` instead 
 forward pass over a fixed number of new tokens (one for decoding, up to MAX_STEP_TOKENS
 for a speculative draft's verification) once, with stand-in tensors, into a list of such
 tuples over one preallocated arena, and replays it in C: one call per pass, no Python per
-op. A pass is recorded once per model, number of tokens and shape of KV storage, on stand-in
-storages whose memory is never touched; each call binds it to the caller's storages, so a
-new conversation (a new storage) replays the passes the last one recorded.
+op. A pass is recorded once per model, number of tokens and shape of KV storage; each call
+binds it to the caller's storages, so a new conversation (a new storage) replays the passes
+the last one recorded.
 """
 
 import weakref
@@ -91,12 +91,6 @@ class CpuKV:
         """The shapes of keys and values: storages alike in them share recorded passes."""
         return self.k.shape, self.v.shape
 
-    def stand_in(self) -> "CpuKV":
-        """A storage of the same shape to record a pass on. Its zeros are never written or
-        read (each replay binds the caller's storage), so its pages are never touched."""
-        n_layers, n_kv_heads, n_ctx, head_dim = self.k.shape
-        return CpuKV(n_layers, n_ctx, n_kv_heads, head_dim, self.v.shape[3])
-
 
 class _Slot:
     """A stand-in activation while a pass is recorded: a buffer of the arena, or its rows
@@ -140,13 +134,11 @@ class _StepInput:
 
 class _Recorder:
     """Collects the ops of one forward pass over stand-in buffers, then lays them out in one
-    arena, reusing a buffer once its last reader has run. Attention ops are recorded on a
-    stand-in for each KV storage (`stand_ins`, by the real storage's id)."""
+    arena, reusing a buffer once its last reader has run."""
 
-    def __init__(self, storages: list[CpuKV]):
+    def __init__(self):
         self.ops: list[tuple] = []
         self.sizes: list[int] = []
-        self.stand_ins = {id(storage): storage.stand_in() for storage in storages}
 
     def new(self, shape: tuple[int, ...]) -> _Slot:
         self.sizes.append(-(-int(np.prod(shape)) // _ALIGN) * _ALIGN)  # whole cache lines: aligned loads
@@ -203,6 +195,12 @@ def _slots_in(op: tuple) -> list[_Slot]:
     for mat in mats:
         found += [m for m in mat[4:] if isinstance(m, _Slot)]
     return found
+
+
+def _without_kv(op: tuple) -> tuple:
+    """`op` without its KV storage buffers (a recorded pass binds the caller's at each call)."""
+    code, bufs, mats, ints, floats = op
+    return (code, (*bufs[:7], None, None), mats, ints, floats)
 
 
 def _replace_slots(op: tuple, view: Callable[[_Slot], np.ndarray]) -> tuple:
@@ -388,8 +386,6 @@ class CpuBackend(Backend):
         n_tokens, heads, head_dim = q.shape
         kv_heads, value_dim = k.shape[1], v.shape[2]
         pos = start if isinstance(start, np.ndarray) else np.array([start], dtype=np.int64)
-        if self._recorder:
-            cache = self._recorder.stand_ins[id(cache)]
         self._emit(
             OP_ATTN,
             _bufs(a=q, b=k, c=v, out=out, pos=pos, kcache=cache.k[layer], vcache=cache.v[layer]),
@@ -490,20 +486,20 @@ class CpuBackend(Backend):
         self, owner: Any, key: tuple, state_size: int, caches: list[CpuKV], forward: Callable[[np.ndarray], Any]
     ) -> "_RecordedPass":
         """The pass `key` of `owner`, recorded now if it was not: `forward(state)` emits its ops
-        reading positions and tokens from `state` (int64, `state_size`), attention on stand-ins
-        for `caches`."""
+        reading positions and tokens from `state` (int64, `state_size`) and attending to
+        `caches`, which the recorded pass does not keep."""
         passes = self._passes.setdefault(owner, {})
         recorded = passes.get(key)
         if recorded is None:
             state = np.zeros(state_size, dtype=np.int64)
-            self._recorder = recorder = _Recorder(caches)
+            self._recorder = recorder = _Recorder()
             try:
                 output = forward(state)
             finally:
                 self._recorder = None
             ops, output_view = recorder.build(output)
-            stand_ins = tuple((kv.k, kv.v) for kv in recorder.stand_ins.values())
-            graph = self.native.graph(ops, state, output_view, stand_ins)
+            graph = self.native.graph(ops, state, output_view, tuple((kv.k, kv.v) for kv in caches))
+            ops[:] = [_without_kv(op) for op in ops]  # parsed: the graph keeps the list, not these storages
             recorded = passes[key] = _RecordedPass(self.native, graph, output_view.shape)
             self.recordings += 1
         return recorded

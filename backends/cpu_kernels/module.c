@@ -190,10 +190,10 @@ static PyObject *py_run(PyObject *self, PyObject *args) {
 }
 
 /* A parsed op list with what it reads and writes between calls: `state` (int64: the
- * positions and tokens of the pass), `output` (its logits), and the KV storages its attention
- * ops were recorded on, stand-ins whose memory is never touched: each call binds every
- * attention op to the same place in the caller's storages, so one recording serves any
- * storages of the same shape. */
+ * positions and tokens of the pass) and `output` (its logits). Its attention ops are bound
+ * at each call to the same place in the caller's KV storages as in the storages it was
+ * recorded on, so one recording serves any storages of the same shape; it keeps no
+ * reference to those (the caller may drop them from the op list once parsed). */
 typedef struct {
     Py_ssize_t n;
     Op *ops;
@@ -204,7 +204,7 @@ typedef struct {
     Py_ssize_t *k_bytes, *v_bytes;    /* each storage's size, per array */
     Py_ssize_t *kv_of;                /* per op: the storage its kcache lies in, or -1 */
     ptrdiff_t *k_at, *v_at;           /* per op: where in that storage, in bytes */
-    PyObject *keep;                   /* the op list, state, output and stand-ins */
+    PyObject *keep;                   /* the op list, state and output */
 } Graph;
 
 static void graph_release(Graph *g) {
@@ -308,7 +308,7 @@ static PyObject *py_graph(PyObject *self, PyObject *args) {
     g->state_len = state.len / 8;
     g->output = output.ptr;
     g->output_len = output.len / 4;
-    g->keep = PyTuple_Pack(4, list, state_obj, output_obj, kvs);
+    g->keep = PyTuple_Pack(3, list, state_obj, output_obj);
     PyObject *capsule = g->keep ? PyCapsule_New(g, "sprig.graph", graph_free) : NULL;
     if (!capsule) graph_release(g);
     return capsule;

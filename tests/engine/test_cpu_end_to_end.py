@@ -19,6 +19,8 @@ What must hold:
   a pass recorded on one KV storage replays on another of the same shape, there alone.
 """
 
+import gc
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -209,3 +211,14 @@ def test_a_recorded_pass_refuses_a_storage_of_another_size(pair):
     state, out = np.zeros(2, dtype=np.int64), np.empty((1, model.config.vocab_size), dtype=np.float32)
     with pytest.raises(ValueError, match="differs in size"):
         model.backend.native.graph_run(recorded.graph, state, out, ((smaller.storage.k, smaller.storage.v),))
+
+
+def test_a_recorded_pass_does_not_keep_the_storage_it_was_recorded_on(pair):
+    model = pair.cpu
+    cache = model.new_cache(11)  # a shape no other test records on
+    model.model.forward(np.asarray(pair.prompts[0][:1]), 0, cache.storage)  # records the one-token pass
+    assert ("tokens", 1, cache.storage.shape) in model.backend.passes(model.model)
+    keys = weakref.ref(cache.storage.k)
+    del cache
+    gc.collect()
+    assert keys() is None  # a dropped conversation's KV memory is freed
