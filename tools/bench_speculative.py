@@ -1,24 +1,29 @@
 """Speculative against plain decoding, end to end, interleaved in one process.
 
 For each workload the same answer is produced with --speculative off, auto and ngram (a
-fixed draft length), one after the other, `--rounds` times; tokens/s counts every decode
-second, the drafter's included. Prints a Markdown table (docs/benchmarks.md) and, with
---json, the raw figures. Chat turn 2 is the second answer of a two-turn session (the
-first turn's answer is in its prompt).
+fixed draft length), and with plain decoding a second time (the control: what the
+machine's noise alone makes of two identical runs), one after the other, `--rounds`
+times, the order rotating each round; tokens/s counts every decode second, the drafter's
+included. A mode's figure against plain decoding is the median over rounds of its tokens/s
+over plain decoding's in the same round (paired, so a slow stretch of the machine hits
+both); the control's median and range say how far noise alone moves that figure. Prints
+a Markdown table (docs/benchmarks.md) and, with --json, the raw figures. Chat turn 2 is
+the second answer of a two-turn session (the first turn's answer is in its prompt).
 
-    .venv/bin/python -m tools.bench_speculative --model smollm2 --backend cpu --tokens 64 --rounds 2
+    .venv/bin/python -m tools.bench_speculative --model smollm2 --backend cpu --tokens 128 --rounds 8
 """
 
 import argparse
 import json
 import os
+import statistics
 import time
 
 from engine.bundled import resolve_model_path
 from engine.chat_session import ChatSession
 from engine.loader import load_model
 from engine.sampling import SamplingParams
-from engine.speculation import Speculation, measure_costs, scratch_cache
+from engine.speculation import Speculation, measure_costs
 
 ARTICLE = (
     "The city council met on Tuesday to discuss the new bicycle lanes on Main Street. Supporters said the lanes "
@@ -53,6 +58,7 @@ MODES = {
     "off": lambda: Speculation("off"),
     "auto": lambda: Speculation("auto"),
     "ngram k=4": lambda: Speculation("ngram", 4),
+    "off again": lambda: Speculation("off"),  # the control
 }
 
 
@@ -73,28 +79,39 @@ def drafted_accepted(metrics) -> tuple[int, int, int]:
     )
 
 
+def rate(metrics) -> float:
+    """Decode tokens per second of one answer."""
+    return metrics.decode_tokens / metrics.decode_seconds
+
+
+def paired(figures: dict, mode: str) -> list[float]:
+    """`mode`'s tokens/s over plain decoding's, round by round."""
+    return [rate(m) / rate(plain) for m, plain in zip(figures[mode], figures["off"], strict=True)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--backend", default="cpu")
-    parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     loaded = load_model(resolve_model_path(args.model), args.backend)
-    costs = measure_costs(loaded.model, scratch_cache(loaded.model))
+    # c(T), measured on a cache of the answers' shape, so the passes it records serve them
+    costs = measure_costs(loaded.model, loaded.new_cache())
     rows = []
     load_before = os.getloadavg()
+    modes = list(MODES)
     for workload, turns in WORKLOADS.items():
         for sampling, params in SAMPLING.items():
             figures = {mode: [] for mode in MODES}
-            for _ in range(args.rounds):
-                for mode, make in MODES.items():  # interleaved: off, auto, ngram, off, ...
-                    speculation = make()
+            for round_ in range(args.rounds):
+                for mode in modes[round_ % len(modes) :] + modes[: round_ % len(modes)]:  # the order rotates
+                    speculation = MODES[mode]()
                     if speculation.enabled:
                         speculation.prepare(loaded.model)  # at load in the app: not part of the answer
-                    metrics = run_turns(loaded, turns, params, speculation, args.tokens)
-                    figures[mode].append(metrics)
+                    figures[mode].append(run_turns(loaded, turns, params, speculation, args.tokens))
             rows.append((workload, sampling, figures))
     load_after = os.getloadavg()
     report = {
@@ -103,36 +120,44 @@ def main() -> None:
         "device": loaded.backend.device_name,
         "c(T)": [round(c, 2) for c in costs.ratios],
         "step_ms": costs.step_seconds * 1000,
+        "rounds": args.rounds,
+        "tokens": args.tokens,
         "loadavg_before": load_before,
         "loadavg_after": load_after,
         "time": time.strftime("%Y-%m-%d %H:%M"),
         "rows": [],
     }
     print(
-        f"{report['model']} on {report['device']}; c(1..9) = {report['c(T)']}; "
-        f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after"
+        f"{report['model']} on {report['device']}; c(1..9) = {report['c(T)']}; {args.rounds} rounds of "
+        f"{args.tokens} tokens; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after"
     )
     print(
-        "| workload | sampling | plain tok/s | auto tok/s | auto / plain | auto: drafted, accepted "
-        "| ngram k=4 tok/s | ngram / plain | ngram: acceptance | ngram: accepted per check |"
+        "| workload | sampling | plain tok/s | auto / plain | control: plain / plain (range) | auto: drafted, accepted "
+        "| ngram k=4 / plain | ngram: acceptance | ngram: accepted per check |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for workload, sampling, figures in rows:
-        rate = {
-            mode: sum(m.decode_tokens for m in ms) / sum(m.decode_seconds for m in ms) for mode, ms in figures.items()
-        }
+        ratio = {mode: paired(figures, mode) for mode in ("auto", "ngram k=4", "off again")}
         drafts = {mode: drafted_accepted(ms) for mode, ms in figures.items()}
-        drafted, accepted, rounds = drafts["ngram k=4"]
+        drafted, accepted, checks = drafts["ngram k=4"]
         acceptance = f"{accepted / drafted:.0%}" if drafted else "—"
-        per_check = f"{accepted / rounds:.2f}" if rounds else "—"
+        per_check = f"{accepted / checks:.2f}" if checks else "—"
         auto_drafted, auto_accepted, _ = drafts["auto"]
+        control = ratio["off again"]
         print(
-            f"| {workload} | {sampling} | {rate['off']:.1f} | {rate['auto']:.1f} | {rate['auto'] / rate['off']:.2f} "
-            f"| {auto_drafted}, {auto_accepted} | {rate['ngram k=4']:.1f} | {rate['ngram k=4'] / rate['off']:.2f} "
+            f"| {workload} | {sampling} | {statistics.median(rate(m) for m in figures['off']):.1f} "
+            f"| {statistics.median(ratio['auto']):.2f} "
+            f"| {statistics.median(control):.2f} ({min(control):.2f}-{max(control):.2f}) "
+            f"| {auto_drafted}, {auto_accepted} | {statistics.median(ratio['ngram k=4']):.2f} "
             f"| {acceptance} | {per_check} |"
         )
         report["rows"].append(
-            {"workload": workload, "sampling": sampling, "tok_s": rate, "drafted_accepted_rounds": drafts}
+            {
+                "workload": workload,
+                "sampling": sampling,
+                "tok_s": {mode: [rate(m) for m in ms] for mode, ms in figures.items()},
+                "drafted_accepted_checks": drafts,
+            }
         )
     if args.json:
         print(json.dumps(report, indent=1))
