@@ -119,10 +119,11 @@ class AdaptiveController:
     at load may not show. When no k > 0 beats one token per step, the
     controller drafts nothing; after `probe_after` such rounds it drafts once, to see
     whether the text has become predictable (the wait doubles after each probe that did
-    not pay, up to `longest_wait`). A probe drafts the length that would pay best if drafts
-    were right `hopeful` of the time: long where checks are cheap, short where they are
-    dear, so a probe that fails costs little; where even such drafts would not pay, it
-    never probes.
+    not pay, up to `longest_wait`). A probe drafts the fewest tokens that would pay if drafts
+    were right `hopeful` of the time (one, unless checks are dear), so a probe that fails
+    costs as little as a probe can; one that succeeds raises the estimates of the positions
+    after it too, and the rounds after it draft longer. Where even such drafts would not
+    pay, it never probes.
     """
 
     costs: VerifyCosts
@@ -179,10 +180,10 @@ class AdaptiveController:
         self.seconds[n_tokens] = seconds if known is None else known + 0.2 * (seconds - known)
 
     def probe_length(self, top: int) -> int:
-        """The draft length of a probe, up to `top`; 0 if even drafts right `hopeful` of the time would not pay."""
+        """The draft length of a probe, up to `top`: the shortest that would pay with drafts right
+        `hopeful` of the time; 0 if none would."""
         hoped = [self.hopeful] * self.longest
-        best = max(range(top + 1), key=lambda k: (self.expected_gain(k, hoped), -k))
-        return best if self.expected_gain(best, hoped) > 1.0 else 0
+        return next((k for k in range(1, top + 1) if self.expected_gain(k, hoped) > 1.0), 0)
 
     def choose(self, most: int) -> int:
         """The best draft length up to `most`; 0 when plain decoding wins, but for a probe."""

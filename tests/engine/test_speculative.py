@@ -286,9 +286,9 @@ def test_controller_falls_back_to_plain_steps_when_drafts_fail():
     events, passes, controller = passes_with(model, lambda: Wrong(ref), costly)
     assert [e.token for e in events] == ref[len(PROMPT) : len(PROMPT) + 120]
     checks = [n for n in passes if n > 1]
-    # Probes only: after 16 plain rounds, then 32, 64, ... A probe drafts 2 tokens: with
-    # drafts right 90% of the time, 2 pay best: (1 + 0.9 + 0.81) / c(3) = 2.71 / 2.4.
-    assert checks == [3] * len(checks) and 1 <= len(checks) <= 3 and len(passes) >= 110
+    # Probes only: after 16 plain rounds, then 32, 64, ... A probe drafts 1 token, the
+    # fewest that would pay if drafts were right 90% of the time: (1 + 0.9) / c(2) = 1.9 / 1.7.
+    assert checks == [2] * len(checks) and 1 <= len(checks) <= 3 and len(passes) >= 110
     assert controller.choose(8) == 0
 
 
@@ -325,8 +325,8 @@ def test_controller_probes_again_and_resumes_when_text_turns_predictable():
 
     _, passes, _ = passes_with(model, lambda: WrongThenRight(ref), costs, max_tokens=120)
     assert sum(n > 1 for n in passes[:30]) <= 3  # mostly plain steps while drafts fail
-    assert passes[-1] == 1  # the last token left: no room for a draft
     assert all(n > 1 for n in passes[-6:-1])  # drafting again once they are right
+    assert max(passes) == 9  # and as long as the controller allows
 
 
 def test_a_sampler_that_masks_tokens_decodes_plainly():
