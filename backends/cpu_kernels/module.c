@@ -427,6 +427,21 @@ static PyObject *py_cpu_has(PyObject *self, PyObject *args) {
     return PyBool_FromLong(has);
 }
 
+/* exp8 of a float32 buffer, as bytes: the softmax's and activations' exp, for its error test. */
+static PyObject *py_exp(PyObject *self, PyObject *args) {
+    PyObject *raw;
+    if (!PyArg_ParseTuple(args, "O", &raw)) return NULL;
+    Buf data;
+    if (get_buf(raw, 0, sizeof(float), &data, "floats") != 0) return NULL;
+    Py_ssize_t n = (Py_ssize_t)(data.len / (Py_ssize_t)sizeof(float));
+    PyObject *result = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(float));
+    if (!result) return NULL;
+    float *out = (float *)PyBytes_AS_STRING(result);
+    const float *x = (const float *)data.ptr;
+    for (Py_ssize_t i = 0; i < n; i += 8) exp_floats(x + i, out + i, n - i < 8 ? n - i : 8);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"run", py_run, METH_VARARGS, "Run one op now (GIL released)."},
     {"graph", py_graph, METH_VARARGS, "Parse a list of ops (its state, output, KV stand-ins) once; a handle for graph_run."},
@@ -435,6 +450,7 @@ static PyMethodDef methods[] = {
     {"threads", py_threads, METH_NOARGS, "Threads in use, the caller included."},
     {"tile_q1_0", py_tile_q1_0, METH_VARARGS, "Q1_0 blocks (rows, cols) regrouped for the product, as bytes."},
     {"count_bad_scales", py_count_bad_scales, METH_VARARGS, "Blocks of a tensor with an inf or nan scale."},
+    {"exp", py_exp, METH_VARARGS, "exp of float32 values (the kernels' vectorized exp), as bytes."},
     {"cpu_has", py_cpu_has, METH_VARARGS, "Whether the CPU has an instruction-set feature."},
     {NULL, NULL, 0, NULL},
 };

@@ -181,46 +181,87 @@ static void rms_norm(const Op *op) {
     }
 }
 
-/* The cos/sin of the last position rotated (q and k of a layer, and most layers, share
- * them). Keyed by the table's values, not its address: a freed table's address comes back. */
+/* The cos/sin of the positions of the last pass rotated (q and k of a layer, and every layer,
+ * share them). Keyed by the table's values, not its address: a freed table's address comes back. */
 static struct {
     double table[4096];
-    int64_t pos, half;
-    float cos[4096], sin[4096];
-} rope_cache = {{0}, -1, 0, {0}, {0}};
+    int64_t half, count, capacity;
+    int64_t *pos;
+    float *cos, *sin; /* (count, half) */
+} rope_cache;
 
-static void rope(const Op *op) {
-    int64_t T = op->n[0], heads = op->n[1], dim = op->n[2], rope_dim = op->n[3], half = rope_dim / 2;
-    int neox = (int)op->n[4];
-    if (op->out != op->a) memcpy(op->out, op->a, sizeof(float) * (size_t)(T * heads * dim));
+/* Fills the cache for the T positions of this pass unless it holds them already. */
+static int rope_angles(const Op *op, int64_t T, int64_t half) {
+    int fresh = rope_cache.half == half && rope_cache.count == T &&
+                memcmp(rope_cache.table, op->table, sizeof(double) * (size_t)half) == 0;
+    for (int64_t t = 0; fresh && t < T; t++) fresh = rope_cache.pos[t] == (op->n[5] ? op->pos[t] : *op->pos + t);
+    if (fresh) return 0;
+    if (T * half > rope_cache.capacity) {
+        rope_cache.count = 0;
+        if (grow((void **)&rope_cache.pos, sizeof(int64_t) * (size_t)T) != 0 ||
+            grow((void **)&rope_cache.cos, sizeof(float) * (size_t)(T * half)) != 0 ||
+            grow((void **)&rope_cache.sin, sizeof(float) * (size_t)(T * half)) != 0)
+            return -1;
+        rope_cache.capacity = T * half;
+    }
     for (int64_t t = 0; t < T; t++) {
         int64_t pos = op->n[5] ? op->pos[t] : *op->pos + t;
-        if (rope_cache.pos != pos || rope_cache.half != half ||
-            memcmp(rope_cache.table, op->table, sizeof(double) * (size_t)half) != 0) {
-            for (int64_t i = 0; i < half; i++) {
-                double angle = (double)pos * op->table[i];
-                rope_cache.cos[i] = (float)cos(angle);
-                rope_cache.sin[i] = (float)sin(angle);
-            }
-            memcpy(rope_cache.table, op->table, sizeof(double) * (size_t)half);
-            rope_cache.pos = pos;
-            rope_cache.half = half;
+        for (int64_t i = 0; i < half; i++) {
+            double angle = (double)pos * op->table[i];
+            rope_cache.cos[t * half + i] = (float)cos(angle);
+            rope_cache.sin[t * half + i] = (float)sin(angle);
         }
+        rope_cache.pos[t] = pos;
+    }
+    memcpy(rope_cache.table, op->table, sizeof(double) * (size_t)half);
+    rope_cache.half = half;
+    rope_cache.count = T;
+    return 0;
+}
+
+static int rope(const Op *op, const char **error) {
+    int64_t T = op->n[0], heads = op->n[1], dim = op->n[2], rope_dim = op->n[3], half = rope_dim / 2;
+    int neox = (int)op->n[4];
+    if (rope_angles(op, T, half) != 0) {
+        *error = "out of memory for the RoPE angles";
+        return -1;
+    }
+    if (op->out != op->a) memcpy(op->out, op->a, sizeof(float) * (size_t)(T * heads * dim));
+    for (int64_t t = 0; t < T; t++) {
+        const float *cosines = rope_cache.cos + t * half, *sines = rope_cache.sin + t * half;
         for (int64_t h = 0; h < heads; h++) {
             float *x = op->out + (t * heads + h) * dim;
             for (int64_t i = 0; i < half; i++) {
                 int64_t ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
-                float a = x[ia], b = x[ib], c = rope_cache.cos[i], s = rope_cache.sin[i];
+                float a = x[ia], b = x[ib], c = cosines[i], s = sines[i];
                 x[ia] = a * c - b * s;
                 x[ib] = a * s + b * c;
             }
         }
     }
+    return 0;
 }
 
 typedef struct {
     const Op *op;
 } ElementCtx;
+
+/* silu(a) * b (act 0) or gelu_tanh(a) * b (act 1) of n (1 .. 8) elements, with exp8
+ * (tanh(u) = 1 - 2 / (exp(2u) + 1)); lanes past n are padding */
+static void gated8(const float *a, const float *b, float *out, int64_t n, int act) {
+    v8f g = {0}, other = {0}, result;
+    memcpy(&g, a, sizeof(float) * (size_t)n);
+    memcpy(&other, b, sizeof(float) * (size_t)n);
+    if (act == 0) {
+        result = g / (1.0f + exp8(-g)) * other;
+    } else {
+        const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
+        v8f inner = k * g * (1.0f + 0.044715f * g * g);
+        v8f tanh_inner = 1.0f - 2.0f / (exp8(2.0f * inner) + 1.0f);
+        result = 0.5f * g * (1.0f + tanh_inner) * other;
+    }
+    memcpy(out, &result, sizeof(float) * (size_t)n);
+}
 
 static void elementwise_task(void *vctx, int chunk, int chunks, int thread) {
     const Op *op = ((const ElementCtx *)vctx)->op;
@@ -236,15 +277,7 @@ static void elementwise_task(void *vctx, int chunk, int chunks, int thread) {
         for (int64_t i = lo; i < hi; i++) out[i] = op->f[0] * tanhf(a[i] / op->f[0]);
         break;
     case OP_GATED:
-        if (op->n[1] == 0) {
-            for (int64_t i = lo; i < hi; i++) out[i] = a[i] / (1.0f + expf(-a[i])) * b[i];
-        } else {
-            const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
-            for (int64_t i = lo; i < hi; i++) {
-                float g = a[i], inner = k * g * (1.0f + 0.044715f * g * g);
-                out[i] = 0.5f * g * (1.0f + tanhf(inner)) * b[i];
-            }
-        }
+        for (int64_t i = lo; i < hi; i += 8) gated8(a + i, b + i, out + i, hi - i < 8 ? hi - i : 8, (int)op->n[1]);
         break;
     }
 }
@@ -258,37 +291,82 @@ static void elementwise(const Op *op) {
 /* -- attention ----------------------------------------------------------------------------
  * q (T, H, Dh), k (T, Hkv, Dh), v (T, Hkv, Dv) at positions pos .. pos+T-1; n = {T, H, Hkv,
  * Dh, Dv, N, window (0: none)}; f = {scale, softcap (0: none)}. Keys and values are written
- * into the cache first; each (token, head) then attends to positions max(0, p - window + 1) .. p. */
+ * into the cache first; each (token, head) then attends to positions max(0, p - window + 1) .. p.
+ * The query rows are ordered (KV head, token, head of the group) and split evenly over the
+ * threads; a thread takes up to ATTN_ROWS rows of one KV head at a time and scores each key,
+ * and adds each value, for all of them while the row is in cache. A row's own sums run over
+ * its positions in order whatever rows share its block, so a token's result does not depend
+ * on the other tokens of its pass. */
+
+#define ATTN_ROWS 16
+
+typedef struct {
+    const float *q;
+    float *out, *scores, *acc; /* scores indexed by position */
+    int64_t first, last;
+} AttnRow;
+
+/* softmax of a row's scores over first .. last in place, exp8 8 positions at a time */
+static void softmax_row(float *scores, int64_t first, int64_t last) {
+    float best = -INFINITY, total = 0.0f;
+    for (int64_t j = first; j <= last; j++) best = scores[j] > best ? scores[j] : best;
+    for (int64_t j = first; j <= last; j += 8) {
+        int64_t n = last - j + 1 < 8 ? last - j + 1 : 8;
+        v8f x = {0};
+        memcpy(&x, scores + j, sizeof(float) * (size_t)n);
+        x = exp8(x - best);
+        memcpy(scores + j, &x, sizeof(float) * (size_t)n);
+        for (int64_t l = 0; l < n; l++) total += x[l];
+    }
+    for (int64_t j = first; j <= last; j++) scores[j] /= total;
+}
 
 static void attention_task(void *vctx, int chunk, int chunks, int thread) {
     const Op *op = ((const ElementCtx *)vctx)->op;
     int64_t T = op->n[0], H = op->n[1], Hkv = op->n[2], Dh = op->n[3], Dv = op->n[4], N = op->n[5], window = op->n[6];
-    int64_t group = H / Hkv, lo, hi;
-    split_range(T * H, chunk, chunks, &lo, &hi);
-    float *scores = scratch_floats(thread);
-    for (int64_t task = lo; task < hi; task++) {
-        int64_t t = task / H, h = task % H, kv = h / group, p = *op->pos + t;
-        int64_t first = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
-        const float *q = op->a + (t * H + h) * Dh, *keys = op->kcache + kv * N * Dh, *values = op->vcache + kv * N * Dv;
-        float best = -INFINITY;
-        for (int64_t j = first; j <= p; j++) {
-            float s = dot_float(q, keys + j * Dh, Dh) * op->f[0];
-            if (op->f[1] > 0.0f) s = op->f[1] * tanhf(s / op->f[1]);
-            scores[j - first] = s;
-            best = s > best ? s : best;
+    int64_t group = H / Hkv, per_kv = T * group, lo, hi;
+    split_range(Hkv * per_kv, chunk, chunks, &lo, &hi);
+    float *buffer = scratch_floats(thread);
+    AttnRow rows[ATTN_ROWS];
+    for (int64_t start = lo; start < hi;) {
+        int64_t kv = start / per_kv, end = (kv + 1) * per_kv < hi ? (kv + 1) * per_kv : hi;
+        end = end < start + ATTN_ROWS ? end : start + ATTN_ROWS;
+        int64_t n = end - start, from = N, to = -1;
+        for (int64_t r = 0; r < n; r++) {
+            int64_t item = start + r - kv * per_kv, t = item / group, h = kv * group + item % group, p = *op->pos + t;
+            AttnRow *row = &rows[r];
+            row->q = op->a + (t * H + h) * Dh;
+            row->out = op->out + (t * H + h) * Dv;
+            row->scores = buffer + r * N;
+            row->acc = buffer + ATTN_ROWS * N + r * Dv;
+            row->first = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+            row->last = p;
+            from = row->first < from ? row->first : from;
+            to = p > to ? p : to;
         }
-        float total = 0.0f;
-        for (int64_t j = first; j <= p; j++) {
-            scores[j - first] = expf(scores[j - first] - best);
-            total += scores[j - first];
+        const float *keys = op->kcache + kv * N * Dh, *values = op->vcache + kv * N * Dv;
+        for (int64_t j = from; j <= to; j++) {
+            for (int64_t r = 0; r < n; r++) {
+                if (j < rows[r].first || j > rows[r].last) continue;
+                float s = dot_float(rows[r].q, keys + j * Dh, Dh) * op->f[0];
+                if (op->f[1] > 0.0f) s = op->f[1] * tanhf(s / op->f[1]);
+                rows[r].scores[j] = s;
+            }
         }
-        float *out = op->out + (t * H + h) * Dv;
-        memset(out, 0, sizeof(float) * (size_t)Dv);
-        for (int64_t j = first; j <= p; j++) {
-            float w = scores[j - first] / total;
+        for (int64_t r = 0; r < n; r++) {
+            softmax_row(rows[r].scores, rows[r].first, rows[r].last);
+            memset(rows[r].acc, 0, sizeof(float) * (size_t)Dv);
+        }
+        for (int64_t j = from; j <= to; j++) {
             const float *v = values + j * Dv;
-            for (int64_t i = 0; i < Dv; i++) out[i] += w * v[i];
+            for (int64_t r = 0; r < n; r++) {
+                if (j < rows[r].first || j > rows[r].last) continue;
+                float w = rows[r].scores[j], *acc = rows[r].acc;
+                for (int64_t i = 0; i < Dv; i++) acc[i] += w * v[i];
+            }
         }
+        for (int64_t r = 0; r < n; r++) memcpy(rows[r].out, rows[r].acc, sizeof(float) * (size_t)Dv);
+        start = end;
     }
 }
 
@@ -298,7 +376,7 @@ static int attention(const Op *op, const char **error) {
         *error = "the KV cache has no room for these positions";
         return -1;
     }
-    if (scratch_reserve(0, N) != 0) {
+    if (scratch_reserve(0, ATTN_ROWS * (N + Dv)) != 0) {
         *error = "out of memory for the attention scores";
         return -1;
     }
@@ -323,8 +401,7 @@ int exec_op(const Op *op, const char **error) {
             *error = "the RoPE dimension is too large";
             return -1;
         }
-        rope(op);
-        return 0;
+        return rope(op, error);
     case OP_ATTN: return attention(op, error);
     case OP_GATED: case OP_ADD: case OP_SOFTCAP: elementwise(op); return 0;
     default: *error = "unknown op"; return -1;

@@ -88,6 +88,7 @@ static inline v8f widen8(const int8_t *q) {
 
 /* Shared float helpers: plain C, the same operations in every tier (inline, since
  * attention calls dot_float once per score). */
+#include <math.h> /* INFINITY */
 #include <string.h>
 
 static inline float reduce8(v8f a) { return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])); }
@@ -104,6 +105,45 @@ static inline float dot_float(const float *w, const float *x, int64_t K) {
     }
     for (int l = 0; i + l < K; l++) acc[l] += w[i + l] * x[i + l];
     return reduce8(acc);
+}
+
+
+/* exp of 8 floats (Cephes' expf: n = round(x / ln 2), r = x - n ln 2 in two parts, a degree-6
+ * polynomial, times 2^n as two factors so that subnormal results keep their bits). About 1 ulp;
+ * exp(0) = 1 exactly, exp(-inf) = 0, exp(+inf) = +inf, exp(nan) = nan. Plain C in 8 lanes, so
+ * every tier rounds alike. */
+static inline v8f exp8(v8f x) {
+    const v8f hi = {88.7228394f, 88.7228394f, 88.7228394f, 88.7228394f, 88.7228394f, 88.7228394f, 88.7228394f, 88.7228394f};
+    const v8f lo = -hi - 15.0f; /* below -103.72 the result rounds to 0 */
+    v8i nan = x != x, over = x > hi, under = x < lo;
+    v8f c = x;
+    c = (v8f)(((v8i)c & ~(over | under | nan)) | ((v8i)hi & over) | ((v8i)lo & under));
+    v8f t = c * 1.44269504088896341f + 0.5f;
+    v8f n = __builtin_convertvector(__builtin_convertvector(t, v8i), v8f);
+    n -= (v8f)((v8i)(v8f){1, 1, 1, 1, 1, 1, 1, 1} & (n > t)); /* floor(t) */
+    v8f r = c - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    v8f p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    v8f y = p * (r * r) + r + 1.0f;
+    v8i k = __builtin_convertvector(n, v8i), k1 = k / 2, k2 = k - k1; /* 2^n = 2^k1 * 2^k2, each normal */
+    v8f s1 = (v8f)((k1 + 127) << 23), s2 = (v8f)((k2 + 127) << 23);
+    y = y * s1 * s2;
+    const v8f inf = {INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY};
+    y = (v8f)(((v8i)y & ~(over | under | nan)) | ((v8i)inf & over) | ((v8i)x & nan));
+    return y;
+}
+
+/* exp of n (0 .. 8) floats: lanes past n are padding, so a value's result never depends on its
+ * neighbours or where a range was cut */
+static inline void exp_floats(const float *x, float *out, int64_t n) {
+    v8f a = {0};
+    memcpy(&a, x, sizeof(float) * (size_t)n);
+    a = exp8(a);
+    memcpy(out, &a, sizeof(float) * (size_t)n);
 }
 
 #endif
