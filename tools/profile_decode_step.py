@@ -1,10 +1,12 @@
 """Where a decode step's time goes on the native CPU backend, for docs/benchmarks.md.
 
-    .venv/bin/python -m tools.profile_decode_step smollm2 [--context 256] [--steps 64]
+    .venv/bin/python -m tools.profile_decode_step smollm2 [--context 256] [--steps 64] [--tokens T]
 
 It times, on the same filled KV cache:
 - the compiled step (the op list recorded once and replayed in C, one call per token);
-- the same forward pass op by op from Python, and within it the time of each kind of op
+- with --tokens T > 1, also the compiled pass over T tokens with every token's logits (what
+  speculative decoding's verification costs) and c(T), that pass's time over the step's;
+- the forward pass over T tokens (1 by default) op by op from Python, and within it the time of each kind of op
   (each op's C call, timed around `native.run`), so that the rest is Python dispatch;
 - the bytes one step reads (every weight matrix once, the token's embedding row, the KV
   cache so far) and the rate that makes against the machine's bandwidth.
@@ -53,17 +55,26 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--tokens", type=int, default=1, help="tokens per pass, with all logits")
     args = parser.parse_args()
+    tokens = args.tokens
     loaded = load_model(resolve_model_path(args.model), "cpu", threads=args.threads)
-    cache = loaded.new_cache(args.context + args.steps + 1)
+    cache = loaded.new_cache(args.context + args.steps + tokens + 4)
     prompt = np.random.default_rng(0).integers(0, loaded.config.vocab_size, size=args.context)
-    loaded.model.forward(prompt, 0, cache.storage)
+    cache.feed(loaded.model, prompt.tolist())
     step = loaded.model.decode_step(cache.storage)
     step(1, args.context)  # records and compiles
     started = time.perf_counter()
     for i in range(args.steps):
         step(1, args.context + i % 4)
     compiled = (time.perf_counter() - started) / args.steps
+    if tokens > 1:
+        draft = list(range(1, 1 + tokens))
+        started = time.perf_counter()
+        for _ in range(args.steps):
+            cache.feed(loaded.model, draft, all_logits=True)
+            cache.truncate(args.context)
+        compiled_pass = (time.perf_counter() - started) / args.steps
 
     native, per_op = loaded.backend.native, defaultdict(float)
     run = native.run
@@ -77,7 +88,8 @@ def main() -> None:
     started = time.perf_counter()
     for i in range(args.steps):
         position = args.context + i % 4
-        loaded.model.logits(np.array([1]), np.arange(position, position + 1), position, cache.storage)
+        loaded.model.logits(np.ones(tokens, dtype=np.int64), np.arange(position, position + tokens), position,
+                            cache.storage, all_logits=True)
     eager = (time.perf_counter() - started) / args.steps
     loaded.backend.native = native
 
@@ -85,7 +97,9 @@ def main() -> None:
     print(f"{loaded.path.name} on {loaded.backend.device_name}, context {args.context}")
     print(f"compiled step: {compiled * 1e3:.2f} ms ({1 / compiled:.1f} tok/s); "
           f"reads {bytes_read / 1e6:.1f} MB: {bytes_read / compiled / 1e9:.1f} GB/s")
-    print(f"op by op from Python: {eager * 1e3:.2f} ms")
+    if tokens > 1:
+        print(f"compiled pass over {tokens} tokens: {compiled_pass * 1e3:.2f} ms; c({tokens}) = {compiled_pass / compiled:.2f}")
+    print(f"op by op from Python, {tokens} token(s) a pass: {eager * 1e3:.2f} ms")
     for code, seconds in sorted(per_op.items(), key=lambda kv: -kv[1]):
         print(f"  {OP_NAMES[code]:18s} {seconds / args.steps * 1e3:7.3f} ms")
     print(f"  {'Python dispatch':18s} {(eager - sum(per_op.values()) / args.steps) * 1e3:7.3f} ms")
