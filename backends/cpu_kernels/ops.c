@@ -302,9 +302,34 @@ static void elementwise(const Op *op) {
 
 typedef struct {
     const float *q;
-    float *out, *scores, *acc; /* scores indexed by position */
+    float *out, *scores; /* scores indexed by position */
     int64_t first, last;
 } AttnRow;
+
+#define VALUE_BLOCK 64 /* value dimensions summed in registers (8 vectors) */
+
+/* out = sum over j = first .. last of w[j] * values[j] (rows of Dv), each element summed in
+ * position order; VALUE_BLOCK dimensions at a time in registers */
+static void weighted_values(const float *w, int64_t first, int64_t last, const float *values, int64_t Dv, float *out) {
+    int64_t d = 0;
+    for (; d + VALUE_BLOCK <= Dv; d += VALUE_BLOCK) {
+        v8f acc[VALUE_BLOCK / 8] = {{0}};
+        for (int64_t j = first; j <= last; j++) {
+            const float *v = values + j * Dv + d;
+            for (int m = 0; m < VALUE_BLOCK / 8; m++) {
+                v8f x;
+                memcpy(&x, v + 8 * m, sizeof x);
+                acc[m] += w[j] * x;
+            }
+        }
+        memcpy(out + d, acc, sizeof acc);
+    }
+    for (; d < Dv; d++) {
+        float acc = 0.0f;
+        for (int64_t j = first; j <= last; j++) acc += w[j] * values[j * Dv + d];
+        out[d] = acc;
+    }
+}
 
 /* softmax of a row's scores over first .. last in place, exp8 8 positions at a time */
 static void softmax_row(float *scores, int64_t first, int64_t last) {
@@ -338,34 +363,33 @@ static void attention_task(void *vctx, int chunk, int chunks, int thread) {
             row->q = op->a + (t * H + h) * Dh;
             row->out = op->out + (t * H + h) * Dv;
             row->scores = buffer + r * N;
-            row->acc = buffer + ATTN_ROWS * N + r * Dv;
             row->first = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
             row->last = p;
             from = row->first < from ? row->first : from;
             to = p > to ? p : to;
         }
         const float *keys = op->kcache + kv * N * Dh, *values = op->vcache + kv * N * Dv;
-        for (int64_t j = from; j <= to; j++) {
+        for (int64_t j = from; j <= to; j += 8) {
             for (int64_t r = 0; r < n; r++) {
-                if (j < rows[r].first || j > rows[r].last) continue;
-                float s = dot_float(rows[r].q, keys + j * Dh, Dh) * op->f[0];
-                if (op->f[1] > 0.0f) s = op->f[1] * tanhf(s / op->f[1]);
-                rows[r].scores[j] = s;
+                float *scores = rows[r].scores;
+                if (j >= rows[r].first && j + 7 <= rows[r].last) { /* 8 keys at once */
+                    v8f s = dot_float8(rows[r].q, keys + j * Dh, Dh, Dh);
+                    memcpy(scores + j, &s, sizeof s);
+                } else {
+                    for (int64_t i = j; i < j + 8; i++)
+                        if (i >= rows[r].first && i <= rows[r].last) scores[i] = dot_float(rows[r].q, keys + i * Dh, Dh);
+                }
+                for (int64_t i = j; i < j + 8; i++) {
+                    if (i < rows[r].first || i > rows[r].last) continue;
+                    float s = scores[i] * op->f[0];
+                    scores[i] = op->f[1] > 0.0f ? op->f[1] * tanhf(s / op->f[1]) : s;
+                }
             }
         }
         for (int64_t r = 0; r < n; r++) {
             softmax_row(rows[r].scores, rows[r].first, rows[r].last);
-            memset(rows[r].acc, 0, sizeof(float) * (size_t)Dv);
+            weighted_values(rows[r].scores, rows[r].first, rows[r].last, values, Dv, rows[r].out);
         }
-        for (int64_t j = from; j <= to; j++) {
-            const float *v = values + j * Dv;
-            for (int64_t r = 0; r < n; r++) {
-                if (j < rows[r].first || j > rows[r].last) continue;
-                float w = rows[r].scores[j], *acc = rows[r].acc;
-                for (int64_t i = 0; i < Dv; i++) acc[i] += w * v[i];
-            }
-        }
-        for (int64_t r = 0; r < n; r++) memcpy(rows[r].out, rows[r].acc, sizeof(float) * (size_t)Dv);
         start = end;
     }
 }
@@ -376,7 +400,7 @@ static int attention(const Op *op, const char **error) {
         *error = "the KV cache has no room for these positions";
         return -1;
     }
-    if (scratch_reserve(0, ATTN_ROWS * (N + Dv)) != 0) {
+    if (scratch_reserve(0, ATTN_ROWS * N) != 0) {
         *error = "out of memory for the attention scores";
         return -1;
     }
