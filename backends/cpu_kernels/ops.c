@@ -185,7 +185,7 @@ static void rms_norm(const Op *op) {
  * share them). Keyed by the table's values, not its address: a freed table's address comes back. */
 static struct {
     double table[4096];
-    int64_t half, count, capacity;
+    int64_t half, count, positions, angles; /* in use, and room for: positions, positions x half */
     int64_t *pos;
     float *cos, *sin; /* (count, half) */
 } rope_cache;
@@ -196,13 +196,16 @@ static int rope_angles(const Op *op, int64_t T, int64_t half) {
                 memcmp(rope_cache.table, op->table, sizeof(double) * (size_t)half) == 0;
     for (int64_t t = 0; fresh && t < T; t++) fresh = rope_cache.pos[t] == (op->n[5] ? op->pos[t] : *op->pos + t);
     if (fresh) return 0;
-    if (T * half > rope_cache.capacity) {
-        rope_cache.count = 0;
-        if (grow((void **)&rope_cache.pos, sizeof(int64_t) * (size_t)T) != 0 ||
-            grow((void **)&rope_cache.cos, sizeof(float) * (size_t)(T * half)) != 0 ||
+    rope_cache.count = 0;
+    if (T > rope_cache.positions) {
+        if (grow((void **)&rope_cache.pos, sizeof(int64_t) * (size_t)T) != 0) return -1;
+        rope_cache.positions = T;
+    }
+    if (T * half > rope_cache.angles) {
+        if (grow((void **)&rope_cache.cos, sizeof(float) * (size_t)(T * half)) != 0 ||
             grow((void **)&rope_cache.sin, sizeof(float) * (size_t)(T * half)) != 0)
             return -1;
-        rope_cache.capacity = T * half;
+        rope_cache.angles = T * half;
     }
     for (int64_t t = 0; t < T; t++) {
         int64_t pos = op->n[5] ? op->pos[t] : *op->pos + t;

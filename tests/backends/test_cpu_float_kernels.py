@@ -114,3 +114,23 @@ def test_gated_activations_match_float64_formulas():
     np.testing.assert_allclose(np.array(be.gated_activation(gate, up, "silu")), silu, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.array(be.gated_activation(gate, up, "gelu_tanh")), gelu, rtol=1e-5, atol=1e-6)
     be.close()
+
+
+def test_rope_of_every_position_of_a_pass_after_other_shapes():
+    """The kernel caches the cos/sin of every position of the last pass; a pass of another
+    length, rotary width or positions must get its own (here after a wide one-token pass, a
+    narrow pass over more tokens, which needs more positions than the cache held)."""
+    rng = np.random.default_rng(2)
+    be = CpuBackend(threads=1)
+    be.rope(rng.standard_normal((1, 2, 64)).astype(np.float32), np.array([3]), 10000.0, 64, True)
+    x = rng.standard_normal((40, 2, 8)).astype(np.float32)
+    positions = np.arange(11, 51)
+    for rope_dim in (8, 2):
+        ours = np.array(be.rope(x, positions, 500.0, rope_dim, True))
+        half = rope_dim // 2
+        angles = positions[:, None, None] * 500.0 ** (-2 * np.arange(half) / rope_dim)  # theta_i = pos * base^(-2i/d)
+        a, b = x[:, :, :half].astype(np.float64), x[:, :, half:rope_dim].astype(np.float64)
+        rotated = np.concatenate([a * np.cos(angles) - b * np.sin(angles), a * np.sin(angles) + b * np.cos(angles)], -1)
+        np.testing.assert_allclose(ours[:, :, :rope_dim], rotated, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(ours[:, :, rope_dim:], x[:, :, rope_dim:])
+    be.close()
