@@ -116,13 +116,15 @@ class AdaptiveController:
     with `follow_timing`, follows what rounds of T and of 1 token take in the answers'
     contexts once both have run (a moving average of each, `seconds`; the first round of
     each length is left out, as it may include recording the pass), which a short prompt
-    at load may not show. When no k > 0 beats one token per step, the
+    at load may not show. When no k > 0 beats one token per step by `margin` (the estimates
+    are estimates: a draft expected to win by less is as likely to lose), the
     controller drafts nothing; after `probe_after` such rounds it drafts once, to see
     whether the text has become predictable (the wait doubles after each probe that did
     not pay, up to `longest_wait`). A probe drafts the fewest tokens that would pay if drafts
     were right `hopeful` of the time (one, unless checks are dear), so a probe that fails
-    costs as little as a probe can; one that succeeds raises the estimates of the positions
-    after it too, and the rounds after it draft longer. Where even such drafts would not
+    costs as little as a probe can; one that is right is followed by another at once, until
+    the estimates say drafting pays (the positions after a right one are expected to do as
+    well, so the rounds after it draft longer) or a probe fails. Where even such drafts would not
     pay, it never probes.
     """
 
@@ -133,6 +135,7 @@ class AdaptiveController:
     probe_after: int = 16
     longest_wait: int = 512
     hopeful: float = 0.9
+    margin: float = 1.05
     follow_timing: bool = True
     seconds: dict[int, float] = field(default_factory=dict)
     first_rounds: set[int] = field(default_factory=set)
@@ -180,17 +183,17 @@ class AdaptiveController:
         self.seconds[n_tokens] = seconds if known is None else known + 0.2 * (seconds - known)
 
     def probe_length(self, top: int) -> int:
-        """The draft length of a probe, up to `top`: the shortest that would pay with drafts right
-        `hopeful` of the time; 0 if none would."""
+        """The draft length of a probe, up to `top`: the shortest that would pay (by `margin`) with
+        drafts right `hopeful` of the time; 0 if none would."""
         hoped = [self.hopeful] * self.longest
-        return next((k for k in range(1, top + 1) if self.expected_gain(k, hoped) > 1.0), 0)
+        return next((k for k in range(1, top + 1) if self.expected_gain(k, hoped) >= self.margin), 0)
 
     def choose(self, most: int) -> int:
         """The best draft length up to `most`; 0 when plain decoding wins, but for a probe."""
         top = min(self.longest, most)
         estimates = self.acceptance()
         best = max(range(top + 1), key=lambda k: (self.expected_gain(k, estimates), -k))
-        if best > 0 or top == 0:
+        if top == 0 or self.expected_gain(best, estimates) >= self.margin:
             return best
         self.plain_rounds += 1
         if self.plain_rounds < self.wait:
@@ -207,8 +210,10 @@ class AdaptiveController:
             self.trials[i] += 1.0
             self.hits[i] += 1.0 if i < accepted else 0.0
         estimates = self.acceptance()
-        if any(self.expected_gain(k, estimates) > 1.0 for k in range(1, self.longest + 1)):
+        if any(self.expected_gain(k, estimates) >= self.margin for k in range(1, self.longest + 1)):
             self.wait = self.probe_after
+        elif accepted == drafted:  # a probe that was right all along: probe again next round
+            self.plain_rounds = self.wait
 
 
 @dataclass

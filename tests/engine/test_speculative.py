@@ -256,6 +256,13 @@ def test_expected_gain_by_hand():
     assert VerifyCosts((1.0, 1.5, 2.0), 0.01)(5) == pytest.approx(3.0)  # extended by the last step, 0.5
 
 
+def test_controller_drafts_only_where_drafting_is_expected_to_win_by_the_margin():
+    # no rounds yet: acceptance 0.5, so one draft yields 1.5 tokens
+    narrow = AdaptiveController(VerifyCosts((1.0, 1.45, 1.9), 0.01), longest=2)  # 1.5 / 1.45 = 1.03 tokens per step
+    wide = AdaptiveController(VerifyCosts((1.0, 1.40, 1.9), 0.01), longest=2)  # 1.5 / 1.40 = 1.07
+    assert (narrow.choose(2), wide.choose(2)) == (0, 1)
+
+
 def test_controller_follows_the_rounds_it_times():
     controller = AdaptiveController(VerifyCosts((1.0, 1.2, 1.4), 0.01), longest=2)
     for seconds in (9.0, 0.010, 0.010):  # the first round of a length is left out
