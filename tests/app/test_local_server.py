@@ -40,7 +40,7 @@ def test_switch_serves_the_loaded_model_and_shows_its_traffic(qtbot, served_wind
     assert panel.address.text() == server.address and server.address.startswith("http://127.0.0.1:")
     client = openai.OpenAI(base_url=server.address, api_key="unused", max_retries=0, timeout=30)
     assert [m.id for m in client.models.list()] == ["tiny"]
-    reply = client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=5)
+    reply = client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=5, temperature=0)
     assert reply.usage.completion_tokens == 5
     qtbot.waitUntil(lambda: panel.counts.text() == "1 request · 0 waiting", timeout=5000)
 
