@@ -212,7 +212,8 @@ class AdaptiveController:
         estimates = self.acceptance()
         if any(self.expected_gain(k, estimates) >= self.margin for k in range(1, self.longest + 1)):
             self.wait = self.probe_after
-        elif accepted == drafted:  # a probe that was right all along: probe again next round
+        elif accepted == drafted:  # a probe that was right all along: undo its doubling, probe again next round
+            self.wait = max(self.wait // 2, self.probe_after)
             self.plain_rounds = self.wait
 
 

@@ -263,6 +263,15 @@ def test_controller_drafts_only_where_drafting_is_expected_to_win_by_the_margin(
     assert (narrow.choose(2), wide.choose(2)) == (0, 1)
 
 
+def test_a_probe_that_was_right_is_followed_by_another_without_lengthening_the_wait():
+    controller = AdaptiveController(VerifyCosts((1.0, 1.45, 1.9), 0.01), longest=2, probe_after=4)
+    controller.record(1, 0)  # a draft that failed: plain steps from now on, probes every 4, 8, ...
+    assert [controller.choose(2) for _ in range(4)] == [0, 0, 0, 1] and controller.wait == 8
+    controller.record(1, 1)  # right, but one success after a failure does not yet say drafting pays
+    assert controller.expected_gain(1) < controller.margin
+    assert controller.wait == 4 and controller.choose(2) == 1  # the next round probes again
+
+
 def test_controller_follows_the_rounds_it_times():
     controller = AdaptiveController(VerifyCosts((1.0, 1.2, 1.4), 0.01), longest=2)
     for seconds in (9.0, 0.010, 0.010):  # the first round of a length is left out
