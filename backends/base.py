@@ -77,6 +77,58 @@ class LayerAttention:
     softcap: float | None = None
 
 
+@dataclass(frozen=True)
+class AttentionState:
+    """A layer's keys and values: `kv_heads` heads of `head_dim` (keys) and `value_dim`
+    (values) at `slots` positions.
+
+    With `window` None the layer attends to everything before a query: `slots` is the
+    context length and position p lies at slot p. With a window (sliding-window layers)
+    the layer keeps only what its queries can still see: a ring in which position p lies
+    at slot p % slots. A pass may write up to `pass_tokens` = `slots - window + 1` new
+    positions: it then overwrites nothing its own queries read; the engine splits longer
+    passes. A backend may store more than `slots` (the cpu backend mirrors its rings
+    so that every window is contiguous)."""
+
+    kv_heads: int
+    head_dim: int
+    value_dim: int
+    slots: int
+    window: int | None = None
+
+    @property
+    def ring(self) -> bool:
+        """Whether positions wrap around (a window smaller than the context)."""
+        return self.window is not None
+
+    @property
+    def pass_tokens(self) -> int | None:
+        """The most new tokens one pass may write (None: any that fit)."""
+        return None if self.window is None else self.slots - self.window + 1
+
+    @property
+    def rewind_limit(self) -> int | None:
+        """The most positions a rollback may forget and still leave every window whole
+        (None: any). A ring slot of a forgotten position held, before it, the position
+        `slots` earlier, which the next query must not need."""
+        return None if self.window is None else self.slots - self.window + 1
+
+
+@dataclass(frozen=True)
+class RecurrentState:
+    """A layer's fixed-size state (a linear-attention or state-space layer): float32 arrays
+    of the given shapes, the same size whatever the context. A rollback cannot forget
+    positions of it (`rewind_limit` 0; see `Backend.forget`)."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    rewind_limit: int | None = 0
+    pass_tokens: int | None = None
+
+
+LayerState = AttentionState | RecurrentState
+"""What one layer keeps between passes (`Backend.allocate_state`)."""
+
+
 class Backend(ABC):
     """A compute backend: prepares weights once, then runs the op set on its own tensors."""
 
@@ -200,22 +252,30 @@ class Backend(ABC):
     def to_host(self, x: Tensor) -> np.ndarray:
         """Copy a tensor back to the host as a float32 NumPy array."""
 
-    # -- KV cache storage ----------------------------------------------------------
+    # -- per-layer state (the KV cache, and later recurrent states) --------------------
 
     @abstractmethod
-    def allocate_kv(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int, value_dim: int) -> Any:
-        """Allocate the KV cache storage once, for `n_ctx` positions of every layer."""
+    def allocate_state(self, layers: "list[LayerState]") -> Any:
+        """Allocate one sequence's state once, up front: one entry per layer, as `layers`
+        describes it (see `AttentionState`, `RecurrentState`). `attention(..., layer=i, ...)`
+        reads and writes entry i. Attention states start empty, recurrent states at zero."""
 
     @abstractmethod
-    def kv_bytes(self, cache: Any) -> int:
-        """Bytes the KV cache storage occupies."""
+    def state_bytes(self, state: Any) -> int:
+        """Bytes the state occupies."""
 
-    def forget_kv(self, cache: Any, start: int, end: int) -> None:  # noqa: B027  # a no-op by default
-        """Forget positions start .. end-1 of every layer (a rollback, as after a rejected
-        speculative draft). `attention` writes a position before any query may see it, so
-        stale values past the end get no weight and keeping them is correct (MLX); a backend
-        whose storage is host memory zeroes them, so a rolled-back cache equals a fresh one.
-        By default nothing is done."""
+    def forget(self, state: Any, start: int, end: int) -> None:  # noqa: B027  # a no-op by default
+        """Forget positions start .. end-1 of every attention layer (a rollback, as after a
+        rejected speculative draft). `attention` writes a position before any query may see
+        it, so stale values past the end get no weight and keeping them is correct (MLX); a
+        backend whose storage is host memory zeroes them, so a rolled-back state equals a
+        fresh one. By default nothing is done.
+
+        What a rollback may undo depends on the layer (see `LayerState.rewind_limit`): a
+        full attention layer any number of positions; a windowed ring `slots - window + 1`;
+        a recurrent state none, since its past is summed into it. Past that limit the
+        engine (`engine.kv_cache.KVCache`) drops the whole state and reads the text again:
+        correct, and slow, so it says so where it happens."""
 
     @property
     def load_notes(self) -> list[str]:
