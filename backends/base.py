@@ -14,31 +14,15 @@ Activations are float32 unless a backend documents otherwise; the NumPy backend 
 reference, and every other backend must match its numbers within the tolerance its tests
 state.
 
-Optional hooks let a backend fuse a decode step and keep tokens on its device. The
-engine looks for them with `getattr` and works op by op without them (NumPy):
-    compile_decode(forward, kv) -> step(token, start) -> logits (1, vocab)
-        wraps the transformer's one-token forward pass on one KV storage into a single
-        fused call (MLX: one mx.compile'd function, queued without waiting). `forward(ids,
-        positions, start)` may be called with the backend's own stand-ins for the three
-        (device arrays, recorded buffers); the step state they stand for (the token, the
-        position, and so the KV length) belongs to the KV storage object, which the step
-        updates in place, so nothing is rebuilt on the host per token. The step is made
-        once per KV storage and kept on it.
-    compile_forward(forward, kv, n_tokens, owner) -> step(tokens, start) -> logits (n_tokens, vocab)
-        a pass over `n_tokens` new positions (at most the backend's `max_compiled_tokens`)
-        of the model `owner`, replayed in one call, that returns the logits at each of
-        them: decoding (one token) and a speculative draft's verification. (cpu: one
-        recorded op list per model, `n_tokens` and shape of storage, bound to `kv` per call.)
-    compile_batch(forward, kvs, owner) -> step(tokens, positions) -> logits (B, vocab)
-        the same for one new token of each of B sequences, each at its own position on its
-        own KV storage (batched decoding); `forward(ids, positions, starts)` takes per-row
-        positions and each row's start. (cpu: one recorded op list per model, B and shapes.)
-    argmax(logits) -> token
-        the most likely next token, left on the device, so greedy decoding can queue the
-        next step before the current token is read back (mlx-lm's generate_step).
+A model's forward passes go through one door, the backend's `runner`: a `Runner` takes
+new tokens and the sequences they continue (`Segment`s) and returns logits. The default
+runs the op set one op at a time, as the model's forward function calls it; a backend may
+instead replay a recorded pass (cpu: one C call per pass) or a compiled one (MLX), with the
+same numbers. `argmax` and `device_tokens` let greedy decoding keep tokens on a device.
 """
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,11 +113,66 @@ LayerState = AttentionState | RecurrentState
 """What one layer keeps between passes (`Backend.allocate_state`)."""
 
 
+@dataclass(frozen=True)
+class Segment:
+    """The rows of a pass that continue one sequence: `length` new tokens from position
+    `start` on, attending over that sequence's `state` (from `Backend.allocate_state`)."""
+
+    state: Any
+    start: Any  # a host int, or a backend's stand-in while it records or traces the pass
+    length: int
+
+
+@dataclass(frozen=True)
+class PassInput:
+    """What one forward pass reads: `tokens` (T,) at `positions` (T,), split in order among
+    `segments` (one sequence's new tokens, or one token of each of B sequences), and
+    whether it returns the logits of every row or of the last only. Host int arrays, or a
+    backend's stand-ins for them while it records or traces the pass."""
+
+    tokens: Any
+    positions: Any
+    segments: tuple[Segment, ...]
+    all_logits: bool
+
+
+Forward = Callable[[PassInput], Any]
+"""A model's forward pass on backend tensors: logits (T, vocab), or (1, vocab) for the last row."""
+
+
+def positions_of(segments: Sequence[Segment]) -> np.ndarray:
+    """Each row's position: start, start + 1, ... for each segment in turn, (T,) int64."""
+    return np.concatenate([np.arange(s.start, s.start + s.length, dtype=np.int64) for s in segments])
+
+
+class Runner:
+    """Runs one model's forward passes over new tokens: the engine's one way to run a pass.
+
+    This one calls the forward function, so its ops run one at a time (NumPy, and any pass
+    a faster runner does not cover). A backend's own runner may record or compile passes
+    and replay them, but returns the same numbers, and takes the same calls.
+    """
+
+    def __init__(self, forward: Forward):
+        self.forward = forward
+
+    def __call__(self, tokens: Any, segments: Sequence[Segment], all_logits: bool = False) -> Any:
+        """Backend logits after `tokens`: (T, vocab) with `all_logits`, else (1, vocab) for
+        the last row. `tokens` (T,) are host ints, split in order among `segments`: one
+        sequence's new tokens, or one token for each of several sequences (batched decoding,
+        on a backend with `batched_decode`). On a backend with `device_tokens`, a one-token
+        pass also takes the token as `argmax` left it on the device."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        return self.forward(PassInput(tokens, positions_of(segments), tuple(segments), all_logits))
+
+
 class Backend(ABC):
     """A compute backend: prepares weights once, then runs the op set on its own tensors."""
 
     name: str = "abstract"
-    max_compiled_tokens: int = 0  # the most new tokens `compile_forward` takes (0: no such hook)
+    device_tokens: bool = False
+    """Whether `argmax` leaves the token on the device, and one-token passes take it there,
+    so greedy decoding can queue the next step before reading a token back (MLX)."""
     batched_decode: bool = True
     """Whether `rope` takes any positions, not only consecutive ones, and `attention_batch`
     works, so the transformer's `decode_batch` can step several sequences in one pass. On a
@@ -145,6 +184,16 @@ class Backend(ABC):
     @abstractmethod
     def device_name(self) -> str:
         """A human-readable name of the device the backend computes on."""
+
+    def runner(self, forward: Forward) -> Runner:
+        """The runner of a model's passes, `forward` being its forward function. Called once
+        per model, at load. By default the ops run one by one."""
+        return Runner(forward)
+
+    def argmax(self, logits: Tensor) -> Any:
+        """The most likely token after the last row of `logits`: a host int by default; a
+        token left on the device where `device_tokens` is set."""
+        return int(np.argmax(self.to_host(logits)[-1]))
 
     # -- weights -------------------------------------------------------------------
 
@@ -266,7 +315,8 @@ class Backend(ABC):
 
     def forget(self, state: Any, start: int, end: int) -> None:  # noqa: B027  # a no-op by default
         """Forget positions start .. end-1 of every attention layer (a rollback, as after a
-        rejected speculative draft). `attention` writes a position before any query may see
+        rejected speculative draft); from `start` 0, every layer returns to its fresh state,
+        recurrent ones included. `attention` writes a position before any query may see
         it, so stale values past the end get no weight and keeping them is correct (MLX); a
         backend whose storage is host memory zeroes them, so a rolled-back state equals a
         fresh one. By default nothing is done.

@@ -11,11 +11,12 @@ the least recently used one would make every access a miss.
 
 import os
 from itertools import pairwise
+from typing import Any
 
 import numpy as np
 import psutil
 
-from backends.base import Backend, LayerAttention, WeightSpec
+from backends.base import AttentionState, Backend, LayerAttention, LayerState, RecurrentState, WeightSpec
 from backends.dequant import dequantize, dequantize_rows
 
 _STREAM_CHUNK_BYTES = 64 << 20  # float32 bytes dequantized at once for an uncached matrix
@@ -104,12 +105,35 @@ class JoinedWeights:
         self.bounds = bounds  # row where each part starts, then the total
 
 
-class NumpyKV:
-    """KV cache storage: keys (L, Hkv, N, Dh) and values (L, Hkv, N, Dv), float32."""
+class NumpyLayerKV:
+    """One attention layer's keys (Hkv, slots, Dh) and values (Hkv, slots, Dv), float32;
+    position p at slot p % slots (a ring, for a window smaller than the context)."""
 
-    def __init__(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int, value_dim: int):
-        self.k = np.zeros((n_layers, n_kv_heads, n_ctx, head_dim), dtype=np.float32)
-        self.v = np.zeros((n_layers, n_kv_heads, n_ctx, value_dim), dtype=np.float32)
+    def __init__(self, layout: AttentionState):
+        self.layout = layout
+        self.k = np.zeros((layout.kv_heads, layout.slots, layout.head_dim), dtype=np.float32)
+        self.v = np.zeros((layout.kv_heads, layout.slots, layout.value_dim), dtype=np.float32)
+
+    def slots(self, first: int, end: int) -> slice | np.ndarray:
+        """Where positions first .. end-1 lie: a slice, or slot numbers in a ring."""
+        n = self.layout.slots
+        return slice(first, end) if end <= n else np.arange(first, end) % n
+
+    def arrays(self) -> list[np.ndarray]:
+        """The arrays it holds."""
+        return [self.k, self.v]
+
+
+class NumpyRecurrent:
+    """One recurrent layer's state arrays, float32, zero at first."""
+
+    def __init__(self, layout: RecurrentState):
+        self.layout = layout
+        self.states = [np.zeros(shape, dtype=np.float32) for shape in layout.shapes]
+
+    def arrays(self) -> list[np.ndarray]:
+        """The arrays it holds."""
+        return self.states
 
 
 class NumpyBackend(Backend):
@@ -202,7 +226,7 @@ class NumpyBackend(Backend):
         q: np.ndarray,
         k: np.ndarray,
         v: np.ndarray,
-        cache: NumpyKV,
+        state: list[Any],
         layer: int,
         start: int,
         settings: LayerAttention,
@@ -211,11 +235,14 @@ class NumpyBackend(Backend):
         n_kv_heads = k.shape[1]
         group = n_heads // n_kv_heads
         end = start + n_new
-        cache.k[layer, :, start:end] = k.transpose(1, 0, 2)  # (Hkv, T, Dh)
-        cache.v[layer, :, start:end] = v.transpose(1, 0, 2)  # (Hkv, T, Dv)
+        kv = state[layer]
         first = 0 if settings.window is None else max(0, start - settings.window + 1)
-        keys = cache.k[layer, :, first:end]  # (Hkv, S, Dh)
-        values = cache.v[layer, :, first:end]  # (Hkv, S, Dv)
+        if end - first > kv.layout.slots:
+            raise ValueError(f"a pass of {n_new} tokens does not fit a ring of {kv.layout.slots} slots")
+        kv.k[:, kv.slots(start, end)] = k.transpose(1, 0, 2)  # (Hkv, T, Dh)
+        kv.v[:, kv.slots(start, end)] = v.transpose(1, 0, 2)  # (Hkv, T, Dv)
+        keys = kv.k[:, kv.slots(first, end)]  # (Hkv, S, Dh)
+        values = kv.v[:, kv.slots(first, end)]  # (Hkv, S, Dv)
 
         # (T, H, Dh) -> (Hkv, group * T, Dh): the queries that share one KV head, stacked
         grouped: np.ndarray = q.reshape(n_new, n_kv_heads, group, head_dim).transpose(1, 2, 0, 3)
@@ -268,15 +295,22 @@ class NumpyBackend(Backend):
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return np.asarray(x, dtype=np.float32)
 
-    def allocate_kv(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int, value_dim: int) -> NumpyKV:
-        return NumpyKV(n_layers, n_ctx, n_kv_heads, head_dim, value_dim)
+    def allocate_state(self, layers: list[LayerState]) -> list[Any]:
+        return [NumpyLayerKV(s) if isinstance(s, AttentionState) else NumpyRecurrent(s) for s in layers]
 
-    def kv_bytes(self, cache: NumpyKV) -> int:
-        return cache.k.nbytes + cache.v.nbytes
+    def state_bytes(self, state: list[Any]) -> int:
+        return sum(a.nbytes for layer in state for a in layer.arrays())
 
-    def forget_kv(self, cache: NumpyKV, start: int, end: int) -> None:
-        cache.k[:, :, start:end] = 0.0  # (L, Hkv, end - start, Dh)
-        cache.v[:, :, start:end] = 0.0  # (L, Hkv, end - start, Dv)
+    def forget(self, state: list[Any], start: int, end: int) -> None:
+        for layer in state:
+            if isinstance(layer, NumpyRecurrent):
+                if start == 0:  # the state of an empty sequence
+                    for array in layer.states:
+                        array[:] = 0.0
+                continue
+            where = layer.slots(start, min(end, start + layer.layout.slots))
+            layer.k[:, where] = 0.0  # (Hkv, forgotten, Dh)
+            layer.v[:, where] = 0.0  # (Hkv, forgotten, Dv)
 
     def close(self) -> None:
         self.cache.clear()

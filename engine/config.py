@@ -1,10 +1,9 @@
-"""The hyperparameters of a model, read from its GGUF metadata and checked against its tensors.
+"""The hyperparameters of a model, read from its GGUF metadata.
 
-Supported architectures are decoder-only transformers that share one layer layout (RMS
-norm, attention with grouped K/V heads and rotary positions, gated MLP). Each one's file
-in `engine/models/` says how it differs, as a `Family`; `ModelConfig.from_gguf` reads a
-file's hyperparameters with its family's settings. `LAYER_TENSORS` is the one table of the
-per-layer GGUF tensors: their names, their fields in the model, their shapes.
+Each architecture's file in `engine/models/` says how it differs from the shared layout,
+as a `Family`; `ModelConfig.from_gguf` reads a file's hyperparameters with its family's
+settings. The per-layer tensors are checked against the tables of the blocks that read
+them (`engine.models.block`).
 
 Gemma's RMS norm multiplies by (1 + w). llama.cpp's converter stores w + 1 in the GGUF
 file and llama.cpp multiplies by the stored weight as it is; transformers, loading a
@@ -15,7 +14,6 @@ by the stored norm weight, and there is no offset to apply.
 """
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -24,52 +22,14 @@ from engine.gguf_file import GGUFFile, TensorInfo
 
 
 @dataclass(frozen=True)
-class LayerTensor:
-    """One per-layer GGUF tensor: its name after `blk.{i}.`, its field in the model, its shape."""
-
-    suffix: str
-    field: str  # of engine.models.common.LayerWeights
-    shape: Callable[["ModelConfig"], tuple[int, ...]]  # (n_out, n_in) for matrices
-
-
-LAYER_TENSORS = {
-    t.suffix: t
-    for t in (
-        LayerTensor("attn_norm.weight", "attn_norm", lambda c: (c.d_model,)),
-        LayerTensor("attn_q.weight", "wq", lambda c: (c.n_heads * c.head_dim, c.d_model)),
-        LayerTensor("attn_k.weight", "wk", lambda c: (c.n_kv_heads * c.head_dim, c.d_model)),
-        LayerTensor("attn_v.weight", "wv", lambda c: (c.n_kv_heads * c.value_head_dim, c.d_model)),
-        LayerTensor("attn_output.weight", "wo", lambda c: (c.d_model, c.n_heads * c.value_head_dim)),
-        LayerTensor("ffn_norm.weight", "ffn_norm", lambda c: (c.d_model,)),
-        LayerTensor("ffn_gate.weight", "w_gate", lambda c: (c.d_ff, c.d_model)),
-        LayerTensor("ffn_up.weight", "w_up", lambda c: (c.d_ff, c.d_model)),
-        LayerTensor("ffn_down.weight", "w_down", lambda c: (c.d_model, c.d_ff)),
-        LayerTensor("attn_q.bias", "bq", lambda c: (c.n_heads * c.head_dim,)),
-        LayerTensor("attn_k.bias", "bk", lambda c: (c.n_kv_heads * c.head_dim,)),
-        LayerTensor("attn_v.bias", "bv", lambda c: (c.n_kv_heads * c.value_head_dim,)),
-        LayerTensor("attn_q_norm.weight", "q_norm", lambda c: (c.head_dim,)),
-        LayerTensor("attn_k_norm.weight", "k_norm", lambda c: (c.head_dim,)),
-        LayerTensor("post_attention_norm.weight", "post_attn_norm", lambda c: (c.d_model,)),
-        LayerTensor("post_ffw_norm.weight", "post_ffw_norm", lambda c: (c.d_model,)),
-    )
-}
-# Every architecture has the first nine (norms, attention, MLP); a family names the
-# optional ones it needs too.
-BASE_LAYER_TENSORS = tuple(LAYER_TENSORS)[:9]
-QKV_BIAS = ("attn_q.bias", "attn_k.bias", "attn_v.bias")
-QK_NORM = ("attn_q_norm.weight", "attn_k_norm.weight")
-POST_NORMS = ("post_attention_norm.weight", "post_ffw_norm.weight")
-
-
-@dataclass(frozen=True)
 class Family:
     """What one architecture adds to the shared layout; its file in engine/models/ holds it.
 
     The per-layer tensors a family lists must be in every file of that architecture; the
-    model loads any tensor of `LAYER_TENSORS` that a file has.
+    model loads any optional tensor of its blocks that a file has.
     """
 
-    layer_tensors: tuple[str, ...] = ()  # beyond BASE_LAYER_TENSORS
+    layer_tensors: tuple[str, ...] = ()  # optional tensors of its blocks that it requires
     activation: str = "silu"  # or "gelu_tanh"
     # llama.cpp's converter permutes the rows of llama's q/k weights so that RoPE rotates
     # adjacent pairs (x0, x1), (x2, x3)... ("normal" mode). Qwen and Gemma files keep
@@ -135,16 +95,16 @@ class ModelConfig:
         n_heads = _positive_int(f, "attention.head_count")
         n_kv_heads = _positive_int(f, "attention.head_count_kv", n_heads)
         if n_heads % n_kv_heads:
-            _bad(f, f"{n_heads} attention heads cannot share {n_kv_heads} key/value heads evenly")
+            bad_file(f, f"{n_heads} attention heads cannot share {n_kv_heads} key/value heads evenly")
         if f.arch_key("attention.key_length", None) is None and d_model % n_heads:
-            _bad(f, f"the embedding size {d_model} is not a whole number of {n_heads} heads")
+            bad_file(f, f"the embedding size {d_model} is not a whole number of {n_heads} heads")
         head_dim = _positive_int(f, "attention.key_length", d_model // n_heads)
         rope_dim = _positive_int(f, "rope.dimension_count", head_dim)
         if rope_dim > head_dim or rope_dim % 2:
-            _bad(f, f"the RoPE dimension {rope_dim} must be even and at most the head size {head_dim}")
-        embedding = _tensor(f, "token_embd.weight")
+            bad_file(f, f"the RoPE dimension {rope_dim} must be even and at most the head size {head_dim}")
+        embedding = required_tensor(f, "token_embd.weight")
         if len(embedding.shape) != 2 or embedding.shape[1] != d_model:
-            _bad(f, f"token_embd.weight has shape {embedding.shape}, expected (vocab, {d_model})")
+            bad_file(f, f"token_embd.weight has shape {embedding.shape}, expected (vocab, {d_model})")
         n_layers = _positive_int(f, "block_count")
         rope_base = _positive_float(f, "rope.freq_base", 10000.0)
         query_by_d_model = family.d_model_query_scale_layers == n_layers
@@ -175,15 +135,16 @@ class ModelConfig:
             embedding_scale=math.sqrt(d_model) if family.scale_embeddings else 1.0,
             activation=family.activation,
         )
-        _check_tensors(f, config, BASE_LAYER_TENSORS + family.layer_tensors)
         return config
 
 
-def _bad(f: GGUFFile, problem: str) -> NoReturn:
+def bad_file(f: GGUFFile, problem: str) -> NoReturn:
+    """Raise ModelFileError: `f` cannot be used because of `problem`."""
     raise ModelFileError(f"Cannot use {f.path}: {problem}. The file is damaged or was converted wrongly.")
 
 
-def _tensor(f: GGUFFile, name: str) -> TensorInfo:
+def required_tensor(f: GGUFFile, name: str) -> TensorInfo:
+    """The tensor `name` of `f`; ModelFileError, naming it, where the file lacks it."""
     if name not in f.tensors:
         raise ModelFileError(
             f"Cannot use {f.path}: the tensor {name!r}, which every {f.architecture} model has, is missing. "
@@ -195,14 +156,14 @@ def _tensor(f: GGUFFile, name: str) -> TensorInfo:
 def _positive_int(f: GGUFFile, suffix: str, default: int | None = None) -> int:
     value = f.arch_key(suffix) if default is None else f.arch_key(suffix, default)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        _bad(f, f"{f.architecture}.{suffix} should be a positive whole number, not {str(value)[:40]}")
+        bad_file(f, f"{f.architecture}.{suffix} should be a positive whole number, not {str(value)[:40]}")
     return value
 
 
 def _positive_float(f: GGUFFile, suffix: str, default: float | None = None) -> float:
     value = f.arch_key(suffix) if default is None else f.arch_key(suffix, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        _bad(f, f"{f.architecture}.{suffix} should be a positive number, not {str(value)[:40]}")
+        bad_file(f, f"{f.architecture}.{suffix} should be a positive number, not {str(value)[:40]}")
     return float(value)
 
 
@@ -215,23 +176,5 @@ def _optional_float(f: GGUFFile, suffix: str, default: float | None) -> float | 
 def _rope_scaling_type(f: GGUFFile) -> str | None:
     value = f.arch_key("rope.scaling.type", "none")
     if not isinstance(value, str):
-        _bad(f, f"{f.architecture}.rope.scaling.type should be a name such as 'linear', not {str(value)[:40]}")
+        bad_file(f, f"{f.architecture}.rope.scaling.type should be a name such as 'linear', not {str(value)[:40]}")
     return None if value == "none" else value
-
-
-def _check_tensors(f: GGUFFile, c: ModelConfig, layer_tensors: tuple[str, ...]) -> None:
-    """Check that every tensor the architecture needs is present with the shape `c` implies."""
-    expected: dict[str, tuple[int, ...]] = {"output_norm.weight": (c.d_model,)}
-    if not c.tie_embeddings:
-        expected["output.weight"] = (c.vocab_size, c.d_model)
-    for name, shape in expected.items():
-        _check_shape(f, name, shape)
-    for layer in range(c.n_layers):  # stops at the first missing tensor, however large n_layers claims to be
-        for suffix in layer_tensors:
-            _check_shape(f, f"blk.{layer}.{suffix}", LAYER_TENSORS[suffix].shape(c))
-
-
-def _check_shape(f: GGUFFile, name: str, shape: tuple[int, ...]) -> None:
-    actual = _tensor(f, name).shape
-    if actual != shape:
-        _bad(f, f"the tensor {name!r} has shape {actual}, but the metadata implies {shape}")

@@ -192,8 +192,8 @@ class DecodeSteps:
 
     Where the backend queues work without waiting for it (MLX), the host's share of a step
     then overlaps the device's:
-    - plain greedy decoding (temperature 0, no penalties) on a backend with an `argmax`
-      hook keeps every token on the device, and step n + 1 is queued from token n before
+    - plain greedy decoding (temperature 0, no penalties) on a backend with
+      `device_tokens` keeps every token on the device, and step n + 1 is queued from token n before
       token n is read back, as in mlx-lm's generate_step: the device does not wait for the
       host between steps;
     - other sampling reads the logits back and samples on the host; step n + 1 is queued
@@ -208,13 +208,12 @@ class DecodeSteps:
         self.sampler = sampler
         batched = batched_step(model, cache.storage)
         self.step = batched or model.decode_step(cache.storage)
-        argmax = getattr(model.backend, "argmax", None)
         device_greedy = argmax_only(sampler.params) and not sampler.masks_tokens and batched is None
-        self.argmax = argmax if device_greedy else None
+        self.argmax = model.backend.argmax if device_greedy and model.backend.device_tokens else None
 
     @property
     def on_device(self) -> bool:
-        """Whether tokens stay on the device (greedy decoding on a backend with `argmax`)."""
+        """Whether tokens stay on the device (greedy decoding on a backend with `device_tokens`)."""
         return self.argmax is not None
 
     def queue(self, token: Any, position: int) -> Any:

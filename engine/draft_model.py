@@ -66,7 +66,7 @@ class DraftModelDrafter:
 
     def __init__(self, model: Any, n_ctx: int, params: SamplingParams, vocab_size: int):
         self.model = model
-        self.cache = KVCache(model.backend, model.config, n_ctx)
+        self.cache = KVCache(model, n_ctx)
         self.vocab_size = vocab_size
         self.retarget(params)
 

@@ -1,16 +1,20 @@
-"""The KV cache: storage allocated once for the whole context, and the tokens it holds.
+"""The KV cache: one sequence's per-layer state, allocated once for the whole context,
+and the tokens it holds.
 
-The backend owns the storage (`Backend.allocate_kv`); this class keeps the bookkeeping
-that is the same on every backend: which tokens the cache holds, how far it is filled,
-and rolling back to an earlier position. The cache owns its length: `feed` runs the
-forward pass at the next positions and records the tokens, `append` records tokens whose
-forward pass the caller already queued, and `trim` / `truncate` roll back. A rollback asks
-the backend to forget the dropped positions (`Backend.forget_kv`), so a cache that
-speculated and rolled back holds what a fresh run would.
+The model says what each layer keeps (`Transformer.layer_states`: full attention, a
+sliding window's ring, a recurrent state) and the backend allocates it
+(`Backend.allocate_state`); this class keeps the bookkeeping that is the same on every
+backend: which tokens the state holds, how far it is filled, and rolling back to an
+earlier position. The cache owns its length: `feed` runs the forward pass at the next
+positions and records the tokens, `append` records tokens whose forward pass the caller
+already queued, and `trim` / `truncate` roll back.
 
-Sliding-window layers keep full-length storage and attend only to their window. That
-spends memory on positions a local layer will never read again, but keeps every rewind
-exact: a ring buffer would already have overwritten what a rewind needs.
+A rollback asks the backend to forget the dropped positions (`Backend.forget`), so a cache
+that speculated and rolled back holds what a fresh run would. A sliding-window ring can
+forget only so many positions (`LayerState.rewind_limit`: RING_SLACK of
+`engine.models.attention`), a recurrent state none: past that, the cache starts again and
+reads the kept tokens once more, which gives the same state, more slowly. Passes longer
+than a ring allows (`pass_tokens`) are fed in pieces.
 """
 
 from collections.abc import Sequence
@@ -18,20 +22,21 @@ from typing import Any
 
 import numpy as np
 
-from backends.base import Backend
-from engine.config import ModelConfig
 from engine.errors import ContextFullError
 
 
 class KVCache:
-    """Keys and values of every layer for up to `n_ctx` positions."""
+    """The state of every layer of `model` for up to `n_ctx` positions."""
 
-    def __init__(self, backend: Backend, config: ModelConfig, n_ctx: int):
-        self.backend = backend
+    def __init__(self, model: Any, n_ctx: int):
+        self.model = model
+        self.backend = model.backend
         self.n_ctx = n_ctx
-        self.storage: Any = backend.allocate_kv(
-            config.n_layers, n_ctx, config.n_kv_heads, config.head_dim, config.value_head_dim
-        )
+        layers = model.layer_states(n_ctx)
+        self.storage: Any = self.backend.allocate_state(layers)
+        self.pass_tokens = min((s.pass_tokens for s in layers if s.pass_tokens is not None), default=n_ctx)
+        self.rewind_limit = min((s.rewind_limit for s in layers if s.rewind_limit is not None), default=n_ctx)
+        self.rereads = 0  # rollbacks past `rewind_limit`, which read the kept tokens again
         self._tokens: list[int] = []
 
     @property
@@ -51,17 +56,21 @@ class KVCache:
 
     def memory_bytes(self) -> int:
         """Bytes the storage occupies."""
-        return self.backend.kv_bytes(self.storage)
+        return self.backend.state_bytes(self.storage)
 
     def feed(self, model: Any, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
-        """Run `tokens` through `model` at the next positions and hold them.
+        """Run `tokens` through `model` at the next positions and hold them, in passes of
+        at most `pass_tokens`.
 
         Returns the host logits: (T, vocab) with `all_logits`, else (1, vocab) for the last.
         """
         self.check_room(len(tokens))
-        logits = model.forward(np.asarray(tokens, dtype=np.int64), self.n_used, self.storage, all_logits)
-        self._tokens.extend(int(t) for t in tokens)
-        return logits
+        pieces = []
+        for lo in range(0, len(tokens), self.pass_tokens):
+            piece = np.asarray(tokens[lo : lo + self.pass_tokens], dtype=np.int64)
+            pieces.append(model.forward(piece, self.n_used, self.storage, all_logits))
+            self._tokens.extend(int(t) for t in piece)
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces if all_logits else pieces[-1:])
 
     def append(self, tokens: Sequence[int]) -> None:
         """Record `tokens` at the next positions, whose forward pass the caller has queued."""
@@ -72,9 +81,18 @@ class KVCache:
         """Roll back to the first `n` positions (keeps them, forgets the rest)."""
         if not 0 <= n <= len(self._tokens):
             raise ValueError(f"cannot rewind a cache of {len(self._tokens)} tokens to {n}")
-        if n < len(self._tokens):
-            self.backend.forget_kv(self.storage, n, len(self._tokens))
+        if n == len(self._tokens):
+            return
+        if len(self._tokens) - n <= self.rewind_limit:
+            self.backend.forget(self.storage, n, len(self._tokens))
             del self._tokens[n:]
+            return
+        kept = self._tokens[:n]  # too far back for a ring or a recurrent state: start again
+        self.backend.forget(self.storage, 0, len(self._tokens))
+        self._tokens = []
+        self.rereads += 1
+        if kept:
+            self.feed(self.model, kept)
 
     def trim(self, n: int) -> int:
         """Forget the last `n` positions (at most all of them); return how many were forgotten."""

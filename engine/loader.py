@@ -38,7 +38,7 @@ class LoadedModel:
         """A KV cache of `n_ctx` positions (default: 4096, capped at the model's own limit)."""
         limit = self.config.context_length
         n_ctx = min(n_ctx or DEFAULT_CONTEXT, limit) if limit else (n_ctx or DEFAULT_CONTEXT)
-        return KVCache(self.backend, self.config, n_ctx)
+        return KVCache(self.model, n_ctx)
 
     def close(self) -> None:
         """Release the backend's memory and the file's memory map."""

@@ -295,4 +295,4 @@ def check_draft(target: Any, draft: Any) -> None:
 
 def scratch_cache(model: Transformer) -> KVCache:
     """A small cache to time forward passes in (see `measure_costs`)."""
-    return KVCache(model.backend, model.config, 16 + MAX_DRAFT + 1)
+    return KVCache(model, 16 + MAX_DRAFT + 1)

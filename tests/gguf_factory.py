@@ -112,6 +112,7 @@ def write_tiny_model(
     seed: int = 0,
     tie_embeddings: bool | None = None,
     omit_tensors: tuple[str, ...] = (),
+    extra_tensors: dict[str, tuple[int, ...]] | None = None,
     quantize: Callable[[np.ndarray, GGMLQuantizationType], np.ndarray] = quants.quantize,
     **extra_metadata: Any,
 ) -> Path:
@@ -121,7 +122,8 @@ def write_tiny_model(
     `quantize(values, tensor_type)` (gguf-py's by default; pass your own for Q1_0, which
     gguf-py cannot quantize); norms and biases stay F32, as llama.cpp stores them. `extra_metadata`
     adds or overrides keys (pass them as `**{"qwen3.vocab_size": 1000}`); a value of
-    None removes the key. `omit_tensors` leaves the named tensors out. `tie_embeddings`
+    None removes the key. `omit_tensors` leaves the named tensors out; `extra_tensors` adds
+F32 tensors of the given names and shapes (an optional tensor, or a misshaped one). `tie_embeddings`
     (no output.weight) defaults to what llama.cpp expects: tied for the Gemmas (it
     refuses a gemma2 file with output.weight), untied otherwise.
     """
@@ -160,6 +162,7 @@ def write_tiny_model(
         tie_embeddings = arch.startswith("gemma")
     if not tie_embeddings:
         tensors["output.weight"] = ((vocab, d_model), "matrix")
+    tensors.update({name: (shape, "bias") for name, shape in (extra_tensors or {}).items()})
 
     writer = GGUFWriter(path, arch)
     for key, value in metadata.items():

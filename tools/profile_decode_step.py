@@ -41,8 +41,8 @@ class TimedNative:
 def step_bytes(loaded, context: int) -> int:
     """Bytes one decode step reads: the matrices, one embedding row, the keys and values so far."""
     model, config = loaded.model, loaded.config
-    matrices = [model.output] + [w for layer in model.layers
-                                 for w in (layer.wq, layer.wk, layer.wv, layer.wo, layer.w_gate, layer.w_up, layer.w_down)]
+    blocks = [(layer.mixer, layer.feed_forward) for layer in model.layers]
+    matrices = [model.output] + [w for a, f in blocks for w in (a.wq, a.wk, a.wv, a.wo, f.w_gate, f.w_up, f.w_down)]
     weights = sum(m.raw.nbytes for m in matrices)
     embedding_row = model.token_embd.raw.nbytes // model.token_embd.rows
     kv = 4 * config.n_layers * config.n_kv_heads * (config.head_dim + config.value_head_dim) * context

@@ -36,7 +36,9 @@ def read_config(f: GGUFFile) -> ModelConfig:
             f"Cannot run {f.path}: its architecture is {f.architecture!r}, which Sprig does not support. "
             f"Supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)}."
         )
-    return ModelConfig.from_gguf(f, model_class.family)
+    config = ModelConfig.from_gguf(f, model_class.family)
+    model_class.check_tensors(f, config)
+    return config
 
 
 def build_model(

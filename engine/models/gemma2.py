@@ -7,8 +7,9 @@ soft-capped at 50 and the final logits at 30 (Gemma 2's published defaults, used
 the file has no value). Gemma 2 27B (46 layers) scales its queries by d_model / n_heads.
 """
 
-from engine.config import POST_NORMS, Family
+from engine.config import Family
 from engine.models.common import Transformer
+from engine.models.layer import POST_NORMS
 
 
 class Model(Transformer):

@@ -8,8 +8,10 @@ As Gemma 2 (scaled embeddings, GELU, post-norms), plus:
 - no soft-capping. Gemma 3 27B (62 layers) scales its queries by d_model / n_heads.
 """
 
-from engine.config import POST_NORMS, QK_NORM, Family
+from engine.config import Family
+from engine.models.attention import QK_NORM
 from engine.models.common import Transformer
+from engine.models.layer import POST_NORMS
 
 
 class Model(Transformer):

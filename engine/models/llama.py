@@ -7,7 +7,8 @@ divisors of its long-context RoPE scaling, which every layer uses.
 """
 
 from engine.config import Family
-from engine.models.common import LayerRope, Transformer
+from engine.models.attention import LayerRope
+from engine.models.common import Transformer
 
 
 class Model(Transformer):

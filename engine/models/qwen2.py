@@ -4,7 +4,8 @@ The `common` transformer with biases on the q, k and v projections, and NeoX-sty
 (rotating halves, as Hugging Face's checkpoints are laid out).
 """
 
-from engine.config import QKV_BIAS, Family
+from engine.config import Family
+from engine.models.attention import QKV_BIAS
 from engine.models.common import Transformer
 
 

@@ -5,7 +5,8 @@ before RoPE (`attn_q_norm`, `attn_k_norm`), which the shared attention applies. 
 differs only in its weights' type (Q1_0).
 """
 
-from engine.config import QK_NORM, Family
+from engine.config import Family
+from engine.models.attention import QK_NORM
 from engine.models.common import Transformer
 
 

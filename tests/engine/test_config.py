@@ -185,6 +185,15 @@ def test_missing_tensor_is_named(tmp_path):
     assert "m.gguf" in str(caught.value)
 
 
+def test_an_optional_tensor_a_file_has_is_checked_too(tmp_path):
+    # Llama needs no q bias, but a file that has one must give it the q projection's size.
+    good = write_tiny_model(tmp_path / "b.gguf", arch="llama", extra_tensors={"blk.1.attn_q.bias": (64,)})
+    assert config_of(good).n_layers == 2
+    bad = write_tiny_model(tmp_path / "w.gguf", arch="llama", extra_tensors={"blk.1.attn_q.bias": (63,)})
+    with pytest.raises(ModelFileError, match=r"blk\.1\.attn_q\.bias.*\(63,\).*\(64,\)"):
+        config_of(bad)
+
+
 @pytest.mark.parametrize("missing", ["token_embd.weight", "output_norm.weight", "blk.0.attn_q.bias"])
 def test_other_missing_tensors_are_named(tmp_path, missing):
     path = write_tiny_model(tmp_path / "m.gguf", arch="qwen2", omit_tensors=(missing,))

@@ -26,11 +26,11 @@ def test_linear_rope_scaling_applies_to_gemma3s_global_layers_only(tmp_path):
     )
     loaded = load_model(path, backend="numpy")
     try:
-        ropes = loaded.model.ropes
+        ropes = [layer.mixer.rope for layer in loaded.model.layers]
         assert [r.base for r in ropes] == [10000.0] * 5 + [1e6]
         assert all(r.freq_factors is None for r in ropes[:5])
         assert np.array_equal(ropes[5].freq_factors, np.full(16 // 2, 8.0, np.float32))  # head_dim 16
-        windows = [a.window for a in loaded.model.attentions]
+        windows = [layer.mixer.settings.window for layer in loaded.model.layers]
         assert windows == [16] * 5 + [None]
     finally:
         loaded.close()

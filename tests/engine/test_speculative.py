@@ -92,7 +92,7 @@ class WithDrafter(Speculation):
 
 def run(model, params, *, speculation=None, n_ctx=200, prompt=PROMPT, cancel_after=None, **kwargs):
     """Events of one answer, the cache tokens and the cache storage afterwards."""
-    cache = KVCache(model.backend, model.config, n_ctx)
+    cache = KVCache(model, n_ctx)
     cancel = threading.Event()
     events = []
     for event in generate(
@@ -354,7 +354,7 @@ def test_a_sampler_that_masks_tokens_decodes_plainly():
 
     model = PrefixModel()
     ref = reference_for(model, PARAMS["greedy"])
-    cache = KVCache(model.backend, model.config, 200)
+    cache = KVCache(model, 200)
     model.passes.clear()
     events = list(
         generate(

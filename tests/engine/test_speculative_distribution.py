@@ -84,7 +84,7 @@ def test_speculative_sampling_keeps_the_target_distribution(vocab, temperature, 
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=1.0, min_p=0.0, seed=1234)
     drafter = SampledDrafter(model, temperature, top_k, seed=5)
     speculation = Sampled(drafter, draft_tokens)
-    cache = KVCache(model.backend, model.config, 32)
+    cache = KVCache(model, 32)
     counts: dict[tuple, int] = {}
     drafted = accepted = 0
     for i in range(rounds):

@@ -1,0 +1,96 @@
+"""Self-attention as a block: q/k/v projections (with optional biases and q/k norms),
+rotary positions, attention over the layer's own state, and the output projection.
+
+The one attention every architecture shares. What tells families apart is data, set once
+per layer at load: the RoPE base and frequency divisors (`LayerRope`), the scale, window
+and soft-cap (`backends.base.LayerAttention`), and which optional tensors the file has.
+"""
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from backends.base import AttentionState, Backend, LayerAttention, PassInput
+from engine.config import ModelConfig
+from engine.models.block import Block, LayerReader, TensorSpec
+
+if TYPE_CHECKING:
+    from engine.models.common import Transformer
+
+QKV_BIAS = ("attn_q.bias", "attn_k.bias", "attn_v.bias")
+QK_NORM = ("attn_q_norm.weight", "attn_k_norm.weight")
+RING_SLACK = 1024
+"""Positions a windowed layer keeps beyond its window: the most new tokens one pass may
+write, and the most a rollback may forget, before the cache must read the text again
+(`engine.kv_cache.KVCache`). Answers regenerated or drafts rejected stay well within it."""
+
+
+@dataclass(frozen=True)
+class LayerRope:
+    """How one layer rotates its queries and keys."""
+
+    base: float
+    freq_factors: np.ndarray | None = None
+
+
+class Attention(Block):
+    """Grouped-query self-attention with rotary positions over one layer's KV state."""
+
+    TENSORS = (
+        TensorSpec("attn_q.weight", "wq", lambda c: (c.n_heads * c.head_dim, c.d_model)),
+        TensorSpec("attn_k.weight", "wk", lambda c: (c.n_kv_heads * c.head_dim, c.d_model)),
+        TensorSpec("attn_v.weight", "wv", lambda c: (c.n_kv_heads * c.value_head_dim, c.d_model)),
+        TensorSpec("attn_output.weight", "wo", lambda c: (c.d_model, c.n_heads * c.value_head_dim)),
+        TensorSpec("attn_q.bias", "bq", lambda c: (c.n_heads * c.head_dim,), optional=True),
+        TensorSpec("attn_k.bias", "bk", lambda c: (c.n_kv_heads * c.head_dim,), optional=True),
+        TensorSpec("attn_v.bias", "bv", lambda c: (c.n_kv_heads * c.value_head_dim,), optional=True),
+        TensorSpec("attn_q_norm.weight", "q_norm", lambda c: (c.head_dim,), optional=True),
+        TensorSpec("attn_k_norm.weight", "k_norm", lambda c: (c.head_dim,), optional=True),
+    )
+    wq: Any
+    wk: Any
+    wv: Any
+    wo: Any
+    bq: Any
+    bk: Any
+    bv: Any
+    q_norm: Any
+    k_norm: Any
+
+    def __init__(self, reader: LayerReader, model: "Transformer", index: int):
+        self.backend: Backend = reader.backend
+        self.config: ModelConfig = model.config
+        self.index = index
+        self.rope: LayerRope = model.layer_rope(index)
+        self.settings: LayerAttention = model.layer_attention(index)
+        self.read_tensors(reader)
+        self.qkv = self.backend.fuse_linear([self.wq, self.wk, self.wv])
+
+    def state(self, n_ctx: int) -> AttentionState:
+        """This layer's KV state for a context of `n_ctx` positions: all of them, or, for a
+        sliding window smaller than the context, a ring of the window and RING_SLACK more."""
+        cfg, window = self.config, self.settings.window
+        ring = window is not None and window + RING_SLACK - 1 < n_ctx
+        slots = window + RING_SLACK - 1 if ring and window is not None else n_ctx
+        return AttentionState(cfg.n_kv_heads, cfg.head_dim, cfg.value_head_dim, slots, window if ring else None)
+
+    def __call__(self, h: Any, p: PassInput) -> Any:
+        """Attend `h` (T, D) over the state, writing the new keys and values: (T, D)."""
+        be, cfg, n = self.backend, self.config, len(p.positions)
+        q, k, v = be.linear_fused(h, self.qkv, (self.bq, self.bk, self.bv))
+        q = q.reshape(n, cfg.n_heads, cfg.head_dim)  # (T, H, Dh)
+        k = k.reshape(n, cfg.n_kv_heads, cfg.head_dim)  # (T, Hkv, Dh)
+        v = v.reshape(n, cfg.n_kv_heads, cfg.value_head_dim)  # (T, Hkv, Dv)
+        if self.q_norm is not None:
+            q = be.rms_norm(q, self.q_norm, cfg.rms_eps)
+            k = be.rms_norm(k, self.k_norm, cfg.rms_eps)
+        q = be.rope(q, p.positions, self.rope.base, cfg.rope_dim, cfg.rope_neox, self.rope.freq_factors)
+        k = be.rope(k, p.positions, self.rope.base, cfg.rope_dim, cfg.rope_neox, self.rope.freq_factors)
+        if len(p.segments) == 1:
+            segment = p.segments[0]
+            out = be.attention(q, k, v, segment.state, self.index, segment.start, self.settings)  # (T, H * Dv)
+        else:  # one token of each sequence, each over its own state
+            states, starts = [s.state for s in p.segments], [s.start for s in p.segments]
+            out = be.attention_batch(q, k, v, states, self.index, starts, self.settings)  # (B, H * Dv)
+        return be.linear(out, self.wo)

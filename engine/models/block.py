@@ -1,0 +1,93 @@
+"""What every part of a layer shares: the tensors it reads, and reading them.
+
+A layer is built from blocks (`engine.models.attention.Attention`,
+`engine.models.mlp.DenseMLP`, the norms of `engine.models.layer.DecoderLayer`). Each
+block class lists the per-layer GGUF tensors it reads in `TENSORS`: their names after
+`blk.{i}.`, their attributes on the block, their shapes. That table is what the loader
+checks a file against before any weight is read (`check_layer_tensors`), and what the
+block reads its weights by (`LayerReader`).
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from backends.base import Backend, WeightSpec
+from engine.config import ModelConfig, bad_file, required_tensor
+from engine.gguf_file import GGUFFile, TensorInfo
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One per-layer GGUF tensor a block reads: its name after `blk.{i}.`, the block's
+    attribute that holds it, its shape, and whether every file has it."""
+
+    suffix: str
+    attribute: str
+    shape: Callable[[ModelConfig], tuple[int, ...]]  # (n_out, n_in) for matrices
+    optional: bool = False  # read where the file has it; a family may require it
+
+
+class Block:
+    """A part of a layer that owns its weights, read from its own tensors (`TENSORS`)."""
+
+    TENSORS: ClassVar[tuple[TensorSpec, ...]] = ()
+
+    def read_tensors(self, reader: "LayerReader") -> None:
+        """Set each attribute of `TENSORS` to its prepared weight, or None where an optional
+        tensor is absent."""
+        for spec in self.TENSORS:
+            setattr(self, spec.attribute, reader.weight(spec.suffix))
+
+
+class LayerReader:
+    """Prepares the weights of layer `index` of a file on a backend, counting them for the
+    loading progress (`on_weight(done, total)`, which may raise to cancel)."""
+
+    def __init__(self, model_file: GGUFFile, backend: Backend, on_weight: Callable[[int, int], None] | None = None):
+        self.file, self.backend, self.on_weight = model_file, backend, on_weight
+        self.prepared = 0
+        self.index = 0
+
+    def at(self, index: int) -> "LayerReader":
+        """This reader, reading layer `index` from now on."""
+        self.index = index
+        return self
+
+    def weight(self, suffix: str) -> Any:
+        """The prepared weight `blk.{index}.{suffix}`, or None if the file has no such tensor."""
+        name = f"blk.{self.index}.{suffix}"
+        return self.global_weight(name) if name in self.file.tensors else None
+
+    def global_weight(self, name: str) -> Any:
+        """The prepared weight `name` (a tensor outside the layers, or a whole name)."""
+        info = self.file.tensors[name]
+        weight = self.backend.prepare_weight(WeightSpec(name, info.data, info.ggml_type, info.shape))
+        self.prepared += 1
+        if self.on_weight is not None:
+            self.on_weight(self.prepared, len(self.file.tensors))
+        return weight
+
+
+def check_layer_tensors(
+    f: GGUFFile, config: ModelConfig, layer_blocks: Callable[[int], tuple[type[Block], ...]], required: tuple[str, ...]
+) -> None:
+    """Check that every layer has each tensor its blocks need (`required` names the optional
+    ones this architecture needs too) with the shape `config` implies, and that the tensors
+    it has beyond those have theirs. Raises ModelFileError naming the first one that does not."""
+    expected: dict[str, tuple[int, ...]] = {"output_norm.weight": (config.d_model,)}
+    if not config.tie_embeddings:
+        expected["output.weight"] = (config.vocab_size, config.d_model)
+    for name, shape in expected.items():
+        _check_shape(f, required_tensor(f, name), name, shape)
+    for layer in range(config.n_layers):  # stops at the first missing tensor, however many layers are claimed
+        for block in layer_blocks(layer):
+            for spec in block.TENSORS:
+                name = f"blk.{layer}.{spec.suffix}"
+                if name in f.tensors or not spec.optional or spec.suffix in required:
+                    _check_shape(f, required_tensor(f, name), name, spec.shape(config))
+
+
+def _check_shape(f: GGUFFile, info: TensorInfo, name: str, shape: tuple[int, ...]) -> None:
+    if info.shape != shape:
+        bad_file(f, f"the tensor {name!r} has shape {info.shape}, but the metadata implies {shape}")

@@ -1,0 +1,34 @@
+"""The dense feed-forward block: a gated MLP, act(x W_gate) * (x W_up), then W_down."""
+
+from typing import TYPE_CHECKING, Any
+
+from backends.base import Backend, PassInput
+from engine.models.block import Block, LayerReader, TensorSpec
+
+if TYPE_CHECKING:
+    from engine.models.common import Transformer
+
+
+class DenseMLP(Block):
+    """A gated MLP (SwiGLU, or GELU-gated for Gemma) over every row."""
+
+    TENSORS = (
+        TensorSpec("ffn_gate.weight", "w_gate", lambda c: (c.d_ff, c.d_model)),
+        TensorSpec("ffn_up.weight", "w_up", lambda c: (c.d_ff, c.d_model)),
+        TensorSpec("ffn_down.weight", "w_down", lambda c: (c.d_model, c.d_ff)),
+    )
+    w_gate: Any
+    w_up: Any
+    w_down: Any
+
+    def __init__(self, reader: LayerReader, model: "Transformer", index: int):
+        self.backend: Backend = reader.backend
+        self.activation = model.config.activation
+        self.read_tensors(reader)
+        self.gate_up = self.backend.fuse_linear([self.w_gate, self.w_up])
+
+    def __call__(self, h: Any, p: PassInput) -> Any:
+        """The MLP of `h` (T, D): (T, D)."""
+        be = self.backend
+        gate, up = be.linear_fused(h, self.gate_up, (None, None))  # (T, F) each
+        return be.linear(be.gated_activation(gate, up, self.activation), self.w_down)
