@@ -15,15 +15,11 @@ from pathlib import Path
 
 import gguf
 
-from backends.numpy_backend import available_memory_bytes, default_cache_budget
+from backends.memory import Footprint, available_memory_bytes
+from backends.selection import entry
 from engine.bundled import bundled_models
 from engine.gguf_file import GGUFFile, open_gguf
 from engine.models import read_config
-
-# Beyond weights and KV cache: tokenizer, Python, Qt and the kernels' buffers. Measured on
-# Linux with SmolLM2 on the cpu backend: 315 MB resident over a bare `import engine` for a
-# 98 MB file (Gemma's 262k-token vocabulary adds more).
-RUNTIME_OVERHEAD = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -50,31 +46,25 @@ class ModelInfo:
     kv_bytes_per_token: int  # float32 keys and values of every layer, for one position
     vocabulary: dict = field(default_factory=dict, compare=False, repr=False)  # its tokenizer.ggml.* metadata
 
+    @property
+    def footprint(self) -> Footprint:
+        """The sizes a backend's memory rule works from."""
+        return Footprint(self.file_size, self.weight_bytes_f32, self.kv_bytes_per_token, self.context_length)
+
     def memory_needed(self, n_ctx: int, backend: str = "numpy") -> int:
-        """Bytes a load on `backend` needs with a KV cache of `n_ctx` positions: NumPy holds
-        float32 weights; the others keep them as they are in the file, plus a fixed overhead."""
-        kv = self.kv_bytes_per_token * min(n_ctx, self.context_length)
-        if backend == "numpy":
-            return self.weight_bytes_f32 + kv
-        return self.file_size + kv + RUNTIME_OVERHEAD
+        """Bytes a load on `backend` needs with a KV cache of `n_ctx` positions, by that
+        backend's memory rule (`backends.memory`)."""
+        return entry(backend).memory_rule.needed(self.footprint, n_ctx)
 
     def can_run(self, n_ctx: int, available: int) -> bool:
         """Whether the file's pages and the KV cache fit in `available` bytes at all."""
-        return self.file_size + self.kv_bytes_per_token * min(n_ctx, self.context_length) <= available
+        return self.file_size + self.footprint.kv_bytes(n_ctx) <= available
 
     def memory_verdict(self, n_ctx: int, available: int, backend: str = "numpy") -> tuple[bool, str]:
         """(fits, sentence) comparing the memory needed on `backend` with `available` bytes."""
-        needed = self.memory_needed(n_ctx, backend)
-        text = f"needs {format_bytes(needed)} of {format_bytes(available)} available"
-        if backend != "numpy":  # weights are read where they lie in the file
-            if needed <= available:
-                return True, text
-            return False, text + ": it will not fit; choose a smaller model or a shorter context"
-        if needed <= default_cache_budget(available):  # cached whole by the NumPy backend
-            return True, text
-        if self.can_run(n_ctx, available):
-            return False, text + ": it will run, slowly, dequantizing weights on every step"
-        return False, text + ": it will not fit; choose a smaller model or a shorter context"
+        plan = entry(backend).memory_rule.plan(self.footprint, n_ctx, available)
+        text = f"needs {format_bytes(plan.needed)} of {format_bytes(available)} available"
+        return plan.fits, f"{text}: {plan.caveat}" if plan.caveat else text
 
 
 def format_bytes(n: int) -> str:

@@ -24,9 +24,11 @@ same numbers. `argmax` and `device_tokens` let greedy decoding keep tokens on a 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
+
+from backends.memory import MAPPED_WEIGHTS, MemoryRule
 
 Tensor = Any
 """A backend-owned activation. Only the backend that made it may read it."""
@@ -170,6 +172,9 @@ class Backend(ABC):
     """A compute backend: prepares weights once, then runs the op set on its own tensors."""
 
     name: str = "abstract"
+    memory_rule: ClassVar[MemoryRule] = MAPPED_WEIGHTS
+    """What a model needs in memory on this backend (`backends.memory`): by default the
+    file's mapped pages, the KV cache and a fixed overhead."""
     device_tokens: bool = False
     """Whether `argmax` leaves the token on the device, and one-token passes take it there,
     so greedy decoding can queue the next step before reading a token back (MLX)."""

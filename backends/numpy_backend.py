@@ -14,23 +14,12 @@ from itertools import pairwise
 from typing import Any
 
 import numpy as np
-import psutil
 
 from backends.base import AttentionState, Backend, LayerAttention, LayerState, RecurrentState, WeightSpec
 from backends.dequant import dequantize, dequantize_rows
+from backends.memory import DEQUANTIZED_WEIGHTS, available_memory_bytes, default_cache_budget
 
 _STREAM_CHUNK_BYTES = 64 << 20  # float32 bytes dequantized at once for an uncached matrix
-CACHE_FRACTION = 0.5  # of the memory available when the backend starts
-
-
-def available_memory_bytes() -> int:
-    """Memory the OS could give us now."""
-    return psutil.virtual_memory().available
-
-
-def default_cache_budget(available: int) -> int:
-    """How much of `available` memory the dequantization cache may fill by default."""
-    return int(available * CACHE_FRACTION)
 
 
 class DequantCache:
@@ -140,6 +129,7 @@ class NumpyBackend(Backend):
     """Runs every op with NumPy on the CPU, in float32."""
 
     name = "numpy"
+    memory_rule = DEQUANTIZED_WEIGHTS
 
     def __init__(self, memory_budget_bytes: int | None = None):
         if memory_budget_bytes is None:

@@ -2,103 +2,139 @@
 
 A GPU that is silently not used is the most common complaint about desktop LLM apps,
 so `select` returns a reason for every backend it did not pick, and the GUI shows them.
+
+`REGISTRY` lists every backend, fastest first, as an entry that can start it or say why
+it cannot, and that carries its memory rule so the app can estimate a model's needs
+without starting anything. CUDA is an entry like the others; this version has no CUDA
+kernels yet, and its entry says so, with what else it found.
 """
 
+import ctypes.util
 import importlib.util
 import platform
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from backends import cpu_native
 from backends.base import Backend
 from backends.errors import BackendUnavailable
+from backends.memory import DEQUANTIZED_WEIGHTS, MAPPED_WEIGHTS, MemoryRule
 from backends.numpy_backend import NumpyBackend
 
-PREFERENCES = ("auto", "cpu", "numpy", "mlx", "cuda")
 _CPU_SIDE = ("cpu", "numpy")
+
+
+@dataclass(frozen=True)
+class BackendEntry:
+    """One backend: its name, its memory rule, how to start it (`start(preference, threads)`
+    returns it, or raises BackendUnavailable saying why not), and a cheap guess, starting
+    nothing, of whether `auto` would take it here."""
+
+    name: str
+    memory_rule: MemoryRule
+    start: Callable[[str, int | None], Backend]
+    likely: Callable[[], bool]
 
 
 def _is_apple_silicon() -> bool:
     return platform.system() == "Darwin" and platform.machine() == "arm64"
 
 
-def _mlx(preference: str) -> tuple[Backend | None, str]:
-    """The MLX backend if `preference` lets it run here, else None; and why it was not used.
+def _start_cuda(preference: str, threads: int | None) -> Backend:
+    """Sprig has no CUDA kernels yet: always why not, with what this machine has."""
+    pycuda = "installed" if importlib.util.find_spec("pycuda") else "not installed"
+    driver = "found" if ctypes.util.find_library("cuda") else "not found"
+    raise BackendUnavailable(
+        f"cuda: this version of Sprig has no CUDA backend yet (pycuda {pycuda}, NVIDIA driver {driver})"
+    )
+
+
+def _start_mlx(preference: str, threads: int | None) -> Backend:
+    """The MLX backend if `preference` lets it run here.
 
     Outside Apple silicon MLX computes on the CPU, more slowly than NumPy, so "auto" passes
     it over there; naming it ("mlx") still gives it.
     """
     if importlib.util.find_spec("mlx") is None:
-        return None, "mlx: the mlx package is not installed (pip install 'sprig[mlx]')"
+        raise BackendUnavailable("mlx: the mlx package is not installed (pip install 'sprig[mlx]')")
     if preference == "auto" and not _is_apple_silicon():
         where = f"{platform.system()} {platform.machine()}"
-        return None, (
+        raise BackendUnavailable(
             f"mlx: not Apple silicon ({where}: MLX runs on the CPU there, slower than NumPy; "
             "choose it explicitly to use it)"
         )
     if preference in _CPU_SIDE:
-        return None, f"mlx: not chosen (the {preference} backend was asked for)"
+        raise BackendUnavailable(f"mlx: not chosen (the {preference} backend was asked for)")
     try:
         from backends.mlx_backend import MLXBackend
 
-        return MLXBackend(), ""
+        return MLXBackend()
     except (ImportError, OSError, RuntimeError) as exc:
-        return None, f"mlx: MLX is installed but does not start here ({exc})"
+        raise BackendUnavailable(f"mlx: MLX is installed but does not start here ({exc})") from exc
 
 
-def _cuda_unavailable_reason() -> str:
-    """Why CUDA cannot be used here."""
-    if importlib.util.find_spec("pycuda") is None:
-        return "cuda: pycuda is not installed (pip install 'sprig[cuda]')"
-    return "cuda: Sprig's CUDA backend is not part of this version yet"
-
-
-def _cpu(preference: str, threads: int | None) -> tuple[Backend | None, str]:
-    """The native CPU backend unless `preference` names NumPy; and why it was not used."""
+def _start_cpu(preference: str, threads: int | None) -> Backend:
+    """The native CPU backend unless `preference` names NumPy."""
     if preference == "numpy":
-        return None, "cpu: not chosen (the numpy backend was asked for)"
-    try:
-        from backends.cpu_backend import CpuBackend
+        raise BackendUnavailable("cpu: not chosen (the numpy backend was asked for)")
+    from backends.cpu_backend import CpuBackend
 
-        return CpuBackend(threads), ""
-    except BackendUnavailable as exc:
-        return None, str(exc)
+    return CpuBackend(threads)
+
+
+def _mlx_likely() -> bool:
+    return _is_apple_silicon() and importlib.util.find_spec("mlx") is not None
+
+
+def _cpu_likely() -> bool:
+    try:
+        return bool(cpu_native.runnable_tiers())
+    except BackendUnavailable:
+        return False
+
+
+REGISTRY: tuple[BackendEntry, ...] = (
+    BackendEntry("cuda", MAPPED_WEIGHTS, _start_cuda, lambda: False),
+    BackendEntry(
+        "mlx", MAPPED_WEIGHTS, _start_mlx, lambda: _is_apple_silicon() and bool(importlib.util.find_spec("mlx"))
+    ),
+    BackendEntry("cpu", MAPPED_WEIGHTS, _start_cpu, _cpu_likely),
+    BackendEntry("numpy", DEQUANTIZED_WEIGHTS, lambda preference, threads: NumpyBackend(), lambda: True),
+)
+PREFERENCES = ("auto", *(entry.name for entry in REGISTRY))
+
+
+def entry(name: str) -> BackendEntry:
+    """The registry entry of the backend `name`."""
+    for candidate in REGISTRY:
+        if candidate.name == name:
+            return candidate
+    raise BackendUnavailable(f"unknown backend {name!r}; choose one of {', '.join(PREFERENCES)}")
 
 
 def planned_backend(preference: str) -> str:
     """The name of the backend `select(preference)` would start, without starting it (the
-    model picker estimates memory with it)."""
+    model picker estimates memory with its rule)."""
     if preference != "auto":
         return preference
-    if _is_apple_silicon() and importlib.util.find_spec("mlx") is not None:
-        return "mlx"
-    try:
-        cpu_native.runnable_tiers()
-    except BackendUnavailable:
-        return "numpy"
-    return "cpu"
+    return next(candidate.name for candidate in REGISTRY if candidate.likely())
 
 
 def select(preference: str = "auto", threads: int | None = None) -> tuple[Backend, list[str]]:
     """Return a ready backend for `preference` and the reasons the others were passed over.
 
-    "auto" takes the first of CUDA, MLX (on Apple silicon only), the native CPU kernels
-    and NumPy that can run; NumPy always can. Naming a backend that cannot run raises
-    BackendUnavailable with the reason. `threads` is the cpu backend's thread count
-    (default: the physical cores).
+    "auto" takes the first entry of REGISTRY that can run (MLX on Apple silicon only);
+    NumPy always can. Naming a backend that cannot run raises BackendUnavailable with the
+    reason. `threads` is the cpu backend's thread count (default: the physical cores).
     """
-    if preference not in PREFERENCES:
-        raise BackendUnavailable(f"unknown backend {preference!r}; choose one of {', '.join(PREFERENCES)}")
-    reasons = [_cuda_unavailable_reason()]
-    if preference == "cuda":
-        raise BackendUnavailable(reasons[0])
-    mlx, why_not_mlx = _mlx(preference)
-    if mlx is not None:
-        return mlx, reasons
-    if preference == "mlx":
-        raise BackendUnavailable(why_not_mlx)
-    reasons.append(why_not_mlx)
-    cpu, why_not_cpu = _cpu(preference, threads)
-    if cpu is not None:
-        return cpu, reasons
-    if preference == "cpu":
-        raise BackendUnavailable(why_not_cpu)
-    return NumpyBackend(), [*reasons, why_not_cpu]
+    if preference != "auto":
+        entry(preference)  # an unknown name is refused first
+    reasons: list[str] = []
+    for candidate in REGISTRY:  # each start refuses a preference that passes it over, saying so
+        try:
+            return candidate.start(preference, threads), reasons
+        except BackendUnavailable as exc:
+            if preference == candidate.name:
+                raise
+            reasons.append(str(exc))
+    raise AssertionError("unreachable: the NumPy backend always starts")

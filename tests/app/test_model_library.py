@@ -5,8 +5,9 @@ from pathlib import Path
 import gguf
 import pytest
 
+from backends.memory import RUNTIME_OVERHEAD
 from app.model_library import (
-    RUNTIME_OVERHEAD, LibraryEntry, ModelInfo, format_bytes, format_parameters, library_entries, read_model_info,
+    LibraryEntry, ModelInfo, format_bytes, format_parameters, library_entries, read_model_info,
 )
 from engine.bundled import bundled_model
 from engine.errors import ModelFileError, UnsupportedModelError

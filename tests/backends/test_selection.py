@@ -1,0 +1,63 @@
+"""The backend registry: every backend is an entry that starts or says why not, with the
+memory rule the app estimates by."""
+
+import importlib.util
+
+import pytest
+
+from backends.errors import BackendUnavailable
+from backends.memory import DEQUANTIZED_WEIGHTS, MAPPED_WEIGHTS, RUNTIME_OVERHEAD, Footprint
+from backends.numpy_backend import NumpyBackend
+from backends.selection import PREFERENCES, REGISTRY, entry, planned_backend, select
+
+
+def test_every_backend_the_settings_offer_is_an_entry_cuda_included():
+    assert [e.name for e in REGISTRY] == ["cuda", "mlx", "cpu", "numpy"]
+    assert PREFERENCES == ("auto", "cuda", "mlx", "cpu", "numpy")
+
+
+def test_cuda_says_why_it_cannot_run_and_what_it_found():
+    with pytest.raises(BackendUnavailable, match=r"^cuda: .*no CUDA backend yet \(pycuda (not )?installed, NVIDIA driver (not )?found\)"):
+        select("cuda")
+    _, reasons = select("auto")
+    assert reasons[0].startswith("cuda: ") and "no CUDA backend yet" in reasons[0]
+
+
+def test_an_unknown_backend_is_refused_by_name():
+    with pytest.raises(BackendUnavailable, match=r"unknown backend 'tpu'.*auto, cuda, mlx, cpu, numpy"):
+        select("tpu")
+
+
+def test_auto_plans_the_backend_it_starts():
+    backend, _ = select("auto")
+    try:
+        assert planned_backend("auto") == backend.name
+    finally:
+        backend.close()
+
+
+def test_each_backend_owns_the_rule_its_entry_gives_the_app():
+    assert NumpyBackend.memory_rule is entry("numpy").memory_rule is DEQUANTIZED_WEIGHTS
+    from backends.cpu_backend import CpuBackend
+
+    assert CpuBackend.memory_rule is entry("cpu").memory_rule is MAPPED_WEIGHTS
+    if importlib.util.find_spec("mlx") is None:
+        print("mlx is not installed: its class's rule is not compared")
+        return
+    from backends.mlx_backend import MLXBackend
+
+    assert MLXBackend.memory_rule is entry("mlx").memory_rule
+
+
+def test_memory_rules_worked_by_hand():
+    model = Footprint(file_bytes=100_000_000, f32_weight_bytes=400_000_000, kv_bytes_per_position=1000, context_length=2048)
+    # the cpu rule: the mapped file, the KV cache (at most the model's context) and the overhead
+    assert MAPPED_WEIGHTS.needed(model, 4096) == 100_000_000 + 2048 * 1000 + RUNTIME_OVERHEAD
+    plan = MAPPED_WEIGHTS.plan(model, 1000, available=300_000_000)
+    assert (plan.fits, plan.runs) == (False, True) and "will not fit" in plan.caveat
+    # NumPy: float32 copies within half the memory available, else dequantized on every step
+    assert DEQUANTIZED_WEIGHTS.needed(model, 1000) == 400_000_000 + 1_000_000
+    assert DEQUANTIZED_WEIGHTS.plan(model, 1000, available=900_000_000).fits
+    slow = DEQUANTIZED_WEIGHTS.plan(model, 1000, available=500_000_000)
+    assert (slow.fits, slow.runs) == (False, True) and "slowly" in slow.caveat
+    assert not DEQUANTIZED_WEIGHTS.plan(model, 1000, available=50_000_000).runs
