@@ -12,8 +12,8 @@ Every op is a tuple (see module.c) that runs at once. `compile_forward` instead 
 forward pass over a fixed number of new tokens (one for decoding, up to MAX_STEP_TOKENS
 for a speculative draft's verification) once, with stand-in tensors, into a list of such
 tuples over one preallocated arena, and replays it in C: one call per pass, no Python per
-op. A pass is recorded once per model, number of tokens and shape of KV storage; each call
-binds it to the caller's storages, so a new conversation (a new storage) replays the passes
+op. A pass is recorded once per model, number of tokens and layout of state (`CpuState`); each call
+binds it to the caller's state arenas, so a new conversation (a new state) replays the passes
 the last one recorded.
 """
 
@@ -25,7 +25,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, quants
 
 from backends import cpu_native
-from backends.base import Backend, LayerAttention, WeightSpec
+from backends.base import AttentionState, Backend, LayerAttention, LayerState, RecurrentState, WeightSpec
 from backends.dequant import block_size, dequantize
 from backends.errors import TensorDataError
 
@@ -74,22 +74,52 @@ class CpuMatrix:
         return (self.raw, self.ggml_type, self.rows, self.cols, None, None)
 
 
-class CpuKV:
-    """KV cache storage: keys (L, Hkv, N, Dh) and values (L, Hkv, N, Dv), float32."""
+class CpuState:
+    """One sequence's per-layer state in one float32 arena, 64-byte aligned.
 
-    def __init__(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int, value_dim: int):
-        self.k = np.zeros((n_layers, n_kv_heads, n_ctx, head_dim), dtype=np.float32)
-        self.v = np.zeros((n_layers, n_kv_heads, n_ctx, value_dim), dtype=np.float32)
+    Attention layer i has keys (Hkv, rows, Dh) and values (Hkv, rows, Dv) in `keys[i]` and
+    `values[i]`, views of the arena: rows = slots for a full layer (position p at row p),
+    2 * slots for a windowed ring, which is mirrored (position p at rows p % slots and
+    p % slots + slots; ops.c draws it). A recurrent layer's arrays are `arrays[i]`, zeros to
+    start with. Each block starts on a cache line. `shape` (the layers' layouts) keys the
+    recorded passes: states alike in it share them.
+    """
+
+    def __init__(self, layers: "list[LayerState]"):
+        self.layers = tuple(layers)
+        sizes = [[int(np.prod(shape)) for shape in _layer_shapes(layer)] for layer in self.layers]
+        self.arena = _aligned_zeros(sum(_lines(n) for layer in sizes for n in layer))
+        self.keys: list[np.ndarray | None] = []
+        self.values: list[np.ndarray | None] = []
+        self.arrays: list[tuple[np.ndarray, ...]] = []
+        at = 0
+        for layer, counts in zip(self.layers, sizes, strict=True):
+            views = []
+            for shape, n in zip(_layer_shapes(layer), counts, strict=True):
+                views.append(self.arena[at : at + n].reshape(shape))
+                at += _lines(n)
+            attention = isinstance(layer, AttentionState)
+            self.keys.append(views[0] if attention else None)
+            self.values.append(views[1] if attention else None)
+            self.arrays.append(() if attention else tuple(views))
 
     @property
-    def n_ctx(self) -> int:
-        """Positions the storage holds."""
-        return self.k.shape[2]
+    def shape(self) -> tuple[LayerState, ...]:
+        """The layers' layouts: states alike in them share recorded passes."""
+        return self.layers
 
-    @property
-    def shape(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """The shapes of keys and values: storages alike in them share recorded passes."""
-        return self.k.shape, self.v.shape
+
+def _layer_shapes(layer: LayerState) -> tuple[tuple[int, ...], ...]:
+    """The arrays one layer keeps: (keys, values), a ring's mirrored, or a recurrent layer's."""
+    if isinstance(layer, RecurrentState):
+        return layer.shapes
+    rows = 2 * layer.slots if layer.ring else layer.slots
+    return (layer.kv_heads, rows, layer.head_dim), (layer.kv_heads, rows, layer.value_dim)
+
+
+def _lines(n: int) -> int:
+    """n floats rounded up to whole cache lines."""
+    return -(-n // _ALIGN) * _ALIGN
 
 
 class _Slot:
@@ -141,7 +171,7 @@ class _Recorder:
         self.sizes: list[int] = []
 
     def new(self, shape: tuple[int, ...]) -> _Slot:
-        self.sizes.append(-(-int(np.prod(shape)) // _ALIGN) * _ALIGN)  # whole cache lines: aligned loads
+        self.sizes.append(_lines(int(np.prod(shape))))  # whole cache lines: aligned loads
         return _Slot(self, shape, len(self.sizes) - 1)
 
     def build(self, output: _Slot) -> tuple[list[tuple], np.ndarray]:
@@ -364,14 +394,16 @@ class CpuBackend(Backend):
             table = self._rope_tables[key] = np.ascontiguousarray(table)
         return table
 
-    def attention(self, q: Any, k: Any, v: Any, cache: CpuKV, layer: int, start: Any, settings: LayerAttention) -> Any:
+    def attention(
+        self, q: Any, k: Any, v: Any, cache: CpuState, layer: int, start: Any, settings: LayerAttention
+    ) -> Any:
         q, k, v = _contiguous(q), _contiguous(k), _contiguous(v)
         out = self._new((q.shape[0], q.shape[1] * v.shape[2]))  # (T, H * Dv)
         self._attend(q, k, v, out, cache, layer, start, settings)
         return out
 
     def attention_batch(
-        self, q: Any, k: Any, v: Any, caches: list[CpuKV], layer: int, starts: list[Any], settings: LayerAttention
+        self, q: Any, k: Any, v: Any, caches: list[CpuState], layer: int, starts: list[Any], settings: LayerAttention
     ) -> Any:
         q, k, v = _contiguous(q), _contiguous(k), _contiguous(v)
         out = self._new((q.shape[0], q.shape[1] * v.shape[2]))  # (B, H * Dv)
@@ -380,17 +412,21 @@ class CpuBackend(Backend):
         return out
 
     def _attend(
-        self, q: Any, k: Any, v: Any, out: Any, cache: CpuKV, layer: int, start: Any, settings: LayerAttention
+        self, q: Any, k: Any, v: Any, out: Any, cache: CpuState, layer: int, start: Any, settings: LayerAttention
     ) -> None:
-        """One attention op: q (T, H, Dh), k, v of one sequence at `start` on `cache`, into `out` (T, H * Dv)."""
+        """One attention op: q (T, H, Dh), k, v of one sequence at `start` on layer `layer` of
+        `cache`, into `out` (T, H * Dv)."""
         n_tokens, heads, head_dim = q.shape
         kv_heads, value_dim = k.shape[1], v.shape[2]
+        state = cache.layers[layer]
+        if not isinstance(state, AttentionState):
+            raise ValueError(f"layer {layer} keeps a recurrent state, not keys and values")
         pos = start if isinstance(start, np.ndarray) else np.array([start], dtype=np.int64)
         self._emit(
             OP_ATTN,
-            _bufs(a=q, b=k, c=v, out=out, pos=pos, kcache=cache.k[layer], vcache=cache.v[layer]),
+            _bufs(a=q, b=k, c=v, out=out, pos=pos, kcache=cache.keys[layer], vcache=cache.values[layer]),
             (),
-            (n_tokens, heads, kv_heads, head_dim, value_dim, cache.n_ctx, settings.window or 0),
+            (n_tokens, heads, kv_heads, head_dim, value_dim, state.slots, settings.window or 0, state.ring),
             (settings.scale, settings.softcap or 0.0),
         )
 
@@ -419,20 +455,31 @@ class CpuBackend(Backend):
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return np.asarray(x, dtype=np.float32)
 
-    # -- KV cache and the compiled decode step ---------------------------------------------
+    # -- per-layer state and the compiled passes --------------------------------------------
 
-    def allocate_kv(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int, value_dim: int) -> CpuKV:
-        return CpuKV(n_layers, n_ctx, n_kv_heads, head_dim, value_dim)
+    def allocate_state(self, layers: list[LayerState]) -> CpuState:
+        return CpuState(layers)
 
-    def kv_bytes(self, cache: CpuKV) -> int:
-        return cache.k.nbytes + cache.v.nbytes
+    def state_bytes(self, state: CpuState) -> int:
+        return state.arena.nbytes
 
-    def forget_kv(self, cache: CpuKV, start: int, end: int) -> None:
-        cache.k[:, :, start:end] = 0.0  # (L, Hkv, end - start, Dh)
-        cache.v[:, :, start:end] = 0.0  # (L, Hkv, end - start, Dv)
+    def forget(self, state: CpuState, start: int, end: int) -> None:
+        """Zero positions start .. end-1 of every attention layer: a ring's rows p % slots and
+        their mirrors (all of them if the span covers the ring). Recurrent layers are left
+        as they are: forgetting positions of them is the engine's business (see the contract)."""
+        for layer, keys, values in zip(state.layers, state.keys, state.values, strict=True):
+            if not isinstance(layer, AttentionState) or keys is None or values is None or end <= start:
+                continue
+            if not layer.ring:
+                rows: Any = slice(start, end)
+            else:
+                held = np.unique(np.arange(start, min(end, start + layer.slots)) % layer.slots)
+                rows = np.concatenate([held, held + layer.slots])
+            keys[:, rows] = 0.0  # (Hkv, rows, Dh)
+            values[:, rows] = 0.0  # (Hkv, rows, Dv)
 
     def compile_forward(
-        self, forward: Callable[[Any, Any, Any], Any], cache: CpuKV, n_tokens: int, owner: Any
+        self, forward: Callable[[Any, Any, Any], Any], cache: CpuState, n_tokens: int, owner: Any
     ) -> Callable[[Any, int], np.ndarray]:
         """Record `forward` (of the model `owner`) over `n_tokens` (at most MAX_STEP_TOKENS) new
         tokens once per shape of storage, then replay it in C on `cache` per call:
@@ -455,7 +502,7 @@ class CpuBackend(Backend):
         return step
 
     def compile_batch(
-        self, forward: Callable[[Any, Any, Any], Any], caches: list[CpuKV], owner: Any
+        self, forward: Callable[[Any, Any, Any], Any], caches: list[CpuState], owner: Any
     ) -> Callable[[Any, Any], np.ndarray]:
         """Record `forward` (of the model `owner`) over one new token of each of `caches` (a
         batch of sequences, each at its own position) once per batch size and shapes of
@@ -483,7 +530,7 @@ class CpuBackend(Backend):
         return dict(self._passes.get(owner, {}))
 
     def _recorded(
-        self, owner: Any, key: tuple, state_size: int, caches: list[CpuKV], forward: Callable[[np.ndarray], Any]
+        self, owner: Any, key: tuple, state_size: int, caches: list[CpuState], forward: Callable[[np.ndarray], Any]
     ) -> "_RecordedPass":
         """The pass `key` of `owner`, recorded now if it was not: `forward(state)` emits its ops
         reading positions and tokens from `state` (int64, `state_size`) and attending to
@@ -498,7 +545,7 @@ class CpuBackend(Backend):
             finally:
                 self._recorder = None
             ops, output_view = recorder.build(output)
-            graph = self.native.graph(ops, state, output_view, tuple((kv.k, kv.v) for kv in caches))
+            graph = self.native.graph(ops, state, output_view, tuple(cache.arena for cache in caches))
             ops[:] = [_without_kv(op) for op in ops]  # parsed: the graph keeps the list, not these storages
             recorded = passes[key] = _RecordedPass(self.native, graph, output_view.shape)
             self.recordings += 1
@@ -516,11 +563,11 @@ class _RecordedPass:
         self.native, self.graph, self.output_shape = native, graph, output_shape
         self.runs = 0
 
-    def run(self, state: np.ndarray, caches: list[CpuKV]) -> np.ndarray:
+    def run(self, state: np.ndarray, caches: list[CpuState]) -> np.ndarray:
         """Run with `state` (positions and tokens) on `caches`; the logits, a new array (the
         arena is reused by the next pass)."""
         out = np.empty(self.output_shape, dtype=np.float32)
-        self.native.graph_run(self.graph, state, out, tuple((kv.k, kv.v) for kv in caches))
+        self.native.graph_run(self.graph, state, out, tuple(cache.arena for cache in caches))
         self.runs += 1
         return out
 

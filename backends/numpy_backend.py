@@ -15,7 +15,7 @@ from itertools import pairwise
 import numpy as np
 import psutil
 
-from backends.base import Backend, LayerAttention, WeightSpec
+from backends.base import AttentionState, Backend, LayerAttention, LayerState, WeightSpec
 from backends.dequant import dequantize, dequantize_rows
 
 _STREAM_CHUNK_BYTES = 64 << 20  # float32 bytes dequantized at once for an uncached matrix
@@ -104,12 +104,25 @@ class JoinedWeights:
         self.bounds = bounds  # row where each part starts, then the total
 
 
-class NumpyKV:
-    """KV cache storage: keys (L, Hkv, N, Dh) and values (L, Hkv, N, Dv), float32."""
+class NumpyState:
+    """One sequence's per-layer state: attention layer i has keys (Hkv, slots, Dh) and
+    values (Hkv, slots, Dv) in `keys[i]` and `values[i]`, float32, position p at slot p, or
+    at slot p % slots for a windowed ring; a recurrent layer's arrays are `arrays[i]`."""
 
-    def __init__(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int, value_dim: int):
-        self.k = np.zeros((n_layers, n_kv_heads, n_ctx, head_dim), dtype=np.float32)
-        self.v = np.zeros((n_layers, n_kv_heads, n_ctx, value_dim), dtype=np.float32)
+    def __init__(self, layers: list[LayerState]):
+        self.layers = tuple(layers)
+        self.keys: list[np.ndarray | None] = []
+        self.values: list[np.ndarray | None] = []
+        self.arrays: list[tuple[np.ndarray, ...]] = []
+        for layer in self.layers:
+            if isinstance(layer, AttentionState):
+                self.keys.append(np.zeros((layer.kv_heads, layer.slots, layer.head_dim), dtype=np.float32))
+                self.values.append(np.zeros((layer.kv_heads, layer.slots, layer.value_dim), dtype=np.float32))
+                self.arrays.append(())
+            else:
+                self.keys.append(None)
+                self.values.append(None)
+                self.arrays.append(tuple(np.zeros(shape, dtype=np.float32) for shape in layer.shapes))
 
 
 class NumpyBackend(Backend):
@@ -202,20 +215,34 @@ class NumpyBackend(Backend):
         q: np.ndarray,
         k: np.ndarray,
         v: np.ndarray,
-        cache: NumpyKV,
+        cache: NumpyState,
         layer: int,
         start: int,
         settings: LayerAttention,
     ) -> np.ndarray:
+        """As the contract says. A ring layer's positions lie at slots p % slots: the new keys
+        and values are written there, and the visible ones gathered from there in order."""
         n_new, n_heads, head_dim = q.shape
         n_kv_heads = k.shape[1]
         group = n_heads // n_kv_heads
         end = start + n_new
-        cache.k[layer, :, start:end] = k.transpose(1, 0, 2)  # (Hkv, T, Dh)
-        cache.v[layer, :, start:end] = v.transpose(1, 0, 2)  # (Hkv, T, Dv)
+        state, layer_keys, layer_values = cache.layers[layer], cache.keys[layer], cache.values[layer]
+        if not isinstance(state, AttentionState) or layer_keys is None or layer_values is None:
+            raise ValueError(f"layer {layer} keeps a recurrent state, not keys and values")
         first = 0 if settings.window is None else max(0, start - settings.window + 1)
-        keys = cache.k[layer, :, first:end]  # (Hkv, S, Dh)
-        values = cache.v[layer, :, first:end]  # (Hkv, S, Dv)
+        where: slice | np.ndarray = slice(start, end)
+        visible: slice | np.ndarray = slice(first, end)
+        if state.ring:
+            if settings.window is None or settings.window + n_new - 1 > state.slots:
+                raise ValueError(
+                    f"a pass of {n_new} tokens over a window of {settings.window} does not fit layer {layer}'s "
+                    f"ring of {state.slots} slots: split it"
+                )
+            where, visible = np.arange(start, end) % state.slots, np.arange(first, end) % state.slots
+        layer_keys[:, where] = k.transpose(1, 0, 2)  # (Hkv, T, Dh)
+        layer_values[:, where] = v.transpose(1, 0, 2)  # (Hkv, T, Dv)
+        keys = layer_keys[:, visible]  # (Hkv, S, Dh)
+        values = layer_values[:, visible]  # (Hkv, S, Dv)
 
         # (T, H, Dh) -> (Hkv, group * T, Dh): the queries that share one KV head, stacked
         grouped: np.ndarray = q.reshape(n_new, n_kv_heads, group, head_dim).transpose(1, 2, 0, 3)
@@ -268,15 +295,23 @@ class NumpyBackend(Backend):
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return np.asarray(x, dtype=np.float32)
 
-    def allocate_kv(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int, value_dim: int) -> NumpyKV:
-        return NumpyKV(n_layers, n_ctx, n_kv_heads, head_dim, value_dim)
+    def allocate_state(self, layers: list[LayerState]) -> NumpyState:
+        return NumpyState(layers)
 
-    def kv_bytes(self, cache: NumpyKV) -> int:
-        return cache.k.nbytes + cache.v.nbytes
+    def state_bytes(self, state: NumpyState) -> int:
+        arrays = [a for a in state.keys + state.values if a is not None]
+        return sum(a.nbytes for a in arrays) + sum(a.nbytes for layer in state.arrays for a in layer)
 
-    def forget_kv(self, cache: NumpyKV, start: int, end: int) -> None:
-        cache.k[:, :, start:end] = 0.0  # (L, Hkv, end - start, Dh)
-        cache.v[:, :, start:end] = 0.0  # (L, Hkv, end - start, Dv)
+    def forget(self, state: NumpyState, start: int, end: int) -> None:
+        """Zero positions start .. end-1 of every attention layer (a ring's at slots p % slots).
+        Recurrent layers are left as they are: forgetting positions of them is the engine's
+        business (see the contract)."""
+        for layer, keys, values in zip(state.layers, state.keys, state.values, strict=True):
+            if not isinstance(layer, AttentionState) or keys is None or values is None:
+                continue
+            rows = np.arange(start, end) % layer.slots if layer.ring else slice(start, end)
+            keys[:, rows] = 0.0  # (Hkv, end - start, Dh)
+            values[:, rows] = 0.0  # (Hkv, end - start, Dv)
 
     def close(self) -> None:
         self.cache.clear()

@@ -16,7 +16,7 @@ What must hold:
 - the compiled decode step (recorded once, replayed in C) gives exactly the op-by-op
   pass's logits, and so does a compiled pass over several tokens (a speculative draft's
   verification); a batch of 2-16 tokens gives exactly the logits of feeding them one by one;
-  a pass recorded on one KV storage replays on another of the same shape, there alone.
+  a pass recorded on one state replays on another of the same layout, there alone.
 """
 
 import gc
@@ -145,8 +145,7 @@ def test_a_compiled_pass_over_several_tokens_equals_the_op_by_op_pass(pair, batc
         )
         np.testing.assert_array_equal(a, b)
     assert model.backend.passes(model.model)[("tokens", batch, compiled.storage.shape)].runs >= 2
-    np.testing.assert_array_equal(compiled.storage.k, eager.storage.k)
-    np.testing.assert_array_equal(compiled.storage.v, eager.storage.v)
+    np.testing.assert_array_equal(compiled.storage.arena, eager.storage.arena)  # every layer's keys and values
 
 
 def test_a_compiled_pass_takes_at_most_sixteen_tokens(pair):
@@ -191,16 +190,15 @@ def test_a_pass_recorded_on_one_storage_serves_another_of_the_same_shape(pair, n
         model.model.forward(np.asarray(second), 0, cache.storage)
     tail = np.asarray(pair.greedy["cpu"][1][:n_tokens])
     model.model.forward(tail, len(first), one.storage, all_logits=True)  # records the pass (or replays it)
-    kept_k, kept_v = one.storage.k.copy(), one.storage.v.copy()
+    kept = one.storage.arena.copy()
     recordings = model.backend.recordings
     replayed = model.model.forward(tail, len(second), other.storage, all_logits=True)  # (n_tokens, vocab)
     eager = model.model.logits(tail, np.arange(len(second), len(second) + n_tokens), len(second), reference.storage,
                                all_logits=True)
     assert model.backend.recordings == recordings  # nothing recorded for the second storage
     np.testing.assert_array_equal(replayed, model.backend.to_host(eager)[-n_tokens:])
-    np.testing.assert_array_equal(other.storage.k, reference.storage.k)  # its keys went to its own storage...
-    np.testing.assert_array_equal(one.storage.k, kept_k)  # ...and the first storage was left alone
-    np.testing.assert_array_equal(one.storage.v, kept_v)
+    np.testing.assert_array_equal(other.storage.arena, reference.storage.arena)  # its keys went to its own state...
+    np.testing.assert_array_equal(one.storage.arena, kept)  # ...and the first state was left alone
 
 
 def test_a_recorded_pass_refuses_a_storage_of_another_size(pair):
@@ -210,7 +208,7 @@ def test_a_recorded_pass_refuses_a_storage_of_another_size(pair):
     recorded = model.backend.passes(model.model)[("tokens", 1, cache.storage.shape)]
     state, out = np.zeros(2, dtype=np.int64), np.empty((1, model.config.vocab_size), dtype=np.float32)
     with pytest.raises(ValueError, match="differs in size"):
-        model.backend.native.graph_run(recorded.graph, state, out, ((smaller.storage.k, smaller.storage.v),))
+        model.backend.native.graph_run(recorded.graph, state, out, (smaller.storage.arena,))
 
 
 def test_a_recorded_pass_does_not_keep_the_storage_it_was_recorded_on(pair):
@@ -218,7 +216,7 @@ def test_a_recorded_pass_does_not_keep_the_storage_it_was_recorded_on(pair):
     cache = model.new_cache(11)  # a shape no other test records on
     model.model.forward(np.asarray(pair.prompts[0][:1]), 0, cache.storage)  # records the one-token pass
     assert ("tokens", 1, cache.storage.shape) in model.backend.passes(model.model)
-    keys = weakref.ref(cache.storage.k)
+    keys = weakref.ref(cache.storage.arena)
     del cache
     gc.collect()
     assert keys() is None  # a dropped conversation's KV memory is freed
