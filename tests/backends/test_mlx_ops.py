@@ -181,6 +181,36 @@ def test_attention_of_a_compiled_step_reads_a_fixed_span(window, softcap, span, 
         np.testing.assert_allclose(host(ours), reference, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("softcap", [None, 5.0])
+def test_a_ring_layer_matches_a_full_length_one_eager_and_compiled(softcap, mlx_backend, numpy_backend):
+    """A ring of 5 slots with a window of 3 (passes of up to 3 tokens): a prefill chunk of 3,
+    then passes of 2, then compiled one-token steps (StepStart), against NumPy's full-length
+    layer; the compiled step writes the ring through mx.compile's captured state."""
+    rng = np.random.default_rng(14)
+    q, k, v = (rng.standard_normal((20, heads, dim)).astype(np.float32) for heads, dim in ((4, 8), (2, 8), (2, 6)))
+    settings = LayerAttention(scale=0.3, window=3, softcap=softcap)
+    ring = mlx_backend.allocate_state([AttentionState(2, 8, 6, slots=5, window=3)])
+    full = numpy_backend.allocate_state([AttentionState(2, 8, 6, slots=20)])
+    ours, reference = [], []
+    for start, end in ((0, 3), (3, 5), (5, 7), (7, 9)):
+        ours.append(mlx_backend.attention(mx.array(q[start:end]), mx.array(k[start:end]), mx.array(v[start:end]),
+                                          ring, 0, start, settings))
+        reference.append(numpy_backend.attention(q[start:end], k[start:end], v[start:end], full, 0, start, settings))
+
+    def step(q1, k1, v1, position):
+        return mlx_backend.attention(q1, k1, v1, ring, 0, StepStart(position, 16), settings)
+
+    compiled = mx.compile(step, inputs=ring.state, outputs=ring.state)
+    for t in range(9, 20):
+        ours.append(compiled(mx.array(q[t:t + 1]), mx.array(k[t:t + 1]), mx.array(v[t:t + 1]),
+                             mx.array([t], dtype=mx.int32)))
+        reference.append(numpy_backend.attention(q[t:t + 1], k[t:t + 1], v[t:t + 1], full, 0, t, settings))
+    np.testing.assert_allclose(np.concatenate([host(o) for o in ours]), np.concatenate(reference),
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="split it"):
+        mlx_backend.attention(mx.array(q[:4]), mx.array(k[:4]), mx.array(v[:4]), ring, 0, 0, settings)
+
+
 @pytest.mark.parametrize("kind", ["silu", "gelu_tanh"])
 def test_gated_activations_match_numpy(kind, mlx_backend, numpy_backend):
     rng = np.random.default_rng(11)
