@@ -8,24 +8,20 @@ quantized in groups of 32 (once, shared by q/k/v and by gate/up): to int16 codes
 Q1_0 to 12-bit codes and their lookup tables. Types without a kernel are converted once at
 load to Q8_0 and the load notes say so.
 
-Every op is a tuple (see module.c) that runs at once. `compile_forward` instead records a
-forward pass over a fixed number of new tokens (one for decoding, up to MAX_STEP_TOKENS
-for a speculative draft's verification) once, with stand-in tensors, into a list of such
-tuples over one preallocated arena, and replays it in C: one call per pass, no Python per
-op. A pass is recorded once per model, number of tokens and shape of KV storage; each call
-binds it to the caller's storages, so a new conversation (a new storage) replays the passes
-the last one recorded.
+Every op is a tuple (see module.c) that runs at once, unless a pass is being recorded:
+the backend's runner (`backends/cpu_runner.py`) records short passes (decoding, a
+speculative draft's verification, a batched step) once per model and layout of state
+(`CpuState`), and replays them in C, one call per pass.
 """
 
-import weakref
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType, quants
 
 from backends import cpu_native
-from backends.base import Backend, LayerAttention, WeightSpec
+from backends.base import AttentionState, Backend, Forward, LayerAttention, LayerState, RecurrentState, WeightSpec
+from backends.cpu_runner import Recorder, RecordingRunner, Slot, StepInput, aligned_zeros, lines
 from backends.dequant import block_size, dequantize
 from backends.errors import TensorDataError
 
@@ -49,8 +45,6 @@ NATIVE_TYPES = frozenset(
 )
 _ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 _Q8_0 = GGMLQuantizationType.Q8_0
-_ALIGN = 16  # floats: recorded buffers start on 64-byte cache lines
-MAX_STEP_TOKENS = 16  # the most new tokens a compiled pass takes
 
 
 def _bufs(a=None, b=None, c=None, out=None, ids=None, pos=None, table=None, kcache=None, vcache=None) -> tuple:
@@ -74,149 +68,53 @@ class CpuMatrix:
         return (self.raw, self.ggml_type, self.rows, self.cols, None, None)
 
 
-class CpuKV:
-    """KV cache storage: keys (L, Hkv, N, Dh) and values (L, Hkv, N, Dv), float32."""
+class CpuState:
+    """One sequence's per-layer state in one float32 arena, 64-byte aligned.
 
-    def __init__(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int, value_dim: int):
-        self.k = np.zeros((n_layers, n_kv_heads, n_ctx, head_dim), dtype=np.float32)
-        self.v = np.zeros((n_layers, n_kv_heads, n_ctx, value_dim), dtype=np.float32)
-
-    @property
-    def n_ctx(self) -> int:
-        """Positions the storage holds."""
-        return self.k.shape[2]
-
-    @property
-    def shape(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """The shapes of keys and values: storages alike in them share recorded passes."""
-        return self.k.shape, self.v.shape
-
-
-class _Slot:
-    """A stand-in activation while a pass is recorded: a buffer of the arena, or its rows
-    from `offset` (floats) on."""
-
-    def __init__(self, recorder: "_Recorder", shape: tuple[int, ...], buffer: int, offset: int = 0):
-        self.recorder, self.shape, self.buffer, self.offset = recorder, shape, buffer, offset
-
-    def reshape(self, *shape: int) -> "_Slot":
-        """The same buffer with another shape (as NumPy's reshape of a contiguous array)."""
-        assert int(np.prod(shape)) == int(np.prod(self.shape)), (shape, self.shape)
-        return _Slot(self.recorder, tuple(shape), self.buffer, self.offset)
-
-    def row(self, b: int) -> "_Slot":
-        """Row b, as x[b : b + 1] of an array."""
-        size = int(np.prod(self.shape[1:]))
-        return _Slot(self.recorder, (1, *self.shape[1:]), self.buffer, self.offset + b * size)
-
-    def __len__(self) -> int:
-        return self.shape[0]
-
-    def __getitem__(self, index: slice) -> "_Slot":
-        assert index == slice(-1, None) and self.shape[0] == 1, index  # x[-1:] of a one-token step
-        return self
-
-
-class _StepInput:
-    """The tokens or the positions of a compiled pass: a view of its recorded state array.
-
-    The positions of one sequence's new tokens stand in as the first one (`view`, one
-    element) and their count (`length`): the kernels take consecutive positions from the
-    first. A batch of sequences has a position per row (`per_row`, `view` holds all).
+    Attention layer i has keys (Hkv, rows, Dh) and values (Hkv, rows, Dv) in `keys[i]` and
+    `values[i]`, views of the arena: rows = slots for a full layer (position p at row p),
+    2 * slots for a windowed ring, which is mirrored (position p at rows p % slots and
+    p % slots + slots; ops.c draws it). A recurrent layer's arrays are `arrays[i]`, zeros to
+    start with. Each block starts on a cache line. `shape` (the layers' layouts) keys the
+    recorded passes: states alike in it share them.
     """
 
-    def __init__(self, view: np.ndarray, length: int, per_row: bool = False):
-        self.view, self.length, self.per_row = view, length, per_row
+    def __init__(self, layers: "list[LayerState]"):
+        self.layers = tuple(layers)
+        sizes = [[int(np.prod(shape)) for shape in _layer_shapes(layer)] for layer in self.layers]
+        self.arena = aligned_zeros(sum(lines(n) for layer in sizes for n in layer))
+        self.keys: list[np.ndarray | None] = []
+        self.values: list[np.ndarray | None] = []
+        self.arrays: list[tuple[np.ndarray, ...]] = []
+        at = 0
+        for layer, counts in zip(self.layers, sizes, strict=True):
+            views = []
+            for shape, n in zip(_layer_shapes(layer), counts, strict=True):
+                views.append(self.arena[at : at + n].reshape(shape))
+                at += lines(n)
+            attention = isinstance(layer, AttentionState)
+            self.keys.append(views[0] if attention else None)
+            self.values.append(views[1] if attention else None)
+            self.arrays.append(() if attention else tuple(views))
 
-    def __len__(self) -> int:
-        return self.length
-
-
-class _Recorder:
-    """Collects the ops of one forward pass over stand-in buffers, then lays them out in one
-    arena, reusing a buffer once its last reader has run."""
-
-    def __init__(self):
-        self.ops: list[tuple] = []
-        self.sizes: list[int] = []
-
-    def new(self, shape: tuple[int, ...]) -> _Slot:
-        self.sizes.append(-(-int(np.prod(shape)) // _ALIGN) * _ALIGN)  # whole cache lines: aligned loads
-        return _Slot(self, shape, len(self.sizes) - 1)
-
-    def build(self, output: _Slot) -> tuple[list[tuple], np.ndarray]:
-        """The op list with arena views in place of the stand-ins, and the output's view."""
-        last_use: dict[int, int] = {}
-        for i, op in enumerate(self.ops):
-            for slot in _slots_in(op):
-                last_use[slot.buffer] = i
-        last_use[output.buffer] = len(self.ops)  # the logits are read after the last op
-        placed: dict[int, int] = {}  # buffer -> offset in the arena
-        free: list[tuple[int, int]] = []  # (size, offset) of space whose buffer is dead
-        end = 0
-        for i, op in enumerate(self.ops):
-            slots = _slots_in(op)
-            for slot in slots:
-                if slot.buffer in placed:
-                    continue
-                size = self.sizes[slot.buffer]
-                fits = [entry for entry in free if entry[0] >= size]
-                if fits:
-                    best = min(fits)
-                    free.remove(best)
-                    placed[slot.buffer] = best[1]
-                    if best[0] > size:
-                        free.append((best[0] - size, best[1] + size))
-                else:
-                    placed[slot.buffer] = end
-                    end += size
-            for buffer in {slot.buffer for slot in slots if last_use[slot.buffer] == i}:
-                free.append((self.sizes[buffer], placed[buffer]))
-        arena = _aligned_zeros(end)
-
-        def view(slot: _Slot) -> np.ndarray:
-            start = placed[slot.buffer] + slot.offset
-            return arena[start : start + int(np.prod(slot.shape))]
-
-        resolved = [_replace_slots(op, view) for op in self.ops]
-        return resolved, view(output).reshape(output.shape)
+    @property
+    def shape(self) -> tuple[LayerState, ...]:
+        """The layers' layouts: states alike in them share recorded passes."""
+        return self.layers
 
 
-def _aligned_zeros(n: int) -> np.ndarray:
-    """n float32 zeros starting on a cache line (64 bytes)."""
-    raw = np.zeros(n + _ALIGN, dtype=np.float32)
-    skip = (-raw.ctypes.data // 4) % _ALIGN
-    return raw[skip : skip + n]
-
-
-def _slots_in(op: tuple) -> list[_Slot]:
-    _code, bufs, mats, _ints, _floats = op
-    found = [b for b in bufs if isinstance(b, _Slot)]
-    for mat in mats:
-        found += [m for m in mat[4:] if isinstance(m, _Slot)]
-    return found
-
-
-def _without_kv(op: tuple) -> tuple:
-    """`op` without its KV storage buffers (a recorded pass binds the caller's at each call)."""
-    code, bufs, mats, ints, floats = op
-    return (code, (*bufs[:7], None, None), mats, ints, floats)
-
-
-def _replace_slots(op: tuple, view: Callable[[_Slot], np.ndarray]) -> tuple:
-    def resolve(value: Any) -> Any:
-        return view(value) if isinstance(value, _Slot) else value
-
-    code, bufs, mats, ints, floats = op
-    mats = tuple(mat[:4] + tuple(resolve(m) for m in mat[4:]) for mat in mats)
-    return (code, tuple(resolve(b) for b in bufs), mats, ints, floats)
+def _layer_shapes(layer: LayerState) -> tuple[tuple[int, ...], ...]:
+    """The arrays one layer keeps: (keys, values), a ring's mirrored, or a recurrent layer's."""
+    if isinstance(layer, RecurrentState):
+        return layer.shapes
+    rows = 2 * layer.slots if layer.ring else layer.slots
+    return (layer.kv_heads, rows, layer.head_dim), (layer.kv_heads, rows, layer.value_dim)
 
 
 class CpuBackend(Backend):
     """Runs every op in Sprig's C kernels, on quantized weights, with a thread pool."""
 
     name = "cpu"
-    max_compiled_tokens = MAX_STEP_TOKENS
     # A recorded batch pass over two sequences costs about 0.8 of their two compiled steps,
     # over four about 0.65 (docs/benchmarks.md): batching pays from two.
     min_decode_batch = 2
@@ -225,11 +123,8 @@ class CpuBackend(Backend):
         self.native = cpu_native.load(tier)
         self.threads = self.native.set_threads(threads or cpu_native.default_threads())
         self._load_notes: list[str] = []
-        self._recorder: _Recorder | None = None
+        self._recorder: Recorder | None = None
         self._rope_tables: dict[tuple, np.ndarray] = {}
-        # recorded passes, by model: by ("tokens", n) or ("batch", B) and the storages' shapes
-        self._passes: weakref.WeakKeyDictionary[Any, dict[tuple, _RecordedPass]] = weakref.WeakKeyDictionary()
-        self.recordings = 0  # passes recorded so far
 
     @property
     def device_name(self) -> str:
@@ -313,7 +208,7 @@ class CpuBackend(Backend):
     # -- ops ----------------------------------------------------------------------------
 
     def embedding(self, weight: CpuMatrix, token_ids: Any, scale: float = 1.0) -> Any:
-        ids = token_ids.view if isinstance(token_ids, _StepInput) else np.ascontiguousarray(token_ids, dtype=np.int64)
+        ids = token_ids.view if isinstance(token_ids, StepInput) else np.ascontiguousarray(token_ids, dtype=np.int64)
         out = self._new((len(ids), weight.cols))
         self._emit(OP_EMBED, _bufs(out=out, ids=ids), (weight.lookup_entry(),), (len(ids),), (scale,))
         return out
@@ -338,7 +233,7 @@ class CpuBackend(Backend):
     def rope(
         self, x: Any, positions: Any, base: float, rope_dim: int, neox: bool, freq_factors: np.ndarray | None = None
     ) -> Any:
-        if isinstance(positions, _StepInput):
+        if isinstance(positions, StepInput):
             pos, per_row = positions.view, positions.per_row
         else:  # consecutive positions from the first, or one per row (a batch of sequences)
             positions = np.asarray(positions, dtype=np.int64)
@@ -364,14 +259,16 @@ class CpuBackend(Backend):
             table = self._rope_tables[key] = np.ascontiguousarray(table)
         return table
 
-    def attention(self, q: Any, k: Any, v: Any, cache: CpuKV, layer: int, start: Any, settings: LayerAttention) -> Any:
+    def attention(
+        self, q: Any, k: Any, v: Any, cache: CpuState, layer: int, start: Any, settings: LayerAttention
+    ) -> Any:
         q, k, v = _contiguous(q), _contiguous(k), _contiguous(v)
         out = self._new((q.shape[0], q.shape[1] * v.shape[2]))  # (T, H * Dv)
         self._attend(q, k, v, out, cache, layer, start, settings)
         return out
 
     def attention_batch(
-        self, q: Any, k: Any, v: Any, caches: list[CpuKV], layer: int, starts: list[Any], settings: LayerAttention
+        self, q: Any, k: Any, v: Any, caches: list[CpuState], layer: int, starts: list[Any], settings: LayerAttention
     ) -> Any:
         q, k, v = _contiguous(q), _contiguous(k), _contiguous(v)
         out = self._new((q.shape[0], q.shape[1] * v.shape[2]))  # (B, H * Dv)
@@ -380,17 +277,21 @@ class CpuBackend(Backend):
         return out
 
     def _attend(
-        self, q: Any, k: Any, v: Any, out: Any, cache: CpuKV, layer: int, start: Any, settings: LayerAttention
+        self, q: Any, k: Any, v: Any, out: Any, cache: CpuState, layer: int, start: Any, settings: LayerAttention
     ) -> None:
-        """One attention op: q (T, H, Dh), k, v of one sequence at `start` on `cache`, into `out` (T, H * Dv)."""
+        """One attention op: q (T, H, Dh), k, v of one sequence at `start` on layer `layer` of
+        `cache`, into `out` (T, H * Dv)."""
         n_tokens, heads, head_dim = q.shape
         kv_heads, value_dim = k.shape[1], v.shape[2]
+        state = cache.layers[layer]
+        if not isinstance(state, AttentionState):
+            raise ValueError(f"layer {layer} keeps a recurrent state, not keys and values")
         pos = start if isinstance(start, np.ndarray) else np.array([start], dtype=np.int64)
         self._emit(
             OP_ATTN,
-            _bufs(a=q, b=k, c=v, out=out, pos=pos, kcache=cache.k[layer], vcache=cache.v[layer]),
+            _bufs(a=q, b=k, c=v, out=out, pos=pos, kcache=cache.keys[layer], vcache=cache.values[layer]),
             (),
-            (n_tokens, heads, kv_heads, head_dim, value_dim, cache.n_ctx, settings.window or 0),
+            (n_tokens, heads, kv_heads, head_dim, value_dim, state.slots, settings.window or 0, state.ring),
             (settings.scale, settings.softcap or 0.0),
         )
 
@@ -419,116 +320,44 @@ class CpuBackend(Backend):
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return np.asarray(x, dtype=np.float32)
 
-    # -- KV cache and the compiled decode step ---------------------------------------------
+    # -- per-layer state and the compiled passes --------------------------------------------
 
-    def allocate_kv(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int, value_dim: int) -> CpuKV:
-        return CpuKV(n_layers, n_ctx, n_kv_heads, head_dim, value_dim)
+    def allocate_state(self, layers: list[LayerState]) -> CpuState:
+        return CpuState(layers)
 
-    def kv_bytes(self, cache: CpuKV) -> int:
-        return cache.k.nbytes + cache.v.nbytes
+    def state_bytes(self, state: CpuState) -> int:
+        return state.arena.nbytes
 
-    def forget_kv(self, cache: CpuKV, start: int, end: int) -> None:
-        cache.k[:, :, start:end] = 0.0  # (L, Hkv, end - start, Dh)
-        cache.v[:, :, start:end] = 0.0  # (L, Hkv, end - start, Dv)
+    def forget(self, state: CpuState, start: int, end: int) -> None:
+        """Zero positions start .. end-1 of every attention layer: a ring's rows p % slots and
+        their mirrors (all of them if the span covers the ring); from `start` 0, recurrent
+        layers' arrays too (a fresh sequence). Otherwise recurrent layers are left as they
+        are: forgetting positions of them is the engine's business (see the contract)."""
+        for layer, keys, values, arrays in zip(state.layers, state.keys, state.values, state.arrays, strict=True):
+            if not isinstance(layer, AttentionState) or keys is None or values is None or end <= start:
+                for array in arrays if start == 0 and end > start else ():
+                    array[:] = 0.0
+                continue
+            if not layer.ring:
+                rows: Any = slice(start, end)
+            else:
+                held = np.unique(np.arange(start, min(end, start + layer.slots)) % layer.slots)
+                rows = np.concatenate([held, held + layer.slots])
+            keys[:, rows] = 0.0  # (Hkv, rows, Dh)
+            values[:, rows] = 0.0  # (Hkv, rows, Dv)
 
-    def compile_forward(
-        self, forward: Callable[[Any, Any, Any], Any], cache: CpuKV, n_tokens: int, owner: Any
-    ) -> Callable[[Any, int], np.ndarray]:
-        """Record `forward` (of the model `owner`) over `n_tokens` (at most MAX_STEP_TOKENS) new
-        tokens once per shape of storage, then replay it in C on `cache` per call:
-        step(tokens, start) -> logits (n_tokens, vocab)."""
-        if not 1 <= n_tokens <= MAX_STEP_TOKENS:
-            raise ValueError(f"a compiled pass takes 1 to {MAX_STEP_TOKENS} tokens, not {n_tokens}")
-
-        def record(state: np.ndarray) -> Any:
-            first = state[0:1]
-            return forward(_StepInput(state[1:], n_tokens), _StepInput(first, n_tokens), first)
-
-        recorded = self._recorded(owner, ("tokens", n_tokens, cache.shape), 1 + n_tokens, [cache], record)
-        state = np.zeros(1 + n_tokens, dtype=np.int64)  # the position, then the tokens
-
-        def step(token_ids: Any, start: int) -> np.ndarray:
-            state[0] = start
-            state[1:] = token_ids
-            return recorded.run(state, [cache])
-
-        return step
-
-    def compile_batch(
-        self, forward: Callable[[Any, Any, Any], Any], caches: list[CpuKV], owner: Any
-    ) -> Callable[[Any, Any], np.ndarray]:
-        """Record `forward` (of the model `owner`) over one new token of each of `caches` (a
-        batch of sequences, each at its own position) once per batch size and shapes of
-        storage, then replay it in C on `caches` per call: step(tokens, positions) -> logits
-        (B, vocab). `forward(ids, positions, starts)` gets per-row positions and each row's start."""
-        n = len(caches)
-
-        def record(state: np.ndarray) -> Any:
-            rows = [state[b : b + 1] for b in range(n)]
-            return forward(_StepInput(state[n:], n), _StepInput(state[:n], n, per_row=True), rows)
-
-        key = ("batch", n, tuple(cache.shape for cache in caches))
-        recorded = self._recorded(owner, key, 2 * n, caches, record)
-        state = np.zeros(2 * n, dtype=np.int64)  # each row's position, then each row's token
-
-        def step(token_ids: Any, positions: Any) -> np.ndarray:
-            state[:n] = positions
-            state[n:] = token_ids
-            return recorded.run(state, caches)
-
-        return step
-
-    def passes(self, owner: Any) -> dict[tuple, "_RecordedPass"]:
-        """The passes recorded for the model `owner`, by key (see `_recorded`)."""
-        return dict(self._passes.get(owner, {}))
-
-    def _recorded(
-        self, owner: Any, key: tuple, state_size: int, caches: list[CpuKV], forward: Callable[[np.ndarray], Any]
-    ) -> "_RecordedPass":
-        """The pass `key` of `owner`, recorded now if it was not: `forward(state)` emits its ops
-        reading positions and tokens from `state` (int64, `state_size`) and attending to
-        `caches`, which the recorded pass does not keep."""
-        passes = self._passes.setdefault(owner, {})
-        recorded = passes.get(key)
-        if recorded is None:
-            state = np.zeros(state_size, dtype=np.int64)
-            self._recorder = recorder = _Recorder()
-            try:
-                output = forward(state)
-            finally:
-                self._recorder = None
-            ops, output_view = recorder.build(output)
-            graph = self.native.graph(ops, state, output_view, tuple((kv.k, kv.v) for kv in caches))
-            ops[:] = [_without_kv(op) for op in ops]  # parsed: the graph keeps the list, not these storages
-            recorded = passes[key] = _RecordedPass(self.native, graph, output_view.shape)
-            self.recordings += 1
-        return recorded
+    def runner(self, forward: Forward) -> RecordingRunner:
+        """Recorded passes where they pay (see `backends.cpu_runner`), the rest op by op."""
+        return RecordingRunner(self, forward)
 
     def close(self) -> None:
         self._rope_tables.clear()
-        self._passes.clear()
-
-
-class _RecordedPass:
-    """A forward pass parsed by the kernels (`graph`), replayed on any storages of the shape it was recorded on."""
-
-    def __init__(self, native: Any, graph: Any, output_shape: tuple[int, ...]):
-        self.native, self.graph, self.output_shape = native, graph, output_shape
-        self.runs = 0
-
-    def run(self, state: np.ndarray, caches: list[CpuKV]) -> np.ndarray:
-        """Run with `state` (positions and tokens) on `caches`; the logits, a new array (the
-        arena is reused by the next pass)."""
-        out = np.empty(self.output_shape, dtype=np.float32)
-        self.native.graph_run(self.graph, state, out, tuple((kv.k, kv.v) for kv in caches))
-        self.runs += 1
-        return out
 
 
 def _contiguous(x: Any) -> Any:
-    return x if isinstance(x, _Slot) else np.ascontiguousarray(x, dtype=np.float32)
+    return x if isinstance(x, Slot) else np.ascontiguousarray(x, dtype=np.float32)
 
 
 def _row(x: Any, b: int) -> Any:
     """Row b of an activation (a view), as x[b : b + 1]."""
-    return x.row(b) if isinstance(x, _Slot) else x[b : b + 1]
+    return x.row(b) if isinstance(x, Slot) else x[b : b + 1]

@@ -24,15 +24,15 @@ Fast paths: `mx.fast.rms_norm`, `mx.fast.rope` and `mx.fast.scaled_dot_product_a
 (sliding windows as a mask); only soft-capped attention (Gemma 2), which the fast kernel
 cannot express, is written out.
 
-Decoding. `compile_decode` turns a one-token forward into one `mx.compile`d function whose
-work is queued with `mx.async_eval` and not awaited; `argmax` keeps a greedy token on the
-device so that the next step can be queued before the token is read back. Both are
-optional hooks the engine looks for (the NumPy backend has neither).
+Decoding. The backend's runner (`CompiledStepRunner`) turns a one-token pass into one
+`mx.compile`d function per state whose work is queued with `mx.async_eval` and not
+awaited; `argmax` keeps a greedy token on the device (`device_tokens`) so that the next
+step can be queued before the token is read back.
 """
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +40,17 @@ import mlx.core as mx
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from backends.base import Backend, LayerAttention, WeightSpec
+from backends.base import (
+    AttentionState,
+    Backend,
+    Forward,
+    LayerAttention,
+    LayerState,
+    PassInput,
+    Runner,
+    Segment,
+    WeightSpec,
+)
 from backends.dequant import dequantize, dequantize_rows
 from backends.mlx_quantize import affine_layout, to_affine
 
@@ -87,25 +97,37 @@ class DenseMatrix:
         return (x.astype(self.values.dtype) @ self.values.T).astype(ACTIVATIONS)
 
 
-class MLXKV:
-    """KV cache storage: per layer, keys (1, Hkv, N, Dh) and values (1, Hkv, N, Dv), float32.
+class MLXState:
+    """One sequence's per-layer state: `arrays[i]` holds attention layer i's keys
+    (1, Hkv, slots, Dh) and values (1, Hkv, slots, Dv), float32, or a recurrent layer's arrays.
 
+    A full layer holds position p at slot p. A windowed ring holds it at slot p % slots and
+    attends over every slot, masked by the position each slot holds (`_ring_mask`): the
+    compiled step then needs no position-dependent slicing.
     The arrays are evaluated here: since MLX 0.31.2 an unevaluated array can only be
     evaluated by the thread that made it, and generation runs on a worker thread.
-    `decode_step` holds the compiled decode step for this storage (see `compile_decode`).
+    `decode_step` holds the compiled decode step for this state (see `CompiledStepRunner`).
     """
 
-    def __init__(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int, value_dim: int):
-        self.n_ctx = n_ctx
-        self.keys = [mx.zeros((1, n_kv_heads, n_ctx, head_dim), dtype=ACTIVATIONS) for _ in range(n_layers)]
-        self.values = [mx.zeros((1, n_kv_heads, n_ctx, value_dim), dtype=ACTIVATIONS) for _ in range(n_layers)]
-        mx.eval(self.keys, self.values)
+    def __init__(self, layers: list[LayerState]):
+        self.layers = tuple(layers)
+        self.arrays: list[list[mx.array]] = []
+        for layer in self.layers:
+            if isinstance(layer, AttentionState):
+                dims = (layer.head_dim, layer.value_dim)
+                self.arrays.append([mx.zeros((1, layer.kv_heads, layer.slots, d), dtype=ACTIVATIONS) for d in dims])
+            else:
+                self.arrays.append([mx.zeros(shape, dtype=ACTIVATIONS) for shape in layer.shapes])
+        mx.eval(self.arrays)
+        # the context: what a compiled step's span may reach (the full layers' slots)
+        full = [layer.slots for layer in self.layers if isinstance(layer, AttentionState) and not layer.ring]
+        self.n_ctx = max(full, default=0)
         self.decode_step: Callable[[Any, int], mx.array] | None = None
 
     @property
     def state(self) -> list[list[mx.array]]:
         """The arrays a compiled step reads and replaces."""
-        return [self.keys, self.values]
+        return self.arrays
 
 
 @dataclass(frozen=True)
@@ -125,6 +147,7 @@ class MLXBackend(Backend):
     """Runs the op set with MLX on its default device: the GPU on Apple silicon."""
 
     name = "mlx"
+    device_tokens = True  # greedy tokens stay on the device (`argmax`) and feed the next step
     batched_decode = False  # fast RoPE counts on from one position: concurrent sequences step in turn
 
     def __init__(self):
@@ -190,19 +213,35 @@ class MLXBackend(Backend):
         q: mx.array,
         k: mx.array,
         v: mx.array,
-        cache: MLXKV,
+        cache: MLXState,
         layer: int,
         start: int | StepStart,
         settings: LayerAttention,
     ) -> mx.array:
         """As the contract says; `start` may also be a compiled step's StepStart."""
         n_new = q.shape[0]
+        state, arrays = cache.layers[layer], cache.arrays[layer]
+        if not isinstance(state, AttentionState):
+            raise ValueError(f"layer {layer} keeps a recurrent state, not keys and values")
         at = start.position if isinstance(start, StepStart) else mx.array([start], dtype=mx.int32)
-        cache.keys[layer] = mx.slice_update(cache.keys[layer], k.transpose(1, 0, 2)[None], at, axes=(2,))
-        cache.values[layer] = mx.slice_update(cache.values[layer], v.transpose(1, 0, 2)[None], at, axes=(2,))
-        first, length, mask = _visible(start, n_new, settings.window)
-        keys = _positions(cache.keys[layer], first, length)  # (1, Hkv, S, Dh)
-        values = _positions(cache.values[layer], first, length)  # (1, Hkv, S, Dv)
+        new_keys, new_values = k.transpose(1, 0, 2)[None], v.transpose(1, 0, 2)[None]  # (1, Hkv, T, D)
+        if state.ring:
+            if settings.window is None or settings.window + n_new - 1 > state.slots:
+                raise ValueError(
+                    f"a pass of {n_new} tokens over a window of {settings.window} does not fit layer {layer}'s "
+                    f"ring of {state.slots} slots: split it"
+                )
+            where = (at + mx.arange(n_new)) % state.slots  # (T,) slots
+            arrays[0][:, :, where] = new_keys
+            arrays[1][:, :, where] = new_values
+            keys, values = arrays  # every slot: (1, Hkv, slots, D)
+            mask = _ring_mask(at, n_new, state.slots, settings.window)
+        else:
+            arrays[0] = mx.slice_update(arrays[0], new_keys, at, axes=(2,))
+            arrays[1] = mx.slice_update(arrays[1], new_values, at, axes=(2,))
+            first, length, mask = _visible(start, n_new, settings.window)
+            keys = _positions(arrays[0], first, length)  # (1, Hkv, S, Dh)
+            values = _positions(arrays[1], first, length)  # (1, Hkv, S, Dv)
         queries = q.transpose(1, 0, 2)[None]  # (1, H, T, Dh)
         if settings.softcap is None:
             out = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=settings.scale, mask=mask)
@@ -227,57 +266,73 @@ class MLXBackend(Backend):
     def to_host(self, x: mx.array) -> np.ndarray:
         return np.array(x.astype(mx.float32))
 
-    # -- KV cache storage ----------------------------------------------------------
+    # -- per-layer state -----------------------------------------------------------
 
-    def allocate_kv(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int, value_dim: int) -> MLXKV:
-        return MLXKV(n_layers, n_ctx, n_kv_heads, head_dim, value_dim)
+    def allocate_state(self, layers: list[LayerState]) -> MLXState:
+        return MLXState(layers)
 
-    def kv_bytes(self, cache: MLXKV) -> int:
-        return sum(a.nbytes for a in cache.keys + cache.values)
+    def state_bytes(self, state: MLXState) -> int:
+        return sum(a.nbytes for layer in state.arrays for a in layer)
 
     def close(self) -> None:
         mx.clear_cache()
 
-    # -- decoding hooks (optional; the engine looks for them) ------------------------
+    # -- running passes ----------------------------------------------------------------
 
-    def compile_decode(
-        self, forward: Callable[[mx.array, mx.array, StepStart], mx.array], cache: MLXKV
-    ) -> Callable[[Any, int], mx.array]:
-        """A one-token decode step as one compiled function, made once per KV storage.
-
-        `forward(token_ids, positions, start)` is the transformer's forward pass on this
-        storage, returning logits (1, vocab). The returned `step(token, start)` takes the
-        token as a host int or a device array from `argmax`, and the position as an int;
-        it queues the step (`mx.async_eval`) and returns its logits without waiting.
-
-        The position reaches the trace as a device array (slice updates and RoPE take array
-        offsets) and the cache through `mx.compile`'s captured state, so a trace serves
-        every position of a bucket of SPAN_BUCKET: attention reads the cache up to the
-        bucket's end, masking what lies past the token. Crossing into the next bucket
-        traces once more; MLX keeps every trace.
-        """
-        if cache.decode_step is None:
-
-            def traced(token_ids: mx.array, position: mx.array, span: int) -> mx.array:
-                self.decode_traces += 1  # Python runs only while MLX traces
-                return forward(token_ids, position, StepStart(position, span))
-
-            compiled = mx.compile(traced, inputs=cache.state, outputs=cache.state)
-
-            def step(token: Any, start: int) -> mx.array:
-                span = min(cache.n_ctx, (start // SPAN_BUCKET + 1) * SPAN_BUCKET)
-                logits = compiled(_token_array(token), mx.array([start], dtype=mx.int32), span)
-                mx.async_eval(logits)
-                return logits
-
-            cache.decode_step = step
-        return cache.decode_step
+    def runner(self, forward: Forward) -> "CompiledStepRunner":
+        """One-token steps compiled once per state; other passes op by op."""
+        return CompiledStepRunner(self, forward)
 
     def argmax(self, logits: mx.array) -> mx.array:
         """The most likely token after the last position, (1,) int32, left on the device, queued."""
         token = mx.argmax(logits[-1], axis=-1, keepdims=True).astype(mx.int32)  # (1,)
         mx.async_eval(token)
         return token
+
+
+class CompiledStepRunner(Runner):
+    """The MLX backend's runner: a one-token pass on one state runs as one compiled function,
+    queued (`mx.async_eval`) and not awaited; any other pass runs op by op."""
+
+    def __init__(self, backend: MLXBackend, forward: Forward):
+        super().__init__(forward)
+        self.backend = backend
+
+    def __call__(self, tokens: Any, segments: Sequence[Segment], all_logits: bool = False) -> Any:
+        if len(segments) == 1 and segments[0].length == 1:
+            segment = segments[0]
+            return self.step(segment.state)(tokens[0], segment.start)
+        return super().__call__(tokens, segments, all_logits)
+
+    def step(self, state: MLXState) -> Callable[[Any, int], mx.array]:
+        """The compiled one-token step of `state`, made at its first use: step(token, start)
+        takes the token as a host int or the device array `argmax` left, and returns the
+        logits (1, vocab) without waiting for them.
+
+        The position reaches the trace as a device array (slice updates and RoPE take array
+        offsets) and the state through `mx.compile`'s captured state, so a trace serves
+        every position of a bucket of SPAN_BUCKET: attention reads the cache up to the
+        bucket's end, masking what lies past the token. Crossing into the next bucket
+        traces once more; MLX keeps every trace.
+        """
+        if state.decode_step is None:
+            backend = self.backend
+
+            def traced(token_ids: mx.array, position: mx.array, span: int) -> mx.array:
+                backend.decode_traces += 1  # Python runs only while MLX traces
+                segment = Segment(state, StepStart(position, span), 1)
+                return self.forward(PassInput(token_ids, position, (segment,), all_logits=False))
+
+            compiled = mx.compile(traced, inputs=state.state, outputs=state.state)
+
+            def step(token: Any, start: int) -> mx.array:
+                span = min(state.n_ctx, (start // SPAN_BUCKET + 1) * SPAN_BUCKET)
+                logits = compiled(_token_array(token), mx.array([start], dtype=mx.int32), span)
+                mx.async_eval(logits)
+                return logits
+
+            state.decode_step = step
+        return state.decode_step
 
 
 # -- helpers ----------------------------------------------------------------------------
@@ -352,6 +407,17 @@ def _mask(start: Any, n_new: int, first: Any, length: int, window: int | None) -
     if window is not None:
         allowed = allowed & (key > query - window)
     return allowed
+
+
+def _ring_mask(start: mx.array, n_new: int, slots: int, window: int) -> mx.array:
+    """Which slots of a ring each query at start .. start + n_new - 1 may see: (T, slots) bool.
+
+    After the pass, slot s holds the last position written there, last - ((last - s) mod
+    slots) for last = start + n_new - 1 (negative: never written)."""
+    last = start + n_new - 1
+    key = last - (last - mx.arange(slots)) % slots  # (slots,) positions
+    query = start + mx.arange(n_new)[:, None]  # (T, 1) positions
+    return (key >= 0) & (key <= query) & (key > query - window)
 
 
 def _positions(storage: mx.array, first: Any, length: int) -> mx.array:

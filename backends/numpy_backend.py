@@ -11,11 +11,10 @@ the least recently used one would make every access a miss.
 
 import os
 from itertools import pairwise
-from typing import Any
 
 import numpy as np
 
-from backends.base import AttentionState, Backend, LayerAttention, LayerState, RecurrentState, WeightSpec
+from backends.base import AttentionState, Backend, LayerAttention, LayerState, WeightSpec
 from backends.dequant import dequantize, dequantize_rows
 from backends.memory import DEQUANTIZED_WEIGHTS, available_memory_bytes, default_cache_budget
 
@@ -94,35 +93,25 @@ class JoinedWeights:
         self.bounds = bounds  # row where each part starts, then the total
 
 
-class NumpyLayerKV:
-    """One attention layer's keys (Hkv, slots, Dh) and values (Hkv, slots, Dv), float32;
-    position p at slot p % slots (a ring, for a window smaller than the context)."""
+class NumpyState:
+    """One sequence's per-layer state: attention layer i has keys (Hkv, slots, Dh) and
+    values (Hkv, slots, Dv) in `keys[i]` and `values[i]`, float32, position p at slot p, or
+    at slot p % slots for a windowed ring; a recurrent layer's arrays are `arrays[i]`."""
 
-    def __init__(self, layout: AttentionState):
-        self.layout = layout
-        self.k = np.zeros((layout.kv_heads, layout.slots, layout.head_dim), dtype=np.float32)
-        self.v = np.zeros((layout.kv_heads, layout.slots, layout.value_dim), dtype=np.float32)
-
-    def slots(self, first: int, end: int) -> slice | np.ndarray:
-        """Where positions first .. end-1 lie: a slice, or slot numbers in a ring."""
-        n = self.layout.slots
-        return slice(first, end) if end <= n else np.arange(first, end) % n
-
-    def arrays(self) -> list[np.ndarray]:
-        """The arrays it holds."""
-        return [self.k, self.v]
-
-
-class NumpyRecurrent:
-    """One recurrent layer's state arrays, float32, zero at first."""
-
-    def __init__(self, layout: RecurrentState):
-        self.layout = layout
-        self.states = [np.zeros(shape, dtype=np.float32) for shape in layout.shapes]
-
-    def arrays(self) -> list[np.ndarray]:
-        """The arrays it holds."""
-        return self.states
+    def __init__(self, layers: list[LayerState]):
+        self.layers = tuple(layers)
+        self.keys: list[np.ndarray | None] = []
+        self.values: list[np.ndarray | None] = []
+        self.arrays: list[tuple[np.ndarray, ...]] = []
+        for layer in self.layers:
+            if isinstance(layer, AttentionState):
+                self.keys.append(np.zeros((layer.kv_heads, layer.slots, layer.head_dim), dtype=np.float32))
+                self.values.append(np.zeros((layer.kv_heads, layer.slots, layer.value_dim), dtype=np.float32))
+                self.arrays.append(())
+            else:
+                self.keys.append(None)
+                self.values.append(None)
+                self.arrays.append(tuple(np.zeros(shape, dtype=np.float32) for shape in layer.shapes))
 
 
 class NumpyBackend(Backend):
@@ -216,23 +205,34 @@ class NumpyBackend(Backend):
         q: np.ndarray,
         k: np.ndarray,
         v: np.ndarray,
-        state: list[Any],
+        cache: NumpyState,
         layer: int,
         start: int,
         settings: LayerAttention,
     ) -> np.ndarray:
+        """As the contract says. A ring layer's positions lie at slots p % slots: the new keys
+        and values are written there, and the visible ones gathered from there in order."""
         n_new, n_heads, head_dim = q.shape
         n_kv_heads = k.shape[1]
         group = n_heads // n_kv_heads
         end = start + n_new
-        kv = state[layer]
+        state, layer_keys, layer_values = cache.layers[layer], cache.keys[layer], cache.values[layer]
+        if not isinstance(state, AttentionState) or layer_keys is None or layer_values is None:
+            raise ValueError(f"layer {layer} keeps a recurrent state, not keys and values")
         first = 0 if settings.window is None else max(0, start - settings.window + 1)
-        if end - first > kv.layout.slots:
-            raise ValueError(f"a pass of {n_new} tokens does not fit a ring of {kv.layout.slots} slots")
-        kv.k[:, kv.slots(start, end)] = k.transpose(1, 0, 2)  # (Hkv, T, Dh)
-        kv.v[:, kv.slots(start, end)] = v.transpose(1, 0, 2)  # (Hkv, T, Dv)
-        keys = kv.k[:, kv.slots(first, end)]  # (Hkv, S, Dh)
-        values = kv.v[:, kv.slots(first, end)]  # (Hkv, S, Dv)
+        where: slice | np.ndarray = slice(start, end)
+        visible: slice | np.ndarray = slice(first, end)
+        if state.ring:
+            if settings.window is None or settings.window + n_new - 1 > state.slots:
+                raise ValueError(
+                    f"a pass of {n_new} tokens over a window of {settings.window} does not fit layer {layer}'s "
+                    f"ring of {state.slots} slots: split it"
+                )
+            where, visible = np.arange(start, end) % state.slots, np.arange(first, end) % state.slots
+        layer_keys[:, where] = k.transpose(1, 0, 2)  # (Hkv, T, Dh)
+        layer_values[:, where] = v.transpose(1, 0, 2)  # (Hkv, T, Dv)
+        keys = layer_keys[:, visible]  # (Hkv, S, Dh)
+        values = layer_values[:, visible]  # (Hkv, S, Dv)
 
         # (T, H, Dh) -> (Hkv, group * T, Dh): the queries that share one KV head, stacked
         grouped: np.ndarray = q.reshape(n_new, n_kv_heads, group, head_dim).transpose(1, 2, 0, 3)
@@ -285,22 +285,26 @@ class NumpyBackend(Backend):
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return np.asarray(x, dtype=np.float32)
 
-    def allocate_state(self, layers: list[LayerState]) -> list[Any]:
-        return [NumpyLayerKV(s) if isinstance(s, AttentionState) else NumpyRecurrent(s) for s in layers]
+    def allocate_state(self, layers: list[LayerState]) -> NumpyState:
+        return NumpyState(layers)
 
-    def state_bytes(self, state: list[Any]) -> int:
-        return sum(a.nbytes for layer in state for a in layer.arrays())
+    def state_bytes(self, state: NumpyState) -> int:
+        arrays = [a for a in state.keys + state.values if a is not None]
+        return sum(a.nbytes for a in arrays) + sum(a.nbytes for layer in state.arrays for a in layer)
 
-    def forget(self, state: list[Any], start: int, end: int) -> None:
-        for layer in state:
-            if isinstance(layer, NumpyRecurrent):
-                if start == 0:  # the state of an empty sequence
-                    for array in layer.states:
-                        array[:] = 0.0
+    def forget(self, state: NumpyState, start: int, end: int) -> None:
+        """Zero positions start .. end-1 of every attention layer (a ring's at slots p % slots);
+        from `start` 0, recurrent layers' arrays too (a fresh sequence). Otherwise recurrent
+        layers are left as they are: forgetting positions of them is the engine's business
+        (see the contract)."""
+        for layer, keys, values, arrays in zip(state.layers, state.keys, state.values, state.arrays, strict=True):
+            if not isinstance(layer, AttentionState) or keys is None or values is None:
+                for array in arrays if start == 0 else ():
+                    array[:] = 0.0
                 continue
-            where = layer.slots(start, min(end, start + layer.layout.slots))
-            layer.k[:, where] = 0.0  # (Hkv, forgotten, Dh)
-            layer.v[:, where] = 0.0  # (Hkv, forgotten, Dv)
+            rows = np.arange(start, end) % layer.slots if layer.ring else slice(start, end)
+            keys[:, rows] = 0.0  # (Hkv, end - start, Dh)
+            values[:, rows] = 0.0  # (Hkv, end - start, Dv)
 
     def close(self) -> None:
         self.cache.clear()

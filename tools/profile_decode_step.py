@@ -19,6 +19,7 @@ from collections import defaultdict
 import numpy as np
 
 from backends import cpu_backend
+from backends.base import Runner, Segment
 from engine.bundled import resolve_model_path
 from engine.loader import load_model
 
@@ -88,8 +89,7 @@ def main() -> None:
     started = time.perf_counter()
     for i in range(args.steps):
         position = args.context + i % 4
-        loaded.model.logits(np.ones(tokens, dtype=np.int64), np.arange(position, position + tokens), position,
-                            cache.storage, all_logits=True)
+        Runner(loaded.model.logits)(np.ones(tokens, dtype=np.int64), [Segment(cache.storage, position, tokens)], True)
     eager = (time.perf_counter() - started) / args.steps
     loaded.backend.native = native
 

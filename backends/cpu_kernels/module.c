@@ -25,7 +25,7 @@
 
 static pthread_mutex_t exec_lock = PTHREAD_MUTEX_INITIALIZER;
 
-#define MAX_BATCH 64 /* storages one recorded pass may bind */
+#define MAX_BATCH 64 /* state arenas one recorded pass may bind */
 
 typedef struct {
     void *ptr;
@@ -152,12 +152,14 @@ static int parse_op(PyObject *tuple, Op *op) {
         if (n[3] > n[2] || n[3] % 2) break;
         return need(&a, n[0] * n[1] * n[2], 4, "x") || need(&out, n[0] * n[1] * n[2], 4, "out") ||
                need(&table, n[3] / 2, 8, "table") || need(&pos, n[5] ? n[0] : 1, 8, "pos");
-    case OP_ATTN:
-        if (n[1] <= 0 || n[2] <= 0 || n[1] % n[2]) break;
+    case OP_ATTN: {
+        if (n[1] <= 0 || n[2] <= 0 || n[1] % n[2] || n[5] <= 0) break;
+        int64_t rows = n[7] ? 2 * n[5] : n[5]; /* a ring is mirrored (ops.c) */
         return need(&a, n[0] * n[1] * n[3], 4, "q") || need(&b, n[0] * n[2] * n[3], 4, "k") ||
                need(&c, n[0] * n[2] * n[4], 4, "v") || need(&out, n[0] * n[1] * n[4], 4, "out") ||
-               need(&kc, n[2] * n[5] * n[3], 4, "key cache") || need(&vc, n[2] * n[5] * n[4], 4, "value cache") ||
+               need(&kc, n[2] * rows * n[3], 4, "key cache") || need(&vc, n[2] * rows * n[4], 4, "value cache") ||
                need(&pos, 1, 8, "pos");
+    }
     case OP_GATED: case OP_ADD:
         return need(&a, n[0], 4, "a") || need(&b, n[0], 4, "b") || need(&out, n[0], 4, "out");
     case OP_SOFTCAP:
@@ -191,27 +193,27 @@ static PyObject *py_run(PyObject *self, PyObject *args) {
 
 /* A parsed op list with what it reads and writes between calls: `state` (int64: the
  * positions and tokens of the pass) and `output` (its logits). Its attention ops are bound
- * at each call to the same place in the caller's KV storages as in the storages it was
- * recorded on, so one recording serves any storages of the same shape; it keeps no
- * reference to those (the caller may drop them from the op list once parsed). */
+ * at each call to the same place in the caller's state arenas (one float32 array per
+ * sequence, holding every layer's keys and values) as in the arenas it was recorded on, so
+ * one recording serves any arenas of the same size; it keeps no reference to those (the
+ * caller may drop them from the op list once parsed). */
 typedef struct {
     Py_ssize_t n;
     Op *ops;
     int64_t *state;
     Py_ssize_t state_len, output_len; /* elements */
     float *output;
-    Py_ssize_t n_kv;                  /* storages (one per sequence of a batch) */
-    Py_ssize_t *k_bytes, *v_bytes;    /* each storage's size, per array */
-    Py_ssize_t *kv_of;                /* per op: the storage its kcache lies in, or -1 */
-    ptrdiff_t *k_at, *v_at;           /* per op: where in that storage, in bytes */
+    Py_ssize_t n_arenas;              /* one per sequence of a batch */
+    Py_ssize_t *arena_bytes;          /* each arena's size */
+    Py_ssize_t *arena_of;             /* per op: the arena its kcache and vcache lie in, or -1 */
+    ptrdiff_t *k_at, *v_at;           /* per op: where in that arena, in bytes */
     PyObject *keep;                   /* the op list, state and output */
 } Graph;
 
 static void graph_release(Graph *g) {
     free(g->ops);
-    free(g->k_bytes);
-    free(g->v_bytes);
-    free(g->kv_of);
+    free(g->arena_bytes);
+    free(g->arena_of);
     free(g->k_at);
     free(g->v_at);
     Py_XDECREF(g->keep);
@@ -223,23 +225,17 @@ static void graph_free(PyObject *capsule) {
     if (g) graph_release(g);
 }
 
-/* The storages' (keys, values) pairs as buffers; `n` of them, the sizes checked against `g`
- * unless `g` is NULL. */
-static int get_storages(PyObject *kvs, Py_ssize_t n, const Graph *g, Buf *k, Buf *v) {
-    if (!PyTuple_Check(kvs) || PyTuple_GET_SIZE(kvs) != n) {
-        PyErr_Format(PyExc_ValueError, "expected a tuple of %zd (keys, values) storages", n);
+/* The arenas (float32 arrays, one per sequence) as buffers; `n` of them, the sizes checked
+ * against `g` unless `g` is NULL. */
+static int get_arenas(PyObject *arenas, Py_ssize_t n, const Graph *g, Buf *out) {
+    if (!PyTuple_Check(arenas) || PyTuple_GET_SIZE(arenas) != n) {
+        PyErr_Format(PyExc_ValueError, "expected a tuple of %zd state arenas", n);
         return -1;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *pair = PyTuple_GET_ITEM(kvs, i);
-        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
-            PyErr_SetString(PyExc_ValueError, "a storage is a (keys, values) tuple");
-            return -1;
-        }
-        if (get_buf(PyTuple_GET_ITEM(pair, 0), 1, 4, &k[i], "keys") || get_buf(PyTuple_GET_ITEM(pair, 1), 1, 4, &v[i], "values"))
-            return -1;
-        if (g && (k[i].len != g->k_bytes[i] || v[i].len != g->v_bytes[i])) {
-            PyErr_SetString(PyExc_ValueError, "a KV storage differs in size from the one the pass was recorded on");
+        if (get_buf(PyTuple_GET_ITEM(arenas, i), 1, 4, &out[i], "state arena")) return -1;
+        if (g && out[i].len != g->arena_bytes[i]) {
+            PyErr_SetString(PyExc_ValueError, "a state arena differs in size from the one the pass was recorded on");
             return -1;
         }
     }
@@ -247,33 +243,29 @@ static int get_storages(PyObject *kvs, Py_ssize_t n, const Graph *g, Buf *k, Buf
 }
 
 static PyObject *py_graph(PyObject *self, PyObject *args) {
-    PyObject *list, *state_obj, *output_obj, *kvs;
-    if (!PyArg_ParseTuple(args, "O!OOO!", &PyList_Type, &list, &state_obj, &output_obj, &PyTuple_Type, &kvs)) return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(list), n_kv = PyTuple_GET_SIZE(kvs);
+    PyObject *list, *state_obj, *output_obj, *arenas;
+    if (!PyArg_ParseTuple(args, "O!OOO!", &PyList_Type, &list, &state_obj, &output_obj, &PyTuple_Type, &arenas))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(list), n_arenas = PyTuple_GET_SIZE(arenas);
     Buf state, output;
     if (get_buf(state_obj, 1, 8, &state, "state") || get_buf(output_obj, 1, 4, &output, "output")) return NULL;
-    Buf *k = calloc(n_kv ? (size_t)n_kv : 1, sizeof(Buf)), *v = calloc(n_kv ? (size_t)n_kv : 1, sizeof(Buf));
+    Buf *arena = calloc(n_arenas ? (size_t)n_arenas : 1, sizeof(Buf));
     Graph *g = calloc(1, sizeof *g);
-    size_t slots = n ? (size_t)n : 1, kv_slots = n_kv ? (size_t)n_kv : 1;
+    size_t slots = n ? (size_t)n : 1;
     if (g) {
         g->ops = calloc(slots, sizeof(Op));
-        g->kv_of = calloc(slots, sizeof(Py_ssize_t));
+        g->arena_of = calloc(slots, sizeof(Py_ssize_t));
         g->k_at = calloc(slots, sizeof(ptrdiff_t));
         g->v_at = calloc(slots, sizeof(ptrdiff_t));
-        g->k_bytes = calloc(kv_slots, sizeof(Py_ssize_t));
-        g->v_bytes = calloc(kv_slots, sizeof(Py_ssize_t));
+        g->arena_bytes = calloc(n_arenas ? (size_t)n_arenas : 1, sizeof(Py_ssize_t));
     }
-    if (!k || !v || !g || !g->ops || !g->kv_of || !g->k_at || !g->v_at || !g->k_bytes || !g->v_bytes) {
-        free(k);
-        free(v);
+    if (!arena || !g || !g->ops || !g->arena_of || !g->k_at || !g->v_at || !g->arena_bytes) {
+        free(arena);
         if (g) graph_release(g);
         return PyErr_NoMemory();
     }
-    int failed = get_storages(kvs, n_kv, NULL, k, v) != 0;
-    for (Py_ssize_t i = 0; i < n_kv; i++) {
-        g->k_bytes[i] = k[i].len;
-        g->v_bytes[i] = v[i].len;
-    }
+    int failed = get_arenas(arenas, n_arenas, NULL, arena) != 0;
+    for (Py_ssize_t i = 0; i < n_arenas && !failed; i++) g->arena_bytes[i] = arena[i].len;
     for (Py_ssize_t i = 0; i < n && !failed; i++) {
         PyObject *item = PyList_GET_ITEM(list, i);
         if (!PyTuple_Check(item) || parse_op(item, &g->ops[i]) != 0) {
@@ -281,29 +273,28 @@ static PyObject *py_graph(PyObject *self, PyObject *args) {
             failed = 1;
             break;
         }
-        g->kv_of[i] = -1;
+        g->arena_of[i] = -1;
         const char *kc = (const char *)g->ops[i].kcache, *vc = (const char *)g->ops[i].vcache;
-        for (Py_ssize_t s = 0; kc && s < n_kv; s++) {
-            const char *k0 = k[s].ptr, *v0 = v[s].ptr;
-            if (kc >= k0 && kc < k0 + k[s].len && vc >= v0 && vc < v0 + v[s].len) {
-                g->kv_of[i] = s;
-                g->k_at[i] = kc - k0;
-                g->v_at[i] = vc - v0;
+        for (Py_ssize_t s = 0; kc && s < n_arenas; s++) {
+            const char *a0 = arena[s].ptr, *a1 = a0 + arena[s].len;
+            if (kc >= a0 && kc < a1 && vc >= a0 && vc < a1) {
+                g->arena_of[i] = s;
+                g->k_at[i] = kc - a0;
+                g->v_at[i] = vc - a0;
             }
         }
-        if (kc && g->kv_of[i] < 0) {
-            PyErr_SetString(PyExc_ValueError, "an attention op's cache is none of the pass's storages");
+        if (kc && g->arena_of[i] < 0) {
+            PyErr_SetString(PyExc_ValueError, "an attention op's cache lies in none of the pass's state arenas");
             failed = 1;
         }
     }
-    free(k);
-    free(v);
+    free(arena);
     if (failed) {
         graph_release(g);
         return NULL;
     }
     g->n = n;
-    g->n_kv = n_kv;
+    g->n_arenas = n_arenas;
     g->state = state.ptr;
     g->state_len = state.len / 8;
     g->output = output.ptr;
@@ -314,19 +305,19 @@ static PyObject *py_graph(PyObject *self, PyObject *args) {
     return capsule;
 }
 
-/* graph_run(graph, state, out, storages): the pass with `state` (int64, as long as the
- * recorded one) on `storages` (a (keys, values) tuple per recorded storage, each the same
- * size), its output copied into `out`; all three under the lock, so threads may share a graph. */
+/* graph_run(graph, state, out, arenas): the pass with `state` (int64, as long as the
+ * recorded one) on `arenas` (a float32 state arena per recorded one, each the same size),
+ * its output copied into `out`; all three under the lock, so threads may share a graph. */
 static PyObject *py_graph_run(PyObject *self, PyObject *args) {
-    PyObject *capsule, *state_obj, *out_obj, *kvs;
-    if (!PyArg_ParseTuple(args, "OOOO", &capsule, &state_obj, &out_obj, &kvs)) return NULL;
+    PyObject *capsule, *state_obj, *out_obj, *arenas;
+    if (!PyArg_ParseTuple(args, "OOOO", &capsule, &state_obj, &out_obj, &arenas)) return NULL;
     Graph *g = PyCapsule_GetPointer(capsule, "sprig.graph");
     if (!g) return NULL;
-    Buf state, out, k[MAX_BATCH], v[MAX_BATCH];
-    if (g->n_kv > MAX_BATCH) return PyErr_Format(PyExc_ValueError, "a pass over more than %d storages", MAX_BATCH);
+    Buf state, out, arena[MAX_BATCH];
+    if (g->n_arenas > MAX_BATCH) return PyErr_Format(PyExc_ValueError, "a pass over more than %d arenas", MAX_BATCH);
     if (get_buf(state_obj, 0, 8, &state, "state") || need(&state, g->state_len, 8, "state") ||
         get_buf(out_obj, 1, 4, &out, "output") || need(&out, g->output_len, 4, "output") ||
-        get_storages(kvs, g->n_kv, g, k, v))
+        get_arenas(arenas, g->n_arenas, g, arena))
         return NULL;
     const char *error = NULL;
     int status = 0;
@@ -334,9 +325,9 @@ static PyObject *py_graph_run(PyObject *self, PyObject *args) {
     pthread_mutex_lock(&exec_lock);
     memcpy(g->state, state.ptr, sizeof(int64_t) * (size_t)g->state_len);
     for (Py_ssize_t i = 0; i < g->n; i++) {
-        if (g->kv_of[i] < 0) continue;
-        g->ops[i].kcache = (float *)((char *)k[g->kv_of[i]].ptr + g->k_at[i]);
-        g->ops[i].vcache = (float *)((char *)v[g->kv_of[i]].ptr + g->v_at[i]);
+        if (g->arena_of[i] < 0) continue;
+        g->ops[i].kcache = (float *)((char *)arena[g->arena_of[i]].ptr + g->k_at[i]);
+        g->ops[i].vcache = (float *)((char *)arena[g->arena_of[i]].ptr + g->v_at[i]);
     }
     for (Py_ssize_t i = 0; i < g->n && status == 0; i++) status = exec_op(&g->ops[i], &error);
     if (status == 0) memcpy(out.ptr, g->output, sizeof(float) * (size_t)g->output_len);
@@ -444,8 +435,8 @@ static PyObject *py_exp(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"run", py_run, METH_VARARGS, "Run one op now (GIL released)."},
-    {"graph", py_graph, METH_VARARGS, "Parse a list of ops (its state, output, KV stand-ins) once; a handle for graph_run."},
-    {"graph_run", py_graph_run, METH_VARARGS, "Replay a parsed op list on given KV storages (GIL released)."},
+    {"graph", py_graph, METH_VARARGS, "Parse a list of ops (its state, output, state arenas) once; a handle for graph_run."},
+    {"graph_run", py_graph_run, METH_VARARGS, "Replay a parsed op list on given state arenas (GIL released)."},
     {"set_threads", py_set_threads, METH_VARARGS, "Use n threads, the caller included; returns the count."},
     {"threads", py_threads, METH_NOARGS, "Threads in use, the caller included."},
     {"tile_q1_0", py_tile_q1_0, METH_VARARGS, "Q1_0 blocks (rows, cols) regrouped for the product, as bytes."},

@@ -293,8 +293,23 @@ static void elementwise(const Op *op) {
 
 /* -- attention ----------------------------------------------------------------------------
  * q (T, H, Dh), k (T, Hkv, Dh), v (T, Hkv, Dv) at positions pos .. pos+T-1; n = {T, H, Hkv,
- * Dh, Dv, N, window (0: none)}; f = {scale, softcap (0: none)}. Keys and values are written
- * into the cache first; each (token, head) then attends to positions max(0, p - window + 1) .. p.
+ * Dh, Dv, slots, window (0: none), ring}; f = {scale, softcap (0: none)}. Keys and values are
+ * written into the layer's cache first; each (token, head) then attends to positions
+ * max(0, p - window + 1) .. p.
+ *
+ * A full layer's cache holds position p at row p of each KV head: keys (Hkv, slots, Dh).
+ * A ring (a sliding-window layer that keeps only its window) is mirrored: keys
+ * (Hkv, 2 * slots, Dh), position p at rows p % slots and p % slots + slots, so that any
+ * `slots` consecutive positions lie in consecutive rows:
+ *
+ *     row:      0 1 2 3 4 | 5 6 7 8 9          slots = 5, after positions 0 .. 11
+ *     position: 10 11 7 8 9 | 10 11 7 8 9     positions 7 .. 11 are rows 2 .. 6
+ *
+ * Positions lo .. hi of a pass (lo the first that its first query reads) then lie at rows
+ * from lo - base on, base = lo - lo % slots (0 for a full layer), and every loop below runs
+ * over rows, so a ring gives the bits of a full-length cache. A pass may not write more than
+ * slots - window + 1 positions: its first query's window would be overwritten.
+ *
  * The query rows are ordered (KV head, token, head of the group) and split evenly over the
  * threads; a thread takes up to ATTN_ROWS rows of one KV head at a time and scores each key,
  * and adds each value, for all of them while the row is in cache. A row's own sums run over
@@ -305,14 +320,14 @@ static void elementwise(const Op *op) {
 
 typedef struct {
     const float *q;
-    float *out, *scores; /* scores indexed by position */
-    int64_t first, last;
+    float *out, *scores; /* scores indexed by cache row */
+    int64_t first, last; /* the cache rows of the first and last position the query sees */
 } AttnRow;
 
 #define VALUE_BLOCK 64 /* value dimensions summed in registers (8 vectors) */
 
-/* out = sum over j = first .. last of w[j] * values[j] (rows of Dv), each element summed in
- * position order; VALUE_BLOCK dimensions at a time in registers */
+/* out = sum over rows j = first .. last of w[j] * values[j] (rows of Dv), each element summed
+ * in position order; VALUE_BLOCK dimensions at a time in registers */
 static void weighted_values(const float *w, int64_t first, int64_t last, const float *values, int64_t Dv, float *out) {
     int64_t d = 0;
     for (; d + VALUE_BLOCK <= Dv; d += VALUE_BLOCK) {
@@ -349,9 +364,19 @@ static void softmax_row(float *scores, int64_t first, int64_t last) {
     for (int64_t j = first; j <= last; j++) scores[j] /= total;
 }
 
+/* The first cache row of the positions a pass reads (see above): 0 for a full layer. */
+static int64_t ring_base(const Op *op) {
+    int64_t slots = op->n[5], window = op->n[6], lo = window > 0 && *op->pos - window + 1 > 0 ? *op->pos - window + 1 : 0;
+    return op->n[7] ? lo - lo % slots : 0;
+}
+
+/* Rows of the cache per KV head: a ring's are mirrored. */
+static int64_t cache_rows(const Op *op) { return op->n[7] ? 2 * op->n[5] : op->n[5]; }
+
 static void attention_task(void *vctx, int chunk, int chunks, int thread) {
     const Op *op = ((const ElementCtx *)vctx)->op;
-    int64_t T = op->n[0], H = op->n[1], Hkv = op->n[2], Dh = op->n[3], Dv = op->n[4], N = op->n[5], window = op->n[6];
+    int64_t T = op->n[0], H = op->n[1], Hkv = op->n[2], Dh = op->n[3], Dv = op->n[4], window = op->n[6];
+    int64_t N = cache_rows(op), base = ring_base(op);
     int64_t group = H / Hkv, per_kv = T * group, lo, hi;
     split_range(Hkv * per_kv, chunk, chunks, &lo, &hi);
     float *buffer = scratch_floats(thread);
@@ -366,10 +391,10 @@ static void attention_task(void *vctx, int chunk, int chunks, int thread) {
             row->q = op->a + (t * H + h) * Dh;
             row->out = op->out + (t * H + h) * Dv;
             row->scores = buffer + r * N;
-            row->first = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
-            row->last = p;
+            row->first = (window > 0 && p - window + 1 > 0 ? p - window + 1 : 0) - base;
+            row->last = p - base;
             from = row->first < from ? row->first : from;
-            to = p > to ? p : to;
+            to = row->last > to ? row->last : to;
         }
         const float *keys = op->kcache + kv * N * Dh, *values = op->vcache + kv * N * Dv;
         for (int64_t j = from; j <= to; j += 8) {
@@ -398,9 +423,14 @@ static void attention_task(void *vctx, int chunk, int chunks, int thread) {
 }
 
 static int attention(const Op *op, const char **error) {
-    int64_t T = op->n[0], Hkv = op->n[2], Dh = op->n[3], Dv = op->n[4], N = op->n[5], start = *op->pos;
-    if (start < 0 || start + T > N) {
+    int64_t T = op->n[0], Hkv = op->n[2], Dh = op->n[3], Dv = op->n[4], slots = op->n[5], window = op->n[6];
+    int64_t N = cache_rows(op), start = *op->pos;
+    if (start < 0 || (!op->n[7] && start + T > slots)) {
         *error = "the KV cache has no room for these positions";
+        return -1;
+    }
+    if (op->n[7] && (window <= 0 || window + T - 1 > slots)) {
+        *error = "a pass over a windowed layer's ring may write at most slots - window + 1 positions: split it";
         return -1;
     }
     if (scratch_reserve(0, ATTN_ROWS * N) != 0) {
@@ -408,10 +438,12 @@ static int attention(const Op *op, const char **error) {
         return -1;
     }
     for (int64_t t = 0; t < T; t++) {
-        for (int64_t kv = 0; kv < Hkv; kv++) {
-            memcpy(op->kcache + (kv * N + start + t) * Dh, op->b + (t * Hkv + kv) * Dh, sizeof(float) * (size_t)Dh);
-            memcpy(op->vcache + (kv * N + start + t) * Dv, op->c + (t * Hkv + kv) * Dv, sizeof(float) * (size_t)Dv);
-        }
+        int64_t row = (start + t) % slots;
+        for (int64_t kv = 0; kv < Hkv; kv++)
+            for (int64_t copy = row; copy < N; copy += slots) { /* a ring's mirror too */
+                memcpy(op->kcache + (kv * N + copy) * Dh, op->b + (t * Hkv + kv) * Dh, sizeof(float) * (size_t)Dh);
+                memcpy(op->vcache + (kv * N + copy) * Dv, op->c + (t * Hkv + kv) * Dv, sizeof(float) * (size_t)Dv);
+            }
     }
     ElementCtx c = {op};
     pool_run(attention_task, &c);

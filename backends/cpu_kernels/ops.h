@@ -27,7 +27,7 @@ typedef struct {
     const int64_t *ids;  /* token ids (OP_EMBED) */
     const int64_t *pos;  /* position of the first token (OP_ROPE, OP_ATTN), or of each (OP_ROPE, n5) */
     const double *table; /* inverse frequencies (OP_ROPE) */
-    float *kcache, *vcache; /* the layer's keys (Hkv, N, Dh) and values (Hkv, N, Dv) (OP_ATTN) */
+    float *kcache, *vcache; /* the layer's keys (Hkv, rows, Dh) and values (Hkv, rows, Dv) (OP_ATTN; ops.c) */
     int n_mats;
     Matrix mats[MAX_FUSED];
     float *outs[MAX_FUSED];

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from backends import cpu_native
-from backends.base import LayerAttention
+from backends.base import AttentionState, LayerAttention
 from backends.cpu_backend import CpuBackend
 from tests.backends.test_numpy_backend import naive_attention
 
@@ -73,7 +73,7 @@ def test_attention_matches_the_textbook_loops(heads, kv_heads, window, softcap, 
     v = rng.standard_normal((total, kv_heads, dv)).astype(np.float32)
     settings = LayerAttention(scale=0.125, window=window, softcap=softcap)
     be = CpuBackend(threads=threads)
-    cache = be.allocate_kv(n_layers=1, n_ctx=64, n_kv_heads=kv_heads, head_dim=dh, value_dim=dv)
+    cache = be.allocate_state([AttentionState(kv_heads, dh, dv, slots=64)])
     parts = [attention_pass(be, q[:prefix], k[:prefix], v[:prefix], cache, 0, settings)]  # prefill
     parts.append(attention_pass(be, q[prefix:prefix + 1], k[prefix:prefix + 1], v[prefix:prefix + 1], cache, prefix, settings))
     parts.append(attention_pass(be, q[prefix + 1:], k[prefix + 1:], v[prefix + 1:], cache, prefix + 1, settings))  # 16
@@ -93,8 +93,8 @@ def test_a_tokens_attention_does_not_depend_on_its_pass(n_tokens):
     v = rng.standard_normal((total, kv_heads, dv)).astype(np.float32)
     settings = LayerAttention(scale=0.125, window=None, softcap=None)
     be = CpuBackend(threads=2)
-    together = be.allocate_kv(n_layers=1, n_ctx=64, n_kv_heads=kv_heads, head_dim=dh, value_dim=dv)
-    alone = be.allocate_kv(n_layers=1, n_ctx=64, n_kv_heads=kv_heads, head_dim=dh, value_dim=dv)
+    together = be.allocate_state([AttentionState(kv_heads, dh, dv, slots=64)])
+    alone = be.allocate_state([AttentionState(kv_heads, dh, dv, slots=64)])
     for cache in (together, alone):
         attention_pass(be, q[:prefix], k[:prefix], v[:prefix], cache, 0, settings)
     one_pass = attention_pass(be, q[prefix:], k[prefix:], v[prefix:], together, prefix, settings)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from backends.base import LayerAttention, WeightSpec
+from backends.base import AttentionState, LayerAttention, RecurrentState, WeightSpec
 from backends.errors import BackendUnavailable
 from backends.numpy_backend import NumpyBackend
 from tests.backends.test_mlx_quantize import random_blocks
@@ -152,14 +152,14 @@ def test_attention_prefill_then_decode_matches_numpy(window, softcap, mlx_backen
     settings = LayerAttention(scale=0.3, window=window, softcap=softcap)
     ours, reference = [], []
     for be, out, wrap in ((mlx_backend, ours, mx.array), (numpy_backend, reference, np.asarray)):
-        cache = be.allocate_kv(n_layers=2, n_ctx=16, n_kv_heads=2, head_dim=8, value_dim=6)
+        cache = be.allocate_state([AttentionState(2, 8, 6, slots=16)] * 2)
         out.append(be.attention(wrap(q[:4]), wrap(k[:4]), wrap(v[:4]), cache, 1, 2, settings))
         for t in range(4, 7):
             out.append(be.attention(wrap(q[t:t + 1]), wrap(k[t:t + 1]), wrap(v[t:t + 1]), cache, 1, t + 2, settings))
         if be is mlx_backend:
-            ours_keys = host(cache.keys[1][0])  # (Hkv, N, Dh)
+            ours_keys = host(cache.arrays[1][0][0])  # (Hkv, N, Dh)
         else:
-            reference_keys = cache.k[1]
+            reference_keys = cache.keys[1]
     np.testing.assert_allclose(np.concatenate([host(o) for o in ours]), np.concatenate(reference),
                                rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(ours_keys, reference_keys)
@@ -171,14 +171,44 @@ def test_attention_of_a_compiled_step_reads_a_fixed_span(window, softcap, span, 
     """With a StepStart, the step reads `span` positions (or just the window) and masks by position."""
     q, k, v = attention_inputs(10)
     settings = LayerAttention(scale=0.3, window=window, softcap=softcap)
-    ours_cache = mlx_backend.allocate_kv(n_layers=1, n_ctx=32, n_kv_heads=2, head_dim=8, value_dim=6)
-    reference_cache = numpy_backend.allocate_kv(n_layers=1, n_ctx=32, n_kv_heads=2, head_dim=8, value_dim=6)
+    ours_cache = mlx_backend.allocate_state([AttentionState(2, 8, 6, slots=32)])
+    reference_cache = numpy_backend.allocate_state([AttentionState(2, 8, 6, slots=32)])
     for t in range(7):
         start = StepStart(mx.array([t + 5], dtype=mx.int32), span)
         ours = mlx_backend.attention(mx.array(q[t:t + 1]), mx.array(k[t:t + 1]), mx.array(v[t:t + 1]),
                                      ours_cache, 0, start, settings)
         reference = numpy_backend.attention(q[t:t + 1], k[t:t + 1], v[t:t + 1], reference_cache, 0, t + 5, settings)
         np.testing.assert_allclose(host(ours), reference, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("softcap", [None, 5.0])
+def test_a_ring_layer_matches_a_full_length_one_eager_and_compiled(softcap, mlx_backend, numpy_backend):
+    """A ring of 5 slots with a window of 3 (passes of up to 3 tokens): a prefill chunk of 3,
+    then passes of 2, then compiled one-token steps (StepStart), against NumPy's full-length
+    layer; the compiled step writes the ring through mx.compile's captured state."""
+    rng = np.random.default_rng(14)
+    q, k, v = (rng.standard_normal((20, heads, dim)).astype(np.float32) for heads, dim in ((4, 8), (2, 8), (2, 6)))
+    settings = LayerAttention(scale=0.3, window=3, softcap=softcap)
+    ring = mlx_backend.allocate_state([AttentionState(2, 8, 6, slots=5, window=3)])
+    full = numpy_backend.allocate_state([AttentionState(2, 8, 6, slots=20)])
+    ours, reference = [], []
+    for start, end in ((0, 3), (3, 5), (5, 7), (7, 9)):
+        ours.append(mlx_backend.attention(mx.array(q[start:end]), mx.array(k[start:end]), mx.array(v[start:end]),
+                                          ring, 0, start, settings))
+        reference.append(numpy_backend.attention(q[start:end], k[start:end], v[start:end], full, 0, start, settings))
+
+    def step(q1, k1, v1, position):
+        return mlx_backend.attention(q1, k1, v1, ring, 0, StepStart(position, 16), settings)
+
+    compiled = mx.compile(step, inputs=ring.state, outputs=ring.state)
+    for t in range(9, 20):
+        ours.append(compiled(mx.array(q[t:t + 1]), mx.array(k[t:t + 1]), mx.array(v[t:t + 1]),
+                             mx.array([t], dtype=mx.int32)))
+        reference.append(numpy_backend.attention(q[t:t + 1], k[t:t + 1], v[t:t + 1], full, 0, t, settings))
+    np.testing.assert_allclose(np.concatenate([host(o) for o in ours]), np.concatenate(reference),
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="split it"):
+        mlx_backend.attention(mx.array(q[:4]), mx.array(k[:4]), mx.array(v[:4]), ring, 0, 0, settings)
 
 
 @pytest.mark.parametrize("kind", ["silu", "gelu_tanh"])
@@ -210,9 +240,9 @@ def test_argmax_stays_on_the_device(mlx_backend):
     assert token.item() == int(np.argmax(logits[-1]))
 
 
-def test_kv_storage_size(mlx_backend):
-    cache = mlx_backend.allocate_kv(n_layers=3, n_ctx=10, n_kv_heads=2, head_dim=4, value_dim=5)
-    assert mlx_backend.kv_bytes(cache) == 3 * 10 * 2 * (4 + 5) * 4
+def test_state_size(mlx_backend):
+    state = mlx_backend.allocate_state([AttentionState(2, 4, 5, slots=10)] * 3 + [RecurrentState(((3, 4), (7,)))])
+    assert mlx_backend.state_bytes(state) == 3 * 10 * 2 * (4 + 5) * 4 + (12 + 7) * 4
 
 
 def test_device_name_says_mlx_and_the_device(mlx_backend):

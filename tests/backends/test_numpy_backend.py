@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 
-from backends.base import LayerAttention, WeightSpec
+from backends.base import AttentionState, LayerAttention, RecurrentState, WeightSpec
 from backends.errors import BackendUnavailable
 from backends.numpy_backend import NumpyBackend
 from backends.selection import select
@@ -76,15 +76,15 @@ def test_attention_matches_naive_loops_across_chunks(window, softcap):
     q = rng.standard_normal((total, n_heads, dh)).astype(np.float32)
     k = rng.standard_normal((total, n_kv, dh)).astype(np.float32)
     v = rng.standard_normal((total, n_kv, dv)).astype(np.float32)
-    cache = be.allocate_kv(n_layers=2, n_ctx=16, n_kv_heads=n_kv, head_dim=dh, value_dim=dv)
+    cache = be.allocate_state([AttentionState(n_kv, dh, dv, slots=16)] * 2)
     settings = LayerAttention(scale=0.3, window=window, softcap=softcap)
     # Prefill 4 tokens, then decode 3 one at a time, into layer 1.
     parts = [be.attention(q[:4], k[:4], v[:4], cache, 1, 0, settings)]
     parts += [be.attention(q[t:t + 1], k[t:t + 1], v[t:t + 1], cache, 1, t, settings) for t in range(4, total)]
     expected = naive_attention(q, k, v, range(total), 0.3, window, softcap)
     np.testing.assert_allclose(np.concatenate(parts), expected, rtol=1e-4, atol=1e-5)
-    np.testing.assert_array_equal(cache.k[1, :, :total], k.transpose(1, 0, 2))
-    assert not cache.k[0].any(), "layer 0 must stay untouched"
+    np.testing.assert_array_equal(cache.keys[1][:, :total], k.transpose(1, 0, 2))
+    assert not cache.keys[0].any(), "layer 0 must stay untouched"
 
 
 def test_gated_activations_at_known_points():
@@ -148,10 +148,10 @@ def test_embedding_reads_rows_and_scales():
     np.testing.assert_array_equal(out, [[18, 20, 22], [0, 2, 4]])
 
 
-def test_kv_storage_size():
+def test_state_size():
     be = NumpyBackend()
-    cache = be.allocate_kv(n_layers=3, n_ctx=10, n_kv_heads=2, head_dim=4, value_dim=5)
-    assert be.kv_bytes(cache) == 3 * 10 * 2 * (4 + 5) * 4
+    state = be.allocate_state([AttentionState(2, 4, 5, slots=10)] * 3 + [RecurrentState(((3, 4), (7,)))])
+    assert be.state_bytes(state) == 3 * 10 * 2 * (4 + 5) * 4 + (12 + 7) * 4
 
 
 def test_select_numpy_gives_numpy_and_says_why_not_the_others():

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import numpy as np
 
+from backends.base import Runner, Segment
 from engine.bundled import bundled_model
 from engine.loader import LoadedModel, load_model
 from tests.gguf_factory import write_tiny_model
@@ -42,3 +43,9 @@ def greedy_forward(loaded: LoadedModel, prompt: list[int], n: int) -> tuple[np.n
         if step < n - 1:
             logits = loaded.model.forward(np.asarray(tokens[-1:]), len(prompt) + step, cache.storage)[-1]
     return prompt_logits, tokens
+
+
+def op_by_op(model, tokens, segments: list[Segment]):
+    """Every row's logits of `tokens` on `segments`, the ops run one by one whatever runner the
+    backend has (the base `Runner`): the reference a recorded or compiled pass must equal."""
+    return Runner(model.logits)(tokens, segments, all_logits=True)

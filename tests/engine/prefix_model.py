@@ -29,14 +29,14 @@ class PrefixBackend:
 
     name = "prefix"
 
-    def allocate_kv(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int, value_dim: int) -> PrefixKV:
-        return PrefixKV(n_ctx)
+    def allocate_state(self, layers: list) -> PrefixKV:
+        return PrefixKV(layers[0].slots)
 
-    def kv_bytes(self, cache: PrefixKV) -> int:
-        return cache.tokens.nbytes
+    def state_bytes(self, state: PrefixKV) -> int:
+        return state.tokens.nbytes
 
-    def forget_kv(self, cache: PrefixKV, start: int, end: int) -> None:
-        cache.tokens[start:end] = -1
+    def forget(self, state: PrefixKV, start: int, end: int) -> None:
+        state.tokens[start:end] = -1
 
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return np.asarray(x, dtype=np.float32)

@@ -11,10 +11,10 @@ its own cache with its layer's settings.
 import numpy as np
 import pytest
 
+from backends.base import Segment
 from engine.generation import prefill
 from engine.loader import load_model
-from engine.models.common import KVBatch
-from tests.engine.parity_models import model_path
+from tests.engine.parity_models import model_path, op_by_op
 
 PROMPT_LENGTHS = (3, 21, 9, 9)  # past the tiny Gemmas' window of 16; two at the same positions
 STEPS = 6
@@ -70,10 +70,9 @@ def test_the_cpu_backend_records_a_batch_pass_once_per_batch_size(tmp_path):
         for n, group in enumerate(groups):
             tokens, positions = np.arange(8, 8 + len(group)), np.full(len(group), 3 + n)
             logits = loaded.model.decode_batch(tokens, positions, [c.storage for c in group])
-            eager = loaded.model.logits(tokens, positions, None, KVBatch([c.storage for c in group], list(positions)),
-                                        all_logits=True)
+            eager = op_by_op(loaded.model, tokens, [Segment(c.storage, int(p), 1) for c, p in zip(group, positions)])
             np.testing.assert_array_equal(logits, eager)  # the replayed pass is the op-by-op pass, on these storages
-        batch_passes = [key for key in loaded.backend.passes(loaded.model) if key[0] == "batch"]
+        batch_passes = [key for key in loaded.model.runner.passes if key[0] == "batch"]
         assert sorted(key[1] for key in batch_passes) == [2, 3]  # one recording per batch size
     finally:
         loaded.close()

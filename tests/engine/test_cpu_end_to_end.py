@@ -16,7 +16,7 @@ What must hold:
 - the compiled decode step (recorded once, replayed in C) gives exactly the op-by-op
   pass's logits, and so does a compiled pass over several tokens (a speculative draft's
   verification); a batch of 2-16 tokens gives exactly the logits of feeding them one by one;
-  a pass recorded on one KV storage replays on another of the same shape, there alone.
+  a pass recorded on one state replays on another of the same layout, there alone.
 """
 
 import gc
@@ -31,7 +31,8 @@ from engine.generation import generate
 from engine.loader import LoadedModel
 from engine.perplexity import perplexity
 from engine.sampling import SamplingParams
-from tests.engine.parity_models import greedy_forward, load_on_both
+from backends.base import Segment
+from tests.engine.parity_models import greedy_forward, load_on_both, op_by_op
 
 PPL_TEXT = (Path(__file__).resolve().parent.parent / "fixtures" / "ppl_text.txt").read_text()
 N_GREEDY = 32
@@ -124,8 +125,7 @@ def test_compiled_step_equals_the_op_by_op_pass(pair):
     for step in range(3):
         position = len(prompt) + step
         a = model.model.forward(np.asarray([token]), position, compiled.storage)  # the recorded graph
-        b = model.backend.to_host(model.model.logits(np.asarray([token]), np.arange(position, position + 1),
-                                                     position, eager.storage))  # op by op
+        b = model.backend.to_host(op_by_op(model.model, [token], [Segment(eager.storage, position, 1)]))
         np.testing.assert_array_equal(a, b)
         token = int(np.argmax(a))
 
@@ -140,13 +140,10 @@ def test_a_compiled_pass_over_several_tokens_equals_the_op_by_op_pass(pair, batc
     for start in (len(prompt), len(prompt) + batch):  # the second replays the recorded pass elsewhere
         tail = np.asarray(tokens[start : start + batch])
         a = model.model.forward(tail, start, compiled.storage, all_logits=True)  # the recorded pass: (batch, vocab)
-        b = model.backend.to_host(
-            model.model.logits(tail, np.arange(start, start + batch), start, eager.storage, all_logits=True)
-        )
+        b = model.backend.to_host(op_by_op(model.model, tail, [Segment(eager.storage, start, batch)]))
         np.testing.assert_array_equal(a, b)
-    assert model.backend.passes(model.model)[("tokens", batch, compiled.storage.shape)].runs >= 2
-    np.testing.assert_array_equal(compiled.storage.k, eager.storage.k)
-    np.testing.assert_array_equal(compiled.storage.v, eager.storage.v)
+    assert model.model.runner.passes[("tokens", batch, compiled.storage.shape)].runs >= 2
+    np.testing.assert_array_equal(compiled.storage.arena, eager.storage.arena)  # every layer's keys and values
 
 
 def test_a_compiled_pass_takes_at_most_sixteen_tokens(pair):
@@ -154,9 +151,7 @@ def test_a_compiled_pass_takes_at_most_sixteen_tokens(pair):
     cache = model.new_cache(32)
     logits = model.model.forward(np.asarray(pair.prompts[0] * 17)[:17], 0, cache.storage, all_logits=True)
     assert logits.shape[0] == 17  # op by op
-    assert not [key for key in model.backend.passes(model.model) if key[1] == 17]
-    with pytest.raises(ValueError, match="1 to 16 tokens"):
-        model.backend.compile_forward(lambda *inputs: None, cache.storage, 17, model.model)
+    assert not [key for key in model.model.runner.passes if key[1] == 17]
 
 
 @pytest.mark.parametrize("batch", [2, 5, 16])
@@ -178,7 +173,7 @@ def test_generate_runs_on_the_compiled_step(pair):
                            max_tokens=8, ignore_stop_tokens=True))
     assert [e.token for e in events] == pair.greedy["cpu"][0][:8]
     assert events[-1].finish_reason == "length"
-    assert pair.cpu.backend.passes(pair.cpu.model)[("tokens", 1, cache.storage.shape)].runs >= 7
+    assert pair.cpu.model.runner.passes[("tokens", 1, cache.storage.shape)].runs >= 7
 
 
 @pytest.mark.parametrize("n_tokens", [1, 3])
@@ -191,34 +186,32 @@ def test_a_pass_recorded_on_one_storage_serves_another_of_the_same_shape(pair, n
         model.model.forward(np.asarray(second), 0, cache.storage)
     tail = np.asarray(pair.greedy["cpu"][1][:n_tokens])
     model.model.forward(tail, len(first), one.storage, all_logits=True)  # records the pass (or replays it)
-    kept_k, kept_v = one.storage.k.copy(), one.storage.v.copy()
-    recordings = model.backend.recordings
+    kept = one.storage.arena.copy()
+    recordings = model.model.runner.recordings
     replayed = model.model.forward(tail, len(second), other.storage, all_logits=True)  # (n_tokens, vocab)
-    eager = model.model.logits(tail, np.arange(len(second), len(second) + n_tokens), len(second), reference.storage,
-                               all_logits=True)
-    assert model.backend.recordings == recordings  # nothing recorded for the second storage
+    eager = op_by_op(model.model, tail, [Segment(reference.storage, len(second), n_tokens)])
+    assert model.model.runner.recordings == recordings  # nothing recorded for the second storage
     np.testing.assert_array_equal(replayed, model.backend.to_host(eager)[-n_tokens:])
-    np.testing.assert_array_equal(other.storage.k, reference.storage.k)  # its keys went to its own storage...
-    np.testing.assert_array_equal(one.storage.k, kept_k)  # ...and the first storage was left alone
-    np.testing.assert_array_equal(one.storage.v, kept_v)
+    np.testing.assert_array_equal(other.storage.arena, reference.storage.arena)  # its keys went to its own state...
+    np.testing.assert_array_equal(one.storage.arena, kept)  # ...and the first state was left alone
 
 
 def test_a_recorded_pass_refuses_a_storage_of_another_size(pair):
     model = pair.cpu
     cache, smaller = model.new_cache(8), model.new_cache(7)
     model.model.forward(np.asarray(pair.prompts[0][:1]), 0, cache.storage)  # one token: the recorded pass
-    recorded = model.backend.passes(model.model)[("tokens", 1, cache.storage.shape)]
+    recorded = model.model.runner.passes[("tokens", 1, cache.storage.shape)]
     state, out = np.zeros(2, dtype=np.int64), np.empty((1, model.config.vocab_size), dtype=np.float32)
     with pytest.raises(ValueError, match="differs in size"):
-        model.backend.native.graph_run(recorded.graph, state, out, ((smaller.storage.k, smaller.storage.v),))
+        model.backend.native.graph_run(recorded.graph, state, out, (smaller.storage.arena,))
 
 
 def test_a_recorded_pass_does_not_keep_the_storage_it_was_recorded_on(pair):
     model = pair.cpu
     cache = model.new_cache(11)  # a shape no other test records on
     model.model.forward(np.asarray(pair.prompts[0][:1]), 0, cache.storage)  # records the one-token pass
-    assert ("tokens", 1, cache.storage.shape) in model.backend.passes(model.model)
-    keys = weakref.ref(cache.storage.k)
+    assert ("tokens", 1, cache.storage.shape) in model.model.runner.passes
+    keys = weakref.ref(cache.storage.arena)
     del cache
     gc.collect()
     assert keys() is None  # a dropped conversation's KV memory is freed

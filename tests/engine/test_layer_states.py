@@ -76,8 +76,8 @@ def test_a_recurrent_state_has_fixed_room_and_starts_again_at_zero():
     backend = NumpyBackend()
     state = backend.allocate_state([RecurrentState(((2, 3), (4,))), AttentionState(1, 2, 2, 8)])
     assert backend.state_bytes(state) == 4 * (6 + 4) + 4 * 2 * 8 * 2
-    state[0].states[0][:] = 1.0
+    state.arrays[0][0][:] = 1.0
     backend.forget(state, 3, 5)  # positions cannot be forgotten from a recurrent state
-    assert state[0].states[0].sum() == 6
+    assert state.arrays[0][0].sum() == 6
     backend.forget(state, 0, 5)  # from the start: a fresh sequence
-    assert state[0].states[0].sum() == 0
+    assert state.arrays[0][0].sum() == 0

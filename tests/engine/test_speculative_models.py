@@ -125,12 +125,12 @@ def test_a_cache_that_rolled_back_drafts_holds_what_plain_decoding_wrote(tmp_pat
     assert spec[-1].metrics.drafted_tokens == 4 * 5 and spec[-1].metrics.accepted_tokens == 0
     assert plain_cache.tokens == spec_cache.tokens
     plain_kv, spec_kv = plain_cache.storage, spec_cache.storage
-    if backend == "cpu":  # a batch of positions equals feeding them one by one, bit for bit
-        np.testing.assert_array_equal(plain_kv.k, spec_kv.k)
-        np.testing.assert_array_equal(plain_kv.v, spec_kv.v)
-    else:  # a batched float32 product may round differently from a one-row one
-        np.testing.assert_allclose(plain_kv.k, spec_kv.k, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(plain_kv.v, spec_kv.v, rtol=1e-5, atol=1e-6)
+    plain_arrays, spec_arrays = plain_kv.keys + plain_kv.values, spec_kv.keys + spec_kv.values  # per layer (Hkv, N, D)
+    for plain_array, spec_array in zip(plain_arrays, spec_arrays, strict=True):
+        if backend == "cpu":  # a batch of positions equals feeding them one by one, bit for bit
+            np.testing.assert_array_equal(plain_array, spec_array)
+        else:  # a batched float32 product may round differently from a one-row one
+            np.testing.assert_allclose(plain_array, spec_array, rtol=1e-5, atol=1e-6)
     used = spec_cache.n_used
-    assert not spec_kv.k[:, :, used:].any() and not spec_kv.v[:, :, used:].any()
+    assert not any(array[:, used:].any() for array in spec_arrays)
     model.close()
