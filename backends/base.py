@@ -9,7 +9,7 @@ Shapes use these letters:
     D   model width (embedding length)
     H   query heads;  Hkv  key/value heads (H is a multiple of Hkv)
     Dh  head dimension of queries and keys;  Dv  head dimension of values
-    N   context length the KV cache was allocated for
+    N   positions a layer's keys and values are kept for (the context, or a window's ring)
 Activations are float32 unless a backend documents otherwise; the NumPy backend is the
 reference, and every other backend must match its numbers within the tolerance its tests
 state.
@@ -260,11 +260,13 @@ class Backend(ABC):
     def attention(
         self, q: Tensor, k: Tensor, v: Tensor, cache: Any, layer: int, start: int, settings: LayerAttention
     ) -> Tensor:
-        """Causal attention of new tokens over the KV cache.
+        """Causal attention of new tokens over one layer's keys and values.
 
         q (T, H, Dh), k (T, Hkv, Dh), v (T, Hkv, Dv) for positions start .. start+T-1.
-        Writes k and v into `cache` at those positions of `layer`, then attends each query
-        to positions 0 .. its own (within `settings.window`). Returns (T, H * Dv).
+        Writes k and v into entry `layer` of the state `cache` (from `allocate_state`; an
+        `AttentionState`) at those positions (a ring's at p % slots), then attends each
+        query to positions 0 .. its own (within `settings.window`). Returns (T, H * Dv).
+        A ring refuses a pass longer than its `pass_tokens`.
         """
 
     def attention_batch(

@@ -101,7 +101,9 @@ class Transformer:
 
     # -- forward ---------------------------------------------------------------------
 
-    def forward(self, token_ids: Sequence[int], start: int, state: Any, all_logits: bool = False) -> np.ndarray:
+    def forward(
+        self, token_ids: Sequence[int] | np.ndarray, start: int, state: Any, all_logits: bool = False
+    ) -> np.ndarray:
         """Run tokens at positions start.. through the model, writing the per-layer `state`.
 
         Returns float32 logits on the host: (T, vocab) if `all_logits`, else (1, vocab) for

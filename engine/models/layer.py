@@ -8,7 +8,7 @@ mixture of experts has the same call, `block(h, pass_input) -> (T, D)`.
 
 from typing import Any, Protocol
 
-from backends.base import Backend, PassInput
+from backends.base import Backend, LayerState, PassInput
 from engine.config import ModelConfig
 from engine.models.block import Block, LayerReader, TensorSpec
 
@@ -20,6 +20,14 @@ class LayerBlock(Protocol):
 
     def __call__(self, h: Any, p: PassInput) -> Any:
         """The block's output for `h` (T, D): (T, D)."""
+
+
+class Mixer(LayerBlock, Protocol):
+    """The block that mixes positions (attention, or later a recurrent layer): it also says
+    what the layer keeps between passes."""
+
+    def state(self, n_ctx: int) -> LayerState:
+        """The layer's state for a context of `n_ctx` positions."""
 
 
 class DecoderLayer(Block):
@@ -36,7 +44,7 @@ class DecoderLayer(Block):
     post_attn_norm: Any
     post_ffw_norm: Any
 
-    def __init__(self, reader: LayerReader, config: ModelConfig, mixer: LayerBlock, feed_forward: LayerBlock):
+    def __init__(self, reader: LayerReader, config: ModelConfig, mixer: Mixer, feed_forward: LayerBlock):
         self.backend: Backend = reader.backend
         self.eps = config.rms_eps
         self.mixer, self.feed_forward = mixer, feed_forward

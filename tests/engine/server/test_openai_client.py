@@ -6,6 +6,7 @@ strings, finish reasons, constrained output, and the errors the client raises.
 
 import json
 import threading
+import time
 
 import httpx2 as httpx
 import jsonschema
@@ -194,4 +195,7 @@ def test_wrong_key_and_full_queue(tiny_model_path):
         finally:
             release.set()
         assert exc.value.response.headers["retry-after"]
+        deadline = time.monotonic() + 30
+        while scheduler.in_flight and time.monotonic() < deadline:  # the held place is given back
+            release.wait(0.005)
         assert right.chat.completions.create(model="tiny", messages=LONG, max_tokens=4).usage.completion_tokens
