@@ -30,23 +30,6 @@ from backends.dequant import block_size, dequantize
 from backends.errors import TensorDataError
 
 OP_EMBED, OP_LINEAR, OP_RMSNORM, OP_ROPE, OP_ATTN, OP_GATED, OP_ADD, OP_SOFTCAP = range(1, 9)
-NATIVE_TYPES = frozenset(
-    int(t)
-    for t in (
-        GGMLQuantizationType.F32,
-        GGMLQuantizationType.F16,
-        GGMLQuantizationType.BF16,
-        GGMLQuantizationType.Q4_0,
-        GGMLQuantizationType.Q4_1,
-        GGMLQuantizationType.Q5_0,
-        GGMLQuantizationType.Q5_1,
-        GGMLQuantizationType.Q8_0,
-        GGMLQuantizationType.Q1_0,
-        GGMLQuantizationType.Q4_K,
-        GGMLQuantizationType.Q5_K,
-        GGMLQuantizationType.Q6_K,
-    )
-)
 _ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 _Q8_0 = GGMLQuantizationType.Q8_0
 _ALIGN = 16  # floats: recorded buffers start on 64-byte cache lines
@@ -266,6 +249,12 @@ class CpuBackend(Backend):
         return f"CPU ({self.threads} threads, {self.native.TIER} kernels)"
 
     @property
+    def native_types(self) -> frozenset[int]:
+        """The GGML types the kernels read in place (the table in cpu_kernels/kernels.h);
+        `prepare_weight` converts the others."""
+        return frozenset(self.native.NATIVE_TYPES)
+
+    @property
     def load_notes(self) -> list[str]:
         return list(self._load_notes)
 
@@ -279,7 +268,7 @@ class CpuBackend(Backend):
         rows, cols = spec.shape
         raw, ggml_type = spec.raw, int(spec.ggml_type)
         per_block, block_bytes = block_size(ggml_type)
-        if ggml_type not in NATIVE_TYPES or cols % per_block:
+        if ggml_type not in self.native_types or cols % per_block:
             raw, ggml_type = self._convert(spec)
             per_block, block_bytes = block_size(ggml_type)
         raw = raw.reshape(-1)

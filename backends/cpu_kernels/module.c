@@ -449,10 +449,32 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, STR(SPRIG_MODULE), "Sprig's native CPU kernels.", -1,
                                     methods};
 
+/* {GGML type number: name} of every type of QUANT_TYPES (kernels.h): the types the kernels
+ * read in place. */
+static PyObject *native_types(void) {
+    PyObject *types = PyDict_New();
+#define ADD_TYPE(name, number, ...)                                                                         \
+    if (types) {                                                                                            \
+        PyObject *key = PyLong_FromLong(number), *value = PyUnicode_FromString(#name);                     \
+        if (!key || !value || PyDict_SetItem(types, key, value) != 0) Py_CLEAR(types);                     \
+        Py_XDECREF(key);                                                                                    \
+        Py_XDECREF(value);                                                                                  \
+    }
+    QUANT_TYPES(ADD_TYPE)
+#undef ADD_TYPE
+    return types;
+}
+
 PyMODINIT_FUNC CAT(PyInit_, SPRIG_MODULE)(void) {
     q1_tiles_init();
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
+    PyObject *types = native_types();
+    if (!types || PyModule_AddObject(m, "NATIVE_TYPES", types) != 0) {
+        Py_XDECREF(types);
+        Py_DECREF(m);
+        return NULL;
+    }
     if (PyModule_AddStringConstant(m, "TIER", SPRIG_TIER) != 0 || PyModule_AddIntConstant(m, "Q1_0_TILES", T_Q1_0_TILES) != 0) {
         Py_DECREF(m);
         return NULL;

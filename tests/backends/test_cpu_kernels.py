@@ -16,7 +16,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from backends import cpu_native
-from backends.cpu_backend import NATIVE_TYPES, CpuBackend, CpuMatrix
+from backends.cpu_backend import CpuBackend, CpuMatrix
 from backends.dequant import dequantize
 from backends.errors import BackendUnavailable
 
@@ -67,7 +67,32 @@ def product(tier: str, threads: int, qtype: T, raw: np.ndarray, cols: int, x: np
 
 
 def test_every_native_type_is_covered():
-    assert {int(t) for t in QUANT_TYPES + FLOAT_TYPES} == NATIVE_TYPES
+    assert {int(t) for t in QUANT_TYPES + FLOAT_TYPES} == CpuBackend(threads=1).native_types
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_each_tier_exports_the_one_table_of_types_with_gguf_names_and_block_sizes(tier):
+    """The kernels' table (QUANT_TYPES in kernels.h) is the only list of native types: every
+    tier exports the same one, its names and numbers are gguf-py's, its block sizes are
+    gguf-py's, and the backend's types are read from it."""
+    module = cpu_native.load(tier)
+    table = module.NATIVE_TYPES  # {GGML number: name}
+    assert table == cpu_native.load("scalar").NATIVE_TYPES
+    assert {number: T(number).name for number in table} == table
+    assert CpuBackend(threads=1, tier=tier).native_types == frozenset(table)
+    infinity = {T.F32: np.float32(np.inf).tobytes(), T.BF16: np.float32(np.inf).tobytes()[2:]}
+    for number in table:
+        qtype = T(number)
+        size = GGML_QUANT_SIZES[qtype][1]
+        blocks = np.zeros(3 * size, dtype=np.uint8)  # blocks of gguf-py's size: count_bad_scales reads 3 of them
+        assert module.count_bad_scales(blocks, number, 3) == 0
+        with pytest.raises(ValueError, match="smaller than the op needs"):
+            module.count_bad_scales(blocks[:-1], number, 3)
+        for offset in SCALE_OFFSETS.get(qtype, (0,)):  # each fp16 scale (or the float itself), made infinite
+            damaged = blocks.copy()
+            bad = infinity.get(qtype, np.float16(np.inf).tobytes())
+            damaged[size + offset : size + offset + len(bad)] = np.frombuffer(bad, dtype=np.uint8)
+            assert module.count_bad_scales(damaged, number, 3) == 1, (qtype.name, offset)
 
 
 @pytest.mark.parametrize("kind", ["random", "extreme", "ones"])
