@@ -437,7 +437,11 @@ static int attention(const Op *op, const char **error) {
         *error = "the KV cache has no room for these positions";
         return -1;
     }
-    if (ring && (window <= 0 || window + T - 1 > slots)) {
+    if (ring && window <= 0) {
+        *error = "a windowed layer's ring was given no window";
+        return -1;
+    }
+    if (ring && window + T - 1 > slots) {
         *error = "a pass over a windowed layer's ring may write at most slots - window + 1 positions: split it";
         return -1;
     }
