@@ -25,30 +25,29 @@ from backends.cpu_runner import Recorder, RecordingRunner, Slot, StepInput, alig
 from backends.dequant import block_size, dequantize
 from backends.errors import TensorDataError
 
-OP_EMBED, OP_LINEAR, OP_RMSNORM, OP_ROPE, OP_ATTN, OP_GATED, OP_ADD, OP_SOFTCAP = range(1, 9)
-NATIVE_TYPES = frozenset(
-    int(t)
-    for t in (
-        GGMLQuantizationType.F32,
-        GGMLQuantizationType.F16,
-        GGMLQuantizationType.BF16,
-        GGMLQuantizationType.Q4_0,
-        GGMLQuantizationType.Q4_1,
-        GGMLQuantizationType.Q5_0,
-        GGMLQuantizationType.Q5_1,
-        GGMLQuantizationType.Q8_0,
-        GGMLQuantizationType.Q1_0,
-        GGMLQuantizationType.Q4_K,
-        GGMLQuantizationType.Q5_K,
-        GGMLQuantizationType.Q6_K,
-    )
-)
 _ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 _Q8_0 = GGMLQuantizationType.Q8_0
 
 
 def _bufs(a=None, b=None, c=None, out=None, ids=None, pos=None, table=None, kcache=None, vcache=None) -> tuple:
     return (a, b, c, out, ids, pos, table, kcache, vcache)
+
+
+def op_tuple(ops: dict[str, tuple], name: str, bufs: tuple, mats: tuple, slots: dict[str, float]) -> tuple:
+    """The kernels' tuple of the op `name` (module.c): its code and its int and float slots in
+    the order `ops` (the module's OPS: name -> (code, int names, float names)) gives them.
+    Raises ValueError naming what is missing or unknown."""
+    if name not in ops:
+        raise ValueError(f"the kernels have no op {name!r} (they have {', '.join(ops)})")
+    code, int_names, float_names = ops[name]
+    missing = [n for n in (*int_names, *float_names) if n not in slots]
+    unknown = [n for n in slots if n not in int_names and n not in float_names]
+    if missing or unknown:
+        raise ValueError(
+            f"op {name} takes ints ({', '.join(int_names)}) and floats ({', '.join(float_names)}): "
+            f"missing {missing}, unknown {unknown}"
+        )
+    return code, bufs, mats, tuple(int(slots[n]) for n in int_names), tuple(float(slots[n]) for n in float_names)
 
 
 class CpuMatrix:
@@ -131,6 +130,12 @@ class CpuBackend(Backend):
         return f"CPU ({self.threads} threads, {self.native.TIER} kernels)"
 
     @property
+    def native_types(self) -> frozenset[int]:
+        """The GGML types the kernels read in place (the table in cpu_kernels/kernels.h);
+        `prepare_weight` converts the others."""
+        return frozenset(self.native.NATIVE_TYPES)
+
+    @property
     def load_notes(self) -> list[str]:
         return list(self._load_notes)
 
@@ -144,7 +149,7 @@ class CpuBackend(Backend):
         rows, cols = spec.shape
         raw, ggml_type = spec.raw, int(spec.ggml_type)
         per_block, block_bytes = block_size(ggml_type)
-        if ggml_type not in NATIVE_TYPES or cols % per_block:
+        if ggml_type not in self.native_types or cols % per_block:
             raw, ggml_type = self._convert(spec)
             per_block, block_bytes = block_size(ggml_type)
         raw = raw.reshape(-1)
@@ -198,8 +203,10 @@ class CpuBackend(Backend):
     def _new(self, shape: tuple[int, ...]) -> Any:
         return self._recorder.new(shape) if self._recorder else np.empty(shape, dtype=np.float32)
 
-    def _emit(self, code: int, bufs: tuple, mats: tuple = (), ints: tuple = (), floats: tuple = ()) -> None:
-        op = (code, bufs, mats, tuple(int(i) for i in ints), tuple(float(f) for f in floats))
+    def _emit(self, name: str, bufs: tuple, mats: tuple = (), **slots: float) -> None:
+        """Run (or record) the op `name` of the kernels' OPS table on `bufs` and `mats`, its int
+        and float slots given by name; every slot the table names must be given, and no other."""
+        op = op_tuple(self.native.OPS, name, bufs, mats, slots)
         if self._recorder:
             self._recorder.ops.append(op)
         else:
@@ -210,7 +217,7 @@ class CpuBackend(Backend):
     def embedding(self, weight: CpuMatrix, token_ids: Any, scale: float = 1.0) -> Any:
         ids = token_ids.view if isinstance(token_ids, StepInput) else np.ascontiguousarray(token_ids, dtype=np.int64)
         out = self._new((len(ids), weight.cols))
-        self._emit(OP_EMBED, _bufs(out=out, ids=ids), (weight.lookup_entry(),), (len(ids),), (scale,))
+        self._emit("embed", _bufs(out=out, ids=ids), (weight.lookup_entry(),), tokens=len(ids), scale=scale)
         return out
 
     def linear(self, x: Any, weight: CpuMatrix, bias: Any = None) -> Any:
@@ -220,14 +227,14 @@ class CpuBackend(Backend):
         x = _contiguous(x)
         outs = [self._new((len(x), w.rows)) for w in fused]
         mats = tuple(self._product_entry(w, out, bias) for w, out, bias in zip(fused, outs, biases, strict=True))
-        self._emit(OP_LINEAR, _bufs(a=x), mats, (len(x),))
+        self._emit("linear", _bufs(a=x), mats, tokens=len(x))
         return outs
 
     def rms_norm(self, x: Any, weight: np.ndarray, eps: float) -> Any:
         x = _contiguous(x)
         out = self._new(x.shape)
         dim = x.shape[-1]
-        self._emit(OP_RMSNORM, _bufs(a=x, b=weight, out=out), (), (int(np.prod(x.shape)) // dim, dim), (eps,))
+        self._emit("rms_norm", _bufs(a=x, b=weight, out=out), rows=int(np.prod(x.shape)) // dim, dim=dim, eps=eps)
         return out
 
     def rope(
@@ -244,7 +251,14 @@ class CpuBackend(Backend):
         n_tokens, heads, dim = x.shape
         table = self._rope_table(base, rope_dim, freq_factors)
         self._emit(
-            OP_ROPE, _bufs(a=x, out=out, pos=pos, table=table), (), (n_tokens, heads, dim, rope_dim, neox, per_row)
+            "rope",
+            _bufs(a=x, out=out, pos=pos, table=table),
+            tokens=n_tokens,
+            heads=heads,
+            dim=dim,
+            rope_dim=rope_dim,
+            neox=neox,
+            per_row=per_row,
         )
         return out
 
@@ -288,11 +302,18 @@ class CpuBackend(Backend):
             raise ValueError(f"layer {layer} keeps a recurrent state, not keys and values")
         pos = start if isinstance(start, np.ndarray) else np.array([start], dtype=np.int64)
         self._emit(
-            OP_ATTN,
+            "attention",
             _bufs(a=q, b=k, c=v, out=out, pos=pos, kcache=cache.keys[layer], vcache=cache.values[layer]),
-            (),
-            (n_tokens, heads, kv_heads, head_dim, value_dim, state.slots, settings.window or 0, state.ring),
-            (settings.scale, settings.softcap or 0.0),
+            tokens=n_tokens,
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            value_dim=value_dim,
+            slots=state.slots,
+            window=settings.window or 0,
+            ring=state.ring,
+            scale=settings.scale,
+            softcap=settings.softcap or 0.0,
         )
 
     def gated_activation(self, gate: Any, up: Any, kind: str) -> Any:
@@ -300,21 +321,21 @@ class CpuBackend(Backend):
             raise ValueError(f"unknown activation {kind!r}")
         out = self._new(gate.shape)
         self._emit(
-            OP_GATED,
+            "gated",
             _bufs(a=_contiguous(gate), b=_contiguous(up), out=out),
-            (),
-            (int(np.prod(gate.shape)), _ACTIVATIONS[kind]),
+            elements=int(np.prod(gate.shape)),
+            activation=_ACTIVATIONS[kind],
         )
         return out
 
     def add(self, a: Any, b: Any) -> Any:
         out = self._new(a.shape)
-        self._emit(OP_ADD, _bufs(a=_contiguous(a), b=_contiguous(b), out=out), (), (int(np.prod(a.shape)),))
+        self._emit("add", _bufs(a=_contiguous(a), b=_contiguous(b), out=out), elements=int(np.prod(a.shape)))
         return out
 
     def softcap(self, x: Any, cap: float) -> Any:
         out = self._new(x.shape)
-        self._emit(OP_SOFTCAP, _bufs(a=_contiguous(x), out=out), (), (int(np.prod(x.shape)),), (cap,))
+        self._emit("softcap", _bufs(a=_contiguous(x), out=out), elements=int(np.prod(x.shape)), cap=cap)
         return out
 
     def to_host(self, x: np.ndarray) -> np.ndarray:

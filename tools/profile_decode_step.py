@@ -18,15 +18,12 @@ from collections import defaultdict
 
 import numpy as np
 
-from backends import cpu_backend
 from backends.base import Runner, Segment
 from engine.bundled import resolve_model_path
 from engine.loader import load_model
 
-OP_NAMES = {cpu_backend.OP_EMBED: "embedding", cpu_backend.OP_LINEAR: "matrix products",
-            cpu_backend.OP_RMSNORM: "rms norm", cpu_backend.OP_ROPE: "rope", cpu_backend.OP_ATTN: "attention",
-            cpu_backend.OP_GATED: "gated activation", cpu_backend.OP_ADD: "residual add",
-            cpu_backend.OP_SOFTCAP: "soft-cap"}
+OP_NAMES = {"embed": "embedding", "linear": "matrix products", "rms_norm": "rms norm", "rope": "rope",
+            "attention": "attention", "gated": "gated activation", "add": "residual add", "softcap": "soft-cap"}
 
 
 
@@ -78,12 +75,12 @@ def main() -> None:
         compiled_pass = (time.perf_counter() - started) / args.steps
 
     native, per_op = loaded.backend.native, defaultdict(float)
-    run = native.run
+    run, op_name = native.run, {code: name for name, (code, _, _) in native.OPS.items()}
 
     def timed(op):
         t = time.perf_counter()
         run(op)
-        per_op[op[0]] += time.perf_counter() - t
+        per_op[op_name[op[0]]] += time.perf_counter() - t
 
     loaded.backend.native = TimedNative(native, timed)
     started = time.perf_counter()
@@ -100,8 +97,8 @@ def main() -> None:
     if tokens > 1:
         print(f"compiled pass over {tokens} tokens: {compiled_pass * 1e3:.2f} ms; c({tokens}) = {compiled_pass / compiled:.2f}")
     print(f"op by op from Python, {tokens} token(s) a pass: {eager * 1e3:.2f} ms")
-    for code, seconds in sorted(per_op.items(), key=lambda kv: -kv[1]):
-        print(f"  {OP_NAMES[code]:18s} {seconds / args.steps * 1e3:7.3f} ms")
+    for name, seconds in sorted(per_op.items(), key=lambda kv: -kv[1]):
+        print(f"  {OP_NAMES.get(name, name):18s} {seconds / args.steps * 1e3:7.3f} ms")
     print(f"  {'Python dispatch':18s} {(eager - sum(per_op.values()) / args.steps) * 1e3:7.3f} ms")
 
 

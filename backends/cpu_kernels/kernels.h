@@ -27,12 +27,55 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* GGML type numbers (ggml.h / gguf-py's GGMLQuantizationType). */
+/* Every type the kernels read, one row each (X-macro): from it come the T_ enum, block
+ * sizes (type_block), the unpacking and dot-product switches and the scale check
+ * (quants.c), and the module's NATIVE_TYPES (module.c). A new block format is its unpack
+ * function in quants.c (its bit layout drawn above it) and one row here.
+ *
+ *   X(name, GGML number, weights per block, bytes per block, form, unpack function,
+ *     has_min, split, check, byte offsets of the values checked...)
+ *
+ * form     FLOAT: rows of floats, taken as they are (F32, F16, BF16: unpack_row converts them);
+ *          CODES: int8 codes and half-group scales (`unpack`), multiplied with int16
+ *          activation codes; TILED: unpacked for embeddings, multiplied from tiles (Q1_0:
+ *          q1_tiles.c), never by dot_row_tokens.
+ * has_min  a min term per group, times the group's activation sum (Q4_1, Q5_1, Q4_K, Q5_K).
+ * split    the two halves of a group have scales of their own (Q6_K).
+ * check    the format of the values that must be finite, at the offsets that follow, in each
+ *          block: FP16 scales (d, and m or dmin where there is one), or the float itself. */
+#define QUANT_TYPES(X)                                          \
+    X(F32, 0, 1, 4, FLOAT, NONE, 0, 0, F32, 0)                  \
+    X(F16, 1, 1, 2, FLOAT, NONE, 0, 0, FP16, 0)                 \
+    X(BF16, 30, 1, 2, FLOAT, NONE, 0, 0, BF16, 0)               \
+    X(Q4_0, 2, 32, 18, CODES, unpack_q4_0, 0, 0, FP16, 0)       \
+    X(Q4_1, 3, 32, 20, CODES, unpack_q4_1, 1, 0, FP16, 0, 2)    \
+    X(Q5_0, 6, 32, 22, CODES, unpack_q5_0, 0, 0, FP16, 0)       \
+    X(Q5_1, 7, 32, 24, CODES, unpack_q5_1, 1, 0, FP16, 0, 2)    \
+    X(Q8_0, 8, 32, 34, CODES, unpack_q8_0, 0, 0, FP16, 0)       \
+    X(Q1_0, 41, 128, 18, TILED, unpack_q1_0, 0, 0, FP16, 0)     \
+    X(Q4_K, 12, 256, 144, CODES, unpack_q4_k, 1, 0, FP16, 0, 2) \
+    X(Q5_K, 13, 256, 176, CODES, unpack_q5_k, 1, 0, FP16, 0, 2) \
+    X(Q6_K, 14, 256, 210, CODES, unpack_q6_k, 0, 1, FP16, 208)
+
+#define TYPE_ENUM(name, number, ...) T_##name = number,
 enum {
-    T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
-    T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_BF16 = 30, T_Q1_0 = 41,
+    QUANT_TYPES(TYPE_ENUM)
     T_Q1_0_TILES = 1041, /* Sprig's own: Q1_0 regrouped in tiles of Q1_TILE rows (q1_tiles.c) */
 };
+#undef TYPE_ENUM
+
+enum { FORM_FLOAT, FORM_CODES, FORM_TILED };
+
+/* The form of a type of the table (-1 for others: T_Q1_0_TILES). */
+static inline int type_form(int type) {
+#define FORM_CASE(name, number, weights, bytes, form, ...) \
+    case number: return FORM_##form;
+    switch (type) {
+        QUANT_TYPES(FORM_CASE)
+    default: return -1;
+    }
+#undef FORM_CASE
+}
 
 #define GROUP 32 /* weights per quantization group of the activations */
 #define LANES 8  /* float accumulators per row product */
@@ -59,14 +102,12 @@ typedef struct {
     float *f; /* float weights (F32/F16/BF16 rows), or FLOAT_ROWS rows dequantized */
 } RowBuffer;
 
-static inline int type_is_float(int type) { return type == T_F32 || type == T_F16 || type == T_BF16; }
+static inline int type_is_float(int type) { return type_form(type) == FORM_FLOAT; }
 /* multiplied with int16 activation codes (the rest take float activations, or Q1_0's tables) */
-static inline int type_takes_codes(int type) { return !type_is_float(type) && type != T_Q1_0_TILES; }
-/* a min term per group, times the group's activation sum */
-static inline int type_has_min(int type) { return type == T_Q4_1 || type == T_Q5_1 || type == T_Q4_K || type == T_Q5_K; }
+static inline int type_takes_codes(int type) { return type_form(type) == FORM_CODES; }
 
 /* quants.c */
-int type_block(int type, int *weights, int *bytes);     /* 0 if the type is not native */
+int type_block(int type, int *weights, int *bytes); /* 0 if the type is not native (T_Q1_0_TILES is) */
 float fp16_to_float(uint16_t h);
 void unpack_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf);
 void dequantize_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf, float *out);

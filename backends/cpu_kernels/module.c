@@ -1,7 +1,8 @@
 /* Python bindings: one module per instruction-set tier (_cpu_scalar, _cpu_avx2, ...), built
  * from the same sources. Ops arrive as tuples
  *     (code, (a, b, c, out, ids, pos, table, kcache, vcache), mats, ints, floats)
- * with mats a tuple of (raw uint8 array, ggml type, rows, cols, out array, bias array or None).
+ * with ints and floats in the order OPS (ops.h) names them (the module exports the names as
+ * OPS, from which the Python side builds each op by keyword), and mats a tuple of (raw uint8 array, ggml type, rows, cols, out array, bias array or None).
  * `run` executes one op now; `graph` parses a list of them once, and `graph_run` replays it,
  * one call per decode step. Every buffer's size is checked against what the op will touch. */
 #define PY_SSIZE_T_CLEAN
@@ -85,23 +86,54 @@ static int parse_matrix(PyObject *item, Matrix *m, Buf *out, Buf *bias) {
     return 0;
 }
 
+/* The int and float slots of each op (OPS in ops.h), as their names joined by ", ". */
+#define NAMES(...) #__VA_ARGS__
+static const struct {
+    int code;
+    const char *name, *ints, *floats;
+} op_table[] = {
+#define OP_ROW(NAME, name, code, ints, floats) {code, #name, NAMES(ints), NAMES(floats)},
+    OPS(OP_ROW)
+#undef OP_ROW
+};
+#undef NAMES
+
+/* How many names a ", "-joined list holds. */
+static int count_names(const char *names) {
+    if (!*names) return 0;
+    int n = 1;
+    for (const char *c = names; *c; c++) n += *c == ',';
+    return n;
+}
+
 static int parse_op(PyObject *tuple, Op *op) {
     PyObject *bufs, *mats, *ints, *floats;
     memset(op, 0, sizeof *op);
     if (!PyArg_ParseTuple(tuple, "iO!O!O!O!", &op->code, &PyTuple_Type, &bufs, &PyTuple_Type, &mats, &PyTuple_Type,
                           &ints, &PyTuple_Type, &floats))
         return -1;
-    if (PyTuple_GET_SIZE(bufs) != 9 || PyTuple_GET_SIZE(ints) > 8 || PyTuple_GET_SIZE(floats) > 4 ||
-        PyTuple_GET_SIZE(mats) > MAX_FUSED) {
+    size_t row = 0;
+    while (row < sizeof op_table / sizeof op_table[0] && op_table[row].code != op->code) row++;
+    if (row == sizeof op_table / sizeof op_table[0]) {
+        PyErr_Format(PyExc_ValueError, "unknown op %d", op->code);
+        return -1;
+    }
+    if (PyTuple_GET_SIZE(ints) != count_names(op_table[row].ints) ||
+        PyTuple_GET_SIZE(floats) != count_names(op_table[row].floats)) {
+        PyErr_Format(PyExc_ValueError, "op %s takes ints (%s) and floats (%s)", op_table[row].name, op_table[row].ints,
+                     op_table[row].floats);
+        return -1;
+    }
+    if (PyTuple_GET_SIZE(bufs) != 9 || PyTuple_GET_SIZE(mats) > MAX_FUSED) {
         PyErr_SetString(PyExc_ValueError, "malformed op");
         return -1;
     }
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(ints); i++) {
-        op->n[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(ints, i));
-        if (op->n[i] == -1 && PyErr_Occurred()) return -1;
+        op->ints.n[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(ints, i));
+        if (op->ints.n[i] == -1 && PyErr_Occurred()) return -1;
     }
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(floats); i++) {
-        op->f[i] = (float)PyFloat_AsDouble(PyTuple_GET_ITEM(floats, i));
+        op->floats.f[i] = (float)PyFloat_AsDouble(PyTuple_GET_ITEM(floats, i));
         if (PyErr_Occurred()) return -1;
     }
     Buf a, b, c, out, ids, pos, table, kc, vc;
@@ -132,39 +164,54 @@ static int parse_op(PyObject *tuple, Op *op) {
         op->outs[m] = outs[m].ptr;
         op->bias[m] = biases[m].ptr;
     }
-    int64_t *n = op->n;
     switch (op->code) {
-    case OP_EMBED:
+    case OP_EMBED: {
+        int64_t tokens = op->ints.embed.tokens;
         if (op->n_mats != 1 || op->mats[0].type == T_Q1_0_TILES) break;
-        return need(&ids, n[0], 8, "ids") || need(&out, n[0] * op->mats[0].cols, 4, "out");
-    case OP_LINEAR:
+        return need(&ids, tokens, 8, "ids") || need(&out, tokens * op->mats[0].cols, 4, "out");
+    }
+    case OP_LINEAR: {
+        int64_t tokens = op->ints.linear.tokens;
         if (op->n_mats < 1) break;
-        if (need(&a, n[0] * op->mats[0].cols, 4, "x")) return -1;
+        if (need(&a, tokens * op->mats[0].cols, 4, "x")) return -1;
         for (int m = 0; m < op->n_mats; m++) {
             if (op->mats[m].cols != op->mats[0].cols || op->mats[m].type == T_Q1_0) goto inconsistent; /* Q1_0: tiled */
-            if (need(&outs[m], n[0] * op->mats[m].rows, 4, "matrix output")) return -1;
+            if (need(&outs[m], tokens * op->mats[m].rows, 4, "matrix output")) return -1;
             if (op->bias[m] && need(&biases[m], op->mats[m].rows, 4, "bias")) return -1;
         }
         return 0;
-    case OP_RMSNORM:
-        return need(&a, n[0] * n[1], 4, "x") || need(&out, n[0] * n[1], 4, "out") || need(&b, n[1], 4, "weight");
-    case OP_ROPE:
-        if (n[3] > n[2] || n[3] % 2) break;
-        return need(&a, n[0] * n[1] * n[2], 4, "x") || need(&out, n[0] * n[1] * n[2], 4, "out") ||
-               need(&table, n[3] / 2, 8, "table") || need(&pos, n[5] ? n[0] : 1, 8, "pos");
-    case OP_ATTN: {
-        if (n[1] <= 0 || n[2] <= 0 || n[1] % n[2] || n[5] <= 0) break;
-        int64_t rows = n[7] ? 2 * n[5] : n[5]; /* a ring is mirrored (ops.c) */
-        return need(&a, n[0] * n[1] * n[3], 4, "q") || need(&b, n[0] * n[2] * n[3], 4, "k") ||
-               need(&c, n[0] * n[2] * n[4], 4, "v") || need(&out, n[0] * n[1] * n[4], 4, "out") ||
-               need(&kc, n[2] * rows * n[3], 4, "key cache") || need(&vc, n[2] * rows * n[4], 4, "value cache") ||
-               need(&pos, 1, 8, "pos");
     }
-    case OP_GATED: case OP_ADD:
-        return need(&a, n[0], 4, "a") || need(&b, n[0], 4, "b") || need(&out, n[0], 4, "out");
+    case OP_RMSNORM: {
+        int64_t rows = op->ints.rms_norm.rows, dim = op->ints.rms_norm.dim;
+        return need(&a, rows * dim, 4, "x") || need(&out, rows * dim, 4, "out") || need(&b, dim, 4, "weight");
+    }
+    case OP_ROPE: {
+        int64_t tokens = op->ints.rope.tokens, size = tokens * op->ints.rope.heads * op->ints.rope.dim;
+        int64_t rope_dim = op->ints.rope.rope_dim;
+        if (rope_dim > op->ints.rope.dim || rope_dim % 2) break;
+        return need(&a, size, 4, "x") || need(&out, size, 4, "out") || need(&table, rope_dim / 2, 8, "table") ||
+               need(&pos, op->ints.rope.per_row ? tokens : 1, 8, "pos");
+    }
+    case OP_ATTN: {
+        int64_t T = op->ints.attention.tokens, H = op->ints.attention.heads, Hkv = op->ints.attention.kv_heads;
+        int64_t Dh = op->ints.attention.head_dim, Dv = op->ints.attention.value_dim, slots = op->ints.attention.slots;
+        if (H <= 0 || Hkv <= 0 || H % Hkv || slots <= 0) break;
+        int64_t rows = op->ints.attention.ring ? 2 * slots : slots; /* a ring is mirrored (ops.c) */
+        return need(&a, T * H * Dh, 4, "q") || need(&b, T * Hkv * Dh, 4, "k") || need(&c, T * Hkv * Dv, 4, "v") ||
+               need(&out, T * H * Dv, 4, "out") || need(&kc, Hkv * rows * Dh, 4, "key cache") ||
+               need(&vc, Hkv * rows * Dv, 4, "value cache") || need(&pos, 1, 8, "pos");
+    }
+    case OP_GATED: {
+        int64_t n = op->ints.gated.elements;
+        return need(&a, n, 4, "a") || need(&b, n, 4, "b") || need(&out, n, 4, "out");
+    }
+    case OP_ADD: {
+        int64_t n = op->ints.add.elements;
+        return need(&a, n, 4, "a") || need(&b, n, 4, "b") || need(&out, n, 4, "out");
+    }
     case OP_SOFTCAP:
-        if (op->f[0] == 0.0f) break;
-        return need(&a, n[0], 4, "a") || need(&out, n[0], 4, "out");
+        if (op->floats.softcap.cap == 0.0f) break;
+        return need(&a, op->ints.softcap.elements, 4, "a") || need(&out, op->ints.softcap.elements, 4, "out");
     }
 inconsistent:
     PyErr_Format(PyExc_ValueError, "op %d has inconsistent arguments", op->code);
@@ -449,10 +496,64 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, STR(SPRIG_MODULE), "Sprig's native CPU kernels.", -1,
                                     methods};
 
+/* {GGML type number: name} of every type of QUANT_TYPES (kernels.h): the types the kernels
+ * read in place. */
+static PyObject *native_types(void) {
+    PyObject *types = PyDict_New();
+#define ADD_TYPE(name, number, ...)                                                                         \
+    if (types) {                                                                                            \
+        PyObject *key = PyLong_FromLong(number), *value = PyUnicode_FromString(#name);                     \
+        if (!key || !value || PyDict_SetItem(types, key, value) != 0) Py_CLEAR(types);                     \
+        Py_XDECREF(key);                                                                                    \
+        Py_XDECREF(value);                                                                                  \
+    }
+    QUANT_TYPES(ADD_TYPE)
+#undef ADD_TYPE
+    return types;
+}
+
+/* A ", "-joined list of names as a tuple of str. */
+static PyObject *names_tuple(const char *joined) {
+    if (!*joined) return PyTuple_New(0);
+    PyObject *text = PyUnicode_FromString(joined), *separator = PyUnicode_FromString(", ");
+    PyObject *names = text && separator ? PyUnicode_Split(text, separator, -1) : NULL;
+    PyObject *tuple = names ? PySequence_Tuple(names) : NULL;
+    Py_XDECREF(text);
+    Py_XDECREF(separator);
+    Py_XDECREF(names);
+    return tuple;
+}
+
+/* {name: (code, int slot names, float slot names)} of every op of OPS (ops.h). */
+static PyObject *ops_dict(void) {
+    PyObject *ops = PyDict_New();
+    for (size_t i = 0; ops && i < sizeof op_table / sizeof op_table[0]; i++) {
+        PyObject *ints = names_tuple(op_table[i].ints), *floats = names_tuple(op_table[i].floats);
+        PyObject *entry = ints && floats ? Py_BuildValue("(iOO)", op_table[i].code, ints, floats) : NULL;
+        if (!entry || PyDict_SetItemString(ops, op_table[i].name, entry) != 0) Py_CLEAR(ops);
+        Py_XDECREF(entry);
+        Py_XDECREF(ints);
+        Py_XDECREF(floats);
+    }
+    return ops;
+}
+
 PyMODINIT_FUNC CAT(PyInit_, SPRIG_MODULE)(void) {
     q1_tiles_init();
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
+    PyObject *types = native_types(), *ops = ops_dict();
+    if (!types || PyModule_AddObject(m, "NATIVE_TYPES", types) != 0) {
+        Py_XDECREF(types);
+        Py_XDECREF(ops);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (!ops || PyModule_AddObject(m, "OPS", ops) != 0) {
+        Py_XDECREF(ops);
+        Py_DECREF(m);
+        return NULL;
+    }
     if (PyModule_AddStringConstant(m, "TIER", SPRIG_TIER) != 0 || PyModule_AddIntConstant(m, "Q1_0_TILES", T_Q1_0_TILES) != 0) {
         Py_DECREF(m);
         return NULL;

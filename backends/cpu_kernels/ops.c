@@ -122,7 +122,7 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
 }
 
 static int linear(const Op *op, const char **error) {
-    LinearCtx c = {op, op->n[0], op->mats[0].cols, 0, 0, 0, op->n[0] >= FLOAT_TOKENS};
+    LinearCtx c = {op, op->ints.linear.tokens, op->mats[0].cols, 0, 0, 0, op->ints.linear.tokens >= FLOAT_TOKENS};
     for (int m = 0; m < op->n_mats; m++) {
         c.total_rows += op->mats[m].rows;
         c.codes |= type_takes_codes(op->mats[m].type) && !c.dequantize;
@@ -153,7 +153,7 @@ static int embed(const Op *op, const char **error) {
         *error = "out of memory for the embedding buffers";
         return -1;
     }
-    for (int64_t t = 0; t < op->n[0]; t++) {
+    for (int64_t t = 0; t < op->ints.embed.tokens; t++) {
         int64_t id = op->ids[t];
         if (id < 0 || id >= w->rows) {
             *error = "a token id is outside the model's vocabulary";
@@ -161,8 +161,8 @@ static int embed(const Op *op, const char **error) {
         }
         float *out = op->out + t * w->cols;
         dequantize_row(w->type, w->data + id * w->row_bytes, w->cols, scratch_row(0), out);
-        if (op->f[0] != 1.0f)
-            for (int64_t i = 0; i < w->cols; i++) out[i] *= op->f[0];
+        if (op->floats.embed.scale != 1.0f)
+            for (int64_t i = 0; i < w->cols; i++) out[i] *= op->floats.embed.scale;
     }
     return 0;
 }
@@ -170,12 +170,12 @@ static int embed(const Op *op, const char **error) {
 /* -- norms, rotary embedding, elementwise ------------------------------------------------ */
 
 static void rms_norm(const Op *op) {
-    int64_t rows = op->n[0], dim = op->n[1];
+    int64_t rows = op->ints.rms_norm.rows, dim = op->ints.rms_norm.dim;
     for (int64_t r = 0; r < rows; r++) {
         const float *x = op->a + r * dim;
         double squares = 0.0;
         for (int64_t i = 0; i < dim; i++) squares += (double)x[i] * x[i];
-        float root = sqrtf((float)(squares / (double)dim) + op->f[0]);
+        float root = sqrtf((float)(squares / (double)dim) + op->floats.rms_norm.eps);
         float *out = op->out + r * dim;
         for (int64_t i = 0; i < dim; i++) out[i] = (x[i] / root) * op->b[i];
     }
@@ -194,7 +194,7 @@ static struct {
 static int rope_angles(const Op *op, int64_t T, int64_t half) {
     int fresh = rope_cache.half == half && rope_cache.count == T &&
                 memcmp(rope_cache.table, op->table, sizeof(double) * (size_t)half) == 0;
-    for (int64_t t = 0; fresh && t < T; t++) fresh = rope_cache.pos[t] == (op->n[5] ? op->pos[t] : *op->pos + t);
+    for (int64_t t = 0; fresh && t < T; t++) fresh = rope_cache.pos[t] == (op->ints.rope.per_row ? op->pos[t] : *op->pos + t);
     if (fresh) return 0;
     rope_cache.count = 0;
     if (T > rope_cache.positions) {
@@ -208,7 +208,7 @@ static int rope_angles(const Op *op, int64_t T, int64_t half) {
         rope_cache.angles = T * half;
     }
     for (int64_t t = 0; t < T; t++) {
-        int64_t pos = op->n[5] ? op->pos[t] : *op->pos + t;
+        int64_t pos = op->ints.rope.per_row ? op->pos[t] : *op->pos + t;
         for (int64_t i = 0; i < half; i++) {
             double angle = (double)pos * op->table[i];
             rope_cache.cos[t * half + i] = (float)cos(angle);
@@ -223,8 +223,9 @@ static int rope_angles(const Op *op, int64_t T, int64_t half) {
 }
 
 static int rope(const Op *op, const char **error) {
-    int64_t T = op->n[0], heads = op->n[1], dim = op->n[2], rope_dim = op->n[3], half = rope_dim / 2;
-    int neox = (int)op->n[4];
+    int64_t T = op->ints.rope.tokens, heads = op->ints.rope.heads, dim = op->ints.rope.dim;
+    int64_t half = op->ints.rope.rope_dim / 2;
+    int neox = (int)op->ints.rope.neox;
     if (rope_angles(op, T, half) != 0) {
         *error = "out of memory for the RoPE angles";
         return -1;
@@ -247,6 +248,7 @@ static int rope(const Op *op, const char **error) {
 
 typedef struct {
     const Op *op;
+    int64_t n; /* elements (GATED, ADD, SOFTCAP) */
 } ElementCtx;
 
 /* silu(a) * b (act 0) or gelu_tanh(a) * b (act 1) of n (1 .. 8) elements, with exp8
@@ -267,9 +269,10 @@ static void gated8(const float *a, const float *b, float *out, int64_t n, int ac
 }
 
 static void elementwise_task(void *vctx, int chunk, int chunks, int thread) {
-    const Op *op = ((const ElementCtx *)vctx)->op;
+    const ElementCtx *c = vctx;
+    const Op *op = c->op;
     int64_t lo, hi;
-    split_range(op->n[0], chunk, chunks, &lo, &hi);
+    split_range(c->n, chunk, chunks, &lo, &hi);
     const float *a = op->a, *b = op->b;
     float *out = op->out;
     switch (op->code) {
@@ -277,25 +280,26 @@ static void elementwise_task(void *vctx, int chunk, int chunks, int thread) {
         for (int64_t i = lo; i < hi; i++) out[i] = a[i] + b[i];
         break;
     case OP_SOFTCAP:
-        for (int64_t i = lo; i < hi; i++) out[i] = op->f[0] * tanhf(a[i] / op->f[0]);
+        for (int64_t i = lo; i < hi; i++) out[i] = op->floats.softcap.cap * tanhf(a[i] / op->floats.softcap.cap);
         break;
     case OP_GATED:
-        for (int64_t i = lo; i < hi; i += 8) gated8(a + i, b + i, out + i, hi - i < 8 ? hi - i : 8, (int)op->n[1]);
+        for (int64_t i = lo; i < hi; i += 8)
+            gated8(a + i, b + i, out + i, hi - i < 8 ? hi - i : 8, (int)op->ints.gated.activation);
         break;
     }
 }
 
-static void elementwise(const Op *op) {
-    ElementCtx c = {op};
-    if (op->n[0] >= PARALLEL_ELEMENTS) pool_run(elementwise_task, &c);
+static void elementwise(const Op *op, int64_t elements) {
+    ElementCtx c = {op, elements};
+    if (elements >= PARALLEL_ELEMENTS) pool_run(elementwise_task, &c);
     else elementwise_task(&c, 0, 1, 0);
 }
 
 /* -- attention ----------------------------------------------------------------------------
- * q (T, H, Dh), k (T, Hkv, Dh), v (T, Hkv, Dv) at positions pos .. pos+T-1; n = {T, H, Hkv,
- * Dh, Dv, slots, window (0: none), ring}; f = {scale, softcap (0: none)}. Keys and values are
- * written into the layer's cache first; each (token, head) then attends to positions
- * max(0, p - window + 1) .. p.
+ * q (T, H, Dh), k (T, Hkv, Dh), v (T, Hkv, Dv) at positions pos .. pos+T-1 (T tokens, H
+ * heads, Hkv kv_heads, Dh head_dim, Dv value_dim; window 0: none; softcap 0: none). Keys and
+ * values are written into the layer's cache first; each (token, head) then attends to
+ * positions max(0, p - window + 1) .. p.
  *
  * A full layer's cache holds position p at row p of each KV head: keys (Hkv, slots, Dh).
  * A ring (a sliding-window layer that keeps only its window) is mirrored: keys
@@ -366,16 +370,19 @@ static void softmax_row(float *scores, int64_t first, int64_t last) {
 
 /* The first cache row of the positions a pass reads (see above): 0 for a full layer. */
 static int64_t ring_base(const Op *op) {
-    int64_t slots = op->n[5], window = op->n[6], lo = window > 0 && *op->pos - window + 1 > 0 ? *op->pos - window + 1 : 0;
-    return op->n[7] ? lo - lo % slots : 0;
+    int64_t slots = op->ints.attention.slots, window = op->ints.attention.window;
+    int64_t lo = window > 0 && *op->pos - window + 1 > 0 ? *op->pos - window + 1 : 0;
+    return op->ints.attention.ring ? lo - lo % slots : 0;
 }
 
 /* Rows of the cache per KV head: a ring's are mirrored. */
-static int64_t cache_rows(const Op *op) { return op->n[7] ? 2 * op->n[5] : op->n[5]; }
+static int64_t cache_rows(const Op *op) { return (op->ints.attention.ring ? 2 : 1) * op->ints.attention.slots; }
 
 static void attention_task(void *vctx, int chunk, int chunks, int thread) {
     const Op *op = ((const ElementCtx *)vctx)->op;
-    int64_t T = op->n[0], H = op->n[1], Hkv = op->n[2], Dh = op->n[3], Dv = op->n[4], window = op->n[6];
+    int64_t T = op->ints.attention.tokens, H = op->ints.attention.heads, Hkv = op->ints.attention.kv_heads;
+    int64_t Dh = op->ints.attention.head_dim, Dv = op->ints.attention.value_dim, window = op->ints.attention.window;
+    float scale = op->floats.attention.scale, cap = op->floats.attention.softcap;
     int64_t N = cache_rows(op), base = ring_base(op);
     int64_t group = H / Hkv, per_kv = T * group, lo, hi;
     split_range(Hkv * per_kv, chunk, chunks, &lo, &hi);
@@ -409,8 +416,8 @@ static void attention_task(void *vctx, int chunk, int chunks, int thread) {
                 }
                 for (int64_t i = j; i < j + 8; i++) {
                     if (i < rows[r].first || i > rows[r].last) continue;
-                    float s = scores[i] * op->f[0];
-                    scores[i] = op->f[1] > 0.0f ? op->f[1] * tanhf(s / op->f[1]) : s;
+                    float s = scores[i] * scale;
+                    scores[i] = cap > 0.0f ? cap * tanhf(s / cap) : s;
                 }
             }
         }
@@ -423,13 +430,18 @@ static void attention_task(void *vctx, int chunk, int chunks, int thread) {
 }
 
 static int attention(const Op *op, const char **error) {
-    int64_t T = op->n[0], Hkv = op->n[2], Dh = op->n[3], Dv = op->n[4], slots = op->n[5], window = op->n[6];
-    int64_t N = cache_rows(op), start = *op->pos;
-    if (start < 0 || (!op->n[7] && start + T > slots)) {
+    int64_t T = op->ints.attention.tokens, Hkv = op->ints.attention.kv_heads, Dh = op->ints.attention.head_dim;
+    int64_t Dv = op->ints.attention.value_dim, slots = op->ints.attention.slots, window = op->ints.attention.window;
+    int64_t ring = op->ints.attention.ring, N = cache_rows(op), start = *op->pos;
+    if (start < 0 || (!ring && start + T > slots)) {
         *error = "the KV cache has no room for these positions";
         return -1;
     }
-    if (op->n[7] && (window <= 0 || window + T - 1 > slots)) {
+    if (ring && window <= 0) {
+        *error = "a windowed layer's ring was given no window";
+        return -1;
+    }
+    if (ring && window + T - 1 > slots) {
         *error = "a pass over a windowed layer's ring may write at most slots - window + 1 positions: split it";
         return -1;
     }
@@ -445,7 +457,7 @@ static int attention(const Op *op, const char **error) {
                 memcpy(op->vcache + (kv * N + copy) * Dv, op->c + (t * Hkv + kv) * Dv, sizeof(float) * (size_t)Dv);
             }
     }
-    ElementCtx c = {op};
+    ElementCtx c = {op, 0};
     pool_run(attention_task, &c);
     return 0;
 }
@@ -456,13 +468,15 @@ int exec_op(const Op *op, const char **error) {
     case OP_LINEAR: return linear(op, error);
     case OP_RMSNORM: rms_norm(op); return 0;
     case OP_ROPE:
-        if (op->n[3] / 2 > 4096) {
+        if (op->ints.rope.rope_dim / 2 > 4096) {
             *error = "the RoPE dimension is too large";
             return -1;
         }
         return rope(op, error);
     case OP_ATTN: return attention(op, error);
-    case OP_GATED: case OP_ADD: case OP_SOFTCAP: elementwise(op); return 0;
+    case OP_GATED: elementwise(op, op->ints.gated.elements); return 0;
+    case OP_ADD: elementwise(op, op->ints.add.elements); return 0;
+    case OP_SOFTCAP: elementwise(op, op->ints.softcap.elements); return 0;
     default: *error = "unknown op"; return -1;
     }
 }

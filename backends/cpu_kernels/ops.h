@@ -4,30 +4,69 @@
 
 #include "kernels.h"
 
-enum {
-    OP_EMBED = 1,   /* rows ids of mats[0] times f[0]: out (T, cols) */
-    OP_LINEAR = 2,  /* x (T, K) times each of mats[i] transposed (+ bias[i]): outs[i] (T, rows_i) */
-    OP_RMSNORM = 3, /* a (n0 rows, n1) normalised, times b (n1): out */
-    OP_ROPE = 4,    /* a (T=n0, heads=n1, Dh=n2), rotating the first n3 with neox=n4, table f64 (n3/2);
-                     * positions pos[0] + t, or pos[t] with n5 (a batch of sequences) */
-    OP_ATTN = 5,    /* q, k, v -> out (T, H*Dv) over the layer's cache (see ops.c) */
-    OP_GATED = 6,   /* act(a) * b, n0 elements, act n1 (0 silu, 1 gelu_tanh) */
-    OP_ADD = 7,     /* a + b, n0 elements */
-    OP_SOFTCAP = 8, /* f0 * tanh(a / f0), n0 elements */
-};
+/* Every op, one row each (X-macro): X(NAME, name, code, INTS(int slots...), FLOATS(float
+ * slots...)). From it come the OP_ codes, the named slots of an Op (op->ints.rope.heads,
+ * op->floats.attn.scale) and the module's OPS, from which the Python side builds each op
+ * by keyword; an op arrives with its ints and floats in the order named here.
+ *   EMBED    rows ids of mats[0] times `scale`: out (tokens, cols)
+ *   LINEAR   x (tokens, K) times each of mats[i] transposed (+ bias[i]): outs[i] (tokens, rows_i)
+ *   RMSNORM  a (rows, dim) normalised, times b (dim): out
+ *   ROPE     a (tokens, heads, dim), rotating the first rope_dim (neox: halves, else pairs),
+ *            inverse frequencies `table` f64 (rope_dim / 2); positions pos[0] + t, or pos[t]
+ *            with per_row (a batch of sequences)
+ *   ATTN     q, k, v -> out (tokens, heads * value_dim) over the layer's cache (see ops.c)
+ *   GATED    act(a) * b, `elements` of them, activation 0 silu, 1 gelu_tanh
+ *   ADD      a + b
+ *   SOFTCAP  cap * tanh(a / cap) */
+#define OPS(X)                                                                                                  \
+    X(EMBED, embed, 1, INTS(tokens), FLOATS(scale))                                                             \
+    X(LINEAR, linear, 2, INTS(tokens), FLOATS())                                                                \
+    X(RMSNORM, rms_norm, 3, INTS(rows, dim), FLOATS(eps))                                                       \
+    X(ROPE, rope, 4, INTS(tokens, heads, dim, rope_dim, neox, per_row), FLOATS())                               \
+    X(ATTN, attention, 5, INTS(tokens, heads, kv_heads, head_dim, value_dim, slots, window, ring),              \
+      FLOATS(scale, softcap))                                                                                   \
+    X(GATED, gated, 6, INTS(elements, activation), FLOATS())                                                    \
+    X(ADD, add, 7, INTS(elements), FLOATS())                                                                    \
+    X(SOFTCAP, softcap, 8, INTS(elements), FLOATS(cap))
+#define INTS(...) __VA_ARGS__
+#define FLOATS(...) __VA_ARGS__
 
+#define OP_CODE(NAME, name, code, ints, floats) OP_##NAME = code,
+enum { OPS(OP_CODE) };
+#undef OP_CODE
+
+#define MAX_INTS 8
+#define MAX_FLOATS 4
 #define MAX_FUSED 4
+
+/* An op's slots: int64 or float fields named as in OPS, one struct per op over n[] / f[]. */
+#define SLOTS_OF(type, name, ...) __VA_OPT__(struct { type __VA_ARGS__; } name;)
+#define INT_SLOTS(NAME, name, code, ints, floats) SLOTS_OF(int64_t, name, ints)
+#define FLOAT_SLOTS(NAME, name, code, ints, floats) SLOTS_OF(float, name, floats)
+typedef union {
+    int64_t n[MAX_INTS];
+    OPS(INT_SLOTS)
+} OpInts;
+typedef union {
+    float f[MAX_FLOATS];
+    OPS(FLOAT_SLOTS)
+} OpFloats;
+#undef INT_SLOTS
+#undef FLOAT_SLOTS
+#undef SLOTS_OF
+_Static_assert(sizeof(OpInts) == MAX_INTS * sizeof(int64_t), "an op has more than MAX_INTS int slots");
+_Static_assert(sizeof(OpFloats) == MAX_FLOATS * sizeof(float), "an op has more than MAX_FLOATS float slots");
 
 typedef struct {
     int code;
-    int64_t n[8];
-    float f[4];
+    OpInts ints;
+    OpFloats floats;
     const float *a, *b, *c;
     float *out;
-    const int64_t *ids;  /* token ids (OP_EMBED) */
-    const int64_t *pos;  /* position of the first token (OP_ROPE, OP_ATTN), or of each (OP_ROPE, n5) */
-    const double *table; /* inverse frequencies (OP_ROPE) */
-    float *kcache, *vcache; /* the layer's keys (Hkv, rows, Dh) and values (Hkv, rows, Dv) (OP_ATTN; ops.c) */
+    const int64_t *ids;  /* token ids (EMBED) */
+    const int64_t *pos;  /* position of the first token (ROPE, ATTN), or of each (ROPE with per_row) */
+    const double *table; /* inverse frequencies (ROPE) */
+    float *kcache, *vcache; /* the layer's keys (Hkv, rows, Dh) and values (Hkv, rows, Dv) (ATTN; ops.c) */
     int n_mats;
     Matrix mats[MAX_FUSED];
     float *outs[MAX_FUSED];

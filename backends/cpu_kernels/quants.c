@@ -87,23 +87,14 @@ static inline u8x32 nibbles32(const uint8_t *qs) {
 }
 
 int type_block(int type, int *weights, int *bytes) {
-    switch (type) {
-    case T_F32: *weights = 1; *bytes = 4; return 1;
-    case T_F16: *weights = 1; *bytes = 2; return 1;
-    case T_BF16: *weights = 1; *bytes = 2; return 1;
-    case T_Q4_0: *weights = 32; *bytes = 18; return 1;
-    case T_Q4_1: *weights = 32; *bytes = 20; return 1;
-    case T_Q5_0: *weights = 32; *bytes = 22; return 1;
-    case T_Q5_1: *weights = 32; *bytes = 24; return 1;
-    case T_Q8_0: *weights = 32; *bytes = 34; return 1;
-    case T_Q1_0: case T_Q1_0_TILES: *weights = 128; *bytes = 18; return 1;
-    case T_Q4_K: *weights = 256; *bytes = 144; return 1;
-    case T_Q5_K: *weights = 256; *bytes = 176; return 1;
-    case T_Q6_K: *weights = 256; *bytes = 210; return 1;
+#define BLOCK_CASE(name, number, w, b, ...) \
+    case number: *weights = w; *bytes = b; return 1;
+    switch (type == T_Q1_0_TILES ? T_Q1_0 : type) { /* tiles hold the same blocks, regrouped */
+        QUANT_TYPES(BLOCK_CASE)
     default: return 0;
     }
+#undef BLOCK_CASE
 }
-
 
 /* the scale of weights 0-15 of a group, then of weights 16-31 */
 static inline void set_scales(float *scale, float lo, float hi) {
@@ -290,18 +281,19 @@ void unpack_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf) {
     for (int64_t blk = 0; blk < cols / (weights); blk++)                                                    \
         unpack(row + blk * (bytes), buf->q + blk * (weights), buf->scale + blk * ((weights) / GROUP) * HALVES, \
                buf->min + blk * ((weights) / GROUP));                                                        \
-    break
+    break;
+#define UNPACK_CASE(name, number, weights, bytes, form, unpack, ...) UNPACK_##form(number, weights, bytes, unpack)
+#define UNPACK_FLOAT(...) /* above */
+#define UNPACK_CODES(number, weights, bytes, unpack) \
+    case number: UNPACK_BLOCKS(unpack, weights, bytes)
+#define UNPACK_TILED UNPACK_CODES
     switch (type) {
-    case T_Q4_0: UNPACK_BLOCKS(unpack_q4_0, 32, 18);
-    case T_Q4_1: UNPACK_BLOCKS(unpack_q4_1, 32, 20);
-    case T_Q5_0: UNPACK_BLOCKS(unpack_q5_0, 32, 22);
-    case T_Q5_1: UNPACK_BLOCKS(unpack_q5_1, 32, 24);
-    case T_Q8_0: UNPACK_BLOCKS(unpack_q8_0, 32, 34);
-    case T_Q1_0: UNPACK_BLOCKS(unpack_q1_0, 128, 18);
-    case T_Q4_K: UNPACK_BLOCKS(unpack_q4_k, 256, 144);
-    case T_Q5_K: UNPACK_BLOCKS(unpack_q5_k, 256, 176);
-    case T_Q6_K: UNPACK_BLOCKS(unpack_q6_k, 256, 210);
+        QUANT_TYPES(UNPACK_CASE)
     }
+#undef UNPACK_CASE
+#undef UNPACK_FLOAT
+#undef UNPACK_CODES
+#undef UNPACK_TILED
 #undef UNPACK_BLOCKS
 }
 
@@ -354,34 +346,48 @@ static inline v8f group_term(const int8_t *w, const int16_t *x, const float *sca
     return __builtin_convertvector(lo, v8f) * (scale[0] * xd) + __builtin_convertvector(hi, v8f) * (scale[1] * xd);
 }
 
+/* Whether a value of each check format (QUANT_TYPES) at `p` is inf or nan. */
+static inline int bad_FP16(const uint8_t *p) { return ((u16(p) >> 10) & 31) == 31; }
+static inline int bad_BF16(const uint8_t *p) { return ((u16(p) >> 7) & 0xff) == 0xff; }
+static inline int bad_F32(const uint8_t *p) { return ((u32(p) >> 23) & 0xff) == 0xff; }
+
 /* Blocks whose fp16 scale (or min) is inf or nan; for float types, elements that are. */
 int64_t count_bad_scales(int type, const uint8_t *data, int64_t n_blocks) {
     int64_t bad = 0;
-    for (int64_t i = 0; i < n_blocks; i++) {
-        const uint8_t *b = data;
-        int w, size;
-        type_block(type, &w, &size);
-        b += i * size;
-        switch (type) {
-        case T_F32: {
-            uint32_t bits = u32(b);
-            bad += ((bits >> 23) & 0xff) == 0xff;
-            break;
-        }
-        case T_BF16: bad += ((u16(b) >> 7) & 0xff) == 0xff; break;
-        case T_Q6_K: bad += ((u16(b + 208) >> 10) & 31) == 31; break;
-        case T_Q4_1: case T_Q5_1: case T_Q4_K: case T_Q5_K:
-            bad += (((u16(b) >> 10) & 31) == 31) || (((u16(b + 2) >> 10) & 31) == 31);
-            break;
-        default: bad += ((u16(b) >> 10) & 31) == 31; break; /* F16 and the d-first formats */
-        }
+#define CHECK_CASE(name, number, weights, bytes, form, unpack, has_min, split, check, ...) \
+    case number: {                                                                        \
+        static const int at[] = {__VA_ARGS__};                                            \
+        for (int64_t i = 0; i < n_blocks; i++) {                                          \
+            int any = 0;                                                                  \
+            for (size_t j = 0; j < sizeof at / sizeof at[0]; j++)                         \
+                any |= bad_##check(data + i * (bytes) + at[j]);                           \
+            bad += any;                                                                   \
+        }                                                                                 \
+        break;                                                                            \
     }
+    switch (type) {
+        QUANT_TYPES(CHECK_CASE)
+    }
+#undef CHECK_CASE
     return bad;
 }
 
 /* The float row `w->f` (F32, F16, BF16) times float tokens t0 .. t1 - 1, into out[t * stride]. */
 void dot_tokens(const RowBuffer *w, const float *x, int64_t K, int64_t t0, int64_t t1, float *out, int64_t stride) {
     for (int64_t t = t0; t < t1; t++) out[t * stride] = dot_float(w->f, x + t * K, K);
+}
+
+/* Whether a type's two half groups have scales of their own (QUANT_TYPES' split): a value
+ * row_tokens reads at run time, as it did before the table, rather than a constant of each
+ * case: folded into each case, it lets GCC unroll the scalar tier's loops 60% larger. */
+static inline int type_split(int type) {
+#define SPLIT_CASE(name, number, weights, bytes, form, unpack, has_min, split, ...) \
+    case number: return split;
+    switch (type) {
+        QUANT_TYPES(SPLIT_CASE)
+    default: return 0;
+    }
+#undef SPLIT_CASE
 }
 
 /* N tokens' products with one packed row, each block unpacked once into registers and the
@@ -395,7 +401,7 @@ static inline __attribute__((always_inline)) void row_tokens(int type, const uin
                                                              float *mins, const int N, float *out, int64_t stride) {
     v8f acc[ROW_TOKENS] = {{0}};
     int64_t G = K / GROUP;
-    int split = type == T_Q6_K;
+    int with_mins = 0, split = type_split(type);
     float no_mins[8]; /* the zero min terms of types without any: stores the compiler drops */
 #define DOT_BLOCKS(unpack, weights, bytes, has_min)                                                     \
     _Pragma("GCC unroll 2") for (int64_t blk = 0; blk < K / (weights); blk++) {                         \
@@ -407,21 +413,25 @@ static inline __attribute__((always_inline)) void row_tokens(int type, const uin
             _Pragma("GCC unroll 4") for (int k = 0; k < N; k++) acc[k] +=                               \
                 group_term(q + g * GROUP, xq + k * K + (g0 + g) * GROUP, scale + g * HALVES, xd[k * G + g0 + g], split); \
     }                                                                                                   \
-    break
+    with_mins = (has_min);                                                                              \
+    break;
+#define DOT_CASE(name, number, weights, bytes, form, unpack, has_min, ...) \
+    DOT_##form(number, unpack, weights, bytes, has_min)
+#define DOT_FLOAT(...) /* float rows: dot_tokens */
+#define DOT_CODES(number, unpack, weights, bytes, has_min) \
+    case number: DOT_BLOCKS(unpack, weights, bytes, has_min)
+#define DOT_TILED(...) /* Q1_0: q1_tiles.c */
     switch (type) {
-    case T_Q4_0: DOT_BLOCKS(unpack_q4_0, 32, 18, 0);
-    case T_Q4_1: DOT_BLOCKS(unpack_q4_1, 32, 20, 1);
-    case T_Q5_0: DOT_BLOCKS(unpack_q5_0, 32, 22, 0);
-    case T_Q5_1: DOT_BLOCKS(unpack_q5_1, 32, 24, 1);
-    case T_Q8_0: DOT_BLOCKS(unpack_q8_0, 32, 34, 0);
-    case T_Q4_K: DOT_BLOCKS(unpack_q4_k, 256, 144, 1);
-    case T_Q5_K: DOT_BLOCKS(unpack_q5_k, 256, 176, 1);
-    case T_Q6_K: DOT_BLOCKS(unpack_q6_k, 256, 210, 0);
+        QUANT_TYPES(DOT_CASE)
     }
+#undef DOT_CASE
+#undef DOT_FLOAT
+#undef DOT_CODES
+#undef DOT_TILED
 #undef DOT_BLOCKS
     for (int k = 0; k < N; k++) {
         float total = reduce8(acc[k]);
-        out[k * stride] = type_has_min(type) ? total + dot_float(mins, xs + k * G, G) : total;
+        out[k * stride] = with_mins ? total + dot_float(mins, xs + k * G, G) : total;
     }
 }
 

@@ -16,7 +16,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from backends import cpu_native
-from backends.cpu_backend import NATIVE_TYPES, CpuBackend, CpuMatrix
+from backends.cpu_backend import CpuBackend, CpuMatrix, _bufs
 from backends.dequant import dequantize
 from backends.errors import BackendUnavailable
 
@@ -67,7 +67,32 @@ def product(tier: str, threads: int, qtype: T, raw: np.ndarray, cols: int, x: np
 
 
 def test_every_native_type_is_covered():
-    assert {int(t) for t in QUANT_TYPES + FLOAT_TYPES} == NATIVE_TYPES
+    assert {int(t) for t in QUANT_TYPES + FLOAT_TYPES} == CpuBackend(threads=1).native_types
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_each_tier_exports_the_one_table_of_types_with_gguf_names_and_block_sizes(tier):
+    """The kernels' table (QUANT_TYPES in kernels.h) is the only list of native types: every
+    tier exports the same one, its names and numbers are gguf-py's, its block sizes are
+    gguf-py's, and the backend's types are read from it."""
+    module = cpu_native.load(tier)
+    table = module.NATIVE_TYPES  # {GGML number: name}
+    assert table == cpu_native.load("scalar").NATIVE_TYPES
+    assert {number: T(number).name for number in table} == table
+    assert CpuBackend(threads=1, tier=tier).native_types == frozenset(table)
+    infinity = {T.F32: np.float32(np.inf).tobytes(), T.BF16: np.float32(np.inf).tobytes()[2:]}
+    for number in table:
+        qtype = T(number)
+        size = GGML_QUANT_SIZES[qtype][1]
+        blocks = np.zeros(3 * size, dtype=np.uint8)  # blocks of gguf-py's size: count_bad_scales reads 3 of them
+        assert module.count_bad_scales(blocks, number, 3) == 0
+        with pytest.raises(ValueError, match="smaller than the op needs"):
+            module.count_bad_scales(blocks[:-1], number, 3)
+        for offset in SCALE_OFFSETS.get(qtype, (0,)):  # each fp16 scale (or the float itself), made infinite
+            damaged = blocks.copy()
+            bad = infinity.get(qtype, np.float16(np.inf).tobytes())
+            damaged[size + offset : size + offset + len(bad)] = np.frombuffer(bad, dtype=np.uint8)
+            assert module.count_bad_scales(damaged, number, 3) == 1, (qtype.name, offset)
 
 
 @pytest.mark.parametrize("kind", ["random", "extreme", "ones"])
@@ -179,3 +204,33 @@ def test_rope_of_a_new_model_is_not_served_from_the_last_ones():
     a, b = x[0, :, :4].astype(np.float64), x[0, :, 4:].astype(np.float64)
     expected = np.concatenate([a * np.cos(angles) - b * np.sin(angles), a * np.sin(angles) + b * np.cos(angles)], -1)
     np.testing.assert_allclose(ours[0], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_ops_take_their_slots_by_the_names_the_kernels_export():
+    """The op table (OPS in ops.h) is the one list of op codes and slot names: the backend
+    builds each op by keyword from the module's OPS, refuses a missing or unknown name, and
+    the kernels refuse a tuple with another number of slots than the table names."""
+    be = CpuBackend(threads=1)
+    ops = be.native.OPS
+    assert ops["rope"] == (4, ("tokens", "heads", "dim", "rope_dim", "neox", "per_row"), ())
+    assert ops["add"] == (7, ("elements",), ())
+    assert len({code for code, _, _ in ops.values()}) == len(ops) == 8
+    x = np.arange(8, dtype=np.float32)
+    out = np.full(8, -1.0, dtype=np.float32)
+    with pytest.raises(ValueError, match=r"missing \['elements'\], unknown \[\]"):
+        be._emit("add", _bufs(a=x, b=x, out=out))
+    with pytest.raises(ValueError, match=r"missing \[\], unknown \['scale'\]"):
+        be._emit("add", _bufs(a=x, b=x, out=out), elements=8, scale=2.0)
+    with pytest.raises(ValueError, match="no op 'mul'"):
+        be._emit("mul", _bufs(a=x, b=x, out=out), elements=8)
+    with pytest.raises(ValueError, match=r"op add takes ints \(elements\) and floats \(\)"):
+        be.native.run((ops["add"][0], _bufs(a=x, b=x, out=out), (), (8, 1), ()))
+    be._emit("add", _bufs(a=x, b=x, out=out), elements=3)  # the named slot is the count the kernel adds
+    np.testing.assert_array_equal(out, [0, 2, 4, -1, -1, -1, -1, -1])
+    # slots given in any order land in their own fields: the op-by-op rope's bits
+    q = np.random.default_rng(1).standard_normal((3, 2, 8)).astype(np.float32)
+    rotated = np.empty_like(q)
+    table = 10000.0 ** (-np.arange(2, dtype=np.float64) * 2.0 / 4)
+    be._emit("rope", _bufs(a=q, out=rotated, pos=np.array([5]), table=table),
+             per_row=False, neox=True, rope_dim=4, dim=8, heads=2, tokens=3)
+    np.testing.assert_array_equal(rotated, np.array(be.rope(q, np.arange(5, 8), 10000.0, 4, True)))

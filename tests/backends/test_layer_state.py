@@ -11,7 +11,8 @@ and windowed rings.
 - Forgetting the last positions of a ring (a rejected draft) and feeding others gives what a
   run that never saw the forgotten ones gives, and zeroes their slots (the cpu ring's mirror
   too).
-- A pass longer than a ring holds (window + tokens - 1 > slots) is refused, saying so.
+- A pass longer than a ring holds (window + tokens - 1 > slots), or one without a window, is
+  refused, saying so.
 - The cpu state is one 64-byte aligned arena holding every layer; sizes are reported.
 """
 
@@ -112,6 +113,8 @@ def test_a_pass_longer_than_the_ring_holds_is_refused(kind):
     error = RuntimeError if kind[0] == "cpu" else ValueError
     with pytest.raises(error, match="split it"):
         feed(be, state, 0, q, k, v, 5, [6])
+    with pytest.raises(error, match="no window" if kind[0] == "cpu" else "window of None"):
+        be.attention(q[5:6], k[5:6], v[5:6], state, 0, 5, LayerAttention(scale=0.25))
 
 
 def test_the_cpu_state_is_one_aligned_arena_of_every_layer():

@@ -53,10 +53,13 @@ int main(void) {
         print(out, ROWS);
     }
 
-    static const struct { int type, offsets[2], n_offsets; } types[] = {
-        {T_Q4_0, {0}, 1}, {T_Q4_1, {0, 2}, 2}, {T_Q5_0, {0}, 1}, {T_Q5_1, {0, 2}, 2}, {T_Q8_0, {0}, 1},
-        {T_Q4_K, {0, 2}, 2}, {T_Q5_K, {0, 2}, 2}, {T_Q6_K, {208}, 1},
-    };
+    /* the types dot_row_tokens multiplies, from the table, with their blocks' fp16 scales */
+#define PROBE_ROW(name, number, weights, bytes, form, unpack, has_min, split, check, ...) \
+    PROBE_##form(number, __VA_ARGS__)
+#define PROBE_CODES(number, ...) {number, {__VA_ARGS__}, sizeof((int[]){__VA_ARGS__}) / sizeof(int)},
+#define PROBE_FLOAT(...)
+#define PROBE_TILED(...)
+    static const struct { int type, offsets[2], n_offsets; } types[] = {QUANT_TYPES(PROBE_ROW)};
     static int16_t xq[T * K];
     static float xd[T * K / GROUP], xs[T * K / GROUP], mins[K / GROUP];
     for (int t = 0; t < T; t++) quantize_row(x + t * K, K, xq + t * K, xd + t * (K / GROUP), xs + t * (K / GROUP));
