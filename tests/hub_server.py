@@ -245,3 +245,18 @@ def start() -> FakeHub:
         threading.Thread(target=_server.serve_forever, name="fake-hub", daemon=True).start()
     STATE.reset()
     return STATE
+
+
+def tiny_model_repo(folder) -> FakeRepo:
+    """A repository of two real (tiny, random) Qwen3 GGUF files, F32 and Q8_0, written into `folder`."""
+    from gguf import GGMLQuantizationType
+
+    from tests.gguf_factory import write_tiny_model
+
+    files = {}
+    for quant in ("F32", "Q8_0"):
+        path = write_tiny_model(
+            f"{folder}/tiny-qwen3-{quant}.gguf", tensor_type=GGMLQuantizationType[quant], d_model=64, d_ff=128
+        )
+        files[path.name] = path.read_bytes()
+    return FakeRepo(files, downloads=1234, likes=56, gguf={"total": 150_000, "architecture": "qwen3"})

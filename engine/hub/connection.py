@@ -144,6 +144,6 @@ def access_message(hub: Hub, repo_id: str, gated: bool) -> str:
     why = "is gated: its authors ask you to accept their licence first" if gated else "needs permission to read"
     return (
         f"{repo_id} {why}. {token_state}. Open {hub.repo_url(repo_id)}, sign in and accept the licence; then "
-        f"create a read token at {hub.endpoint}/settings/tokens and add it (Get models → Token, or "
-        "`sprig pull --token-prompt`). Sprig keeps it in the system keyring."
+        f"create a read token at {hub.endpoint}/settings/tokens and add it (Get models → Add token, or "
+        f"`sprig pull --token {repo_id}`). Sprig keeps it in the system keyring."
     )
