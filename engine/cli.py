@@ -383,7 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-waiting", type=int, default=16, help="requests that may wait; more get 429")
     p.add_argument("--max-batch", type=int, default=4, help="requests decoded together in one batched step")
 
-    p = sub.add_parser("pull", help=cmd_pull.__doc__.splitlines()[0])
+    p = sub.add_parser("pull", help="download a model from Hugging Face, checked; print its path")
     p.set_defaults(func=cmd_pull)
     p.add_argument("spec", metavar="owner/name[:QUANT]", help="a GGUF repository, and a quantization (default Q4_K_M)")
     p.add_argument("--cache-dir", type=Path, default=None, help="the Hugging Face cache (default: HF_HUB_CACHE)")
