@@ -22,13 +22,14 @@ import hashlib
 import json
 import os
 import socket
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
-assert "huggingface_hub" not in __import__("sys").modules, "huggingface_hub was imported before HF_ENDPOINT was set"
+assert "huggingface_hub" not in sys.modules, "huggingface_hub was imported before HF_ENDPOINT was set"
 
 _SOCKET = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
 _SOCKET.bind(("127.0.0.1", 0))
@@ -231,6 +232,14 @@ class _Handler(BaseHTTPRequestHandler):
                 threading.Event().wait(STATE.chunk_delay_s)
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that hung up (a pause) is no error
+            super().handle_error(request, client_address)
+
+
 _server: ThreadingHTTPServer | None = None
 
 
@@ -238,10 +247,9 @@ def start() -> FakeHub:
     """Serve on the reserved port (once per test session) and return the state, reset."""
     global _server
     if _server is None:
-        _server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler, bind_and_activate=False)
+        _server = _Server(("127.0.0.1", 0), _Handler, bind_and_activate=False)
         _server.socket.close()
         _server.socket = _SOCKET
-        _server.daemon_threads = True
         threading.Thread(target=_server.serve_forever, name="fake-hub", daemon=True).start()
     STATE.reset()
     return STATE

@@ -4,9 +4,7 @@ import hashlib
 import os
 import threading
 
-import keyring
 import pytest
-from keyring.backend import KeyringBackend
 
 from engine.errors import (
     DiskSpaceError,
@@ -133,34 +131,6 @@ def test_a_truncated_download_is_refused_and_removed(repo, fake_hub, hub):
         finish(hub, pull_of(hub, "Q8_0"))
     assert not list((hub.cache_dir / "models--sprig-tests--random-GGUF/blobs").glob("*.incomplete"))
     assert cached_models(hub.cache_dir) == []
-
-
-class MemoryKeyring(KeyringBackend):
-    """A keyring in memory: the tests never touch the real one."""
-
-    priority = 1  # type: ignore[assignment]
-
-    def __init__(self):
-        super().__init__()
-        self.saved: dict[tuple[str, str], str] = {}
-
-    def get_password(self, service, username):
-        return self.saved.get((service, username))
-
-    def set_password(self, service, username, password):
-        self.saved[(service, username)] = password
-
-    def delete_password(self, service, username):
-        self.saved.pop((service, username), None)
-
-
-@pytest.fixture
-def memory_keyring():
-    before = keyring.get_keyring()
-    backend = MemoryKeyring()
-    keyring.set_keyring(backend)
-    yield backend
-    keyring.set_keyring(before)
 
 
 def test_a_gated_repository_asks_for_a_token_then_downloads_with_it(fake_hub, hub, memory_keyring, caplog):
