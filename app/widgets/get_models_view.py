@@ -157,6 +157,7 @@ class GetModelsView(QDialog):
         self.progress.hide()
         self.progress.setRange(0, 1000)
         self.progress.setAccessibleName("Download progress")
+        self.progress.setMaximumWidth(220)
         self.status = QLabel(objectName="MutedLabel", wordWrap=True)
         self.pause_button = QPushButton("Pause", clicked=self._pause_or_resume, visible=False)
         self.cancel_button = QPushButton("Cancel download", clicked=self._cancel, visible=False)
@@ -221,6 +222,7 @@ class GetModelsView(QDialog):
 
     def _fill_repos(self, repos: list[RepoSummary]) -> None:
         self._repos = repos
+        self.repos.setColumnHidden(REPO_COLUMNS.index("Why"), not any(repo.why for repo in repos))
         self.repos.setRowCount(len(repos))
         for row, repo in enumerate(repos):
             updated = repo.last_modified.date().isoformat() if repo.last_modified else ""
@@ -354,7 +356,7 @@ class GetModelsView(QDialog):
         self._paused, self._finished = None, None
         self.progress.setVisible(True)
         self.progress.setValue(0)
-        self.progress.setFormat(f"{pull.label} %p%")
+        self.progress.setFormat("%p%")
         self.status.setText("Starting…")
         self.pause_button.setText("Pause")
         self.pause_button.setVisible(True)
@@ -367,8 +369,10 @@ class GetModelsView(QDialog):
         kept = bytes_on_disk(self._hub.hub().cache_dir, pull)
         self.progress.setVisible(True)
         self.progress.setValue(int(1000 * kept / max(pull.choice.size, 1)))
-        self.progress.setFormat(f"{pull.label} %p%")
-        self.status.setText(f"Paused: {format_bytes(kept)} of {format_bytes(pull.choice.size)} kept. Resume continues.")
+        self.progress.setFormat("%p%")
+        self.status.setText(
+            f"{pull.label} paused: {format_bytes(kept)} of {format_bytes(pull.choice.size)} kept. Resume continues."
+        )
         self.pause_button.setText("Resume")
         self.pause_button.setVisible(True)
         self.cancel_button.setVisible(True)
@@ -397,9 +401,9 @@ class GetModelsView(QDialog):
 
     def _on_progress(self, progress: Progress) -> None:
         self.progress.setVisible(True)
-        self.progress.setFormat(f"{progress.pull.label} %p%")
+        self.progress.setFormat("%p%")
         self.progress.setValue(int(1000 * progress.done / max(progress.total, 1)))
-        self.status.setText(progress_text(progress))
+        self.status.setText(f"{progress.pull.label} · {progress_text(progress)}")
         self.pause_button.setVisible(True)
         self.cancel_button.setVisible(True)
 

@@ -5,7 +5,9 @@ from dataclasses import replace
 import pytest
 from huggingface_hub import constants
 from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QMessageBox
 
+from app.model_library import format_bytes
 from app.widgets.get_models_view import GetModelsView
 from app.widgets.model_picker import FILE
 from engine.hub import tokens
@@ -135,9 +137,28 @@ def test_a_download_pauses_and_resumes(qtbot, window, fake_hub):
         qtbot.mouseClick(view.download_button, Qt.MouseButton.LeftButton)
     with qtbot.waitSignal(window.hub.download_stopped, timeout=WAIT_MS):
         qtbot.mouseClick(view.pause_button, Qt.MouseButton.LeftButton)
-    assert view.pause_button.text() == "Resume" and "Paused" in view.status.text()
+    assert view.pause_button.text() == "Resume" and "paused" in view.status.text()
     assert window.model_bar.download_button.text() == "⏸ Paused"
     fake_hub.chunk_delay_s = 0
     with qtbot.waitSignal(window.hub.download_finished, timeout=ANSWER_TIMEOUT_MS):
         qtbot.mouseClick(view.pause_button, Qt.MouseButton.LeftButton)
     assert "range" in fake_hub.file_requests("tiny-qwen3-F32.gguf")[-1]
+
+
+def test_the_library_deletes_a_download_after_saying_its_size(qtbot, window, cache, monkeypatch):
+    view = open_view(window)
+    search_and_open(qtbot, view, "tiny", REPO)
+    with qtbot.waitSignal(window.hub.download_finished, timeout=WAIT_MS) as finished:
+        qtbot.mouseClick(view.download_button, Qt.MouseButton.LeftButton)
+    path = finished.args[0].path
+    view.close()
+    asked = []
+    monkeypatch.setattr(QMessageBox, "question", lambda _parent, _title, text: asked.append(text) or QMessageBox.Yes)
+    picker = window.open_model_picker()
+    row = next(r for r in range(picker.table.rowCount()) if path.name in picker.table.item(r, FILE).text())
+    picker.table.selectRow(row)
+    size = path.stat().st_size
+    qtbot.mouseClick(picker.delete_button, Qt.MouseButton.LeftButton)
+    assert f"It frees {format_bytes(size)} of disk" in asked[0] and str(path) in asked[0]
+    assert not path.exists() and not (cache / "models--sprig-tests--tiny-qwen3-GGUF").exists()
+    assert all(path.name not in entry.path.name for entry in window.library())
