@@ -1,6 +1,7 @@
 """Entry point of the `sprig` console script (also `python -m app`).
 
     sprig [MODEL.gguf] [--data-dir DIR] [--self-test]
+    sprig pull owner/name[:QUANT]     (a model from Hugging Face, in the terminal: engine/hub/pull.py)
 
 Opens the window and loads, in order of preference: the model given on the command line,
 the model used last, or the bundled default. If Sprig is already running on the same
@@ -53,7 +54,12 @@ def model_to_open(requested: str | None, last_model: str | None) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """Open the window and run the Qt event loop."""
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["pull"]:  # the engine's own command, with no window
+        from engine.cli import main as engine_main
+
+        return engine_main(argv)
+    args = parse_args(argv)
     if args.self_test:
         from app.self_test import run_self_test
 

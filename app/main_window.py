@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
 
 from app.backend_status import backend_status, gpu_present
 from app.chat_controller import ChatController
+from app.hub_controller import HubController
 from app.local_server import LocalServer
 from app.menu_bar import build_menu_bar
 from app.model_library import LibraryEntry, ModelInfo, library_entries, vocabulary_metadata
@@ -36,6 +37,7 @@ from app.transcript import TranscriptError, import_json, read_json_file, to_json
 from app.widgets.banner import Banner
 from app.widgets.chat_view import ChatView
 from app.widgets.conversation_list import ConversationList
+from app.widgets.get_models_view import GetModelsView, progress_text
 from app.widgets.message_input import MessageInput
 from app.widgets.metrics_panel import MetricsPanel
 from app.widgets.model_bar import ModelBar
@@ -43,6 +45,8 @@ from app.widgets.model_picker import ModelPicker
 from app.widgets.server_panel import ServerPanel
 from app.widgets.settings_dialog import ConversationSettingsDialog, SettingsDialog
 from backends.selection import planned_backend
+from engine.hub.cache import cached_models, delete_download, find_cached
+from engine.hub.download import Progress, Pull
 
 DEFAULT_SIZE = (1280, 800)  # the window's size on a screen with room for it
 
@@ -60,6 +64,7 @@ class MainWindow(QMainWindow):
         self.settings_path = settings_path
         self.controller = ChatController(store, settings, self)
         self.local_server = LocalServer(self.controller, parent=self)
+        self.hub = HubController(lambda: self.controller.settings, self)
         self.server_panel = ServerPanel()
         self.server_panel.hide()  # until the server is first switched on
         self._gpu = gpu_present()
@@ -150,6 +155,12 @@ class MainWindow(QMainWindow):
         self.model_bar.unload_button.clicked.connect(c.unload)
         self.model_bar.settings_button.clicked.connect(self.open_settings)
         self.model_bar.metrics_button.toggled.connect(self.metrics.setVisible)
+        self.model_bar.download_button.clicked.connect(self.open_get_models)
+        self.hub.progress.connect(self._on_download_progress)
+        self.hub.download_finished.connect(self._on_download_finished)
+        self.hub.download_stopped.connect(self._on_download_stopped)
+        if pending := self.hub.pending():  # paused, or cut short by closing the app: it resumes from Get models
+            self.model_bar.set_download("⏸ Paused", f"{pending[0].label}: paused; resume it in Get models")
 
         c.model_loading.connect(self._on_model_loading)
         c.load_progress.connect(self._on_load_progress)
@@ -252,7 +263,10 @@ class MainWindow(QMainWindow):
             text = self.loading_text()
             self.loading_label.setText(text.replace("\n", " — "))
         elif info is None:
-            text = "No model loaded.\nChoose one with the model button above, or drop a .gguf file here."
+            text = (
+                "No model loaded.\nChoose one with the model button above, get one from Hugging Face "
+                "(Model → Get models…), or drop a .gguf file here."
+            )
         else:
             text = f"{info.name} is ready.\nType a message to start."
         self.chat_view.set_placeholder(text)
@@ -304,9 +318,10 @@ class MainWindow(QMainWindow):
     # -- models ------------------------------------------------------------------------
 
     def library(self) -> list[LibraryEntry]:
-        """The library entries: bundled, models folder, added before."""
+        """The library entries: bundled, models folder, added before, downloaded from Hugging Face."""
         added = [(m.path, m.name) for m in self.store.models()]
-        return library_entries(Path(self.controller.settings.models_folder), added)
+        downloaded = [(str(m.path), m.name) for m in cached_models(self.hub.hub().cache_dir)]
+        return library_entries(Path(self.controller.settings.models_folder), added + downloaded)
 
     def open_model_picker(self) -> ModelPicker:
         """Show the model picker (non-modal); returns it."""
@@ -322,13 +337,53 @@ class MainWindow(QMainWindow):
             self,
             backend=planned_backend(settings.backend),
             draft_target=vocabulary_metadata(loaded.file.metadata) if loaded else None,
+            downloads={m.path: m for m in cached_models(self.hub.hub().cache_dir)},
         )
         picker.load_requested.connect(self.controller.load)
         picker.add_requested.connect(self.add_model)
         picker.remove_requested.connect(self.store.remove_model)
+        picker.delete_download_requested.connect(self.delete_download)
+        picker.get_models_requested.connect(self.open_get_models)
         picker.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         picker.show()
         return picker
+
+    def open_get_models(self) -> GetModelsView:
+        """Show the Get models view (non-modal): find, download and load models from Hugging Face."""
+        settings = self.controller.settings
+        view = GetModelsView(self.hub, settings.context_length, planned_backend(settings.backend), self)
+        view.load_requested.connect(self.controller.load)
+        view.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        view.show()
+        return view
+
+    def delete_download(self, path: str) -> None:
+        """Delete a model downloaded from Hugging Face (the picker asked and confirmed)."""
+        cache = self.hub.hub().cache_dir
+        model = find_cached(cache, Path(path))
+        if model is None:
+            return
+        try:
+            delete_download(cache, model)
+        except OSError as exc:
+            self.error_banner.show_text(f"Could not delete {model.path}: {exc.strerror}.")
+            return
+        self.store.remove_model(path)
+
+    def _on_download_progress(self, progress: Progress) -> None:
+        percent = 100 * progress.done // max(progress.total, 1)
+        self.model_bar.set_download(f"↓ {percent}%", f"Downloading {progress.pull.label}: {progress_text(progress)}")
+
+    def _on_download_finished(self, progress: Progress) -> None:
+        label = progress.pull.label
+        self.model_bar.set_download("✓ Downloaded", f"{label} is downloaded and verified: open Get models to load it")
+        self.info_banner.show_text(f"{label} is downloaded and verified. Load it from Get models or the model picker.")
+
+    def _on_download_stopped(self, pull: Pull, error: object) -> None:
+        paused = error is None and pull in self.hub.pending()
+        self.model_bar.set_download("⏸ Paused" if paused else None, f"{pull.label}: paused; resume it in Get models")
+        if error is not None:
+            self.error_banner.show_text(str(error))
 
     def open_from_launch(self, model: str) -> None:
         """Another `sprig` was started on these chats: come to the front, load its model if any."""
@@ -452,6 +507,7 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event: QCloseEvent) -> None:
         """Stop the server and the engine, keep what streamed, save the settings."""
         self.local_server.set_running(False)
+        self.hub.stop()  # a download pauses; it resumes at the next start
         self.controller.shutdown()
         self._save_settings()
         super().closeEvent(event)

@@ -65,7 +65,8 @@ class Settings:
     `seed` None draws a fresh random seed for each answer. `text_scale` is the text size
     in percent of the system's. `cpu_threads` 0 gives the cpu backend one thread per
     physical core. `speculative` is the speculative decoding mode ("auto" drafts only
-    where it pays). `last_model` is the path of the model file opened last, or None;
+    where it pays). `hub_offline` keeps Sprig off the Hugging Face Hub (Get models then
+    lists only what is downloaded). `last_model` is the path of the model file opened last, or None;
     `last_conversation` the id of the chat open last, or None.
     """
 
@@ -86,6 +87,7 @@ class Settings:
     text_scale: int
     last_model: str | None
     last_conversation: int | None
+    hub_offline: bool
 
     @classmethod
     def defaults(cls) -> "Settings":
@@ -141,6 +143,12 @@ def _choice(options: tuple[str, ...]) -> Callable[[str, object], str]:
     return parse
 
 
+def _flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise _Invalid(f"{name} must be true or false, not {value!r}")
+    return value
+
+
 def _optional(parse: Callable[[str, object], object]) -> Callable[[str, object], object]:
     return lambda name, value: None if value is None else parse(name, value)
 
@@ -171,6 +179,7 @@ _PARSERS: dict[str, Callable[[str, object], object]] = {
     "text_scale": _number(int),
     "last_model": _optional(_text),
     "last_conversation": _optional(_number(int)),
+    "hub_offline": _flag,
 }
 
 

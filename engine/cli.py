@@ -283,6 +283,13 @@ def cmd_serve(args) -> None:
         raise UsageError("the model could not be loaded")
 
 
+def cmd_pull(args) -> None:
+    """Download a model from Hugging Face (owner/name[:QUANT]), checked; print its path."""
+    from engine.hub.pull import pull_in_terminal  # imports huggingface_hub only for this command
+
+    print(pull_in_terminal(args.spec, args.cache_dir, args.token))
+
+
 # -- parser ---------------------------------------------------------------------------
 
 
@@ -375,6 +382,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ctx", type=int, default=None, help="context length of server requests (default 4096)")
     p.add_argument("--max-waiting", type=int, default=16, help="requests that may wait; more get 429")
     p.add_argument("--max-batch", type=int, default=4, help="requests decoded together in one batched step")
+
+    p = sub.add_parser("pull", help="download a model from Hugging Face, checked; print its path")
+    p.set_defaults(func=cmd_pull)
+    p.add_argument("spec", metavar="owner/name[:QUANT]", help="a GGUF repository, and a quantization (default Q4_K_M)")
+    p.add_argument("--cache-dir", type=Path, default=None, help="the Hugging Face cache (default: HF_HUB_CACHE)")
+    p.add_argument("--token", action="store_true", help="ask for an access token (gated models); kept in the keyring")
 
     p = command("bench", cmd_bench, needs_backend=True)
     p.add_argument("--prompt-tokens", type=int, default=256)

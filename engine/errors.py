@@ -39,3 +39,27 @@ class BackendFailure(SprigError):
 
 class DraftModelError(SprigError):
     """A model cannot draft for the loaded one (speculative decoding); the message says why."""
+
+
+class HubError(SprigError):
+    """Searching, listing or downloading from the Hugging Face Hub failed; the message says why and what to do."""
+
+
+class HubOfflineError(HubError):
+    """The Hub cannot be reached: no network, or offline mode is on. Cached models still work."""
+
+
+class HubAccessError(HubError):
+    """A gated or private repository (401/403): its licence must be accepted and a token added."""
+
+
+class DownloadIntegrityError(HubError):
+    """A download was truncated or its SHA-256 differs from the Hub's record; the file was removed."""
+
+
+class DiskSpaceError(HubError):
+    """Not enough free disk space for a download; nothing was left half-written."""
+
+
+class DownloadPaused(HubError):
+    """A download was paused or cancelled by the user; a paused one resumes where it stopped."""

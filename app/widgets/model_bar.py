@@ -41,6 +41,10 @@ class ModelBar(QFrame):
         self.backend_label = ElidedLabel()
         self.backend_label.setObjectName("BackendLabel")
         self.settings_button = QPushButton("Settings")
+        self.download_button = QToolButton()  # a download under way, while the user chats
+        self.download_button.setObjectName("DownloadIndicator")
+        self.download_button.setAccessibleName("Download in progress")
+        self.download_button.hide()
         self.metrics_button = QToolButton()
         self.metrics_button.setText("Metrics")
         self.metrics_button.setCheckable(True)
@@ -53,6 +57,7 @@ class ModelBar(QFrame):
         layout.addWidget(self.progress, 1)
         layout.addWidget(self.cancel_button)
         layout.addWidget(self.backend_label)
+        layout.addWidget(self.download_button)
         layout.addWidget(self.unload_button)
         layout.addWidget(self.settings_button)
         layout.addWidget(self.metrics_button)
@@ -90,6 +95,12 @@ class ModelBar(QFrame):
             f"{format_bytes(info.file_size)} · ctx {info.context_length:,}"
         )
         self.unload_button.setEnabled(True)
+
+    def set_download(self, text: str | None, tip: str = "") -> None:
+        """Show a short download status ("↓ 45%") that opens Get models when clicked; None hides it."""
+        self.download_button.setVisible(text is not None)
+        self.download_button.setText(text or "")
+        self.download_button.setToolTip(tip)
 
     def set_backend(self, status: BackendStatus) -> None:
         """Show the backend in use; its details in the tooltip; a warning sign only for an idle GPU."""

@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QLineEdit,
+    QMessageBox,
     QPushButton,
     QTableWidget,
     QTableWidgetItem,
@@ -29,6 +30,7 @@ from app.header_reader import HeaderReader
 from app.model_library import LibraryEntry, ModelInfo, available_memory, format_bytes, format_parameters
 from app.worker import Job
 from engine.draft_model import draft_refusals
+from engine.hub.cache import CachedModel
 
 COLUMNS = ("Model", "File", "Architecture", "Parameters", "Quantization", "File size", "Context", "Memory", "Drafts")
 MODEL, FILE, ARCHITECTURE, PARAMETERS, QUANTIZATION, SIZE, CONTEXT, MEMORY, DRAFTS = range(len(COLUMNS))
@@ -53,6 +55,11 @@ class _Item(QTableWidgetItem):
 class ModelPicker(QDialog):
     """Choose, add or remove models. Emits `load_requested(path, name)`.
 
+    `downloads` maps the files of models downloaded from Hugging Face to their cache
+    entries: the File column says which repository they came from, and Delete download
+    removes one from the disk (`delete_download_requested(path)`, after a confirmation
+    that gives its size). Get models… asks the window for the Hub view.
+
     `draft_target` is the loaded model's vocabulary metadata (ModelInfo.vocabulary): the
     Drafts column then says which models can draft for it (speculative decoding), and why
     the others cannot.
@@ -61,6 +68,8 @@ class ModelPicker(QDialog):
     load_requested = Signal(str, str)
     add_requested = Signal(str)
     remove_requested = Signal(str)
+    delete_download_requested = Signal(str)
+    get_models_requested = Signal()
 
     def __init__(
         self,
@@ -72,6 +81,7 @@ class ModelPicker(QDialog):
         parent: QWidget | None = None,
         backend: str = "numpy",
         draft_target: dict | None = None,
+        downloads: dict[Path, CachedModel] | None = None,
     ):
         super().__init__(parent)
         self.setWindowTitle("Models")
@@ -85,6 +95,7 @@ class ModelPicker(QDialog):
         self._current = current
         self._draft_target = draft_target
         self._infos: dict[int, ModelInfo | str] = {}
+        self._downloads = downloads or {}
 
         self.table = QTableWidget(len(entries), len(COLUMNS))
         self.table.setHorizontalHeaderLabels(COLUMNS)
@@ -106,7 +117,14 @@ class ModelPicker(QDialog):
             item.setData(ENTRY, row)
             item.setToolTip(str(entry.path))
             self.table.setItem(row, MODEL, item)
-            where = "bundled" if entry.bundled else entry.path.parent.name or str(entry.path.parent)
+            download = self._downloads.get(entry.path)
+            where = (
+                "bundled"
+                if entry.bundled
+                else f"Hugging Face · {download.repo_id}"
+                if download
+                else entry.path.parent.name or str(entry.path.parent)
+            )
             self._set(row, FILE, f"{entry.path.name} — {where}", tooltip=str(entry.path))
             self._set(row, MEMORY, "reading…")
             if current is not None and entry.path == current:
@@ -130,13 +148,19 @@ class ModelPicker(QDialog):
         add_button.clicked.connect(self._add)
         self.remove_button = QPushButton("Remove from library")
         self.remove_button.clicked.connect(self._remove_selected)
+        self.delete_button = QPushButton("Delete download…")
+        self.delete_button.setToolTip("Delete a model downloaded from Hugging Face from the disk")
+        self.delete_button.clicked.connect(self._delete_selected)
+        get_button = QPushButton("Get models…")
+        get_button.setToolTip("Find and download models from Hugging Face")
+        get_button.clicked.connect(self._get_models)
         folder_button = QPushButton("Open models folder")
         folder_button.clicked.connect(self._open_folder)
         close_button = QPushButton("Close")
         close_button.clicked.connect(self.reject)
 
         buttons = QHBoxLayout()
-        for button in (add_button, self.remove_button, folder_button):
+        for button in (get_button, add_button, self.remove_button, self.delete_button, folder_button):
             buttons.addWidget(button)
         buttons.addStretch(1)
         buttons.addWidget(close_button)
@@ -257,6 +281,10 @@ class ModelPicker(QDialog):
         usable = row is not None and row not in self._removed
         self.load_button.setEnabled(row is not None and usable and isinstance(self._infos.get(row), ModelInfo))
         self.remove_button.setEnabled(row is not None and usable and not self._entries[row].bundled)
+        deletable = (
+            row is not None and self._entries[row].path in self._downloads and self._entries[row].path != self._current
+        )
+        self.delete_button.setEnabled(usable and deletable)  # the loaded model is unloaded first
 
     def _load_selected(self) -> None:
         row = self._selected_row()
@@ -282,6 +310,28 @@ class ModelPicker(QDialog):
         self._removed.add(row)
         self._set(row, MEMORY, "removed from the library (the file itself was not deleted)")
         self.table.clearSelection()
+
+    def _delete_selected(self) -> None:
+        row = self._selected_row()
+        download = self._downloads.get(self._entries[row].path) if row is not None else None
+        if row is None or download is None or row in self._removed:
+            return
+        answer = QMessageBox.question(
+            self,
+            "Delete download",
+            f"Delete {download.name} from {download.repo_id}? It frees {format_bytes(download.size)} "
+            f"of disk.\n\n{download.path}",
+        )
+        if answer != QMessageBox.StandardButton.Yes:
+            return
+        self.delete_download_requested.emit(str(download.path))
+        self._removed.add(row)
+        self._set(row, MEMORY, f"deleted: {format_bytes(download.size)} freed")
+        self.table.clearSelection()
+
+    def _get_models(self) -> None:
+        self.get_models_requested.emit()
+        self.accept()
 
     def _open_folder(self) -> None:
         self._models_folder.mkdir(parents=True, exist_ok=True)

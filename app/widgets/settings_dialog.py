@@ -264,6 +264,9 @@ class SettingsDialog(QDialog):
         folder.setLayout(folder_row)
         folder_row.setContentsMargins(0, 0, 0, 0)
 
+        self.hub_offline = QCheckBox("Work offline: never contact the Hugging Face Hub")
+        self.hub_offline.setToolTip("Get models then lists only the models already downloaded; search needs a network.")
+
         self.tabs = QTabWidget()
         self.tabs.addTab(_tab(("System prompt", self.system_prompt), ("Context length", self.context_length)), "Chat")
         self.tabs.addTab(self.sampling, "Sampling")
@@ -278,7 +281,7 @@ class SettingsDialog(QDialog):
         )
         self.tabs.addTab(_tab(("Theme", self.theme)), "Appearance")
         hint = QLabel("Where Sprig looks for .gguf model files.", objectName="SettingsHint")
-        self.tabs.addTab(_tab(("Models folder", folder), hint), "Models")
+        self.tabs.addTab(_tab(("Models folder", folder), hint, self.hub_offline), "Models")
 
         layout = QVBoxLayout(self)
         layout.addWidget(self.tabs)
@@ -296,6 +299,7 @@ class SettingsDialog(QDialog):
         _select(self.speculative, settings.speculative)
         _select(self.theme, settings.theme)
         self.models_folder.setText(str(settings.models_folder))
+        self.hub_offline.setChecked(settings.hub_offline)
 
     def settings(self) -> Settings:
         """The settings as edited (validated; an empty folder keeps the original one)."""
@@ -308,6 +312,7 @@ class SettingsDialog(QDialog):
             "speculative": self.speculative.currentData(),
             "theme": self.theme.currentData(),
             "models_folder": self.models_folder.text().strip(),
+            "hub_offline": self.hub_offline.isChecked(),
         }
         return merge_settings(self._original, edited)[0]
 

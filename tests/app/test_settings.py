@@ -48,6 +48,7 @@ def custom_settings() -> Settings:
         text_scale=130,
         last_model="/tmp/sprig-models/smol.gguf",
         last_conversation=7,
+        hub_offline=True,
     )
 
 
@@ -230,6 +231,7 @@ def test_dialog_returns_what_the_widgets_show(dialog):
     dialog.speculative.setCurrentIndex(dialog.speculative.findData("off"))
     dialog.theme.setCurrentIndex(dialog.theme.findData("dark"))
     dialog.models_folder.setText("/data/models")
+    dialog.hub_offline.setChecked(True)
 
     assert dialog.settings() == Settings(
         system_prompt="Answer in French.",
@@ -249,6 +251,7 @@ def test_dialog_returns_what_the_widgets_show(dialog):
         text_scale=100,
         last_model="/models/a.gguf",
         last_conversation=None,
+        hub_offline=True,
     )
 
 
