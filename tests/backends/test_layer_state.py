@@ -22,8 +22,9 @@ import numpy as np
 import pytest
 
 from backends import cpu_native
-from backends.base import AttentionState, LayerAttention, RecurrentState
+from backends.base import AttentionState, LayerAttention, PassInput, RecurrentState, Runner, Segment
 from backends.cpu_backend import CpuBackend, CpuMatrix
+from backends.cpu_runner import RecordingRunner
 from backends.numpy_backend import NumpyBackend
 from tests.backends.test_numpy_backend import naive_attention
 
@@ -145,20 +146,19 @@ def test_a_recorded_pass_on_a_ring_replays_on_another_state_and_equals_a_full_le
     matrices = [CpuMatrix(name, t.reshape(64, -1).view(np.uint8).reshape(-1), 0, 64, t[0].size)
                 for name, t in zip("qkv", tables, strict=True)]
 
-    class Owner:  # the recorded passes' model (weakly referenced)
-        pass
-
-    def forward(ids, positions, start, state):
-        q, k, v = (be.embedding(m, ids).reshape(len(ids), *t.shape[1:]) for m, t in zip(matrices, tables, strict=True))
-        return be.attention(q, k, v, state, 1, start, SETTINGS)
+    def forward(p: PassInput):
+        q, k, v = (be.embedding(m, p.tokens).reshape(len(p.tokens), *t.shape[1:])
+                   for m, t in zip(matrices, tables, strict=True))
+        segment = p.segments[0]
+        return be.attention(q, k, v, segment.state, 1, segment.start, SETTINGS)
 
     ring = AttentionState(KV_HEADS, DH, DV, slots=WINDOW + 3, window=WINDOW)
     full = AttentionState(KV_HEADS, DH, DV, slots=120)
-    owner, tokens = Owner(), np.random.default_rng(2).integers(0, 64, size=120)
+    tokens = np.random.default_rng(2).integers(0, 64, size=120)
     reference = be.allocate_state([full, full])
-    expected = np.array(forward(tokens, None, 0, reference))  # (120, H * Dv), op by op
+    expected = np.array(Runner(forward)(tokens, [Segment(reference, 0, 120)], all_logits=True))  # (120, H * Dv)
+    runner = RecordingRunner(be, forward)
     for state in (be.allocate_state([full, ring]), be.allocate_state([full, ring])):  # the second replays
-        step = be.compile_forward(lambda ids, pos, start, s=state: forward(ids, pos, start, s), state, 4, owner)
-        got = [step(tokens[at : at + 4], at) for at in range(0, 120, 4)]
+        got = [runner(tokens[at : at + 4], [Segment(state, at, 4)], all_logits=True) for at in range(0, 120, 4)]
         np.testing.assert_array_equal(np.concatenate(got), expected)
-    assert be.recordings == 1
+    assert runner.recordings == 1

@@ -13,6 +13,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from backends.base import AttentionState
+
 VOCAB = 24
 EOS = 0
 
@@ -28,6 +30,7 @@ class PrefixBackend:
     """The backend hooks the engine calls on a model's backend."""
 
     name = "prefix"
+    device_tokens = False
 
     def allocate_state(self, layers: list) -> PrefixKV:
         return PrefixKV(layers[0].slots)
@@ -54,6 +57,10 @@ class PrefixModel:
         self.config = SimpleNamespace(n_layers=1, n_kv_heads=1, head_dim=1, value_head_dim=1, vocab_size=vocab)
         self.passes: list[int] = []  # tokens per forward pass, in order
         self._known: dict[bytes, np.ndarray] = {}
+
+    def layer_states(self, n_ctx: int) -> list:
+        """One layer holding a token per position of the context."""
+        return [AttentionState(1, 1, 1, n_ctx)]
 
     def logits_after(self, prefix: np.ndarray) -> np.ndarray:
         """The logits that follow `prefix` (int64 tokens), (vocab,) float32."""

@@ -140,7 +140,7 @@ def test_what_generate_queues_before_it_reads(tiny, monkeypatch, params, expecte
     loaded = tiny["mlx"]
     prompt = list(range(200, 212))
     cache = loaded.new_cache(64)
-    step = loaded.model.decode_step(cache.storage)  # compiled once per storage; recorded below
+    step = loaded.model.runner.step(cache.storage)  # compiled once per state; recorded below
     order = []
     cache.storage.decode_step = lambda token, start: order.append(f"queue {start}") or step(token, start)
     to_host = loaded.backend.to_host
