@@ -41,8 +41,8 @@ class DecoderLayer(Block):
     )
     attn_norm: Any
     ffn_norm: Any
-    post_attn_norm: Any
-    post_ffw_norm: Any
+    post_attn_norm: Any = None  # where a subclass's table has no such tensor
+    post_ffw_norm: Any = None
 
     def __init__(self, reader: LayerReader, config: ModelConfig, mixer: Mixer, feed_forward: LayerBlock):
         self.backend: Backend = reader.backend
