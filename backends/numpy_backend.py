@@ -148,11 +148,9 @@ class NumpyBackend(Backend):
         return f"CPU ({os.cpu_count()} cores, NumPy float32)"
 
     def prepare_weight(self, spec: WeightSpec) -> np.ndarray | NumpyWeight | NumpyExperts:
-        if len(spec.shape) == 1:  # norms and biases: small, always float32
+        if len(spec.shape) == 1 or spec.name.endswith(".bias"):  # norms and biases (experts': (E, F)): float32
             return dequantize(spec.raw, spec.ggml_type, spec.shape)
         if len(spec.shape) == 3:
-            if spec.name.endswith(".bias"):  # (E, F) biases of a stack of experts
-                return dequantize(spec.raw, spec.ggml_type, spec.shape)
             return NumpyExperts(spec, self.cache)
         self.cache.get(spec)  # dequantize now while the budget lasts
         return NumpyWeight(spec, self.cache)
