@@ -172,6 +172,9 @@ _FIM_MID_TEXTS = (
     "<|code_middle|>",
     "<|middle|>",
 )
+# In OpenAI's harmony format (gpt-oss) an answer ends with <|return|> or <|call|>; its
+# <|end|> ends one message of several.
+_HARMONY_TURN_ENDS = ("<|return|>", "<|call|>", "<|end|>")
 # Every token with one of these texts ends generation.
 _EOG_TEXTS = (
     "<|eot_id|>",
@@ -411,6 +414,10 @@ class _Vocabulary:
                 self.ids[name] = hits[0]
                 self.types[hits[0]] = TYPE_CONTROL
         eog = found(_EOG_TEXTS)
+        if all(t in self.token_ids for t in _HARMONY_TURN_ENDS):  # as llama.cpp: in harmony <|end|>
+            eog.remove(self.token_ids["<|end|>"])  # ends a message, and the answer goes on
+            if self.ids["eot"] == self.token_ids["<|end|>"]:
+                self.ids["eot"] = None
         self.types[eog] = TYPE_CONTROL
         named = (self.ids[name] for name in ("eos", "eot", "eom", "fim_pad", "fim_rep", "fim_sep"))
         return frozenset([*eog, *(i for i in named if i is not None)])

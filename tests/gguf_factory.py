@@ -15,6 +15,7 @@ from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, TokenType, qua
 F32 = GGMLQuantizationType.F32
 MERGES = ("t h", "h e", "i n", "Ġ t", "th e")
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>")
 CHATML_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -52,12 +53,12 @@ def byte_symbols() -> list[str]:
     return [chr(b) if b in printable else chr(next(shifted)) for b in range(256)]
 
 
-def tiny_vocab(vocab: int) -> tuple[list[str], list[int]]:
+def tiny_vocab(vocab: int, specials: tuple[str, ...] = SPECIAL_TOKENS) -> tuple[list[str], list[int]]:
     """Tokens and token types: 256 byte symbols, the merged tokens, specials, then reserved slots."""
-    tokens = byte_symbols() + [m.replace(" ", "") for m in MERGES] + list(SPECIAL_TOKENS)
+    tokens = byte_symbols() + [m.replace(" ", "") for m in MERGES] + list(specials)
     if vocab < len(tokens):
         raise ValueError(f"vocab must be at least {len(tokens)} to hold the bytes, merges and special tokens")
-    types = [TokenType.NORMAL] * (256 + len(MERGES)) + [TokenType.CONTROL] * len(SPECIAL_TOKENS)
+    types = [TokenType.NORMAL] * (256 + len(MERGES)) + [TokenType.CONTROL] * len(specials)
     n_reserved = vocab - len(tokens)
     tokens += [f"<|reserved_{i}|>" for i in range(n_reserved)]
     types += [TokenType.USER_DEFINED] * n_reserved
@@ -85,7 +86,7 @@ def model_metadata(arch: str, n_layers: int, d_model: int, n_heads: int, n_kv_he
                    d_ff: int, vocab: int, context_length: int = 256) -> dict[str, Any]:
     """The GGUF metadata of a model of these shapes, under llama.cpp's key names, with the
     tiny byte-level BPE vocabulary (padded with reserved tokens to `vocab`) and ChatML."""
-    tokens, token_types = tiny_vocab(vocab)
+    tokens, token_types = tiny_vocab(vocab, SPECIAL_TOKENS + HARMONY_TOKENS if arch == "gpt-oss" else SPECIAL_TOKENS)
     return {
         "general.name": f"tiny-{arch}",
         f"{arch}.block_count": n_layers,
@@ -104,7 +105,7 @@ def model_metadata(arch: str, n_layers: int, d_model: int, n_heads: int, n_kv_he
         "tokenizer.ggml.token_type": token_types,
         "tokenizer.ggml.merges": list(MERGES),
         "tokenizer.ggml.bos_token_id": tokens.index("<|endoftext|>"),
-        "tokenizer.ggml.eos_token_id": tokens.index("<|im_end|>"),
+        "tokenizer.ggml.eos_token_id": tokens.index("<|return|>" if arch == "gpt-oss" else "<|im_end|>"),
         "tokenizer.ggml.add_bos_token": False,
         "tokenizer.chat_template": CHATML_TEMPLATE,
     }
