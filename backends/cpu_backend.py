@@ -171,11 +171,9 @@ class CpuBackend(Backend):
     # -- weights ---------------------------------------------------------------------
 
     def prepare_weight(self, spec: WeightSpec) -> np.ndarray | CpuMatrix | CpuExperts:
-        if len(spec.shape) == 1:  # norms and biases: small, always float32
+        if len(spec.shape) == 1 or spec.name.endswith(".bias"):  # norms and biases (experts' (E, F)): float32
             return dequantize(spec.raw, spec.ggml_type, spec.shape)
         if len(spec.shape) == 3:
-            if spec.name.endswith(".bias"):  # (E, F) biases of a stack of experts
-                return dequantize(spec.raw, spec.ggml_type, spec.shape)
             return self._experts(spec)
         if len(spec.shape) != 2:
             raise TensorDataError(f"{spec.name} has {len(spec.shape)} dimensions; a weight matrix has 2")
