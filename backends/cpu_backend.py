@@ -8,6 +8,10 @@ quantized in groups of 32 (once, shared by q/k/v and by gate/up): to int16 codes
 Q1_0 to 12-bit codes and their lookup tables. Types without a kernel are converted once at
 load to Q8_0 and the load notes say so.
 
+A mixture-of-experts layer's stacks (E, out, in) stay views of the file too (`CpuExperts`):
+`route` picks each token's experts in C and `experts` reads that choice in the same pass, so
+only the chosen experts' rows are read, and a recorded pass makes the choice anew each call.
+
 Every op is a tuple (see module.c) that runs at once, unless a pass is being recorded:
 the backend's runner (`backends/cpu_runner.py`) records short passes (decoding, a
 speculative draft's verification, a batched step) once per model and layout of state

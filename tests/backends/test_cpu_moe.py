@@ -101,7 +101,9 @@ def textbook_route(logits: np.ndarray, routing: Routing) -> tuple[np.ndarray, np
     return np.array(chosen), np.array(weights)
 
 
-@pytest.mark.parametrize("order,normalize", [("softmax_top_k", True), ("softmax_top_k", False), ("top_k_softmax", True)])
+@pytest.mark.parametrize(
+    "order,normalize", [("softmax_top_k", True), ("softmax_top_k", False), ("top_k_softmax", True)]
+)
 @pytest.mark.parametrize("n_experts,k", [(8, 2), (128, 8), (32, 4), (5, 5), (6, 1)])
 def test_route_picks_the_reference_experts_ties_to_the_lower_number(order, normalize, n_experts, k):
     rng = np.random.default_rng(n_experts * 10 + k)
@@ -126,9 +128,11 @@ def test_route_picks_the_reference_experts_ties_to_the_lower_number(order, norma
 def expert_stack(qtype: T, n_experts: int, rows: int, cols: int, rng: np.random.Generator, name: str) -> WeightSpec:
     raw = random_matrix(qtype, n_experts * rows, cols, rng)  # (E * rows, bytes per row)
     if qtype in (T.F32, T.F16):  # random_matrix's float rows are N(0, 1): as small as the blocks' weights
-        raw = (dequantize(raw.reshape(-1), int(qtype), (n_experts * rows, cols)) * 0.05).astype(
-            np.float32 if qtype == T.F32 else np.float16
-        ).view(np.uint8)
+        raw = (
+            (dequantize(raw.reshape(-1), int(qtype), (n_experts * rows, cols)) * 0.05)
+            .astype(np.float32 if qtype == T.F32 else np.float16)
+            .view(np.uint8)
+        )
     return WeightSpec(name, raw.reshape(-1), int(qtype), (n_experts, rows, cols))
 
 
@@ -145,7 +149,10 @@ class Layer:
         )
         self.dense = [dequantize(s.raw, s.ggml_type, s.shape).astype(np.float64) for s in self.specs]
         self.biases = (
-            tuple(rng.standard_normal(shape).astype(np.float32) for shape in ((n_experts, F), (n_experts, F), (n_experts, D)))
+            tuple(
+                rng.standard_normal(shape).astype(np.float32)
+                for shape in ((n_experts, F), (n_experts, F), (n_experts, D))
+            )
             if biases
             else (None, None, None)
         )
@@ -276,7 +283,9 @@ def test_every_tier_gives_the_scalar_experts_bit_for_bit(tier, types):
                 np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32), err_msg=f"T={n} {kind}")
 
 
-@pytest.mark.parametrize("types", [TYPE_SETS[0], TYPE_SETS[2], TYPE_SETS[4]], ids=lambda ts: "-".join(t.name for t in ts))
+@pytest.mark.parametrize(
+    "types", [TYPE_SETS[0], TYPE_SETS[2], TYPE_SETS[4]], ids=lambda ts: "-".join(t.name for t in ts)
+)
 def test_a_tokens_output_is_the_same_alone_or_in_a_batch(types):
     """A batched server step or a draft's verification gives each token the bits of its own
     decode step (groups under FLOAT_TOKENS = 32 tokens per expert)."""
@@ -287,7 +296,9 @@ def test_a_tokens_output_is_the_same_alone_or_in_a_batch(types):
         x = tokens(n, 200 + n)
         choice = routed(x, E, 4, seed=300 + n)
         batch = np.array(backend.experts(x, choice, weights, "swiglu_oai"))
-        alone = np.concatenate([np.array(backend.experts(x[t : t + 1], choice[t : t + 1], weights, "swiglu_oai")) for t in range(n)])
+        alone = np.concatenate(
+            [np.array(backend.experts(x[t : t + 1], choice[t : t + 1], weights, "swiglu_oai")) for t in range(n)]
+        )
         np.testing.assert_array_equal(batch.view(np.uint32), alone.view(np.uint32))
 
 
@@ -309,7 +320,7 @@ def test_an_expert_no_token_chose_is_never_read(types, n):
     for spec in layer.specs:
         blocks = spec.raw.copy().reshape(E, -1)  # (E, bytes per expert)
         qtype = T(spec.ggml_type)
-        per_block, block_bytes = {T.Q8_0: (32, 34), T.Q4_K: (256, 144), T.Q6_K: (256, 210)}[qtype]
+        block_bytes = {T.Q8_0: 34, T.Q4_K: 144, T.Q6_K: 210}[qtype]
         scale_at = 208 if qtype == T.Q6_K else 0
         for e in unchosen:
             expert = blocks[e].reshape(-1, block_bytes)
@@ -335,7 +346,9 @@ def test_expert_stacks_stay_views_of_the_file_and_other_types_are_converted():
     assert (prepared.n_experts, prepared.rows_per_expert, prepared.matrix.rows) == (4, 64, 256)
     assert backend.load_notes == []
     dense = rng.standard_normal((4, 64, 256)).astype(np.float32)
-    bias = backend.prepare_weight(WeightSpec("blk.0.ffn_up_exps.bias", dense[:, 0].view(np.uint8).reshape(-1), 0, (4, 256)))
+    bias = backend.prepare_weight(
+        WeightSpec("blk.0.ffn_up_exps.bias", dense[:, 0].view(np.uint8).reshape(-1), 0, (4, 256))
+    )
     assert bias.dtype == np.float32 and bias.shape == (4, 256)
     raw = quants.quantize(dense.reshape(-1, 256), T.TQ2_0).reshape(-1)  # a type without a kernel
     ternary = WeightSpec("blk.0.ffn_gate_exps.weight", raw, int(T.TQ2_0), (4, 64, 256))
@@ -346,7 +359,9 @@ def test_expert_stacks_stay_views_of_the_file_and_other_types_are_converted():
     ]
     values = dequantize(raw, int(T.TQ2_0), (256, 256))
     # Q8_0 of the same values: within half a code (amax / 254) and the fp16 scale's rounding
-    np.testing.assert_allclose(dequantize(converted.matrix.raw, int(T.Q8_0), (256, 256)), values, atol=np.abs(values).max() / 120)
+    np.testing.assert_allclose(
+        dequantize(converted.matrix.raw, int(T.Q8_0), (256, 256)), values, atol=np.abs(values).max() / 120
+    )
 
 
 def test_a_choice_outside_the_layers_experts_is_refused():
@@ -467,7 +482,9 @@ def test_a_recorded_pass_replays_the_op_by_op_bits_with_the_choice_made_per_call
     for step_tokens in ([3, 17, 41], [8, 9, 44]):  # the same pass shape twice
         ids = np.array(step_tokens)
         replayed = runner(ids, [Segment(recorded_state, start, len(ids))], all_logits=True)
-        eager = forward(PassInput(ids, np.arange(start, start + len(ids)), (Segment(eager_state, start, len(ids)),), True))
+        eager = forward(
+            PassInput(ids, np.arange(start, start + len(ids)), (Segment(eager_state, start, len(ids)),), True)
+        )
         np.testing.assert_array_equal(np.asarray(replayed).view(np.uint32), np.asarray(eager).view(np.uint32))
         picked.append(np.array(choices[-1])[:, :2])
         start += len(ids)
