@@ -570,6 +570,7 @@ static int route(const Op *op, const char **error) {
 
 static struct {
     int64_t *count, *start, *fill, *active; /* per expert; active: the chosen ones, ascending */
+    int64_t *cost;                          /* per chosen one: the row costs (tokens + 2) before it */
     int64_t *token;                         /* gathered row -> token */
     int64_t *row_of;                        /* t * used + j -> gathered row */
     int16_t *xq, *hq;                       /* codes of the gathered x (rows, D) and h (rows, F) */
@@ -577,7 +578,7 @@ static struct {
     float *xf;                              /* the gathered float x, where a product takes it */
     float *gate, *up, *y;                   /* (rows, F), (rows, F), (rows, D); gate becomes h */
 } moe;
-static int64_t moe_capacity[16];
+static int64_t moe_capacity[17];
 
 static int moe_grow(int i, void **p, size_t bytes) {
     if ((int64_t)bytes <= moe_capacity[i]) return 0;
@@ -628,14 +629,22 @@ static void expert_rows(const Matrix *w, int64_t e, int64_t R, int64_t r0, int64
     }
 }
 
-/* The units (active expert, row) of chunk `chunk`: rows r0 .. r1 - 1 of each expert met. */
-#define FOR_EXPERT_ROWS(c, R, chunk, chunks)                                                     \
-    int64_t lo_, hi_;                                                                            \
-    split_range((c)->n_active * (R), chunk, chunks, &lo_, &hi_);                                 \
-    for (int64_t i_ = lo_ / (R); i_ * (R) < hi_; i_++)                                           \
-        for (int64_t e = moe.active[i_], r0 = lo_ > i_ * (R) ? lo_ - i_ * (R) : 0,               \
-                     r1 = hi_ - i_ * (R) < (R) ? hi_ - i_ * (R) : (R), once_ = 1;                \
-             once_; once_ = 0)
+/* The rows r0 .. r1 - 1 of the i-th chosen expert (R rows) that chunk `chunk` of `chunks`
+ * takes. The (expert, row) units are split by cost, a row costing its expert's tokens + 2 (its
+ * read), so that the crowded experts of a prefill spread over the threads; which thread takes
+ * a row changes nothing in its arithmetic. */
+static void chunk_rows(const ExpertsCtx *c, int64_t i, int64_t R, int chunk, int chunks, int64_t *r0, int64_t *r1) {
+    int64_t lo, hi, w = moe.count[moe.active[i]] + 2, at = R * moe.cost[i];
+    split_range(R * moe.cost[c->n_active], chunk, chunks, &lo, &hi);
+    *r0 = lo <= at ? 0 : (lo - at + w - 1) / w; /* the rows whose cost starts in [lo, hi) */
+    *r1 = hi <= at ? 0 : (hi - at + w - 1) / w;
+    *r0 = *r0 < R ? *r0 : R;
+    *r1 = *r1 < R ? *r1 : R;
+}
+
+#define FOR_EXPERT_ROWS(c, R, chunk, chunks)                                         \
+    for (int64_t i_ = 0, e, r0, r1; i_ < (c)->n_active; i_++)                       \
+        if (e = moe.active[i_], chunk_rows(c, i_, R, chunk, chunks, &r0, &r1), r0 < r1)
 
 static void gate_up_task(void *vctx, int chunk, int chunks, int thread) {
     const ExpertsCtx *c = vctx;
@@ -724,7 +733,8 @@ static int experts(const Op *op, const char **error) {
         moe_grow(4, (void **)&moe.token, 2 * i64 * (size_t)rows) || moe_grow(5, (void **)&moe.row_of, i64 * (size_t)rows) ||
         moe_grow(6, (void **)&moe.gate, sizeof(float) * (size_t)(rows * F)) ||
         moe_grow(7, (void **)&moe.up, sizeof(float) * (size_t)(rows * F)) ||
-        moe_grow(8, (void **)&moe.y, sizeof(float) * (size_t)(rows * D)))
+        moe_grow(8, (void **)&moe.y, sizeof(float) * (size_t)(rows * D)) ||
+        moe_grow(16, (void **)&moe.cost, i64 * (size_t)(E + 1)))
         goto out_of_memory;
     /* the choices, counted by expert */
     memset(moe.count, 0, i64 * (size_t)E);
@@ -738,11 +748,15 @@ static int experts(const Op *op, const char **error) {
             moe.count[(int64_t)f]++;
         }
     int big = 0, small = 0;
+    moe.cost[0] = 0;
     for (int64_t e = 0, at = 0; e < E; e++) {
         moe.start[e] = at;
         moe.fill[e] = 0;
         at += moe.count[e];
-        if (moe.count[e]) moe.active[c.n_active++] = e;
+        if (moe.count[e]) {
+            moe.cost[c.n_active + 1] = (c.n_active ? moe.cost[c.n_active] : 0) + moe.count[e] + 2;
+            moe.active[c.n_active++] = e;
+        }
         big |= moe.count[e] >= FLOAT_TOKENS;
         small |= moe.count[e] > 0 && moe.count[e] < FLOAT_TOKENS;
     }

@@ -490,3 +490,27 @@ def test_a_recorded_pass_replays_the_op_by_op_bits_with_the_choice_made_per_call
         start += len(ids)
     assert runner.recordings == 1 and runner.passes[("tokens", 3, recorded_state.shape)].runs == 2
     assert not np.array_equal(picked[0], picked[1]), "the two calls should choose different experts"
+
+
+@pytest.mark.parametrize("tier", OTHER_TIERS)
+def test_route_swiglu_and_sinks_are_the_same_bits_in_every_tier(tier):
+    rng = np.random.default_rng(31)
+    logits = (rng.standard_normal((40, 128)) * 4).astype(np.float32)
+    gate, up = (rng.standard_normal((2, 4099)) * 8).astype(np.float32)
+    q = rng.standard_normal((9, 4, 64)).astype(np.float32)
+    k, v = rng.standard_normal((2, 9, 2, 64)).astype(np.float32)
+    settings = LayerAttention(scale=0.125, window=4, sinks=rng.standard_normal(4).astype(np.float32))
+    results = []
+    for name in ("scalar", tier):
+        be = CpuBackend(threads=2, tier=name)
+        state = be.allocate_state([AttentionState(2, 64, 64, slots=9)])
+        results.append(
+            [
+                np.array(be.route(logits, Routing(128, 8, "softmax_top_k"))),
+                np.array(be.route(logits, Routing(128, 4, "top_k_softmax"))),
+                np.array(be.gated_activation(gate, up, "swiglu_oai")),
+                np.array(be.attention(q, k, v, state, 0, 0, settings)),
+            ]
+        )
+    for ours, scalar in zip(results[1], results[0], strict=True):
+        np.testing.assert_array_equal(ours.view(np.uint32), scalar.view(np.uint32))
