@@ -336,12 +336,13 @@ class Backend(ABC):
         g * sigmoid(1.702 * g) * (u + 1).
         """
 
-    def route(self, logits: Tensor, routing: Routing) -> Tensor:  # TODO(seams): abstract once cpu and MLX have it
+    @abstractmethod
+    def route(self, logits: Tensor, routing: Routing) -> Tensor:
         """Each token's experts from its router logits (T, E): (T, 2 * n_used) float32, the
         chosen experts' numbers (exact in float32), then their weights, as `routing` says."""
-        raise NotImplementedError
 
-    def experts(self, x: Tensor, choice: Tensor, weights: ExpertWeights, activation: str) -> Tensor:  # TODO(seams)
+    @abstractmethod
+    def experts(self, x: Tensor, choice: Tensor, weights: ExpertWeights, activation: str) -> Tensor:
         """The mixture of each token's chosen experts: x (T, D), `choice` (T, 2k) from `route`.
 
         Row t is the sum over its k experts e, with weight w, of
@@ -349,7 +350,6 @@ class Backend(ABC):
         `act` as in `gated_activation`. Returns (T, D). Only the chosen experts' weights
         are read.
         """
-        raise NotImplementedError
 
     @abstractmethod
     def add(self, a: Tensor, b: Tensor) -> Tensor:

@@ -435,8 +435,8 @@ def _expert_stack(spec: WeightSpec, one_bit: bool) -> ExpertStack:
         )
     if affine_layout(spec.ggml_type, one_bit) is not None:
         m = to_affine(spec.raw, spec.ggml_type, flat, one_bit)
-        shaped = [mx.array(a.reshape(n_experts, n_out, -1)) for a in (m.packed, m.scales, m.biases)]
-        return ExpertStack(*shaped, group_size=m.group_size, bits=m.bits)
+        packed, scales, biases = (mx.array(a.reshape(n_experts, n_out, -1)) for a in (m.packed, m.scales, m.biases))
+        return ExpertStack(packed, scales, biases, group_size=m.group_size, bits=m.bits)
     if spec.ggml_type == GGMLQuantizationType.F32 or mx.default_device().type != mx.gpu:  # MLX's CPU gather_mm: float32
         dense = dequantize(spec.raw, spec.ggml_type, spec.shape)
     else:
