@@ -10,6 +10,7 @@ GUI thread. Nothing here imports Qt.
 """
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +19,8 @@ import gguf
 from backends.memory import Footprint, available_memory_bytes
 from backends.selection import entry
 from engine.bundled import bundled_models
-from engine.gguf_file import GGUFFile, open_gguf
+from engine.config import ModelConfig
+from engine.gguf_file import GGUFFile, TensorInfo, open_gguf
 from engine.models import read_config
 
 
@@ -44,6 +46,7 @@ class ModelInfo:
     context_length: int
     weight_bytes_f32: int  # what the NumPy backend's float32 cache holds once loaded
     kv_bytes_per_token: int  # float32 keys and values of every layer, for one position
+    active_parameters: int | None = None  # those one token reads, for a mixture of experts
     vocabulary: dict = field(default_factory=dict, compare=False, repr=False)  # its tokenizer.ggml.* metadata
 
     @property
@@ -73,6 +76,13 @@ def format_bytes(n: int) -> str:
         if n >= size:
             return f"{n / size:.3g} {unit}" if n < 100 * size else f"{n / size:.0f} {unit}"
     return f"{n} B"
+
+
+def describe_parameters(info: ModelInfo) -> str:
+    """'135M', or for a mixture of experts '30.5B MoE, 3.3B active'."""
+    if info.active_parameters is None:
+        return format_parameters(info.parameters)
+    return f"{format_parameters(info.parameters)} MoE, {format_parameters(info.active_parameters)} active"
 
 
 def format_parameters(n: int) -> str:
@@ -126,6 +136,7 @@ def describe_model(model_file: GGUFFile, name: str | None = None) -> ModelInfo:
         name=name or model_file.get("general.name") or model_file.path.stem,
         architecture=config.architecture,
         parameters=sum(t.n_elements for t in tensors),
+        active_parameters=_active_parameters(config, tensors),
         quantization=quantization,
         file_size=model_file.path.stat().st_size,
         context_length=config.context_length,
@@ -133,6 +144,16 @@ def describe_model(model_file: GGUFFile, name: str | None = None) -> ModelInfo:
         kv_bytes_per_token=kv_per_token,
         vocabulary=vocabulary_metadata(model_file.metadata),
     )
+
+
+def _active_parameters(config: ModelConfig, tensors: Iterable[TensorInfo]) -> int | None:
+    """The weights one token reads: all but the experts it does not choose (None: dense)."""
+    if not config.n_experts:
+        return None
+    tensors = list(tensors)
+    experts = sum(t.n_elements for t in tensors if "_exps." in t.name)
+    idle = experts * (config.n_experts - config.n_experts_used) // config.n_experts
+    return sum(t.n_elements for t in tensors) - idle
 
 
 def vocabulary_metadata(metadata: dict) -> dict:

@@ -55,12 +55,48 @@ class LayerAttention:
 
     `window` limits each query to the last `window` positions (sliding-window layers);
     None attends to everything before it. `softcap`, when set, applies
-    `softcap * tanh(score / softcap)` to the scores before the softmax.
+    `softcap * tanh(score / softcap)` to the scores before the softmax. `sinks` (H,)
+    float32, when set, are a learned logit per query head that joins each row's softmax
+    and takes its share of the weight without a value (gpt-oss's attention sinks):
+    p_j = exp(s_j) / (sum_i exp(s_i) + exp(sink_h)).
     """
 
     scale: float
     window: int | None = None
     softcap: float | None = None
+    sinks: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class Routing:
+    """How a mixture-of-experts layer picks each token's experts from its router logits
+    (one logit per expert).
+
+    `order` "softmax_top_k" (Qwen3-MoE): a softmax over all `n_experts` logits, then the
+    `n_used` largest probabilities, divided by their sum where `normalize` is set.
+    "top_k_softmax" (gpt-oss): the `n_used` largest logits, then a softmax over those.
+    Ties go to the lower expert number; the chosen experts are in falling order of weight.
+    """
+
+    n_experts: int
+    n_used: int
+    order: str = "softmax_top_k"
+    normalize: bool = True
+
+
+@dataclass(frozen=True)
+class ExpertWeights:
+    """A mixture-of-experts layer's experts, as the backend prepared them from 3-D GGUF
+    tensors: `gate` and `up` (E, F, D), `down` (E, D, F), each expert's matrix contiguous;
+    and their optional biases (E, F), (E, F), (E, D), float32. The tensors may have
+    different types (a dynamic quant keeps `down` in a higher one)."""
+
+    gate: Any
+    up: Any
+    down: Any
+    gate_bias: Any = None
+    up_bias: Any = None
+    down_bias: Any = None
 
 
 @dataclass(frozen=True)
@@ -294,7 +330,26 @@ class Backend(ABC):
 
     @abstractmethod
     def gated_activation(self, gate: Tensor, up: Tensor, kind: str) -> Tensor:
-        """act(gate) * up, elementwise, for kind "silu" or "gelu_tanh"."""
+        """act(gate) * up, elementwise, for kind "silu", "gelu_tanh" or "swiglu_oai".
+
+        "swiglu_oai" is gpt-oss's clamped form: with g = min(gate, 7) and u = clamp(up, -7, 7),
+        g * sigmoid(1.702 * g) * (u + 1).
+        """
+
+    @abstractmethod
+    def route(self, logits: Tensor, routing: Routing) -> Tensor:
+        """Each token's experts from its router logits (T, E): (T, 2 * n_used) float32, the
+        chosen experts' numbers (exact in float32), then their weights, as `routing` says."""
+
+    @abstractmethod
+    def experts(self, x: Tensor, choice: Tensor, weights: ExpertWeights, activation: str) -> Tensor:
+        """The mixture of each token's chosen experts: x (T, D), `choice` (T, 2k) from `route`.
+
+        Row t is the sum over its k experts e, with weight w, of
+        w * (down_e(act(gate_e x_t + gate_bias_e) * (up_e x_t + up_bias_e)) + down_bias_e),
+        `act` as in `gated_activation`. Returns (T, D). Only the chosen experts' weights
+        are read.
+        """
 
     @abstractmethod
     def add(self, a: Tensor, b: Tensor) -> Tensor:

@@ -8,6 +8,10 @@ quantized in groups of 32 (once, shared by q/k/v and by gate/up): to int16 codes
 Q1_0 to 12-bit codes and their lookup tables. Types without a kernel are converted once at
 load to Q8_0 and the load notes say so.
 
+A mixture-of-experts layer's stacks (E, out, in) stay views of the file too (`CpuExperts`):
+`route` picks each token's experts in C and `experts` reads that choice in the same pass, so
+only the chosen experts' rows are read, and a recorded pass makes the choice anew each call.
+
 Every op is a tuple (see module.c) that runs at once, unless a pass is being recorded:
 the backend's runner (`backends/cpu_runner.py`) records short passes (decoding, a
 speculative draft's verification, a batched step) once per model and layout of state
@@ -20,17 +24,28 @@ import numpy as np
 from gguf import GGMLQuantizationType, quants
 
 from backends import cpu_native
-from backends.base import AttentionState, Backend, Forward, LayerAttention, LayerState, RecurrentState, WeightSpec
+from backends.base import (
+    AttentionState,
+    Backend,
+    ExpertWeights,
+    Forward,
+    LayerAttention,
+    LayerState,
+    RecurrentState,
+    Routing,
+    WeightSpec,
+)
 from backends.cpu_runner import Recorder, RecordingRunner, Slot, StepInput, aligned_zeros, lines
 from backends.dequant import block_size, dequantize
 from backends.errors import TensorDataError
 
-_ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
+_ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}
+_ROUTING_ORDERS = {"softmax_top_k": 0, "top_k_softmax": 1}
 _Q8_0 = GGMLQuantizationType.Q8_0
 
 
-def _bufs(a=None, b=None, c=None, out=None, ids=None, pos=None, table=None, kcache=None, vcache=None) -> tuple:
-    return (a, b, c, out, ids, pos, table, kcache, vcache)
+def _bufs(a=None, b=None, c=None, out=None, ids=None, pos=None, table=None, kcache=None, vcache=None, d=None) -> tuple:
+    return (a, b, c, out, ids, pos, table, kcache, vcache, d)
 
 
 def op_tuple(ops: dict[str, tuple], name: str, bufs: tuple, mats: tuple, slots: dict[str, float]) -> tuple:
@@ -65,6 +80,23 @@ class CpuMatrix:
     def lookup_entry(self) -> tuple:
         """This matrix in an embedding op's tuple."""
         return (self.raw, self.ggml_type, self.rows, self.cols, None, None)
+
+
+class CpuExperts:
+    """A stack of expert matrices (E, out, in) as GGUF blocks: `matrix` holds all E * out rows
+    (a view of the file, never copied), expert e's rows e * out .. (e + 1) * out - 1. The
+    experts op reads only the experts its tokens chose; nothing reads the others' pages,
+    not even at load (their scales are not scanned: a damaged block shows as nan where it
+    is used)."""
+
+    def __init__(self, matrix: CpuMatrix, n_experts: int, rows_per_expert: int):
+        self.matrix, self.n_experts, self.rows_per_expert = matrix, n_experts, rows_per_expert
+
+    def entry(self, bias: Any) -> tuple:
+        """This stack in an experts op's tuple, with its biases (E, out) or None."""
+        m = self.matrix
+        flat = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32).reshape(-1)
+        return (m.raw, m.ggml_type, m.rows, m.cols, None, flat)
 
 
 class CpuState:
@@ -124,6 +156,7 @@ class CpuBackend(Backend):
         self._load_notes: list[str] = []
         self._recorder: Recorder | None = None
         self._rope_tables: dict[tuple, np.ndarray] = {}
+        self._sink_arrays: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     @property
     def device_name(self) -> str:
@@ -141,9 +174,11 @@ class CpuBackend(Backend):
 
     # -- weights ---------------------------------------------------------------------
 
-    def prepare_weight(self, spec: WeightSpec) -> np.ndarray | CpuMatrix:
-        if len(spec.shape) == 1:  # norms and biases: small, always float32
+    def prepare_weight(self, spec: WeightSpec) -> np.ndarray | CpuMatrix | CpuExperts:
+        if len(spec.shape) == 1 or spec.name.endswith(".bias"):  # norms and biases (experts' (E, F)): float32
             return dequantize(spec.raw, spec.ggml_type, spec.shape)
+        if len(spec.shape) == 3:
+            return self._experts(spec)
         if len(spec.shape) != 2:
             raise TensorDataError(f"{spec.name} has {len(spec.shape)} dimensions; a weight matrix has 2")
         rows, cols = spec.shape
@@ -169,7 +204,32 @@ class CpuBackend(Backend):
             self._tiles(matrix)  # now, not at the first token (the embedding only if the output uses it)
         return matrix
 
-    def _convert(self, spec: WeightSpec) -> tuple[np.ndarray, int]:
+    def _experts(self, spec: WeightSpec) -> CpuExperts:
+        """A stack of experts (E, out, in) read in place where the kernels multiply its type
+        (Q1_0's tiles aside), else converted expert by expert as a matrix is."""
+        n_experts, rows, cols = spec.shape
+        raw, ggml_type = spec.raw.reshape(-1), int(spec.ggml_type)
+        per_block, block_bytes = block_size(ggml_type)
+        if ggml_type not in self.native_types or ggml_type == GGMLQuantizationType.Q1_0 or cols % per_block:
+            per_expert = raw.size // n_experts
+            parts = [
+                self._convert(
+                    WeightSpec(spec.name, raw[e * per_expert : (e + 1) * per_expert], ggml_type, (rows, cols)),
+                    note=e == 0,
+                )
+                for e in range(n_experts)
+            ]
+            raw, ggml_type = np.concatenate([part for part, _ in parts]), parts[0][1]
+            per_block, block_bytes = block_size(ggml_type)
+        needed = n_experts * rows * cols // per_block * block_bytes
+        if raw.size != needed:
+            raise TensorDataError(
+                f"{spec.name}: {raw.size} bytes of data for {n_experts} experts of {rows} x {cols} "
+                f"{GGMLQuantizationType(ggml_type).name}, which need {needed}"
+            )
+        return CpuExperts(CpuMatrix(spec.name, raw, ggml_type, n_experts * rows, cols), n_experts, rows)
+
+    def _convert(self, spec: WeightSpec, note: bool = True) -> tuple[np.ndarray, int]:
         """Blocks of a type without a kernel, as Q8_0 (float32 if rows do not split into 32s)."""
         dense = dequantize(spec.raw, spec.ggml_type, spec.shape)
         source = GGMLQuantizationType(spec.ggml_type).name
@@ -177,10 +237,11 @@ class CpuBackend(Backend):
             target, raw = GGMLQuantizationType.F32, dense.view(np.uint8)
         else:
             target, raw = _Q8_0, quants.quantize(dense, _Q8_0)
-        self._load_notes.append(
-            f"{spec.name} is {source}, which the cpu backend has no kernel for: converted to {target.name} at load"
-        )
-        return np.ascontiguousarray(raw), int(target)
+        if note:
+            self._load_notes.append(
+                f"{spec.name} is {source}, which the cpu backend has no kernel for: converted to {target.name} at load"
+            )
+        return np.ascontiguousarray(raw).reshape(-1), int(target)
 
     def fuse_linear(self, weights: list[CpuMatrix]) -> tuple[CpuMatrix, ...]:
         """The matrices stay apart; one op multiplies them all after quantizing the input once."""
@@ -301,9 +362,10 @@ class CpuBackend(Backend):
         if not isinstance(state, AttentionState):
             raise ValueError(f"layer {layer} keeps a recurrent state, not keys and values")
         pos = start if isinstance(start, np.ndarray) else np.array([start], dtype=np.int64)
+        sinks = None if settings.sinks is None else self._sinks(settings.sinks, heads)
         self._emit(
             "attention",
-            _bufs(a=q, b=k, c=v, out=out, pos=pos, kcache=cache.keys[layer], vcache=cache.values[layer]),
+            _bufs(a=q, b=k, c=v, out=out, pos=pos, kcache=cache.keys[layer], vcache=cache.values[layer], d=sinks),
             tokens=n_tokens,
             heads=heads,
             kv_heads=kv_heads,
@@ -316,6 +378,18 @@ class CpuBackend(Backend):
             softcap=settings.softcap or 0.0,
         )
 
+    def _sinks(self, sinks: np.ndarray, heads: int) -> np.ndarray:
+        """A layer's sink logits (H,) as the float32 array the attention op reads, made once
+        per layer (a recorded pass keeps it)."""
+        key = id(sinks)
+        held = self._sink_arrays.get(key)
+        if held is None or held[0] is not sinks:
+            flat = np.ascontiguousarray(sinks, dtype=np.float32).reshape(-1)
+            if flat.size != heads:
+                raise ValueError(f"{flat.size} attention sinks for {heads} query heads")
+            held = self._sink_arrays[key] = (sinks, flat)
+        return held[1]
+
     def gated_activation(self, gate: Any, up: Any, kind: str) -> Any:
         if kind not in _ACTIVATIONS:
             raise ValueError(f"unknown activation {kind!r}")
@@ -325,6 +399,43 @@ class CpuBackend(Backend):
             _bufs(a=_contiguous(gate), b=_contiguous(up), out=out),
             elements=int(np.prod(gate.shape)),
             activation=_ACTIVATIONS[kind],
+        )
+        return out
+
+    def route(self, logits: Any, routing: Routing) -> Any:
+        if routing.order not in _ROUTING_ORDERS:
+            raise ValueError(f"unknown routing order {routing.order!r}")
+        logits = _contiguous(logits)
+        n_tokens = len(logits)
+        out = self._new((n_tokens, 2 * routing.n_used))  # (T, 2k): experts, then weights
+        self._emit(
+            "route",
+            _bufs(a=logits, out=out),
+            tokens=n_tokens,
+            experts=routing.n_experts,
+            used=routing.n_used,
+            order=_ROUTING_ORDERS[routing.order],
+            normalize=routing.normalize,
+        )
+        return out
+
+    def experts(self, x: Any, choice: Any, weights: ExpertWeights, activation: str) -> Any:
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"unknown activation {activation!r}")
+        gate, up, down = weights.gate, weights.up, weights.down
+        x, choice = _contiguous(x), _contiguous(choice)
+        n_tokens = len(x)
+        out = self._new((n_tokens, down.rows_per_expert))  # (T, D)
+        mats = (gate.entry(weights.gate_bias), up.entry(weights.up_bias), down.entry(weights.down_bias))
+        self._emit(
+            "experts",
+            _bufs(a=x, b=choice, out=out),
+            mats,
+            tokens=n_tokens,
+            experts=gate.n_experts,
+            used=choice.shape[1] // 2,
+            ffn=gate.rows_per_expert,
+            activation=_ACTIVATIONS[activation],
         )
         return out
 
@@ -373,6 +484,7 @@ class CpuBackend(Backend):
 
     def close(self) -> None:
         self._rope_tables.clear()
+        self._sink_arrays.clear()
 
 
 def _contiguous(x: Any) -> Any:

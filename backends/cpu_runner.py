@@ -137,7 +137,7 @@ def _slots_in(op: tuple) -> list[Slot]:
 def without_kv(op: tuple) -> tuple:
     """`op` without its KV storage buffers (a recorded pass binds the caller's at each call)."""
     code, bufs, mats, ints, floats = op
-    return (code, (*bufs[:7], None, None), mats, ints, floats)
+    return (code, (*bufs[:7], None, None, *bufs[9:]), mats, ints, floats)
 
 
 def _replace_slots(op: tuple, view: Callable[[Slot], np.ndarray]) -> tuple:

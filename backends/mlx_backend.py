@@ -43,18 +43,21 @@ from gguf import GGMLQuantizationType
 from backends.base import (
     AttentionState,
     Backend,
+    ExpertWeights,
     Forward,
     LayerAttention,
     LayerState,
     PassInput,
+    Routing,
     Runner,
     Segment,
     WeightSpec,
 )
 from backends.dequant import dequantize, dequantize_rows
-from backends.mlx_quantize import affine_layout, to_affine
+from backends.mlx_quantize import affine_layout, mxfp4_codes, to_affine
 
 ACTIVATIONS = mx.float32  # activations, KV cache, norms, scales and biases; F32 matrices
+SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0  # gpt-oss's clamped SwiGLU ("swiglu_oai")
 SPAN_BUCKET = 256  # a compiled decode step reads the cache in multiples of this many positions
 _HALF_CHUNK_WEIGHTS = 1 << 24  # float32 weights dequantized at once while converting to float16
 
@@ -95,6 +98,38 @@ class DenseMatrix:
     def times_transposed(self, x: mx.array) -> mx.array:
         """x (T, in) @ W.T in the matrix's dtype, returned as float32: (T, out)."""
         return (x.astype(self.values.dtype) @ self.values.T).astype(ACTIVATIONS)
+
+
+@dataclass(frozen=True)
+class ExpertStack:
+    """A mixture-of-experts layer's matrices (E, out, in): MLX's affine or MXFP4 codes where
+    the GGUF type has an exact form (`scales`, and `biases` for affine), float16 otherwise
+    (float32 for F32 files, and on the CPU, where MLX's gathered product takes float32 only)."""
+
+    values: mx.array  # (E, out, in * bits / 32) uint32 codes, or (E, out, in) float16
+    scales: mx.array | None = None
+    biases: mx.array | None = None
+    group_size: int = 32
+    bits: int = 4
+    mode: str = "affine"
+
+    def gathered(self, x: mx.array, chosen: mx.array) -> mx.array:
+        """x (T, k or 1, 1, in) times each token's chosen experts transposed: (T, k, 1, out)."""
+        if self.scales is None:
+            return mx.gather_mm(x.astype(self.values.dtype), self.values.swapaxes(-1, -2), rhs_indices=chosen).astype(
+                ACTIVATIONS
+            )
+        return mx.gather_qmm(
+            x,
+            self.values,
+            self.scales,
+            self.biases,
+            rhs_indices=chosen,
+            transpose=True,
+            group_size=self.group_size,
+            bits=self.bits,
+            mode=self.mode,
+        )
 
 
 class MLXState:
@@ -162,9 +197,11 @@ class MLXBackend(Backend):
 
     # -- weights -------------------------------------------------------------------
 
-    def prepare_weight(self, spec: WeightSpec) -> mx.array | QuantizedMatrix | DenseMatrix:
-        if len(spec.shape) == 1:  # norms and biases
+    def prepare_weight(self, spec: WeightSpec) -> mx.array | QuantizedMatrix | DenseMatrix | ExpertStack:
+        if len(spec.shape) == 1 or spec.name.endswith(".bias"):  # norms and biases (experts': (E, F))
             return mx.array(dequantize(spec.raw, spec.ggml_type, spec.shape))
+        if len(spec.shape) == 3:
+            return _expert_stack(spec, self.one_bit)
         if spec.ggml_type == GGMLQuantizationType.F32:
             return DenseMatrix(mx.array(dequantize(spec.raw, spec.ggml_type, spec.shape)))
         if affine_layout(spec.ggml_type) is not None:
@@ -244,7 +281,10 @@ class MLXBackend(Backend):
             values = _positions(arrays[1], first, length)  # (1, Hkv, S, Dv)
         queries = q.transpose(1, 0, 2)[None]  # (1, H, T, Dh)
         if settings.softcap is None:
-            out = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=settings.scale, mask=mask)
+            sinks = None if settings.sinks is None else mx.array(settings.sinks, dtype=ACTIVATIONS)  # (H,)
+            out = mx.fast.scaled_dot_product_attention(
+                queries, keys, values, scale=settings.scale, mask=mask, sinks=sinks
+            )
         else:
             out = _softcapped_attention(queries, keys, values, settings.scale, settings.softcap, mask)
         return out[0].transpose(1, 0, 2).reshape(n_new, -1)  # (1, H, T, Dv) -> (T, H * Dv)
@@ -255,7 +295,40 @@ class MLXBackend(Backend):
         if kind == "gelu_tanh":
             inner = math.sqrt(2.0 / math.pi) * gate * (1.0 + 0.044715 * gate * gate)
             return 0.5 * gate * (1.0 + mx.tanh(inner)) * up
+        if kind == "swiglu_oai":  # gpt-oss: clamped, sigmoid(1.702 g), and up + 1
+            g = mx.minimum(gate, SWIGLU_LIMIT)
+            return g * mx.sigmoid(SWIGLU_ALPHA * g) * (mx.clip(up, -SWIGLU_LIMIT, SWIGLU_LIMIT) + 1.0)
         raise ValueError(f"unknown activation {kind!r}")
+
+    def route(self, logits: mx.array, routing: Routing) -> mx.array:
+        """As the contract says; ties between equal logits are ordered as `mx.argsort` orders them."""
+        k = routing.n_used
+        chosen = mx.argsort(-logits, axis=-1)[:, :k]  # (T, k), falling
+        picked = mx.take_along_axis(logits, chosen, axis=-1)  # (T, k)
+        if routing.order == "top_k_softmax":
+            weights = mx.softmax(picked, axis=-1, precise=True)
+        elif routing.order == "softmax_top_k":
+            weights = mx.take_along_axis(mx.softmax(logits, axis=-1, precise=True), chosen, axis=-1)
+            if routing.normalize:
+                weights = weights / weights.sum(axis=-1, keepdims=True)
+        else:
+            raise ValueError(f"unknown routing order {routing.order!r}")
+        return mx.concatenate([chosen.astype(ACTIVATIONS), weights], axis=-1)  # (T, 2k)
+
+    def experts(self, x: mx.array, choice: mx.array, weights: ExpertWeights, activation: str) -> mx.array:
+        """As the contract says, with MLX's gathered products (`gather_qmm`, `gather_mm`)."""
+        k = choice.shape[1] // 2
+        chosen, share = choice[:, :k].astype(mx.uint32), choice[:, k:]  # (T, k) each
+        rows = mx.expand_dims(x, (-2, -3))  # (T, 1, 1, D)
+        gate = weights.gate.gathered(rows, chosen)  # (T, k, 1, F)
+        up = weights.up.gathered(rows, chosen)
+        if weights.gate_bias is not None:
+            gate = gate + weights.gate_bias[chosen][:, :, None]  # (T, k, 1, F)
+            up = up + weights.up_bias[chosen][:, :, None]
+        out = weights.down.gathered(self.gated_activation(gate, up, activation), chosen)  # (T, k, 1, D)
+        if weights.down_bias is not None:
+            out = out + weights.down_bias[chosen][:, :, None]
+        return (out[:, :, 0] * share[:, :, None]).sum(axis=1)  # (T, D)
 
     def add(self, a: mx.array, b: mx.array) -> mx.array:
         return a + b
@@ -347,6 +420,28 @@ def _has_one_bit_kernels() -> bool:
     except (ValueError, RuntimeError):
         return False
     return True
+
+
+def _expert_stack(spec: WeightSpec, one_bit: bool) -> ExpertStack:
+    """A 3-D stack of expert matrices in MLX's form: affine codes, MXFP4 codes, or float16."""
+    n_experts, n_out, n_in = spec.shape
+    flat = (n_experts * n_out, n_in)  # one matrix of every expert's rows
+    if spec.ggml_type == GGMLQuantizationType.MXFP4:
+        codes, exponents = mxfp4_codes(spec.raw, flat)
+        return ExpertStack(
+            mx.array(codes.reshape(n_experts, n_out, -1)),
+            mx.array(exponents.reshape(n_experts, n_out, -1)),
+            mode="mxfp4",
+        )
+    if affine_layout(spec.ggml_type, one_bit) is not None:
+        m = to_affine(spec.raw, spec.ggml_type, flat, one_bit)
+        packed, scales, biases = (mx.array(a.reshape(n_experts, n_out, -1)) for a in (m.packed, m.scales, m.biases))
+        return ExpertStack(packed, scales, biases, group_size=m.group_size, bits=m.bits)
+    if spec.ggml_type == GGMLQuantizationType.F32 or mx.default_device().type != mx.gpu:  # MLX's CPU gather_mm: float32
+        dense = dequantize(spec.raw, spec.ggml_type, spec.shape)
+    else:
+        dense = _float16_rows(WeightSpec(spec.name, spec.raw, spec.ggml_type, flat))
+    return ExpertStack(mx.array(dense.reshape(n_experts, n_out, n_in)))
 
 
 def _float16_rows(spec: WeightSpec) -> np.ndarray:

@@ -219,3 +219,28 @@ _BLOCK_DECODERS = {
     T.Q5_K: _q5_k,
     T.Q1_0: _q1_0,
 }
+
+
+# MXFP4 (gpt-oss's experts), 32 weights in 17 bytes:
+#
+#   byte   0        1        2             16
+#        +-----+--------+--------+-----+---------+
+#        |  e  | qs[0]  | qs[1]  | ... | qs[15]  |      scale 2^(e - 128), values kvalues[code]
+#        +-----+--------+--------+-----+---------+
+#
+#   weight j < 16 is the low nibble of qs[j], weight j + 16 its high nibble: FP4 E2M1 codes,
+#   whose values, doubled, are ggml's kvalues {0, 1, 2, 3, 4, 6, 8, 12, and their negatives}.
+#   MLX's "mxfp4" mode has the same codes and scale byte (its values undoubled, its scale
+#   2^(e - 127)), with the codes in order, eight to a uint32, the lowest nibble first.
+
+
+def mxfp4_codes(raw: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """MXFP4 blocks of a (rows, cols) matrix as MLX's mxfp4 arrays: codes (rows, cols / 8)
+    uint32 and scale exponents (rows, cols / 32) uint8; exact."""
+    n_rows, n_cols = shape
+    blocks = np.asarray(raw, dtype=np.uint8).reshape(n_rows, n_cols // 32, 17)  # (rows, groups, bytes)
+    qs = blocks[..., 1:]  # (rows, groups, 16)
+    codes = np.concatenate([qs & 15, qs >> 4], axis=-1)  # (rows, groups, 32): weight order
+    pairs = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)  # (rows, groups, 16)
+    packed = np.ascontiguousarray(pairs).reshape(n_rows, n_cols // 2).view("<u4")  # (rows, cols / 8)
+    return packed.astype(np.uint32), np.ascontiguousarray(blocks[..., 0])

@@ -14,11 +14,12 @@ from itertools import pairwise
 
 import numpy as np
 
-from backends.base import AttentionState, Backend, LayerAttention, LayerState, WeightSpec
+from backends.base import AttentionState, Backend, ExpertWeights, LayerAttention, LayerState, Routing, WeightSpec
 from backends.dequant import dequantize, dequantize_rows
 from backends.memory import DEQUANTIZED_WEIGHTS, available_memory_bytes, default_cache_budget
 
 _STREAM_CHUNK_BYTES = 64 << 20  # float32 bytes dequantized at once for an uncached matrix
+SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0  # gpt-oss's clamped SwiGLU ("swiglu_oai")
 
 
 class DequantCache:
@@ -85,6 +86,23 @@ class NumpyWeight:
         return out
 
 
+class NumpyExperts:
+    """A stack of expert matrices (E, out, in): each expert's rows read, or cached, on their
+    own, so an expert no token chose is never dequantized."""
+
+    def __init__(self, spec: WeightSpec, cache: DequantCache):
+        self.n_experts, self.rows_per_expert, _ = spec.shape
+        self.spec, self.cache = spec, cache
+        self._row_bytes = spec.raw.size // (self.n_experts * self.rows_per_expert)
+
+    def expert(self, e: int) -> NumpyWeight:
+        """Expert e's matrix (out, in), a view of its blocks."""
+        lo = int(e) * self.rows_per_expert * self._row_bytes
+        raw = self.spec.raw.reshape(-1)[lo : lo + self.rows_per_expert * self._row_bytes]
+        shape = (self.rows_per_expert, self.spec.shape[2])
+        return NumpyWeight(WeightSpec(f"{self.spec.name}[{int(e)}]", raw, self.spec.ggml_type, shape), self.cache)
+
+
 class JoinedWeights:
     """Cached matrices on one input, joined by rows so one product reads them all."""
 
@@ -129,9 +147,11 @@ class NumpyBackend(Backend):
     def device_name(self) -> str:
         return f"CPU ({os.cpu_count()} cores, NumPy float32)"
 
-    def prepare_weight(self, spec: WeightSpec) -> np.ndarray | NumpyWeight:
-        if len(spec.shape) == 1:  # norms and biases: small, always float32
+    def prepare_weight(self, spec: WeightSpec) -> np.ndarray | NumpyWeight | NumpyExperts:
+        if len(spec.shape) == 1 or spec.name.endswith(".bias"):  # norms and biases (experts': (E, F)): float32
             return dequantize(spec.raw, spec.ggml_type, spec.shape)
+        if len(spec.shape) == 3:
+            return NumpyExperts(spec, self.cache)
         self.cache.get(spec)  # dequantize now while the budget lasts
         return NumpyWeight(spec, self.cache)
 
@@ -248,9 +268,15 @@ class NumpyBackend(Backend):
             allowed &= key_pos > query_pos - settings.window
         scores = scores.reshape(n_kv_heads, group, n_new, -1)  # (Hkv, group, T, S)
         scores = np.where(allowed, scores, np.float32(-np.inf))
-        scores -= scores.max(axis=-1, keepdims=True)
-        probs = np.exp(scores)
-        probs /= probs.sum(axis=-1, keepdims=True)
+        if settings.sinks is None:
+            scores -= scores.max(axis=-1, keepdims=True)
+            probs = np.exp(scores)
+            probs /= probs.sum(axis=-1, keepdims=True)
+        else:  # each head's sink joins the softmax as one more logit, with no value
+            sinks = settings.sinks.astype(np.float32).reshape(n_kv_heads, group, 1, 1)  # (Hkv, group, 1, 1)
+            top = np.maximum(scores.max(axis=-1, keepdims=True), sinks)
+            probs = np.exp(scores - top)
+            probs /= probs.sum(axis=-1, keepdims=True) + np.exp(sinks - top)
 
         out = probs.reshape(n_kv_heads, group * n_new, -1) @ values  # (Hkv, group*T, Dv)
         out = out.reshape(n_kv_heads, group, n_new, -1).transpose(2, 0, 1, 3)  # (T, Hkv, group, Dv)
@@ -274,7 +300,47 @@ class NumpyBackend(Backend):
             out *= np.float32(0.5)
             out *= up
             return out
+        if kind == "swiglu_oai":  # gpt-oss: clamped, sigmoid(1.702 g), and up + 1
+            g = np.minimum(gate, np.float32(SWIGLU_LIMIT))
+            u = np.clip(up, np.float32(-SWIGLU_LIMIT), np.float32(SWIGLU_LIMIT))
+            return g / (np.float32(1.0) + np.exp(-np.float32(SWIGLU_ALPHA) * g)) * (u + np.float32(1.0))
         raise ValueError(f"unknown activation {kind!r}")
+
+    def route(self, logits: np.ndarray, routing: Routing) -> np.ndarray:
+        logits = np.asarray(logits, dtype=np.float32)  # (T, E)
+        k = routing.n_used
+        chosen = np.argsort(-logits, axis=-1, kind="stable")[:, :k]  # (T, k): falling, ties to the lower number
+        picked = np.take_along_axis(logits, chosen, axis=-1)  # (T, k)
+        if routing.order == "top_k_softmax":
+            weights = np.exp(picked - picked[:, :1])
+            weights /= weights.sum(axis=-1, keepdims=True)
+        elif routing.order == "softmax_top_k":
+            shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))  # (T, E)
+            weights = np.take_along_axis(shifted, chosen, axis=-1) / shifted.sum(axis=-1, keepdims=True)
+            if routing.normalize:
+                weights /= weights.sum(axis=-1, keepdims=True)
+        else:
+            raise ValueError(f"unknown routing order {routing.order!r}")
+        return np.concatenate([chosen.astype(np.float32), weights.astype(np.float32)], axis=-1)  # (T, 2k)
+
+    def experts(self, x: np.ndarray, choice: np.ndarray, weights: ExpertWeights, activation: str) -> np.ndarray:
+        """As the contract says: the tokens that chose an expert go through it together."""
+        k = choice.shape[1] // 2
+        chosen, share = choice[:, :k].astype(np.int64), choice[:, k:]  # (T, k) each
+        out = np.zeros(x.shape, dtype=np.float32)  # (T, D)
+        for expert in np.unique(chosen):
+            rows, slot = np.nonzero(chosen == expert)  # the tokens that chose it, and where
+            h = x[rows]  # (n, D)
+            gate = weights.gate.expert(expert).matmul_transposed(h)  # (n, F)
+            up = weights.up.expert(expert).matmul_transposed(h)  # (n, F)
+            if weights.gate_bias is not None:
+                gate += weights.gate_bias[expert]
+                up += weights.up_bias[expert]
+            y = weights.down.expert(expert).matmul_transposed(self.gated_activation(gate, up, activation))  # (n, D)
+            if weights.down_bias is not None:
+                y += weights.down_bias[expert]
+            np.add.at(out, rows, y * share[rows, slot][:, None])
+        return out
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return a + b

@@ -30,7 +30,8 @@ class Family:
     """
 
     layer_tensors: tuple[str, ...] = ()  # optional tensors of its blocks that it requires
-    activation: str = "silu"  # or "gelu_tanh"
+    activation: str = "silu"  # or "gelu_tanh", or "swiglu_oai" (gpt-oss)
+    expert_routing: str = "softmax_top_k"  # how a MoE layer weighs its experts (backends.base.Routing)
     # llama.cpp's converter permutes the rows of llama's q/k weights so that RoPE rotates
     # adjacent pairs (x0, x1), (x2, x3)... ("normal" mode). Qwen and Gemma files keep
     # Hugging Face's order, where RoPE rotates x[i] with x[i + rope_dim/2] ("NEOX" mode).
@@ -73,7 +74,15 @@ class ModelConfig:
     attn_logit_softcap: float | None
     final_logit_softcap: float | None
     embedding_scale: float
-    activation: str  # "silu" or "gelu_tanh"
+    activation: str  # "silu", "gelu_tanh" or "swiglu_oai"
+    rope_original_context: int  # the context the model was trained at before RoPE scaling (YaRN)
+    yarn_beta_fast: float  # YaRN's ramp: frequencies rotating more than this often are kept
+    yarn_beta_slow: float  # ...and less than this often, interpolated
+    n_experts: int = 0  # experts per MoE layer (0: a dense model)
+    n_experts_used: int = 0  # experts each token goes through
+    d_expert: int = 0  # an expert's feed-forward width
+    expert_routing: str = "softmax_top_k"
+    expert_weights_norm: bool = True  # divide the chosen experts' weights by their sum
 
     def is_sliding(self, layer: int) -> bool:
         """Whether `layer` attends within the sliding window (Gemma 3: all but every 6th layer)."""
@@ -108,6 +117,7 @@ class ModelConfig:
         n_layers = _positive_int(f, "block_count")
         rope_base = _positive_float(f, "rope.freq_base", 10000.0)
         query_by_d_model = family.d_model_query_scale_layers == n_layers
+        context_length = _positive_int(f, "context_length")
         config = cls(
             architecture=f.architecture,
             n_layers=n_layers,
@@ -118,7 +128,7 @@ class ModelConfig:
             value_head_dim=_positive_int(f, "attention.value_length", head_dim),
             d_ff=_positive_int(f, "feed_forward_length"),
             vocab_size=embedding.shape[0],
-            context_length=_positive_int(f, "context_length"),
+            context_length=context_length,
             rms_eps=_positive_float(f, "attention.layer_norm_rms_epsilon"),
             rope_base=rope_base,
             rope_base_local=family.rope_base_local or rope_base,
@@ -134,6 +144,10 @@ class ModelConfig:
             final_logit_softcap=_optional_float(f, "final_logit_softcapping", family.final_logit_softcap),
             embedding_scale=math.sqrt(d_model) if family.scale_embeddings else 1.0,
             activation=family.activation,
+            rope_original_context=_positive_int(f, "rope.scaling.original_context_length", context_length),
+            yarn_beta_fast=_positive_float(f, "rope.scaling.yarn_beta_fast", 32.0),
+            yarn_beta_slow=_positive_float(f, "rope.scaling.yarn_beta_slow", 1.0),
+            **_experts(f, family),
         )
         return config
 
@@ -171,6 +185,26 @@ def _optional_float(f: GGUFFile, suffix: str, default: float | None) -> float | 
     if f.arch_key(suffix, None) is None:
         return default
     return _positive_float(f, suffix)
+
+
+def _experts(f: GGUFFile, family: Family) -> dict:
+    """The MoE hyperparameters of `f`, or none for a dense model; every count checked."""
+    if f.arch_key("expert_count", None) is None:
+        return {}
+    n_experts = _positive_int(f, "expert_count")
+    used = _positive_int(f, "expert_used_count")
+    if used > n_experts:
+        bad_file(f, f"each token would use {used} of only {n_experts} experts")
+    norm = f.arch_key("expert_weights_norm", True)
+    if not isinstance(norm, bool):
+        bad_file(f, f"{f.architecture}.expert_weights_norm should be true or false, not {str(norm)[:40]}")
+    return {
+        "n_experts": n_experts,
+        "n_experts_used": used,
+        "d_expert": _positive_int(f, "expert_feed_forward_length", _positive_int(f, "feed_forward_length")),
+        "expert_routing": family.expert_routing,
+        "expert_weights_norm": norm,
+    }
 
 
 def _rope_scaling_type(f: GGUFFile) -> str | None:

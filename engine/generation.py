@@ -17,6 +17,7 @@ import numpy as np
 
 from engine.decoding import DraftStats, plain_tokens
 from engine.detokenizer import IncrementalDetokenizer
+from engine.harmony import HarmonyDetokenizer, is_harmony
 from engine.kv_cache import KVCache
 from engine.models.common import Transformer
 from engine.sampling import Sampler, SamplingParams
@@ -189,7 +190,7 @@ def generate(
         source = plain_tokens(model, cache, logits, sampler, prompt, max_tokens)
     else:
         source = speculation.tokens(model, cache, logits, sampler, prompt, max_tokens, stats)
-    detok = IncrementalDetokenizer(tokenizer)
+    detok = HarmonyDetokenizer(tokenizer) if is_harmony(tokenizer) else IncrementalDetokenizer(tokenizer)
     stops = StopStringFilter(stop_strings)
     stopping = frozenset(tokenizer.stop_ids) | frozenset(stop_ids)
     generated = 0

@@ -52,12 +52,21 @@ _LLAMA3_REGEX = (
     r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _QWEN2_REGEX = _LLAMA3_REGEX.replace(r"\p{N}{1,3}", r"\p{N}")
+# o200k (gpt-oss, Llama 4): the tokenizer.json original, which llama.cpp rewrites without (?i:)
+_CASE = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]"
+_LOWER = r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
+_SUFFIX = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+_GPT4O_REGEX = (
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_CASE}*{_LOWER}+{_SUFFIX}|[^\r\n\p{{L}}\p{{N}}]?{_CASE}+{_LOWER}*{_SUFFIX}"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _SPLIT_REGEXES = {
     "default": (r"[\p{P}\$\+<=>\^~\|]+", _GPT2_REGEX, r"\p{N}+", r"[0-9][0-9][0-9]"),
     "gpt2": (_GPT2_REGEX,),
     "starcoder": (r"\p{N}", _GPT2_REGEX),
     "llama3": (_LLAMA3_REGEX,),
     "qwen2": (_QWEN2_REGEX,),
+    "gpt4o": (_GPT4O_REGEX,),
 }
 
 
@@ -106,6 +115,7 @@ def _pre_types() -> dict[str, tuple[str, bool, bool]]:
             "jina-v5-nano",
         ],
         ("llama3", False, False): ["dbrx", "smaug-bpe"],
+        ("gpt4o", False, False): ["gpt-4o", "llama4", "kanana2"],
         ("qwen2", False, False): [
             "qwen2",
             "deepseek-r1-qwen",
@@ -172,6 +182,9 @@ _FIM_MID_TEXTS = (
     "<|code_middle|>",
     "<|middle|>",
 )
+# In OpenAI's harmony format (gpt-oss) an answer ends with <|return|> or <|call|>; its
+# <|end|> ends one message of several.
+_HARMONY_TURN_ENDS = ("<|return|>", "<|call|>", "<|end|>")
 # Every token with one of these texts ends generation.
 _EOG_TEXTS = (
     "<|eot_id|>",
@@ -411,6 +424,10 @@ class _Vocabulary:
                 self.ids[name] = hits[0]
                 self.types[hits[0]] = TYPE_CONTROL
         eog = found(_EOG_TEXTS)
+        if all(t in self.token_ids for t in _HARMONY_TURN_ENDS):  # as llama.cpp: in harmony <|end|>
+            eog.remove(self.token_ids["<|end|>"])  # ends a message, and the answer goes on
+            if self.ids["eot"] == self.token_ids["<|end|>"]:
+                self.ids["eot"] = None
         self.types[eog] = TYPE_CONTROL
         named = (self.ids[name] for name in ("eos", "eot", "eom", "fim_pad", "fim_rep", "fim_sep"))
         return frozenset([*eog, *(i for i in named if i is not None)])

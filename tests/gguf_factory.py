@@ -15,19 +15,30 @@ from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, TokenType, qua
 F32 = GGMLQuantizationType.F32
 MERGES = ("t h", "h e", "i n", "Ġ t", "th e")
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>")
 CHATML_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-_ROPE_BASE = {"llama": 10000.0, "qwen2": 1000000.0, "qwen3": 1000000.0, "gemma2": 10000.0, "gemma3": 1000000.0}
-_EXTRA_LAYER_TENSORS = {
-    "llama": (),
-    "qwen2": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
-    "qwen3": ("attn_q_norm.weight", "attn_k_norm.weight"),
-    "gemma2": ("post_attention_norm.weight", "post_ffw_norm.weight"),
-    "gemma3": ("post_attention_norm.weight", "post_ffw_norm.weight", "attn_q_norm.weight", "attn_k_norm.weight"),
+_ROPE_BASE = {"llama": 10000.0, "qwen2": 1000000.0, "qwen3": 1000000.0, "gemma2": 10000.0, "gemma3": 1000000.0,
+              "qwen3moe": 1000000.0, "gpt-oss": 150000.0}
+_ATTENTION = ("attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight")
+_DENSE = ("ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+_EXPERTS = ("ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
+_LAYER_TENSORS = {
+    "llama": _ATTENTION + _DENSE,
+    "qwen2": _ATTENTION + _DENSE + ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
+    "qwen3": _ATTENTION + _DENSE + ("attn_q_norm.weight", "attn_k_norm.weight"),
+    "gemma2": _ATTENTION + _DENSE + ("post_attention_norm.weight", "post_ffw_norm.weight"),
+    "gemma3": _ATTENTION + _DENSE
+    + ("post_attention_norm.weight", "post_ffw_norm.weight", "attn_q_norm.weight", "attn_k_norm.weight"),
+    "qwen3moe": _ATTENTION + ("ffn_norm.weight",) + _EXPERTS + ("attn_q_norm.weight", "attn_k_norm.weight"),
+    "gpt-oss": _ATTENTION + ("post_attention_norm.weight",) + _EXPERTS
+    + ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias", "attn_sinks.weight", "ffn_gate_inp.bias",
+       "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias"),
 }
+N_EXPERTS, N_EXPERTS_USED = 4, 2  # of the tiny MoE models
 
 
 def byte_symbols() -> list[str]:
@@ -42,12 +53,12 @@ def byte_symbols() -> list[str]:
     return [chr(b) if b in printable else chr(next(shifted)) for b in range(256)]
 
 
-def tiny_vocab(vocab: int) -> tuple[list[str], list[int]]:
+def tiny_vocab(vocab: int, specials: tuple[str, ...] = SPECIAL_TOKENS) -> tuple[list[str], list[int]]:
     """Tokens and token types: 256 byte symbols, the merged tokens, specials, then reserved slots."""
-    tokens = byte_symbols() + [m.replace(" ", "") for m in MERGES] + list(SPECIAL_TOKENS)
+    tokens = byte_symbols() + [m.replace(" ", "") for m in MERGES] + list(specials)
     if vocab < len(tokens):
         raise ValueError(f"vocab must be at least {len(tokens)} to hold the bytes, merges and special tokens")
-    types = [TokenType.NORMAL] * (256 + len(MERGES)) + [TokenType.CONTROL] * len(SPECIAL_TOKENS)
+    types = [TokenType.NORMAL] * (256 + len(MERGES)) + [TokenType.CONTROL] * len(specials)
     n_reserved = vocab - len(tokens)
     tokens += [f"<|reserved_{i}|>" for i in range(n_reserved)]
     types += [TokenType.USER_DEFINED] * n_reserved
@@ -66,6 +77,8 @@ def _weight(rng: np.random.Generator, shape: tuple[int, ...], kind: str) -> np.n
         return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
     if kind == "bias":
         return (0.1 * rng.standard_normal(shape)).astype(np.float32)
+    if kind == "router":  # large enough that tokens choose different experts, clearly
+        return (3.0 * rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
     return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)  # (n_out, n_in)
 
 
@@ -73,7 +86,7 @@ def model_metadata(arch: str, n_layers: int, d_model: int, n_heads: int, n_kv_he
                    d_ff: int, vocab: int, context_length: int = 256) -> dict[str, Any]:
     """The GGUF metadata of a model of these shapes, under llama.cpp's key names, with the
     tiny byte-level BPE vocabulary (padded with reserved tokens to `vocab`) and ChatML."""
-    tokens, token_types = tiny_vocab(vocab)
+    tokens, token_types = tiny_vocab(vocab, SPECIAL_TOKENS + HARMONY_TOKENS if arch == "gpt-oss" else SPECIAL_TOKENS)
     return {
         "general.name": f"tiny-{arch}",
         f"{arch}.block_count": n_layers,
@@ -92,7 +105,7 @@ def model_metadata(arch: str, n_layers: int, d_model: int, n_heads: int, n_kv_he
         "tokenizer.ggml.token_type": token_types,
         "tokenizer.ggml.merges": list(MERGES),
         "tokenizer.ggml.bos_token_id": tokens.index("<|endoftext|>"),
-        "tokenizer.ggml.eos_token_id": tokens.index("<|im_end|>"),
+        "tokenizer.ggml.eos_token_id": tokens.index("<|return|>" if arch == "gpt-oss" else "<|im_end|>"),
         "tokenizer.ggml.add_bos_token": False,
         "tokenizer.chat_template": CHATML_TEMPLATE,
     }
@@ -130,9 +143,13 @@ F32 tensors of the given names and shapes (an optional tensor, or a misshaped on
     path = Path(path)
     rng = np.random.default_rng(seed)
     metadata = model_metadata(arch, n_layers, d_model, n_heads, n_kv_heads, head_dim, d_ff, vocab)
-    if arch.startswith("gemma"):
+    if arch.startswith("gemma") or arch == "gpt-oss":
         metadata[f"{arch}.attention.sliding_window"] = 16
+    if arch in ("qwen3moe", "gpt-oss"):
+        metadata.update({f"{arch}.expert_count": N_EXPERTS, f"{arch}.expert_used_count": N_EXPERTS_USED,
+                         f"{arch}.expert_feed_forward_length": d_ff})
     metadata.update(extra_metadata)
+    experts = N_EXPERTS
 
     q, kv = n_heads * head_dim, n_kv_heads * head_dim
     shapes = {  # (n_out, n_in) for matrices
@@ -152,8 +169,18 @@ F32 tensors of the given names and shapes (an optional tensor, or a misshaped on
         "attn_k_norm.weight": ((head_dim,), "norm"),
         "post_attention_norm.weight": ((d_model,), "norm"),
         "post_ffw_norm.weight": ((d_model,), "norm"),
+        "attn_output.bias": ((d_model,), "bias"),
+        "attn_sinks.weight": ((n_heads,), "bias"),
+        "ffn_gate_inp.weight": ((experts, d_model), "router"),
+        "ffn_gate_inp.bias": ((experts,), "bias"),
+        "ffn_gate_exps.weight": ((experts, d_ff, d_model), "matrix"),
+        "ffn_up_exps.weight": ((experts, d_ff, d_model), "matrix"),
+        "ffn_down_exps.weight": ((experts, d_model, d_ff), "matrix"),
+        "ffn_gate_exps.bias": ((experts, d_ff), "bias"),
+        "ffn_up_exps.bias": ((experts, d_ff), "bias"),
+        "ffn_down_exps.bias": ((experts, d_model), "bias"),
     }
-    layer_tensors = list(shapes)[:9] + list(_EXTRA_LAYER_TENSORS[arch])
+    layer_tensors = _LAYER_TENSORS[arch]
     tensors = {"token_embd.weight": ((vocab, d_model), "matrix")}
     for layer in range(n_layers):
         tensors.update({f"blk.{layer}.{name}": shapes[name] for name in layer_tensors})

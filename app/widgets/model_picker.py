@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.header_reader import HeaderReader
-from app.model_library import LibraryEntry, ModelInfo, available_memory, format_bytes, format_parameters
+from app.model_library import LibraryEntry, ModelInfo, available_memory, describe_parameters, format_bytes
 from app.worker import Job
 from engine.draft_model import draft_refusals
 from engine.hub.cache import CachedModel
@@ -240,8 +240,9 @@ class ModelPicker(QDialog):
             self._set(
                 row,
                 PARAMETERS,
-                format_parameters(value.parameters),
-                tooltip=f"{value.parameters:,} parameters",
+                describe_parameters(value),
+                tooltip=f"{value.parameters:,} parameters"
+                + (f", {value.active_parameters:,} read per token" if value.active_parameters else ""),
                 sort_key=value.parameters,
             )
             self._set(row, QUANTIZATION, value.quantization)

@@ -42,7 +42,8 @@
  * has_min  a min term per group, times the group's activation sum (Q4_1, Q5_1, Q4_K, Q5_K).
  * split    the two halves of a group have scales of their own (Q6_K).
  * check    the format of the values that must be finite, at the offsets that follow, in each
- *          block: FP16 scales (d, and m or dmin where there is one), or the float itself. */
+ *          block: FP16 scales (d, and m or dmin where there is one), or the float itself; NONE
+ *          where every value is finite (MXFP4's E8M0 scale byte, as gguf-py reads it). */
 #define QUANT_TYPES(X)                                          \
     X(F32, 0, 1, 4, FLOAT, NONE, 0, 0, F32, 0)                  \
     X(F16, 1, 1, 2, FLOAT, NONE, 0, 0, FP16, 0)                 \
@@ -55,7 +56,8 @@
     X(Q1_0, 41, 128, 18, TILED, unpack_q1_0, 0, 0, FP16, 0)     \
     X(Q4_K, 12, 256, 144, CODES, unpack_q4_k, 1, 0, FP16, 0, 2) \
     X(Q5_K, 13, 256, 176, CODES, unpack_q5_k, 1, 0, FP16, 0, 2) \
-    X(Q6_K, 14, 256, 210, CODES, unpack_q6_k, 0, 1, FP16, 208)
+    X(Q6_K, 14, 256, 210, CODES, unpack_q6_k, 0, 1, FP16, 208)   \
+    X(MXFP4, 39, 32, 17, CODES, unpack_mxfp4, 0, 0, NONE, 0)
 
 #define TYPE_ENUM(name, number, ...) T_##name = number,
 enum {

@@ -1,6 +1,6 @@
 /* Python bindings: one module per instruction-set tier (_cpu_scalar, _cpu_avx2, ...), built
  * from the same sources. Ops arrive as tuples
- *     (code, (a, b, c, out, ids, pos, table, kcache, vcache), mats, ints, floats)
+ *     (code, (a, b, c, out, ids, pos, table, kcache, vcache, d), mats, ints, floats)
  * with ints and floats in the order OPS (ops.h) names them (the module exports the names as
  * OPS, from which the Python side builds each op by keyword), and mats a tuple of (raw uint8 array, ggml type, rows, cols, out array, bias array or None).
  * `run` executes one op now; `graph` parses a list of them once, and `graph_run` replays it,
@@ -124,7 +124,7 @@ static int parse_op(PyObject *tuple, Op *op) {
                      op_table[row].floats);
         return -1;
     }
-    if (PyTuple_GET_SIZE(bufs) != 9 || PyTuple_GET_SIZE(mats) > MAX_FUSED) {
+    if (PyTuple_GET_SIZE(bufs) != 10 || PyTuple_GET_SIZE(mats) > MAX_FUSED) {
         PyErr_SetString(PyExc_ValueError, "malformed op");
         return -1;
     }
@@ -136,12 +136,13 @@ static int parse_op(PyObject *tuple, Op *op) {
         op->floats.f[i] = (float)PyFloat_AsDouble(PyTuple_GET_ITEM(floats, i));
         if (PyErr_Occurred()) return -1;
     }
-    Buf a, b, c, out, ids, pos, table, kc, vc;
+    Buf a, b, c, out, ids, pos, table, kc, vc, d;
     if (get_buf(PyTuple_GET_ITEM(bufs, 0), 0, 4, &a, "a") || get_buf(PyTuple_GET_ITEM(bufs, 1), 0, 4, &b, "b") ||
         get_buf(PyTuple_GET_ITEM(bufs, 2), 0, 4, &c, "c") || get_buf(PyTuple_GET_ITEM(bufs, 3), 1, 4, &out, "out") ||
         get_buf(PyTuple_GET_ITEM(bufs, 4), 0, 8, &ids, "ids") || get_buf(PyTuple_GET_ITEM(bufs, 5), 0, 8, &pos, "pos") ||
         get_buf(PyTuple_GET_ITEM(bufs, 6), 0, 8, &table, "table") ||
-        get_buf(PyTuple_GET_ITEM(bufs, 7), 1, 4, &kc, "kcache") || get_buf(PyTuple_GET_ITEM(bufs, 8), 1, 4, &vc, "vcache"))
+        get_buf(PyTuple_GET_ITEM(bufs, 7), 1, 4, &kc, "kcache") || get_buf(PyTuple_GET_ITEM(bufs, 8), 1, 4, &vc, "vcache") ||
+        get_buf(PyTuple_GET_ITEM(bufs, 9), 0, 4, &d, "d"))
         return -1;
     op->a = a.ptr;
     op->b = b.ptr;
@@ -152,6 +153,7 @@ static int parse_op(PyObject *tuple, Op *op) {
     op->table = table.ptr;
     op->kcache = kc.ptr;
     op->vcache = vc.ptr;
+    op->d = d.ptr;
     op->n_mats = (int)PyTuple_GET_SIZE(mats);
     Buf outs[MAX_FUSED], biases[MAX_FUSED];
     for (int m = 0; m < op->n_mats; m++) {
@@ -199,7 +201,8 @@ static int parse_op(PyObject *tuple, Op *op) {
         int64_t rows = op->ints.attention.ring ? 2 * slots : slots; /* a ring is mirrored (ops.c) */
         return need(&a, T * H * Dh, 4, "q") || need(&b, T * Hkv * Dh, 4, "k") || need(&c, T * Hkv * Dv, 4, "v") ||
                need(&out, T * H * Dv, 4, "out") || need(&kc, Hkv * rows * Dh, 4, "key cache") ||
-               need(&vc, Hkv * rows * Dv, 4, "value cache") || need(&pos, 1, 8, "pos");
+               need(&vc, Hkv * rows * Dv, 4, "value cache") || need(&pos, 1, 8, "pos") ||
+               (op->d && need(&d, H, 4, "sinks"));
     }
     case OP_GATED: {
         int64_t n = op->ints.gated.elements;
@@ -212,6 +215,26 @@ static int parse_op(PyObject *tuple, Op *op) {
     case OP_SOFTCAP:
         if (op->floats.softcap.cap == 0.0f) break;
         return need(&a, op->ints.softcap.elements, 4, "a") || need(&out, op->ints.softcap.elements, 4, "out");
+    case OP_ROUTE: {
+        int64_t T = op->ints.route.tokens, E = op->ints.route.experts, k = op->ints.route.used;
+        if (E <= 0 || k <= 0 || k > E || (op->ints.route.order != 0 && op->ints.route.order != 1)) break;
+        return need(&a, T * E, 4, "router logits") || need(&out, T * 2 * k, 4, "out");
+    }
+    case OP_EXPERTS: {
+        int64_t T = op->ints.experts.tokens, E = op->ints.experts.experts, k = op->ints.experts.used;
+        int64_t F = op->ints.experts.ffn, act = op->ints.experts.activation;
+        if (op->n_mats != 3 || E <= 0 || k <= 0 || F <= 0 || act < 0 || act > 2) break;
+        int64_t D = op->mats[0].cols;
+        const Matrix *m = op->mats;
+        for (int i = 0; i < 3; i++)
+            if (!type_takes_codes(m[i].type) && !type_is_float(m[i].type)) goto inconsistent; /* Q1_0: converted */
+        if (m[0].rows != E * F || m[1].rows != E * F || m[1].cols != D || m[2].rows != E * D || m[2].cols != F) break;
+        if (outs[0].ptr || outs[1].ptr || outs[2].ptr) break;
+        return need(&a, T * D, 4, "x") || need(&b, T * 2 * k, 4, "choice") || need(&out, T * D, 4, "out") ||
+               (op->bias[0] && need(&biases[0], E * F, 4, "gate bias")) ||
+               (op->bias[1] && need(&biases[1], E * F, 4, "up bias")) ||
+               (op->bias[2] && need(&biases[2], E * D, 4, "down bias"));
+    }
     }
 inconsistent:
     PyErr_Format(PyExc_ValueError, "op %d has inconsistent arguments", op->code);

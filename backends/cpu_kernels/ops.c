@@ -251,19 +251,30 @@ typedef struct {
     int64_t n; /* elements (GATED, ADD, SOFTCAP) */
 } ElementCtx;
 
-/* silu(a) * b (act 0) or gelu_tanh(a) * b (act 1) of n (1 .. 8) elements, with exp8
- * (tanh(u) = 1 - 2 / (exp(2u) + 1)); lanes past n are padding */
+/* silu(a) * b (act 0), gelu_tanh(a) * b (act 1) or swiglu_oai(a, b) (act 2: gpt-oss's clamped
+ * form, g = min(a, 7), u = clamp(b, -7, 7), g * sigmoid(1.702 g) * (u + 1)) of n (1 .. 8)
+ * elements, with exp8 (tanh(u) = 1 - 2 / (exp(2u) + 1)); lanes past n are padding */
+#define SWIGLU_ALPHA 1.702f
+#define SWIGLU_LIMIT 7.0f
 static void gated8(const float *a, const float *b, float *out, int64_t n, int act) {
     v8f g = {0}, other = {0}, result;
     memcpy(&g, a, sizeof(float) * (size_t)n);
     memcpy(&other, b, sizeof(float) * (size_t)n);
     if (act == 0) {
         result = g / (1.0f + exp8(-g)) * other;
-    } else {
+    } else if (act == 1) {
         const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
         v8f inner = k * g * (1.0f + 0.044715f * g * g);
         v8f tanh_inner = 1.0f - 2.0f / (exp8(2.0f * inner) + 1.0f);
         result = 0.5f * g * (1.0f + tanh_inner) * other;
+    } else { /* min and clamp that keep a nan, as NumPy's */
+        const v8f limit = {SWIGLU_LIMIT, SWIGLU_LIMIT, SWIGLU_LIMIT, SWIGLU_LIMIT,
+                           SWIGLU_LIMIT, SWIGLU_LIMIT, SWIGLU_LIMIT, SWIGLU_LIMIT};
+        v8i above = g > limit;
+        g = (v8f)(((v8i)g & ~above) | ((v8i)limit & above));
+        v8i high = other > limit, low = other < -limit;
+        other = (v8f)(((v8i)other & ~(high | low)) | ((v8i)limit & high) | ((v8i)(-limit) & low));
+        result = g / (1.0f + exp8(-SWIGLU_ALPHA * g)) * (other + 1.0f);
     }
     memcpy(out, &result, sizeof(float) * (size_t)n);
 }
@@ -299,7 +310,8 @@ static void elementwise(const Op *op, int64_t elements) {
  * q (T, H, Dh), k (T, Hkv, Dh), v (T, Hkv, Dv) at positions pos .. pos+T-1 (T tokens, H
  * heads, Hkv kv_heads, Dh head_dim, Dv value_dim; window 0: none; softcap 0: none). Keys and
  * values are written into the layer's cache first; each (token, head) then attends to
- * positions max(0, p - window + 1) .. p.
+ * positions max(0, p - window + 1) .. p; with sinks (d, one logit per query head) each softmax
+ * has one more term in its denominator (softmax_row).
  *
  * A full layer's cache holds position p at row p of each KV head: keys (Hkv, slots, Dh).
  * A ring (a sliding-window layer that keeps only its window) is mirrored: keys
@@ -323,7 +335,7 @@ static void elementwise(const Op *op, int64_t elements) {
 #define ATTN_ROWS 16
 
 typedef struct {
-    const float *q;
+    const float *q, *sink; /* the head's sink logit, or NULL */
     float *out, *scores; /* scores indexed by cache row */
     int64_t first, last; /* the cache rows of the first and last position the query sees */
 } AttnRow;
@@ -353,9 +365,11 @@ static void weighted_values(const float *w, int64_t first, int64_t last, const f
     }
 }
 
-/* softmax of a row's scores over first .. last in place, exp8 8 positions at a time */
-static void softmax_row(float *scores, int64_t first, int64_t last) {
-    float best = -INFINITY, total = 0.0f;
+/* softmax of a row's scores over first .. last in place, exp8 8 positions at a time; a sink
+ * (a logit with no value: gpt-oss) joins the maximum and the denominator:
+ *     p_j = exp(s_j - m) / (sum_i exp(s_i - m) + exp(sink - m)),  m = max(max_i s_i, sink) */
+static void softmax_row(float *scores, int64_t first, int64_t last, const float *sink) {
+    float best = sink ? *sink : -INFINITY, total = 0.0f;
     for (int64_t j = first; j <= last; j++) best = scores[j] > best ? scores[j] : best;
     for (int64_t j = first; j <= last; j += 8) {
         int64_t n = last - j + 1 < 8 ? last - j + 1 : 8;
@@ -364,6 +378,11 @@ static void softmax_row(float *scores, int64_t first, int64_t last) {
         x = exp8(x - best);
         memcpy(scores + j, &x, sizeof(float) * (size_t)n);
         for (int64_t l = 0; l < n; l++) total += x[l];
+    }
+    if (sink) {
+        float shifted = *sink - best, term;
+        exp_floats(&shifted, &term, 1);
+        total += term;
     }
     for (int64_t j = first; j <= last; j++) scores[j] /= total;
 }
@@ -396,6 +415,7 @@ static void attention_task(void *vctx, int chunk, int chunks, int thread) {
             int64_t item = start + r - kv * per_kv, t = item / group, h = kv * group + item % group, p = *op->pos + t;
             AttnRow *row = &rows[r];
             row->q = op->a + (t * H + h) * Dh;
+            row->sink = op->d ? op->d + h : NULL;
             row->out = op->out + (t * H + h) * Dv;
             row->scores = buffer + r * N;
             row->first = (window > 0 && p - window + 1 > 0 ? p - window + 1 : 0) - base;
@@ -422,7 +442,7 @@ static void attention_task(void *vctx, int chunk, int chunks, int thread) {
             }
         }
         for (int64_t r = 0; r < n; r++) {
-            softmax_row(rows[r].scores, rows[r].first, rows[r].last);
+            softmax_row(rows[r].scores, rows[r].first, rows[r].last, rows[r].sink);
             weighted_values(rows[r].scores, rows[r].first, rows[r].last, values, Dv, rows[r].out);
         }
         start = end;
@@ -462,6 +482,333 @@ static int attention(const Op *op, const char **error) {
     return 0;
 }
 
+/* -- mixture of experts: routing ----------------------------------------------------------
+ * Each token's `used` experts from its router logits (one per expert): the largest logits, in
+ * falling order, ties to the lower expert number (a logit replaces a kept one only when
+ * strictly larger). Their weights, order 0 (Qwen3-MoE): a softmax over all the logits, then
+ * the chosen ones' probabilities, divided by their sum with `normalize`; order 1 (gpt-oss): a
+ * softmax over the chosen logits only. out (tokens, 2 * used): the experts' numbers (exact as
+ * floats), then their weights. exp is exp8, sums in double: the same bits in every tier. */
+
+static struct {
+    int64_t *index;
+    float *exps;
+    int64_t capacity;
+} routing;
+
+static int route(const Op *op, const char **error) {
+    int64_t T = op->ints.route.tokens, E = op->ints.route.experts, k = op->ints.route.used;
+    if (E > routing.capacity) {
+        if (grow((void **)&routing.index, sizeof(int64_t) * (size_t)E) || grow((void **)&routing.exps, sizeof(float) * (size_t)E)) {
+            *error = "out of memory for the routing buffers";
+            return -1;
+        }
+        routing.capacity = E;
+    }
+    int64_t *index = routing.index;
+    float *exps = routing.exps;
+    for (int64_t t = 0; t < T; t++) {
+        const float *logits = op->a + t * E;
+        float *out = op->out + t * 2 * k;
+        int64_t kept = 0;
+        for (int64_t e = 0; e < E; e++) { /* insertion into the kept ones, largest first */
+            float v = logits[e] == logits[e] ? logits[e] : -INFINITY; /* a nan is never preferred */
+#define KEY(i) (logits[index[i]] == logits[index[i]] ? logits[index[i]] : -INFINITY)
+            if (kept == k && !(v > KEY(k - 1))) continue;
+            int64_t at = kept < k ? kept++ : k - 1;
+            for (; at > 0 && v > KEY(at - 1); at--) index[at] = index[at - 1];
+            index[at] = e;
+#undef KEY
+        }
+        double total = 0.0;
+        if (op->ints.route.order == 1) { /* top k, then a softmax over them */
+            float top = logits[index[0]];
+            for (int64_t j = 0; j < k; j++) {
+                float shifted = logits[index[j]] - top;
+                exp_floats(&shifted, &exps[j], 1);
+                total += exps[j];
+            }
+            for (int64_t j = 0; j < k; j++) out[k + j] = exps[j] / (float)total;
+        } else { /* a softmax over every expert, then the top k's shares */
+            float top = -INFINITY;
+            for (int64_t e = 0; e < E; e++) top = logits[e] > top ? logits[e] : top;
+            for (int64_t e = 0; e < E; e += 8) {
+                int64_t n = E - e < 8 ? E - e : 8;
+                float shifted[8];
+                for (int64_t l = 0; l < n; l++) shifted[l] = logits[e + l] - top;
+                exp_floats(shifted, exps + e, n);
+                for (int64_t l = 0; l < n; l++) total += exps[e + l];
+            }
+            double chosen = 0.0;
+            for (int64_t j = 0; j < k; j++) {
+                out[k + j] = exps[index[j]] / (float)total;
+                chosen += out[k + j];
+            }
+            if (op->ints.route.normalize)
+                for (int64_t j = 0; j < k; j++) out[k + j] /= (float)chosen;
+        }
+        for (int64_t j = 0; j < k; j++) out[j] = (float)index[j];
+    }
+    return 0;
+}
+
+/* -- mixture of experts: the experts' products ----------------------------------------------
+ * x (T, D) through each token's chosen experts (b, from ROUTE in the same pass: the choice is
+ * made here, per call, so a recorded pass replays it). Each token's k choices are gathered by
+ * expert: row i of the gathered buffers is one (token, choice), the rows of one expert
+ * consecutive, its tokens in order. Then, with the pool sharing (expert, row) units:
+ *   1. gate and up: each row of the expert's two matrices read once for all its tokens, their
+ *      codes (quantized once per token, copied to each of its gathered rows) dotted by
+ *      dot_row_tokens, or, FLOAT_TOKENS tokens or more, the rows dequantized and multiplied
+ *      with the float activations (float_product), as a LINEAR op does;
+ *   2. per gathered row: the biases added, h = act(gate, up) (gated8), h quantized;
+ *   3. down, as 1, from h: y (rows, D);
+ *   4. per token: out = sum over its choices j, in order, of w_j * (y + down bias).
+ * An expert no token chose is not read. A token's arithmetic does not depend on the tokens
+ * beside it while its experts' groups are under FLOAT_TOKENS (decode, batches, verification),
+ * nor on the thread count. */
+
+static struct {
+    int64_t *count, *start, *fill, *active; /* per expert; active: the chosen ones, ascending */
+    int64_t *cost;                          /* per chosen one: the row costs (tokens + 2) before it */
+    int64_t *token;                         /* gathered row -> token */
+    int64_t *row_of;                        /* t * used + j -> gathered row */
+    int16_t *xq, *hq;                       /* codes of the gathered x (rows, D) and h (rows, F) */
+    float *xd, *xs, *hd, *hs;               /* their group scales and sums */
+    float *xf;                              /* the gathered float x, where a product takes it */
+    float *gate, *up, *y;                   /* (rows, F), (rows, F), (rows, D); gate becomes h */
+} moe;
+static int64_t moe_capacity[17];
+
+static int moe_grow(int i, void **p, size_t bytes) {
+    if ((int64_t)bytes <= moe_capacity[i]) return 0;
+    if (grow(p, bytes) != 0) return -1;
+    moe_capacity[i] = (int64_t)bytes;
+    return 0;
+}
+
+typedef struct {
+    const Op *op;
+    int64_t T, D, F, E, k, rows, n_active;
+} ExpertsCtx;
+
+/* Rows r0 .. r1 - 1 of expert e's matrix in the stack `w` (R rows each, K columns) times its
+ * n gathered rows from s: codes xq/xd/xs or floats xf (rows of K), into out (rows, R). */
+static void expert_rows(const Matrix *w, int64_t e, int64_t R, int64_t r0, int64_t r1, int64_t s, int64_t n,
+                        const int16_t *xq, const float *xd, const float *xs, const float *xf, float *out,
+                        RowBuffer *buf) {
+    int64_t K = w->cols, G = K / GROUP;
+    const uint8_t *base = w->data + (size_t)(e * R) * w->row_bytes;
+    out += s * R;
+    if (type_is_float(w->type)) {
+        for (int64_t r = r0; r < r1; r++) {
+            unpack_row(w->type, base + r * w->row_bytes, K, buf);
+            dot_tokens(buf, xf + s * K, K, 0, n, out + r, R);
+        }
+    } else if (n >= FLOAT_TOKENS) { /* rows dequantized, float activations */
+        int64_t tile = FLOAT_TILE_BYTES / (int64_t)sizeof(float) / K;
+        if (tile < TOKEN_TILE) tile = TOKEN_TILE;
+        for (int64_t t0 = 0; t0 < n; t0 += tile) {
+            int64_t t1 = t0 + tile < n ? t0 + tile : n;
+            for (int64_t r = r0; r < r1; r += FLOAT_ROWS) {
+                int m = r1 - r < FLOAT_ROWS ? (int)(r1 - r) : FLOAT_ROWS;
+                for (int i = 0; i < m; i++) dequantize_row(w->type, base + (r + i) * w->row_bytes, K, buf, buf->f + i * K);
+                float_product(buf->f, m, K, xf + s * K, t0, t1, out + r, R);
+            }
+        }
+    } else { /* each row read once for the expert's few tokens */
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *row = base + r * w->row_bytes;
+            if (r + PREFETCH_ROWS < r1) prefetch_row(row + PREFETCH_ROWS * w->row_bytes, w->row_bytes);
+            for (int64_t t = 0; t < n; t += ROW_TOKENS) {
+                int m = n - t < ROW_TOKENS ? (int)(n - t) : ROW_TOKENS;
+                dot_row_tokens(w->type, row, K, xq + (s + t) * K, xd + (s + t) * G, xs + (s + t) * G, buf->min, m,
+                               out + t * R + r, R);
+            }
+        }
+    }
+}
+
+/* The rows r0 .. r1 - 1 of the i-th chosen expert (R rows) that chunk `chunk` of `chunks`
+ * takes. The (expert, row) units are split by cost, a row costing its expert's tokens + 2 (its
+ * read), so that the crowded experts of a prefill spread over the threads; which thread takes
+ * a row changes nothing in its arithmetic. */
+static void chunk_rows(const ExpertsCtx *c, int64_t i, int64_t R, int chunk, int chunks, int64_t *r0, int64_t *r1) {
+    int64_t lo, hi, w = moe.count[moe.active[i]] + 2, at = R * moe.cost[i];
+    split_range(R * moe.cost[c->n_active], chunk, chunks, &lo, &hi);
+    *r0 = lo <= at ? 0 : (lo - at + w - 1) / w; /* the rows whose cost starts in [lo, hi) */
+    *r1 = hi <= at ? 0 : (hi - at + w - 1) / w;
+    *r0 = *r0 < R ? *r0 : R;
+    *r1 = *r1 < R ? *r1 : R;
+}
+
+#define FOR_EXPERT_ROWS(c, R, chunk, chunks)                                         \
+    for (int64_t i_ = 0, e, r0, r1; i_ < (c)->n_active; i_++)                       \
+        if (e = moe.active[i_], chunk_rows(c, i_, R, chunk, chunks, &r0, &r1), r0 < r1)
+
+static void gate_up_task(void *vctx, int chunk, int chunks, int thread) {
+    const ExpertsCtx *c = vctx;
+    const Op *op = c->op;
+    RowBuffer *buf = scratch_row(thread);
+    FOR_EXPERT_ROWS(c, c->F, chunk, chunks) {
+        int64_t s = moe.start[e], n = moe.count[e];
+        expert_rows(&op->mats[0], e, c->F, r0, r1, s, n, moe.xq, moe.xd, moe.xs, moe.xf, moe.gate, buf);
+        expert_rows(&op->mats[1], e, c->F, r0, r1, s, n, moe.xq, moe.xd, moe.xs, moe.xf, moe.up, buf);
+    }
+}
+
+static void down_task(void *vctx, int chunk, int chunks, int thread) {
+    const ExpertsCtx *c = vctx;
+    const Op *op = c->op;
+    RowBuffer *buf = scratch_row(thread);
+    FOR_EXPERT_ROWS(c, c->D, chunk, chunks) {
+        int64_t s = moe.start[e], n = moe.count[e];
+        expert_rows(&op->mats[2], e, c->D, r0, r1, s, n, moe.hq, moe.hd, moe.hs, moe.gate, moe.y, buf);
+    }
+}
+
+/* gathered rows: the biases, the activation, h's codes where the down product takes them */
+static void activation_task(void *vctx, int chunk, int chunks, int thread) {
+    const ExpertsCtx *c = vctx;
+    const Op *op = c->op;
+    int64_t lo, hi, F = c->F, G = F / GROUP;
+    split_range(c->rows, chunk, chunks, &lo, &hi);
+    int codes = type_takes_codes(op->mats[2].type);
+    for (int64_t i = lo; i < hi; i++) {
+        int64_t e = (int64_t)op->b[moe.token[i] * 2 * c->k + moe.token[c->rows + i]]; /* its expert */
+        float *g = moe.gate + i * F, *u = moe.up + i * F;
+        if (op->bias[0])
+            for (int64_t r = 0; r < F; r++) g[r] += op->bias[0][e * F + r];
+        if (op->bias[1])
+            for (int64_t r = 0; r < F; r++) u[r] += op->bias[1][e * F + r];
+        for (int64_t r = 0; r < F; r += 8) gated8(g + r, u + r, g + r, F - r < 8 ? F - r : 8, (int)op->ints.experts.activation);
+        if (codes && moe.count[e] < FLOAT_TOKENS) quantize_row(g, F, moe.hq + i * F, moe.hd + i * G, moe.hs + i * G);
+    }
+}
+
+static void combine_task(void *vctx, int chunk, int chunks, int thread) {
+    const ExpertsCtx *c = vctx;
+    const Op *op = c->op;
+    int64_t lo, hi, D = c->D, k = c->k;
+    split_range(c->T, chunk, chunks, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++) {
+        float *out = op->out + t * D;
+        memset(out, 0, sizeof(float) * (size_t)D);
+        for (int64_t j = 0; j < k; j++) {
+            int64_t e = (int64_t)op->b[t * 2 * k + j], i = moe.row_of[t * k + j];
+            float w = op->b[t * 2 * k + k + j];
+            const float *y = moe.y + i * D, *bias = op->bias[2] ? op->bias[2] + e * D : NULL;
+            if (bias)
+                for (int64_t d = 0; d < D; d++) out[d] += w * (y[d] + bias[d]);
+            else
+                for (int64_t d = 0; d < D; d++) out[d] += w * y[d];
+        }
+    }
+}
+
+/* the gathered x of chunk `chunk`: codes and floats copied from each row's token */
+static void gather_task(void *vctx, int chunk, int chunks, int thread) {
+    const ExpertsCtx *c = vctx;
+    int64_t lo, hi, D = c->D, G = D / GROUP;
+    split_range(c->rows, chunk, chunks, &lo, &hi);
+    for (int64_t i = lo; i < hi; i++) {
+        int64_t t = moe.token[i];
+        if (moe.xq) {
+            memcpy(moe.xq + i * D, acts.q + t * D, sizeof(int16_t) * (size_t)D);
+            memcpy(moe.xd + i * G, acts.d + t * G, sizeof(float) * (size_t)G);
+            memcpy(moe.xs + i * G, acts.xsum + t * G, sizeof(float) * (size_t)G);
+        }
+        if (moe.xf) memcpy(moe.xf + i * D, c->op->a + t * D, sizeof(float) * (size_t)D);
+    }
+}
+
+static int experts(const Op *op, const char **error) {
+    ExpertsCtx c = {op, op->ints.experts.tokens, op->mats[0].cols, op->ints.experts.ffn, op->ints.experts.experts,
+                    op->ints.experts.used, 0, 0};
+    int64_t T = c.T, D = c.D, F = c.F, E = c.E, k = c.k, rows = T * k;
+    c.rows = rows;
+    size_t i64 = sizeof(int64_t);
+    if (moe_grow(0, (void **)&moe.count, i64 * (size_t)E) || moe_grow(1, (void **)&moe.start, i64 * (size_t)E) ||
+        moe_grow(2, (void **)&moe.fill, i64 * (size_t)E) || moe_grow(3, (void **)&moe.active, i64 * (size_t)E) ||
+        moe_grow(4, (void **)&moe.token, 2 * i64 * (size_t)rows) || moe_grow(5, (void **)&moe.row_of, i64 * (size_t)rows) ||
+        moe_grow(6, (void **)&moe.gate, sizeof(float) * (size_t)(rows * F)) ||
+        moe_grow(7, (void **)&moe.up, sizeof(float) * (size_t)(rows * F)) ||
+        moe_grow(8, (void **)&moe.y, sizeof(float) * (size_t)(rows * D)) ||
+        moe_grow(16, (void **)&moe.cost, i64 * (size_t)(E + 1)))
+        goto out_of_memory;
+    /* the choices, counted by expert */
+    memset(moe.count, 0, i64 * (size_t)E);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < k; j++) {
+            float f = op->b[t * 2 * k + j];
+            if (!(f >= 0.0f && f < (float)E) || f != (float)(int64_t)f) {
+                *error = "an expert's number is not one of the layer's experts";
+                return -1;
+            }
+            moe.count[(int64_t)f]++;
+        }
+    int big = 0, small = 0;
+    moe.cost[0] = 0;
+    for (int64_t e = 0, at = 0; e < E; e++) {
+        moe.start[e] = at;
+        moe.fill[e] = 0;
+        at += moe.count[e];
+        if (moe.count[e]) {
+            moe.cost[c.n_active + 1] = (c.n_active ? moe.cost[c.n_active] : 0) + moe.count[e] + 2;
+            moe.active[c.n_active++] = e;
+        }
+        big |= moe.count[e] >= FLOAT_TOKENS;
+        small |= moe.count[e] > 0 && moe.count[e] < FLOAT_TOKENS;
+    }
+    /* gathered rows: token[i] its token, token[rows + i] its choice j */
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < k; j++) {
+            int64_t e = (int64_t)op->b[t * 2 * k + j], i = moe.start[e] + moe.fill[e]++;
+            moe.token[i] = t;
+            moe.token[rows + i] = j;
+            moe.row_of[t * k + j] = i;
+        }
+    int up_codes = type_takes_codes(op->mats[0].type) || type_takes_codes(op->mats[1].type);
+    int up_floats = type_is_float(op->mats[0].type) || type_is_float(op->mats[1].type);
+    int codes = up_codes && small, floats = up_floats || (up_codes && big);
+    int64_t G = D / GROUP, H = F / GROUP;
+    if (codes && (moe_grow(9, (void **)&moe.xq, sizeof(int16_t) * (size_t)(rows * D)) ||
+                  moe_grow(10, (void **)&moe.xd, sizeof(float) * (size_t)(rows * G + 1)) ||
+                  moe_grow(11, (void **)&moe.xs, sizeof(float) * (size_t)(rows * G + 1))))
+        goto out_of_memory;
+    if (floats && moe_grow(12, (void **)&moe.xf, sizeof(float) * (size_t)(rows * D))) goto out_of_memory;
+    if (type_takes_codes(op->mats[2].type) &&
+        (moe_grow(13, (void **)&moe.hq, sizeof(int16_t) * (size_t)(rows * F)) ||
+         moe_grow(14, (void **)&moe.hd, sizeof(float) * (size_t)(rows * H + 1)) ||
+         moe_grow(15, (void **)&moe.hs, sizeof(float) * (size_t)(rows * H + 1))))
+        goto out_of_memory;
+    if (scratch_reserve(D > F ? D : F, 0) != 0 || reserve_acts(T * D, codes, 0) != 0) goto out_of_memory;
+    /* x quantized once per token, then gathered */
+    LinearCtx q = {op, T, D, 0, codes, 0, 0};
+    if (codes) {
+        if (T > 1) pool_run(quantize_task, &q);
+        else quantize_task(&q, 0, 1, 0);
+    }
+    int16_t *xq = moe.xq;
+    float *xf = moe.xf;
+    if (!codes) moe.xq = NULL; /* gather_task copies what is asked */
+    if (!floats) moe.xf = NULL;
+    if (rows > 16) pool_run(gather_task, &c);
+    else gather_task(&c, 0, 1, 0);
+    pool_run(gate_up_task, &c);
+    if (rows * F >= PARALLEL_ELEMENTS) pool_run(activation_task, &c);
+    else activation_task(&c, 0, 1, 0);
+    pool_run(down_task, &c);
+    if (T * D >= PARALLEL_ELEMENTS) pool_run(combine_task, &c);
+    else combine_task(&c, 0, 1, 0);
+    moe.xq = xq;
+    moe.xf = xf;
+    return 0;
+out_of_memory:
+    *error = "out of memory for the experts' buffers";
+    return -1;
+}
+
 int exec_op(const Op *op, const char **error) {
     switch (op->code) {
     case OP_EMBED: return embed(op, error);
@@ -477,6 +824,8 @@ int exec_op(const Op *op, const char **error) {
     case OP_GATED: elementwise(op, op->ints.gated.elements); return 0;
     case OP_ADD: elementwise(op, op->ints.add.elements); return 0;
     case OP_SOFTCAP: elementwise(op, op->ints.softcap.elements); return 0;
+    case OP_ROUTE: return route(op, error);
+    case OP_EXPERTS: return experts(op, error);
     default: *error = "unknown op"; return -1;
     }
 }

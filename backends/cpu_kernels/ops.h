@@ -14,10 +14,17 @@
  *   ROPE     a (tokens, heads, dim), rotating the first rope_dim (neox: halves, else pairs),
  *            inverse frequencies `table` f64 (rope_dim / 2); positions pos[0] + t, or pos[t]
  *            with per_row (a batch of sequences)
- *   ATTN     q, k, v -> out (tokens, heads * value_dim) over the layer's cache (see ops.c)
- *   GATED    act(a) * b, `elements` of them, activation 0 silu, 1 gelu_tanh
+ *   ATTN     q, k, v -> out (tokens, heads * value_dim) over the layer's cache (see ops.c); d,
+ *            when given, each head's sink logit (heads,), one more term of each softmax
+ *   GATED    act(a) * b, `elements` of them, activation 0 silu, 1 gelu_tanh, 2 swiglu_oai
  *   ADD      a + b
- *   SOFTCAP  cap * tanh(a / cap) */
+ *   SOFTCAP  cap * tanh(a / cap)
+ *   ROUTE    router logits a (tokens, experts) -> out (tokens, 2 * used): each token's `used`
+ *            experts (their numbers as floats, then their weights); order 0 softmax then top k
+ *            (divided by their sum with normalize), 1 top k then softmax (see ops.c)
+ *   EXPERTS  x a (tokens, dim) through the experts b (tokens, 2 * used) names, from ROUTE in the
+ *            same pass: mats gate, up (experts * ffn, dim) and down (experts * dim, ffn), each
+ *            expert's rows contiguous, their biases (or none) in bias[]; out (tokens, dim) */
 #define OPS(X)                                                                                                  \
     X(EMBED, embed, 1, INTS(tokens), FLOATS(scale))                                                             \
     X(LINEAR, linear, 2, INTS(tokens), FLOATS())                                                                \
@@ -27,7 +34,9 @@
       FLOATS(scale, softcap))                                                                                   \
     X(GATED, gated, 6, INTS(elements, activation), FLOATS())                                                    \
     X(ADD, add, 7, INTS(elements), FLOATS())                                                                    \
-    X(SOFTCAP, softcap, 8, INTS(elements), FLOATS(cap))
+    X(SOFTCAP, softcap, 8, INTS(elements), FLOATS(cap))                                                         \
+    X(ROUTE, route, 9, INTS(tokens, experts, used, order, normalize), FLOATS())                                 \
+    X(EXPERTS, experts, 10, INTS(tokens, experts, used, ffn, activation), FLOATS())
 #define INTS(...) __VA_ARGS__
 #define FLOATS(...) __VA_ARGS__
 
@@ -62,6 +71,7 @@ typedef struct {
     OpInts ints;
     OpFloats floats;
     const float *a, *b, *c;
+    const float *d; /* a fourth input, or NULL: the sink logits (ATTN) */
     float *out;
     const int64_t *ids;  /* token ids (EMBED) */
     const int64_t *pos;  /* position of the first token (ROPE, ATTN), or of each (ROPE with per_row) */

@@ -251,6 +251,54 @@ static inline void unpack_q6_k(const uint8_t *b, int8_t *q, float *scale, float 
     }
 }
 
+/* MXFP4 (gpt-oss's experts), 32 weights in 17 bytes: an E8M0 scale byte, then 16 bytes of
+ * 4-bit E2M1 codes:
+ *
+ *     byte  0        1        2             16
+ *         +--------+--------+--------+ ... +--------+
+ *         |   e    | qs[0]  | qs[1]  |     | qs[15] |
+ *         +--------+--------+--------+ ... +--------+
+ *     qs[j]:  bits 7..4 = code of weight j + 16,  bits 3..0 = code of weight j
+ *     code:   bit 3 the sign, bits 2..0 the E2M1 magnitude 0, 0.5, 1, 1.5, 2, 3, 4, 6
+ *
+ * A code c stands for kvalues_mxfp4[c], twice its E2M1 value (an int8 code), and the scale is
+ * half of 2^(e - 127), as gguf-py's e8m0_to_fp32_half: 2^(e - 128), a subnormal float for
+ * e < 2, and finite for every e (e = 255 is 2^127):
+ *     weight j = kvalues_mxfp4[code j] * 2^(e - 128). */
+static const int8_t kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+static inline float e8m0_half(uint8_t e) {
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float out;
+    memcpy(&out, &bits, 4);
+    return out;
+}
+
+/* the 16 codes of `index` (each 0-15) looked up in kvalues_mxfp4: one byte shuffle where the
+ * tier has one, the same integers either way */
+static inline i8x16 lookup_mxfp4(u8x16 index) {
+#if defined(__SSSE3__)
+    __m128i table = _mm_loadu_si128((const __m128i *)kvalues_mxfp4);
+    return (i8x16)_mm_shuffle_epi8(table, (__m128i)index);
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+    return (i8x16)vqtbl1q_s8(vld1q_s8(kvalues_mxfp4), (uint8x16_t)index);
+#else
+    i8x16 out;
+    for (int j = 0; j < 16; j++) out[j] = kvalues_mxfp4[index[j]];
+    return out;
+#endif
+}
+
+static inline void unpack_mxfp4(const uint8_t *b, int8_t *q, float *scale, float *min) {
+    u8x16 qs = load16(b + 1);
+    i8x16 lo = lookup_mxfp4(qs & 15), hi = lookup_mxfp4(qs >> 4);
+    memcpy(q, &lo, 16);
+    memcpy(q + 16, &hi, 16);
+    float d = e8m0_half(b[0]);
+    set_scales(scale, d, d);
+    min[0] = 0.0f;
+}
+
 static inline float bf16_to_float(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
     float out;
@@ -350,6 +398,7 @@ static inline v8f group_term(const int8_t *w, const int16_t *x, const float *sca
 static inline int bad_FP16(const uint8_t *p) { return ((u16(p) >> 10) & 31) == 31; }
 static inline int bad_BF16(const uint8_t *p) { return ((u16(p) >> 7) & 0xff) == 0xff; }
 static inline int bad_F32(const uint8_t *p) { return ((u32(p) >> 23) & 0xff) == 0xff; }
+static inline int bad_NONE(const uint8_t *p) { return p == NULL; } /* every value finite (MXFP4) */
 
 /* Blocks whose fp16 scale (or min) is inf or nan; for float types, elements that are. */
 int64_t count_bad_scales(int type, const uint8_t *data, int64_t n_blocks) {

@@ -11,7 +11,7 @@ from backends.base import Backend
 from engine.config import ModelConfig
 from engine.errors import UnsupportedModelError
 from engine.gguf_file import GGUFFile
-from engine.models import gemma2, gemma3, llama, qwen2, qwen3
+from engine.models import gemma2, gemma3, gpt_oss, llama, qwen2, qwen3, qwen3moe
 from engine.models.common import Transformer
 
 ARCHITECTURES: dict[str, type[Transformer]] = {
@@ -20,6 +20,8 @@ ARCHITECTURES: dict[str, type[Transformer]] = {
     "qwen3": qwen3.Model,
     "gemma2": gemma2.Model,
     "gemma3": gemma3.Model,
+    "qwen3moe": qwen3moe.Model,
+    "gpt-oss": gpt_oss.Model,
 }
 SUPPORTED_ARCHITECTURES = tuple(sorted(ARCHITECTURES))
 

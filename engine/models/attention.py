@@ -6,7 +6,7 @@ per layer at load: the RoPE base and frequency divisors (`LayerRope`), the scale
 and soft-cap (`backends.base.LayerAttention`), and which optional tensors the file has.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -47,6 +47,8 @@ class Attention(Block):
         TensorSpec("attn_v.bias", "bv", lambda c: (c.n_kv_heads * c.value_head_dim,), optional=True),
         TensorSpec("attn_q_norm.weight", "q_norm", lambda c: (c.head_dim,), optional=True),
         TensorSpec("attn_k_norm.weight", "k_norm", lambda c: (c.head_dim,), optional=True),
+        TensorSpec("attn_output.bias", "bo", lambda c: (c.d_model,), optional=True),
+        TensorSpec("attn_sinks.weight", "sinks", lambda c: (c.n_heads,), optional=True, host=True),
     )
     wq: Any
     wk: Any
@@ -57,6 +59,8 @@ class Attention(Block):
     bv: Any
     q_norm: Any
     k_norm: Any
+    bo: Any
+    sinks: np.ndarray | None
 
     def __init__(self, reader: LayerReader, model: "Transformer", index: int):
         self.backend: Backend = reader.backend
@@ -65,6 +69,8 @@ class Attention(Block):
         self.rope: LayerRope = model.layer_rope(index)
         self.settings: LayerAttention = model.layer_attention(index)
         self.read_tensors(reader)
+        if self.sinks is not None:
+            self.settings = replace(self.settings, sinks=self.sinks)
         self.qkv = self.backend.fuse_linear([self.wq, self.wk, self.wv])
 
     def state(self, n_ctx: int) -> AttentionState:
@@ -93,4 +99,4 @@ class Attention(Block):
         else:  # one token of each sequence, each over its own state
             states, starts = [s.state for s in p.segments], [s.start for s in p.segments]
             out = be.attention_batch(q, k, v, states, self.index, starts, self.settings)  # (B, H * Dv)
-        return be.linear(out, self.wo)
+        return be.linear(out, self.wo, self.bo)

@@ -12,7 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
+
 from backends.base import Backend, WeightSpec
+from backends.dequant import dequantize
 from engine.config import ModelConfig, bad_file, required_tensor
 from engine.gguf_file import GGUFFile, TensorInfo
 
@@ -26,6 +29,7 @@ class TensorSpec:
     attribute: str
     shape: Callable[[ModelConfig], tuple[int, ...]]  # (n_out, n_in) for matrices
     optional: bool = False  # read where the file has it; a family may require it
+    host: bool = False  # kept as a float32 NumPy array (a setting of an op), not prepared by the backend
 
 
 class Block:
@@ -37,7 +41,7 @@ class Block:
         """Set each attribute of `TENSORS` to its prepared weight, or None where an optional
         tensor is absent."""
         for spec in self.TENSORS:
-            setattr(self, spec.attribute, reader.weight(spec.suffix))
+            setattr(self, spec.attribute, (reader.host_weight if spec.host else reader.weight)(spec.suffix))
 
 
 class LayerReader:
@@ -58,6 +62,11 @@ class LayerReader:
         """The prepared weight `blk.{index}.{suffix}`, or None if the file has no such tensor."""
         name = f"blk.{self.index}.{suffix}"
         return self.global_weight(name) if name in self.file.tensors else None
+
+    def host_weight(self, suffix: str) -> np.ndarray | None:
+        """The tensor `blk.{index}.{suffix}` as float32 on the host, or None if the file has none."""
+        info = self.file.tensors.get(f"blk.{self.index}.{suffix}")
+        return None if info is None else dequantize(info.data, info.ggml_type, info.shape)
 
     def global_weight(self, name: str) -> Any:
         """The prepared weight `name` (a tensor outside the layers, or a whole name)."""

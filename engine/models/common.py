@@ -24,6 +24,7 @@ from engine.models.attention import Attention, LayerRope
 from engine.models.block import Block, LayerReader, check_layer_tensors
 from engine.models.layer import DecoderLayer
 from engine.models.mlp import DenseMLP
+from engine.models.rope_scaling import linear_divisors, yarn_divisors, yarn_score_factor
 
 
 class Transformer:
@@ -36,6 +37,7 @@ class Transformer:
     """
 
     family: ClassVar[Family]
+    layer_class: ClassVar[type[DecoderLayer]] = DecoderLayer  # the norms around each layer's blocks
 
     def __init__(
         self,
@@ -61,7 +63,7 @@ class Transformer:
 
     def _layer(self, reader: LayerReader, i: int) -> DecoderLayer:
         mixer, feed_forward = self.layer_blocks(self.config, i)
-        return DecoderLayer(reader, self.config, mixer(reader, self, i), feed_forward(reader, self, i))
+        return self.layer_class(reader, self.config, mixer(reader, self, i), feed_forward(reader, self, i))
 
     # -- what architectures override (asked once per layer, at load) -------------------
 
@@ -77,23 +79,32 @@ class Transformer:
         the first that is missing or misshaped."""
 
         def blocks(i: int) -> tuple[type[Block], ...]:
-            return (DecoderLayer, *cls.layer_blocks(config, i))
+            return (cls.layer_class, *cls.layer_blocks(config, i))
 
         check_layer_tensors(f, config, blocks, cls.family.layer_tensors)
 
     def layer_attention(self, i: int) -> LayerAttention:
-        """Attention settings of layer i: scale, sliding window, soft-capping."""
+        """Attention settings of layer i: scale (with YaRN's factor), sliding window, soft-capping."""
         cfg = self.config
         window = cfg.sliding_window if cfg.is_sliding(i) else None
-        return LayerAttention(cfg.attn_scale, window, cfg.attn_logit_softcap)
+        scale = cfg.attn_scale
+        if cfg.rope_scaling_type == "yarn" and cfg.rope_scaling_factor:
+            scale *= yarn_score_factor(cfg.rope_scaling_factor)
+        return LayerAttention(scale, window, cfg.attn_logit_softcap)
 
     def layer_rope(self, i: int) -> LayerRope:
-        """RoPE base of layer i, with linear RoPE scaling as frequency divisors if the file asks."""
-        cfg = self.config
-        if cfg.rope_scaling_type == "linear" and cfg.rope_scaling_factor and not cfg.is_sliding(i):
-            factors = np.full(cfg.rope_dim // 2, cfg.rope_scaling_factor, dtype=np.float32)
-            return LayerRope(cfg.layer_rope_base(i), factors)
-        return LayerRope(cfg.layer_rope_base(i))
+        """RoPE base of layer i, with the file's RoPE scaling (linear: global layers only;
+        YaRN) as frequency divisors."""
+        cfg, base = self.config, self.config.layer_rope_base(i)
+        factor = cfg.rope_scaling_factor
+        if cfg.rope_scaling_type == "linear" and factor and not cfg.is_sliding(i):
+            return LayerRope(base, linear_divisors(cfg.rope_dim, factor))
+        if cfg.rope_scaling_type == "yarn" and factor:
+            divisors = yarn_divisors(
+                cfg.rope_dim, base, factor, cfg.rope_original_context, cfg.yarn_beta_fast, cfg.yarn_beta_slow
+            )
+            return LayerRope(base, divisors)
+        return LayerRope(base)
 
     def layer_states(self, n_ctx: int) -> list[LayerState]:
         """What each layer keeps between passes, for a context of `n_ctx` positions."""

@@ -6,7 +6,7 @@ The mixer and the feed-forward block are whatever the architecture puts in the l
 mixture of experts has the same call, `block(h, pass_input) -> (T, D)`.
 """
 
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from backends.base import Backend, LayerState, PassInput
 from engine.config import ModelConfig
@@ -33,7 +33,7 @@ class Mixer(LayerBlock, Protocol):
 class DecoderLayer(Block):
     """Pre-norm residual layer around a mixer and a feed-forward block."""
 
-    TENSORS = (
+    TENSORS: ClassVar[tuple[TensorSpec, ...]] = (
         TensorSpec("attn_norm.weight", "attn_norm", lambda c: (c.d_model,)),
         TensorSpec("ffn_norm.weight", "ffn_norm", lambda c: (c.d_model,)),
         TensorSpec("post_attention_norm.weight", "post_attn_norm", lambda c: (c.d_model,), optional=True),
@@ -41,8 +41,8 @@ class DecoderLayer(Block):
     )
     attn_norm: Any
     ffn_norm: Any
-    post_attn_norm: Any
-    post_ffw_norm: Any
+    post_attn_norm: Any = None  # where a subclass's table has no such tensor
+    post_ffw_norm: Any = None
 
     def __init__(self, reader: LayerReader, config: ModelConfig, mixer: Mixer, feed_forward: LayerBlock):
         self.backend: Backend = reader.backend

@@ -107,3 +107,16 @@ def test_format_bytes(n, text):
 
 def test_format_parameters():
     assert (format_parameters(134_515_008), format_parameters(8_030_000_000)) == ("135M", "8.0B")
+
+
+def test_a_mixture_of_experts_says_how_much_of_it_a_token_reads(tmp_path):
+    from app.model_library import describe_parameters
+    from tests.gguf_factory import N_EXPERTS, N_EXPERTS_USED
+
+    info = read_model_info(write_tiny_model(tmp_path / "moe.gguf", arch="qwen3moe", n_layers=2))
+    per_expert = 3 * 128 * 64  # gate, up (128 x 64) and down (64 x 128) of one expert, per layer
+    idle = 2 * (N_EXPERTS - N_EXPERTS_USED) * per_expert
+    assert info.active_parameters == info.parameters - idle
+    assert describe_parameters(info).endswith(" active") and " MoE, " in describe_parameters(info)
+    dense = read_model_info(write_tiny_model(tmp_path / "dense.gguf", arch="qwen3"))
+    assert dense.active_parameters is None and "MoE" not in describe_parameters(dense)

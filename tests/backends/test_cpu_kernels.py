@@ -1,6 +1,7 @@
 """The native CPU kernels on random GGUF blocks.
 
-- The portable (scalar) kernels unpack every block exactly as gguf-py dequantizes it.
+- The portable (scalar) kernels unpack every block exactly as gguf-py dequantizes it
+  (MXFP4 too, whose E8M0 scale byte runs from 2^-128, a subnormal, to 2^127).
 - Every tier this machine runs (AVX2, AVX-512, NEON) gives the scalar tier's products bit
   for bit, for T = 1..16 tokens, 1-3 threads, odd row counts, extreme and zero scales
   and blocks with every bit set.
@@ -26,7 +27,10 @@ SCALE_OFFSETS = {
     T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,), T.Q1_0: (0,),
     T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
 }
-QUANT_TYPES = sorted(SCALE_OFFSETS, key=int)
+# Types whose scale is an E8M0 byte at offset 0 (a power of two, finite for every byte).
+E8M0_TYPES = (T.MXFP4,)
+E8M0_EXTREMES = np.array([0, 1, 2, 127, 128, 253, 254, 255], dtype=np.uint8)
+QUANT_TYPES = sorted([*SCALE_OFFSETS, *E8M0_TYPES], key=int)
 FLOAT_TYPES = [T.F32, T.F16, T.BF16]
 CODE_MAX = {t: 2047 if t == T.Q1_0 else 32767 for t in QUANT_TYPES}  # Q1_0's tables sum 12-bit codes
 EXTREME_SCALES = np.array([65504.0, -65504.0, 6e-8, 0.0, 1.0, -0.5], dtype=np.float16)
@@ -36,8 +40,9 @@ TIERS = cpu_native.runnable_tiers()
 def random_matrix(qtype: T, rows: int, cols: int, rng: np.random.Generator, kind: str = "random") -> np.ndarray:
     """(rows, bytes per row) uint8 blocks: random bytes, with finite fp16 scales.
 
-    kind "random": scales ~ N(0, 0.05); "extreme": scales drawn from EXTREME_SCALES;
-    "ones": every byte 0xFF except the scales.
+    kind "random": scales ~ N(0, 0.05) (E8M0: 2^-12 .. 2^0); "extreme": scales drawn from
+    EXTREME_SCALES (E8M0: E8M0_EXTREMES); "ones": every byte 0xFF except the fp16 scales (an
+    E8M0 byte 0xFF too: 2^127, whose largest codes dequantize to inf).
     """
     if qtype in FLOAT_TYPES:
         values = rng.standard_normal((rows, cols)).astype(np.float32)
@@ -52,6 +57,12 @@ def random_matrix(qtype: T, rows: int, cols: int, rng: np.random.Generator, kind
         blocks = np.full((n_blocks, block_bytes), 0xFF, dtype=np.uint8)
     else:
         blocks = rng.integers(0, 256, size=(n_blocks, block_bytes), dtype=np.uint8)
+    if qtype in E8M0_TYPES:
+        if kind == "random":
+            blocks[:, 0] = rng.integers(116, 129, size=n_blocks)
+        elif kind == "extreme":
+            blocks[:, 0] = rng.choice(E8M0_EXTREMES, size=n_blocks)
+        return blocks.reshape(rows, -1)
     for offset in SCALE_OFFSETS[qtype]:
         if kind == "extreme":
             scales = rng.choice(EXTREME_SCALES, size=n_blocks)
@@ -88,6 +99,9 @@ def test_each_tier_exports_the_one_table_of_types_with_gguf_names_and_block_size
         assert module.count_bad_scales(blocks, number, 3) == 0
         with pytest.raises(ValueError, match="smaller than the op needs"):
             module.count_bad_scales(blocks[:-1], number, 3)
+        if qtype in E8M0_TYPES:  # every scale byte is a finite power of two: nothing to refuse
+            assert module.count_bad_scales(np.full(3 * size, 0xFF, dtype=np.uint8), number, 3) == 0
+            continue
         for offset in SCALE_OFFSETS.get(qtype, (0,)):  # each fp16 scale (or the float itself), made infinite
             damaged = blocks.copy()
             bad = infinity.get(qtype, np.float16(np.inf).tobytes())
@@ -95,6 +109,7 @@ def test_each_tier_exports_the_one_table_of_types_with_gguf_names_and_block_size
             assert module.count_bad_scales(damaged, number, 3) == 1, (qtype.name, offset)
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # MXFP4's 12 * 2^127: inf, as ours
 @pytest.mark.parametrize("kind", ["random", "extreme", "ones"])
 @pytest.mark.parametrize("qtype", QUANT_TYPES + FLOAT_TYPES, ids=lambda t: t.name)
 def test_scalar_unpacking_matches_gguf_py(qtype, kind):
@@ -214,7 +229,9 @@ def test_ops_take_their_slots_by_the_names_the_kernels_export():
     ops = be.native.OPS
     assert ops["rope"] == (4, ("tokens", "heads", "dim", "rope_dim", "neox", "per_row"), ())
     assert ops["add"] == (7, ("elements",), ())
-    assert len({code for code, _, _ in ops.values()}) == len(ops) == 8
+    assert ops["route"] == (9, ("tokens", "experts", "used", "order", "normalize"), ())
+    assert ops["experts"] == (10, ("tokens", "experts", "used", "ffn", "activation"), ())
+    assert len({code for code, _, _ in ops.values()}) == len(ops) == 10
     x = np.arange(8, dtype=np.float32)
     out = np.full(8, -1.0, dtype=np.float32)
     with pytest.raises(ValueError, match=r"missing \['elements'\], unknown \[\]"):
