@@ -1,6 +1,7 @@
 """Speculative decoding on the bundled models, greedy: the same tokens as plain decoding.
 
-Each drafter runs on SmolLM2 and Gemma-3-270M, on the native CPU backend and on NumPy:
+Each drafter runs on SmolLM2 and Gemma-3-270M, on the native CPU backend and on NumPy, and
+on the tiny Qwen3-MoE and gpt-oss fixtures on the cpu backend:
 prompt lookup with a fixed draft length, the model drafting for itself (a draft model that
 always shares the vocabulary), and `auto`. On the cpu backend a batch of positions gives
 bit for bit the logits of feeding them one by one, so the answers must be identical. On
@@ -10,6 +11,7 @@ logits (within NEAR_TIE). Measured: no divergence in these runs (0 of 12 answers
 """
 
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +22,8 @@ from engine.loader import load_model
 from engine.sampling import SamplingParams
 from engine.speculation import Speculation
 
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "models"
+MOE_FIXTURES = ("tiny-qwen3moe-q4_k_m", "tiny-gpt-oss-mxfp4")  # mixtures of experts: the choice inside each pass
 N_TOKENS = 32
 NEAR_TIE = 2e-3  # logits: far above float32 rounding of a product, far below a real preference
 PROMPTS = [
@@ -31,16 +35,19 @@ PROMPTS = [
 @pytest.fixture(
     scope="module",
     params=[
-        pytest.param((key, backend), marks=pytest.mark.slow)
-        for backend in ("cpu", "numpy")
-        for key in ("smollm2", "gemma3")
+        *(
+            pytest.param((key, backend), marks=pytest.mark.slow)
+            for backend in ("cpu", "numpy")
+            for key in ("smollm2", "gemma3")
+        ),
+        *((key, "cpu") for key in MOE_FIXTURES),
     ],
     ids=lambda p: "-".join(p),
 )
 def loaded(request):
     """The model, with its plain greedy answer to each prompt (computed once per module)."""
     key, backend = request.param
-    model = load_model(bundled_model(key).path, backend)
+    model = load_model(FIXTURES / f"{key}.gguf" if key in MOE_FIXTURES else bundled_model(key).path, backend)
     prompts = [model.tokenizer.encode(text, add_bos=model.tokenizer.add_bos) for text in PROMPTS]
     yield model, [(prompt, answer(model, prompt)[0]) for prompt in prompts]
     model.close()
