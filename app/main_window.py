@@ -10,8 +10,8 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QCloseEvent, QDragEnterEvent, QDropEvent, QGuiApplication
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtGui import QCloseEvent, QDragEnterEvent, QDropEvent, QGuiApplication, QShowEvent
 from PySide6.QtWidgets import (
     QApplication,
     QFileDialog,
@@ -42,9 +42,12 @@ from app.widgets.model_bar import ModelBar
 from app.widgets.model_picker import ModelPicker
 from app.widgets.server_panel import ServerPanel
 from app.widgets.settings_dialog import ConversationSettingsDialog, SettingsDialog
+from app.window_geometry import fit_frame, place_first_window, restore_geometry, saved_geometry
 from backends.selection import planned_backend
 
-DEFAULT_SIZE = (1280, 800)  # the window's size on a screen with room for it
+# After the first show, when to compare the frame with the screen: the window manager
+# decorates the window a moment after it is mapped.
+FRAME_CHECKS_MS = (0, 250, 1000)
 
 
 class MainWindow(QMainWindow):
@@ -54,8 +57,8 @@ class MainWindow(QMainWindow):
         super().__init__()
         self.setWindowTitle("Sprig")
         self.setWindowIcon(app_icon())
-        self._fit_to_screen()
         self.setAcceptDrops(True)
+        self._framed = False  # whether the frame has been checked against the screen since the first show
         self.store = store
         self.settings_path = settings_path
         self.controller = ChatController(store, settings, self)
@@ -112,6 +115,8 @@ class MainWindow(QMainWindow):
         self._show_empty_state()
         self._set_busy(False)
         self._reopen_last_conversation()
+        if not restore_geometry(self, settings.window_geometry):
+            place_first_window(self)
         QGuiApplication.styleHints().colorSchemeChanged.connect(self._on_color_scheme_changed)
 
     def _reopen_last_conversation(self) -> None:
@@ -120,13 +125,13 @@ class MainWindow(QMainWindow):
         if last is not None and last in {c.id for c in self.store.conversations()}:
             self.controller.open_conversation(last)
 
-    def _fit_to_screen(self) -> None:
-        """Open at 1280×800, or smaller where the screen's free area is smaller."""
-        screen = self.screen().availableGeometry() if self.screen() else None
-        width, height = DEFAULT_SIZE
-        if screen is not None:
-            width, height = min(width, screen.width()), min(height, screen.height())
-        self.resize(width, height)
+    def showEvent(self, event: QShowEvent) -> None:
+        """At the first show, check the window manager's real frame against the screen once it is known."""
+        super().showEvent(event)
+        if not self._framed:
+            self._framed = True
+            for delay in FRAME_CHECKS_MS:
+                QTimer.singleShot(delay, self, lambda: fit_frame(self))
 
     # -- wiring --------------------------------------------------------------------
 
@@ -453,5 +458,6 @@ class MainWindow(QMainWindow):
         """Stop the server and the engine, keep what streamed, save the settings."""
         self.local_server.set_running(False)
         self.controller.shutdown()
+        self.controller.settings = replace(self.controller.settings, window_geometry=saved_geometry(self))
         self._save_settings()
         super().closeEvent(event)

@@ -66,7 +66,8 @@ class Settings:
     in percent of the system's. `cpu_threads` 0 gives the cpu backend one thread per
     physical core. `speculative` is the speculative decoding mode ("auto" drafts only
     where it pays). `last_model` is the path of the model file opened last, or None;
-    `last_conversation` the id of the chat open last, or None.
+    `last_conversation` the id of the chat open last, or None. `window_geometry` is the
+    window's size, place and maximised state at closing (Qt's saveGeometry, base64), or None.
     """
 
     system_prompt: str
@@ -86,6 +87,7 @@ class Settings:
     text_scale: int
     last_model: str | None
     last_conversation: int | None
+    window_geometry: str | None = None
 
     @classmethod
     def defaults(cls) -> "Settings":
@@ -171,6 +173,7 @@ _PARSERS: dict[str, Callable[[str, object], object]] = {
     "text_scale": _number(int),
     "last_model": _optional(_text),
     "last_conversation": _optional(_number(int)),
+    "window_geometry": _optional(_text),
 }
 
 
