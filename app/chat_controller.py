@@ -43,6 +43,14 @@ def title_from(text: str) -> str:
     return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1].rstrip() + "…"
 
 
+def load_notes_text(model_name: str, notes: list[str]) -> str:
+    """What the backend changed at load, as one headline line and one line per note below it."""
+    if len(notes) == 1:
+        return f"{model_name}: {notes[0]}."
+    headline = f"{model_name}: {len(notes)} tensors were converted at load, so loading takes longer."
+    return "\n".join([headline, *(f"• {note}" for note in notes)])
+
+
 def message_dict(message: Message) -> dict:
     """A stored message as the chat view takes it."""
     return {
@@ -173,8 +181,8 @@ class ChatController(QObject):
                 cancel=cancel,
                 threads=settings.cpu_threads or None,
             )
-            for note in loaded.load_notes:
-                self._engine_notice.emit(f"{info.name}: {note}.")
+            if loaded.load_notes:
+                self._engine_notice.emit(load_notes_text(info.name, loaded.load_notes))
             try:
                 session = self._new_session(loaded, settings)
             except BaseException:

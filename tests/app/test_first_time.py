@@ -24,7 +24,7 @@ def test_a_guessed_template_and_a_base_model_are_told_once_and_cleared(qtbot, tm
         window.controller.model_notice.connect(notices.append)
         load(qtbot, window, bare)
         qtbot.waitUntil(lambda: len(notices) >= 1)
-        text = window.info_banner.label.text()
+        text = window.info_banner.text()
         assert window.info_banner.isVisible()
         assert "no chat template" in text and "ChatML" in text and "base model" in text
         assert len([n for n in notices if "no chat template" in n]) == 1
@@ -91,7 +91,7 @@ def test_loading_tells_one_story_and_cancel_is_not_an_error(qtbot, tmp_path):
         with qtbot.waitSignal(window.controller.model_unloaded, timeout=LOAD_TIMEOUT_MS):
             window.model_bar.cancel_button.click()
         assert not window.error_banner.isVisible()
-        assert window.info_banner.isVisible() and "cancelled" in window.info_banner.label.text()
+        assert window.info_banner.isVisible() and "cancelled" in window.info_banner.text()
     finally:
         close_window(window)
 
