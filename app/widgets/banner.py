@@ -22,7 +22,9 @@ class Banner(QFrame):
         self.setObjectName(object_name)
         self._lines: list[str] = []
         self.label = ElidedLabel()
-        self.details_button = QToolButton(checkable=True, autoRaise=True)
+        self.details_button = QToolButton()
+        self.details_button.setCheckable(True)
+        self.details_button.setAutoRaise(True)
         self.details_button.setText("Details")
         self.details_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
         self.details_button.setArrowType(Qt.ArrowType.RightArrow)
