@@ -11,6 +11,7 @@ No widgets here: the window connects these signals to its widgets.
 """
 
 import threading
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from app.storage import Conversation, Message, MessageState, Store, ThrottledSav
 from app.worker import EngineThread, Job
 from backends.selection import planned_backend
 from engine.chat_session import ChatSession
-from engine.errors import SprigError
+from engine.errors import ContextFullError, SprigError
 from engine.generation import FINISH_CANCELLED, GenerationEvent
 from engine.gguf_file import open_gguf
 from engine.loader import LoadedModel, load_model
@@ -31,6 +32,11 @@ from engine.server.scheduler import APP, Scheduler
 from engine.speculation import Speculation
 
 TITLE_LENGTH = 48
+SUMMARY_REQUEST = (
+    "Summarize our conversation so far in a short paragraph: the questions, the answers and "
+    "anything still open. Write only the summary."
+)
+SUMMARY_TOKENS = 256  # the most a summary may take (an eighth of the context, in small contexts)
 
 
 class OutOfMemory(SprigError):
@@ -41,6 +47,20 @@ def title_from(text: str) -> str:
     """A conversation title from its first message: the first line, shortened."""
     line = text.strip().splitlines()[0] if text.strip() else "New chat"
     return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1].rstrip() + "…"
+
+
+NO_ROOM_TO_CONTINUE = (
+    "There is no room to continue this answer: the question and the answer so far fill the context even "
+    "without the older turns. Start a new chat with a summary, or raise the context length (Settings, Chat)."
+)
+
+
+def explain_no_room(events: Iterator[GenerationEvent]) -> Iterator[GenerationEvent]:
+    """A continuation's events, with a full context explained in a continuation's terms."""
+    try:
+        yield from events
+    except ContextFullError as exc:
+        raise ContextFullError(NO_ROOM_TO_CONTINUE) from exc
 
 
 def load_notes_text(model_name: str, notes: list[str]) -> str:
@@ -112,6 +132,7 @@ class ChatController(QObject):
         self._answer: dict | None = None  # the streaming answer: message id, text, metrics, saver
         self._built_for: tuple[str, int, int] | None = None  # (backend, threads, context) of the last load or session
         self._told_overflow: set[int] = set()  # conversations already told that old turns were left out
+        self._summary_of: Conversation | None = None  # the chat being summarized for a new one
 
     # -- state -------------------------------------------------------------------
 
@@ -328,6 +349,8 @@ class ChatController(QObject):
         self.store.update_message(last.id, last.content, state=MessageState.STREAMING)
         self.messages_truncated.emit(last.position)
         self._begin_answer(self.store.message(last.id), continuing=True)
+        assert self._answer is not None  # just begun
+        self._answer["before"] = (last.content, last.metrics or {}, last.state)  # kept if it fails at once
         return True
 
     def show_version(self, position: int, index: int) -> None:
@@ -352,6 +375,60 @@ class ChatController(QObject):
         self.message_added.emit(message_dict(edited))
         self._begin_answer()
         return True
+
+    def new_chat_with_summary(self) -> bool:
+        """Summarize the open chat (on the engine thread), then open a new chat that starts from the summary.
+
+        The summary becomes the new chat's own system prompt, after the usual one; the old
+        chat stays as it was. False (with an error) if that cannot start.
+        """
+        conversation, session = self.conversation, self._session
+        if conversation is None or not self._can_answer():
+            return False
+        assert session is not None  # _can_answer made sure of it
+        settings = effective_sampling(self.settings, conversation.overrides)
+        history = [
+            {"role": m.role, "content": m.content}
+            for m in self.store.messages(conversation.id)
+            if m.state != MessageState.ERROR and m.content
+        ]
+        system = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt.strip() else []
+        scheduler = self.scheduler
+        assert scheduler is not None  # made with the model, which _can_answer made sure of
+
+        def summarize(cancel: threading.Event):
+            session.params = sampling_params(replace(settings, temperature=0.0))
+            session.max_tokens = min(SUMMARY_TOKENS, session.cache.n_ctx // 8)  # the new chat must have room
+            session.messages = system + history
+            return session.send(SUMMARY_REQUEST, cancel)
+
+        def run(cancel: threading.Event) -> str:
+            return "".join(event.text for event in scheduler.stream(summarize, cancel, APP)).strip()
+
+        self._summary_of = conversation
+        self.model_notice.emit(f"Writing a summary of “{conversation.title}” for a new chat…")
+        self._start(Job(run, "summary"))
+        return True
+
+    def _finish_summary(self, summary: str | None) -> None:
+        """Open the new chat that starts from `summary` (None: it failed, and said why, or was stopped)."""
+        source, self._summary_of = self._summary_of, None
+        if summary is None or source is None:
+            return
+        if not summary:
+            self.error.emit("The summary came out empty, so no new chat was made; the chat is as it was.")
+            return
+        base = effective_sampling(self.settings, source.overrides).system_prompt.strip()
+        prompt = f"{base}\n\n" if base else ""
+        prompt += f"A summary of an earlier conversation with this user, to continue from:\n{summary}"
+        created = self.store.create_conversation(title_from(f"{source.title} (continued)"))
+        self.store.set_overrides(created.id, {"system_prompt": prompt})
+        self.conversations_changed.emit()
+        self.open_conversation(created.id)
+        self.notice.emit(
+            f"This chat continues “{source.title}” from its summary (kept as this chat's system prompt, "
+            f"in Chat settings): {summary}"
+        )
 
     def _can_answer(self) -> bool:
         if self.busy:
@@ -406,7 +483,7 @@ class ChatController(QObject):
                 session.speculation = replace(speculation, mode=settings.speculative)
             if continuing:
                 session.messages = system + turns + [{"role": "assistant", "content": assistant.content}]
-                return session.continue_answer(cancel)
+                return explain_no_room(session.continue_answer(cancel))
             session.messages = system + turns[:-1]
             return session.send(turns[-1]["content"], cancel)
 
@@ -463,6 +540,8 @@ class ChatController(QObject):
             self.model_unloaded.emit()
         elif job.kind == "session" and isinstance(result, ChatSession):
             self._session = result
+        elif job.kind == "summary":
+            self._finish_summary(result if isinstance(result, str) and not job.cancel.is_set() else None)
         elif job.kind == "answer":
             answer = self._answer
             if job.cancel.is_set() and answer is not None and "finish_reason" not in answer:
@@ -494,6 +573,9 @@ class ChatController(QObject):
     def _finish_answer(self) -> None:
         answer, self._answer = self._answer, None
         assert answer is not None  # an answer job always begins one
+        before = answer.get("before")
+        if before and answer["state"] == MessageState.ERROR and answer["text"] == before[0]:
+            answer["metrics"], answer["state"] = before[1:]  # a continuation that wrote nothing: as it was
         if answer.get("finish_reason"):
             answer["metrics"] = {**answer["metrics"], "finish_reason": answer["finish_reason"]}
         answer["saver"].flush(answer["metrics"], answer["state"])

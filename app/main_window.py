@@ -149,6 +149,7 @@ class MainWindow(QMainWindow):
         self.chat_view.edit_submitted.connect(c.edit)
         self.chat_view.regenerate_requested.connect(c.regenerate)
         self.chat_view.continue_requested.connect(c.continue_answer)
+        self.chat_view.summary_requested.connect(c.new_chat_with_summary)
         self.chat_view.version_requested.connect(c.show_version)
         self.model_bar.model_button.clicked.connect(self.open_model_picker)
         self.model_bar.cancel_button.clicked.connect(c.cancel)

@@ -103,6 +103,7 @@ class ChatView(QScrollArea):
     edit_submitted = Signal(int, str)  # position of the edited user message, its new text
     regenerate_requested = Signal()
     continue_requested = Signal()
+    summary_requested = Signal()
     version_requested = Signal(int, int)  # position of a message, version to show (from 0)
 
     def __init__(self, parent: QWidget | None = None):
@@ -232,6 +233,7 @@ class ChatView(QScrollArea):
         widget.edit_submitted.connect(self.edit_submitted)
         widget.regenerate_requested.connect(self.regenerate_requested)
         widget.continue_requested.connect(self.continue_requested)
+        widget.summary_requested.connect(self.summary_requested)
         widget.version_requested.connect(self.version_requested)
         self._list.insertWidget(self._list.count() - 1, widget)
         widget.resize(self._canvas.card_width(), widget.height())  # lay its text out once, at its width
