@@ -31,7 +31,7 @@ from app.menu_bar import build_menu_bar
 from app.model_library import LibraryEntry, ModelInfo, library_entries, vocabulary_metadata
 from app.settings import RANGES, Settings, save_settings
 from app.storage import Conversation, Store
-from app.theme import app_icon, apply_text_scale, apply_theme
+from app.theme import app_icon, apply_theme
 from app.transcript import TranscriptError, import_json, read_json_file, to_json, to_markdown
 from app.widgets.banner import Banner
 from app.widgets.chat_view import ChatView
@@ -410,8 +410,7 @@ class MainWindow(QMainWindow):
         app = QApplication.instance()
         assert isinstance(app, QApplication)  # the window exists only inside one
         settings = self.controller.settings
-        look = apply_theme(app, settings.theme)
-        apply_text_scale(app, settings.text_scale)
+        look = apply_theme(app, settings.theme, settings.text_scale)
         self.chat_view.set_dark(look == "dark")
 
     def _on_color_scheme_changed(self, _scheme: Qt.ColorScheme) -> None:

@@ -127,10 +127,7 @@ class ChatView(QScrollArea):
         canvas = _Canvas()
         self._list = canvas.column
         self.placeholder = QLabel("Type a message to start", objectName="ChatPlaceholder", wordWrap=True)
-        self.placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        font = self.placeholder.font()
-        font.setPointSizeF(font.pointSizeF() * 1.3)
-        self.placeholder.setFont(font)
+        self.placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)  # larger text: app.theme.LARGE_TEXT
         self._filler = QWidget(visible=False)  # keeps the messages at the top
         self._filler.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Expanding)
         self._list.addWidget(self.placeholder, 1)

@@ -9,7 +9,7 @@ The look comes from the app's stylesheet (`MessageWidget[role="user"]` …) and 
 """
 
 from PySide6.QtCore import QRect, QSize, Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QCursor, QDesktopServices, QFont, QKeySequence, QResizeEvent, QShortcut
+from PySide6.QtGui import QCursor, QDesktopServices, QKeySequence, QResizeEvent, QShortcut
 from PySide6.QtWidgets import (
     QApplication,
     QFrame,
@@ -55,13 +55,6 @@ def cut_note(metrics: dict) -> str:
 WEB_SCHEMES = ("http", "https")
 COPIED_FEEDBACK_MS = 1200
 PULSE_MS = 400
-
-
-def _small_font(widget: QWidget) -> QFont:
-    """The widget's font at 90 % size, for secondary text."""
-    font = QFont(widget.font())
-    font.setPointSizeF(font.pointSizeF() * 0.9)
-    return font
 
 
 def _action_button(text: str, tooltip: str) -> QToolButton:
@@ -140,8 +133,6 @@ class MessageWidget(QFrame):
         self.model_label = QLabel(self.model or "", objectName="MessageModel")
         self.model_label.setVisible(bool(self.model and self.role == "assistant"))
         self.status_label = QLabel(objectName="MessageStatus", visible=False)
-        for label in (self.model_label, self.status_label):
-            label.setFont(_small_font(label))
         row.addWidget(self.role_label)
         row.addWidget(self.model_label)
         row.addWidget(self.status_label)
@@ -191,7 +182,6 @@ class MessageWidget(QFrame):
         row = QHBoxLayout()
         row.setSpacing(2)
         self.details_label = QLabel(objectName="MessageDetails", visible=False)
-        self.details_label.setFont(_small_font(self.details_label))
         self.copy_button = _action_button("Copy", "Copy this message")
         self.copy_button.clicked.connect(self.copy_to_clipboard)
         self.edit_button = _action_button("Edit", "Edit this message and answer it again (the earlier version is kept)")
@@ -229,7 +219,6 @@ class MessageWidget(QFrame):
             self.continue_button,
             self.regenerate_button,
         ):
-            button.setFont(_small_font(button))
             row.addWidget(button)
         return row
 
