@@ -18,6 +18,7 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Qt, Signal
 
 from app.header_reader import HeaderReader
+from app.memory_release import release_freed_memory
 from app.model_library import ModelInfo, available_memory, describe_model
 from app.settings import Settings, effective_sampling, sampling_params
 from app.storage import Conversation, Message, MessageState, Store, ThrottledSaver, ended_early
@@ -133,6 +134,8 @@ class ChatController(QObject):
         self._built_for: tuple[str, int, int] | None = None  # (backend, threads, context) of the last load or session
         self._told_overflow: set[int] = set()  # conversations already told that old turns were left out
         self._summary_of: Conversation | None = None  # the chat being summarized for a new one
+        # (previous model, model loading) when the previous one had to go before the new one loaded
+        self._unloaded_for: tuple[str, str] | None = None
 
     # -- state -------------------------------------------------------------------
 
@@ -175,6 +178,7 @@ class ChatController(QObject):
         path = Path(path)
         settings = self.settings
         self._built_for = (settings.backend, settings.cpu_threads, settings.context_length)
+        self._unloaded_for = None
         self.model_loading.emit(path.name)
 
         def run(cancel: threading.Event) -> tuple[LoadedModel, ModelInfo, ChatSession]:
@@ -185,16 +189,20 @@ class ChatController(QObject):
                 info = describe_model(model_file, name)
                 current, backend = self.model_info, planned_backend(settings.backend)
                 freed = current.memory_needed(settings.context_length, backend) if current and self.loaded else 0
-                available = available_memory() + freed
-                fits, verdict = info.memory_verdict(settings.context_length, available, backend)
-                if not info.can_run(settings.context_length, available):
+                free_now = available_memory()
+                fits, verdict = info.memory_verdict(settings.context_length, free_now + freed, backend)
+                if not info.can_run(settings.context_length, free_now + freed):
                     raise OutOfMemory(f"{info.name} {verdict}.")
+                # The current model stays until the new one is ready, where both fit; otherwise it goes first.
+                keep_current = info.memory_verdict(settings.context_length, free_now, backend)[0]
             except BaseException:
                 model_file.close()
                 raise
             if not fits:
                 self._engine_notice.emit(f"{info.name} {verdict}.")
-            self._release_model()
+            if not keep_current and self.loaded is not None:
+                self._unloaded_for = (current.name if current else self.loaded.path.name, info.name)
+                self._release_model()
             loaded = load_model(
                 model_file,
                 settings.backend,
@@ -209,6 +217,7 @@ class ChatController(QObject):
             except BaseException:
                 loaded.close()
                 raise
+            self._release_model()  # the previous model, kept while the new one loaded
             return loaded, info, session
 
         self._start(Job(run, "load"))
@@ -248,7 +257,8 @@ class ChatController(QObject):
             self._start(Job(lambda cancel: self._new_session(loaded, settings), "session"))
 
     def _release_model(self) -> None:
-        """Engine thread: stop the scheduler (ending any server request), drop the session, close the model."""
+        """Engine thread: stop the scheduler (ending any server request), drop the session, close the model,
+        and give the memory back to the system."""
         self._session = None
         if self.scheduler is not None:
             self.scheduler.close()
@@ -256,6 +266,7 @@ class ChatController(QObject):
         if self.loaded is not None:
             self.loaded.close()
             self.loaded = None
+            release_freed_memory()
 
     @staticmethod
     def _new_session(loaded: LoadedModel, settings: Settings) -> ChatSession:
@@ -552,11 +563,17 @@ class ChatController(QObject):
 
     def _finish_load(self, result: tuple | None) -> None:
         if result is None:  # failed or cancelled
-            if self.loaded is not None:  # failed before the current model was released
+            if self.loaded is not None:  # the current model is still there
                 self.model_loaded.emit(self.model_info)
                 return
             self._session, self.model_info = None, None
             self.model_unloaded.emit()
+            if self._unloaded_for is not None:
+                previous, wanted = self._unloaded_for
+                self.model_notice.emit(
+                    f"{previous} was unloaded to make room for {wanted}, which did not load, so no model is "
+                    "loaded now. Choose one with the model button."
+                )
             return
         self.loaded, self.model_info, self._session = result
         self.scheduler = Scheduler()
