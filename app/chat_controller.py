@@ -95,6 +95,7 @@ class ChatController(QObject):
     model_unloaded = Signal()
     backend_changed = Signal(str, str, list)  # backend name, device, reasons others were passed over
     busy_changed = Signal(bool)  # an answer is being generated
+    context_changed = Signal(int)  # the chat's context size in tokens, for a new model or context setting
     conversations_changed = Signal()
     conversation_opened = Signal(object, list)  # Conversation, [message dicts]
     messages_truncated = Signal(int)  # messages at and after this position were removed
@@ -551,6 +552,7 @@ class ChatController(QObject):
             self.model_unloaded.emit()
         elif job.kind == "session" and isinstance(result, ChatSession):
             self._session = result
+            self.context_changed.emit(result.cache.n_ctx)
         elif job.kind == "summary":
             self._finish_summary(result if isinstance(result, str) and not job.cancel.is_set() else None)
         elif job.kind == "answer":
@@ -583,6 +585,7 @@ class ChatController(QObject):
         backend = self.loaded.backend
         self.backend_changed.emit(backend.name, backend.device_name, list(self.loaded.backend_notes))
         self.model_loaded.emit(self.model_info)
+        self.context_changed.emit(self._session.cache.n_ctx)
         template_notice = self.loaded.template.notice(self.model_info.name)
         if template_notice:
             self.model_notice.emit(template_notice)

@@ -163,6 +163,7 @@ class MainWindow(QMainWindow):
         c.model_unloaded.connect(self._on_model_unloaded)
         c.backend_changed.connect(self._on_backend_changed)
         c.busy_changed.connect(self._set_busy)
+        c.context_changed.connect(self.model_bar.set_context)
         c.conversations_changed.connect(self.refresh_conversations)
         c.conversation_opened.connect(self._on_conversation_opened)
         c.messages_truncated.connect(self.chat_view.truncate_from)

@@ -6,7 +6,7 @@ second; only the last card re-renders), `finish_streaming` when the answer ends.
 an answer streams the view follows it down, unless the user has scrolled up to read.
 """
 
-from PySide6.QtCore import QRect, QSize, Qt, Signal
+from PySide6.QtCore import QPoint, QRect, QSize, Qt, QTimer, Signal
 from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
 
 from app.storage import MessageState
@@ -231,11 +231,25 @@ class ChatView(QScrollArea):
         widget.regenerate_requested.connect(self.regenerate_requested)
         widget.continue_requested.connect(self.continue_requested)
         widget.summary_requested.connect(self.summary_requested)
+        widget.editing_started.connect(lambda: self._bring_editor_into_view(widget))
         widget.version_requested.connect(self.version_requested)
         self._list.insertWidget(self._list.count() - 1, widget)
         widget.resize(self._canvas.card_width(), widget.height())  # lay its text out once, at its width
         self._messages.append(widget)
         return widget
+
+    def _bring_editor_into_view(self, widget: MessageWidget) -> None:
+        """Stop following the bottom and scroll so the card's editor shows from its top, once laid out."""
+        self._follow = False
+        QTimer.singleShot(0, self, lambda: self._scroll_to_editor(widget))
+
+    def _scroll_to_editor(self, widget: MessageWidget) -> None:
+        panel = widget.editor_panel
+        if panel is not None and panel.isVisible():
+            top = panel.mapTo(self._canvas, QPoint(0, 0)).y()
+            bar = self.verticalScrollBar()
+            if not bar.value() <= top <= bar.value() + self.viewport().height() - panel.height():
+                bar.setValue(max(0, top - MARGIN))
 
     def _remove_from(self, index: int) -> None:
         """Delete the layout's widgets from `index` up to (not including) the filler."""

@@ -9,7 +9,7 @@ The look comes from the app's stylesheet (`MessageWidget[role="user"]` …) and 
 """
 
 from PySide6.QtCore import QRect, QSize, Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QCursor, QDesktopServices, QKeySequence, QResizeEvent, QShortcut
+from PySide6.QtGui import QCursor, QDesktopServices, QKeySequence, QResizeEvent, QShortcut, QTextCursor
 from PySide6.QtWidgets import (
     QApplication,
     QFrame,
@@ -75,6 +75,7 @@ class MessageWidget(QFrame):
     regenerate_requested = Signal()
     continue_requested = Signal()
     summary_requested = Signal()  # a new chat from a summary of this one (offered when the context is full)
+    editing_started = Signal()  # the inline editor opened: the view brings it into sight
     version_requested = Signal(int, int)  # position of the message, version to show (from 0)
 
     def __init__(self, message: dict, dark: bool = False, parent: QWidget | None = None):
@@ -359,10 +360,12 @@ class MessageWidget(QFrame):
         if self.editor_panel is None:
             self.editor_panel = self._build_editor()
         self.editor.setPlainText(self._content)
+        self.editor.moveCursor(QTextCursor.MoveOperation.Start)  # the text from its first line
         self.body.hide()
         self.editor_panel.show()
         self.edit_button.setVisible(False)
         self.editor.setFocus()
+        self.editing_started.emit()
 
     def cancel_edit(self) -> None:
         """Leave the editor; the message is unchanged."""
