@@ -261,10 +261,12 @@ def test_loading_can_be_cancelled(qtbot, window):
     with qtbot.waitSignal(window.controller.load_progress, timeout=LOAD_TIMEOUT_MS):
         window.add_model(str(bundled_model("gemma3").path))
     assert window.model_bar.progress.isVisible()
-    with qtbot.waitSignal(window.controller.model_unloaded, timeout=LOAD_TIMEOUT_MS):
+    previous = window.controller.model_info
+    with qtbot.waitSignal(window.controller.model_loaded, timeout=LOAD_TIMEOUT_MS) as kept:
         window.model_bar.cancel_button.click()
     assert "cancelled" in window.info_banner.text() and not window.error_banner.isVisible()
-    assert window.controller.loaded is None and not window.model_bar.progress.isVisible()
+    assert kept.args == [previous]  # the model in use stayed (issue 28)
+    assert window.controller.loaded is not None and not window.model_bar.progress.isVisible()
 
 
 def test_load_reports_reach_listeners_on_the_gui_thread(qtbot, window, monkeypatch):
