@@ -7,7 +7,7 @@ from PySide6.QtWidgets import QLabel, QWidget
 
 from tests.app.conftest import answer
 
-pytestmark = pytest.mark.any_model
+pytestmark = [pytest.mark.any_model, pytest.mark.usefixtures("restore_look")]
 
 SPECULATIVE_METRICS = {
     "decode_tokens": 1234, "last_token_latency_s": 0.02, "time_to_first_token_s": 1.42, "prefill_tokens": 12345,
