@@ -130,8 +130,9 @@ class MainWindow(QMainWindow):
         super().showEvent(event)
         if not self._framed:
             self._framed = True
-            for delay in FRAME_CHECKS_MS:
-                QTimer.singleShot(delay, self, lambda: fit_frame(self))
+            opened_at = self.size()
+            for delay in FRAME_CHECKS_MS:  # unless someone has resized it meanwhile
+                QTimer.singleShot(delay, self, lambda: self.size() == opened_at and fit_frame(self))
 
     # -- wiring --------------------------------------------------------------------
 
