@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
 from app.markdown_render import COPY_CODE_SCHEME, code_blocks, split_reasoning
 from app.metrics_text import metrics_summary, metrics_tooltip
 from app.storage import CUT_AT_LIMIT, CUT_BY_CONTEXT, MessageState, ended_early
+from app.widgets.elided_label import ElidedLabel
 from app.widgets.markdown_view import MarkdownView, hint_at_own_width
 
 NOTES = {
@@ -182,7 +183,9 @@ class MessageWidget(QFrame):
         """The metrics line and the action buttons."""
         row = QHBoxLayout()
         row.setSpacing(2)
-        self.details_label = QLabel(objectName="MessageDetails", visible=False)
+        self.details_label = ElidedLabel()  # cut short with "…" in a narrow card: it never widens the transcript
+        self.details_label.setObjectName("MessageDetails")
+        self.details_label.setVisible(False)
         self.copy_button = _action_button("Copy", "Copy this message")
         self.copy_button.clicked.connect(self.copy_to_clipboard)
         self.edit_button = _action_button("Edit", "Edit this message and answer it again (the earlier version is kept)")

@@ -88,3 +88,21 @@ def test_about_shows_the_version(qtbot):
     box = show_about(parent)
     assert f"Sprig {project['project']['version']}" in box.text()
     box.close()
+
+
+def test_an_answers_figures_line_never_widens_the_transcript(qtbot):
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.resize(520, 400)
+    view.show()
+    metrics = {"decode_tokens": 88, "decode_tok_s": 34.8, "time_to_first_token_s": 0.13, "prefill_tokens": 26,
+               "prefill_tok_s": 203.0, "acceptance_rate": 0.5, "mean_accepted_length": 0.5}
+    message = {"position": 1, "role": "assistant", "content": "Short.", "metrics": metrics,
+               "model": "SmolLM2-135M-Instruct Q4_1 with a rather long name"}
+    view.set_messages([{"position": 0, "role": "user", "content": "Hi"}, message])
+    card = view.messages()[-1]
+    qtbot.waitUntil(lambda: card.details_label.isVisible())
+    qtbot.wait(50)
+    assert view.widget().width() <= view.viewport().width()
+    assert card.mapTo(view.viewport(), QPoint(card.width(), 0)).x() <= view.viewport().width()
+    assert card.details_label.is_elided() and "SmolLM2" in card.details_label.text()
