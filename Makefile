@@ -1,6 +1,6 @@
 # The README's two commands are `make run` and `make test`. Both build .venv/ first.
 # `make test` runs `make check` (ruff and mypy) before the tests.
-# `screenshot` drives the real window under Xvfb (Debian's xvfb) into docs/screenshots/.
+# `screenshot` drives the real window under Xvfb and openbox into docs/screenshots/.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -47,9 +47,15 @@ test: check $(NATIVE_STAMP)
 bench: $(NATIVE_STAMP)
 	$(BIN)/python -m engine bench --model smollm2 --json
 
+# Under a window manager (openbox), so a title bar that pushes the window off the screen shows.
+SHOOT = openbox >/dev/null 2>&1 & sleep 1; $(BIN)/python tools/take_screenshots.py docs/screenshots
+
 screenshot: $(NATIVE_STAMP)
-	@command -v xvfb-run >/dev/null || { echo "make screenshot needs Debian's xvfb: apt-get install xvfb"; exit 2; }
-	xvfb-run -a -s "-screen 0 1600x1000x24" $(BIN)/python tools/take_screenshots.py docs/screenshots
+	@command -v xvfb-run >/dev/null && command -v openbox >/dev/null || { echo "make screenshot needs \
+	Xvfb and a window manager: apt-get install xvfb openbox libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1 \
+	libxkbcommon-x11-0"; exit 2; }
+	xvfb-run -a -s "-screen 0 1920x1080x24" sh -c '$(SHOOT)'
+	xvfb-run -a -s "-screen 0 1366x768x24" sh -c '$(SHOOT) --suffix=-1366x768'
 
 # `package` builds the one-folder app (dist/sprig/), the .deb and the .tar.xz (packaging/).
 # `package-deps` installs, as root, the Debian tools that it and its tests use.

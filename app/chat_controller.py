@@ -11,19 +11,21 @@ No widgets here: the window connects these signals to its widgets.
 """
 
 import threading
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Qt, Signal
 
 from app.header_reader import HeaderReader
+from app.memory_release import release_freed_memory
 from app.model_library import ModelInfo, available_memory, describe_model
 from app.settings import Settings, effective_sampling, sampling_params
 from app.storage import Conversation, Message, MessageState, Store, ThrottledSaver, ended_early
 from app.worker import EngineThread, Job
 from backends.selection import planned_backend
 from engine.chat_session import ChatSession
-from engine.errors import SprigError
+from engine.errors import ContextFullError, SprigError
 from engine.generation import FINISH_CANCELLED, GenerationEvent
 from engine.gguf_file import open_gguf
 from engine.loader import LoadedModel, load_model
@@ -31,6 +33,11 @@ from engine.server.scheduler import APP, Scheduler
 from engine.speculation import Speculation
 
 TITLE_LENGTH = 48
+SUMMARY_REQUEST = (
+    "Summarize our conversation so far in a short paragraph: the questions, the answers and "
+    "anything still open. Write only the summary."
+)
+SUMMARY_TOKENS = 256  # the most a summary may take (an eighth of the context, in small contexts)
 
 
 class OutOfMemory(SprigError):
@@ -41,6 +48,28 @@ def title_from(text: str) -> str:
     """A conversation title from its first message: the first line, shortened."""
     line = text.strip().splitlines()[0] if text.strip() else "New chat"
     return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1].rstrip() + "…"
+
+
+NO_ROOM_TO_CONTINUE = (
+    "There is no room to continue this answer: the question and the answer so far fill the context even "
+    "without the older turns. Start a new chat with a summary, or raise the context length (Settings, Chat)."
+)
+
+
+def explain_no_room(events: Iterator[GenerationEvent]) -> Iterator[GenerationEvent]:
+    """A continuation's events, with a full context explained in a continuation's terms."""
+    try:
+        yield from events
+    except ContextFullError as exc:
+        raise ContextFullError(NO_ROOM_TO_CONTINUE) from exc
+
+
+def load_notes_text(model_name: str, notes: list[str]) -> str:
+    """What the backend changed at load, as one headline line and one line per note below it."""
+    if len(notes) == 1:
+        return f"{model_name}: {notes[0]}."
+    headline = f"{model_name}: {len(notes)} tensors were converted at load, so loading takes longer."
+    return "\n".join([headline, *(f"• {note}" for note in notes)])
 
 
 def message_dict(message: Message) -> dict:
@@ -66,6 +95,7 @@ class ChatController(QObject):
     model_unloaded = Signal()
     backend_changed = Signal(str, str, list)  # backend name, device, reasons others were passed over
     busy_changed = Signal(bool)  # an answer is being generated
+    context_changed = Signal(int)  # the chat's context size in tokens, for a new model or context setting
     conversations_changed = Signal()
     conversation_opened = Signal(object, list)  # Conversation, [message dicts]
     messages_truncated = Signal(int)  # messages at and after this position were removed
@@ -104,6 +134,9 @@ class ChatController(QObject):
         self._answer: dict | None = None  # the streaming answer: message id, text, metrics, saver
         self._built_for: tuple[str, int, int] | None = None  # (backend, threads, context) of the last load or session
         self._told_overflow: set[int] = set()  # conversations already told that old turns were left out
+        self._summary_of: Conversation | None = None  # the chat being summarized for a new one
+        # (previous model, model loading) when the previous one had to go before the new one loaded
+        self._unloaded_for: tuple[str, str] | None = None
 
     # -- state -------------------------------------------------------------------
 
@@ -146,6 +179,7 @@ class ChatController(QObject):
         path = Path(path)
         settings = self.settings
         self._built_for = (settings.backend, settings.cpu_threads, settings.context_length)
+        self._unloaded_for = None
         self.model_loading.emit(path.name)
 
         def run(cancel: threading.Event) -> tuple[LoadedModel, ModelInfo, ChatSession]:
@@ -156,16 +190,20 @@ class ChatController(QObject):
                 info = describe_model(model_file, name)
                 current, backend = self.model_info, planned_backend(settings.backend)
                 freed = current.memory_needed(settings.context_length, backend) if current and self.loaded else 0
-                available = available_memory() + freed
-                fits, verdict = info.memory_verdict(settings.context_length, available, backend)
-                if not info.can_run(settings.context_length, available):
+                free_now = available_memory()
+                fits, verdict = info.memory_verdict(settings.context_length, free_now + freed, backend)
+                if not info.can_run(settings.context_length, free_now + freed):
                     raise OutOfMemory(f"{info.name} {verdict}.")
+                # The current model stays until the new one is ready, where both fit; otherwise it goes first.
+                keep_current = info.memory_verdict(settings.context_length, free_now, backend)[0]
             except BaseException:
                 model_file.close()
                 raise
             if not fits:
                 self._engine_notice.emit(f"{info.name} {verdict}.")
-            self._release_model()
+            if not keep_current and self.loaded is not None:
+                self._unloaded_for = (current.name if current else self.loaded.path.name, info.name)
+                self._release_model()
             loaded = load_model(
                 model_file,
                 settings.backend,
@@ -173,13 +211,14 @@ class ChatController(QObject):
                 cancel=cancel,
                 threads=settings.cpu_threads or None,
             )
-            for note in loaded.load_notes:
-                self._engine_notice.emit(f"{info.name}: {note}.")
+            if loaded.load_notes:
+                self._engine_notice.emit(load_notes_text(info.name, loaded.load_notes))
             try:
                 session = self._new_session(loaded, settings)
             except BaseException:
                 loaded.close()
                 raise
+            self._release_model()  # the previous model, kept while the new one loaded
             return loaded, info, session
 
         self._start(Job(run, "load"))
@@ -219,7 +258,8 @@ class ChatController(QObject):
             self._start(Job(lambda cancel: self._new_session(loaded, settings), "session"))
 
     def _release_model(self) -> None:
-        """Engine thread: stop the scheduler (ending any server request), drop the session, close the model."""
+        """Engine thread: stop the scheduler (ending any server request), drop the session, close the model,
+        and give the memory back to the system."""
         self._session = None
         if self.scheduler is not None:
             self.scheduler.close()
@@ -227,6 +267,7 @@ class ChatController(QObject):
         if self.loaded is not None:
             self.loaded.close()
             self.loaded = None
+            release_freed_memory()
 
     @staticmethod
     def _new_session(loaded: LoadedModel, settings: Settings) -> ChatSession:
@@ -320,6 +361,8 @@ class ChatController(QObject):
         self.store.update_message(last.id, last.content, state=MessageState.STREAMING)
         self.messages_truncated.emit(last.position)
         self._begin_answer(self.store.message(last.id), continuing=True)
+        assert self._answer is not None  # just begun
+        self._answer["before"] = (last.content, last.metrics or {}, last.state)  # kept if it fails at once
         return True
 
     def show_version(self, position: int, index: int) -> None:
@@ -344,6 +387,60 @@ class ChatController(QObject):
         self.message_added.emit(message_dict(edited))
         self._begin_answer()
         return True
+
+    def new_chat_with_summary(self) -> bool:
+        """Summarize the open chat (on the engine thread), then open a new chat that starts from the summary.
+
+        The summary becomes the new chat's own system prompt, after the usual one; the old
+        chat stays as it was. False (with an error) if that cannot start.
+        """
+        conversation, session = self.conversation, self._session
+        if conversation is None or not self._can_answer():
+            return False
+        assert session is not None  # _can_answer made sure of it
+        settings = effective_sampling(self.settings, conversation.overrides)
+        history = [
+            {"role": m.role, "content": m.content}
+            for m in self.store.messages(conversation.id)
+            if m.state != MessageState.ERROR and m.content
+        ]
+        system = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt.strip() else []
+        scheduler = self.scheduler
+        assert scheduler is not None  # made with the model, which _can_answer made sure of
+
+        def summarize(cancel: threading.Event):
+            session.params = sampling_params(replace(settings, temperature=0.0))
+            session.max_tokens = min(SUMMARY_TOKENS, session.cache.n_ctx // 8)  # the new chat must have room
+            session.messages = system + history
+            return session.send(SUMMARY_REQUEST, cancel)
+
+        def run(cancel: threading.Event) -> str:
+            return "".join(event.text for event in scheduler.stream(summarize, cancel, APP)).strip()
+
+        self._summary_of = conversation
+        self.model_notice.emit(f"Writing a summary of “{conversation.title}” for a new chat…")
+        self._start(Job(run, "summary"))
+        return True
+
+    def _finish_summary(self, summary: str | None) -> None:
+        """Open the new chat that starts from `summary` (None: it failed, and said why, or was stopped)."""
+        source, self._summary_of = self._summary_of, None
+        if summary is None or source is None:
+            return
+        if not summary:
+            self.error.emit("The summary came out empty, so no new chat was made; the chat is as it was.")
+            return
+        base = effective_sampling(self.settings, source.overrides).system_prompt.strip()
+        prompt = f"{base}\n\n" if base else ""
+        prompt += f"A summary of an earlier conversation with this user, to continue from:\n{summary}"
+        created = self.store.create_conversation(title_from(f"{source.title} (continued)"))
+        self.store.set_overrides(created.id, {"system_prompt": prompt})
+        self.conversations_changed.emit()
+        self.open_conversation(created.id)
+        self.notice.emit(
+            f"This chat continues “{source.title}” from its summary (kept as this chat's system prompt, "
+            f"in Chat settings): {summary}"
+        )
 
     def _can_answer(self) -> bool:
         if self.busy:
@@ -398,7 +495,7 @@ class ChatController(QObject):
                 session.speculation = replace(speculation, mode=settings.speculative)
             if continuing:
                 session.messages = system + turns + [{"role": "assistant", "content": assistant.content}]
-                return session.continue_answer(cancel)
+                return explain_no_room(session.continue_answer(cancel))
             session.messages = system + turns[:-1]
             return session.send(turns[-1]["content"], cancel)
 
@@ -455,6 +552,9 @@ class ChatController(QObject):
             self.model_unloaded.emit()
         elif job.kind == "session" and isinstance(result, ChatSession):
             self._session = result
+            self.context_changed.emit(result.cache.n_ctx)
+        elif job.kind == "summary":
+            self._finish_summary(result if isinstance(result, str) and not job.cancel.is_set() else None)
         elif job.kind == "answer":
             answer = self._answer
             if job.cancel.is_set() and answer is not None and "finish_reason" not in answer:
@@ -465,11 +565,17 @@ class ChatController(QObject):
 
     def _finish_load(self, result: tuple | None) -> None:
         if result is None:  # failed or cancelled
-            if self.loaded is not None:  # failed before the current model was released
+            if self.loaded is not None:  # the current model is still there
                 self.model_loaded.emit(self.model_info)
                 return
             self._session, self.model_info = None, None
             self.model_unloaded.emit()
+            if self._unloaded_for is not None:
+                previous, wanted = self._unloaded_for
+                self.model_notice.emit(
+                    f"{previous} was unloaded to make room for {wanted}, which did not load, so no model is "
+                    "loaded now. Choose one with the model button."
+                )
             return
         self.loaded, self.model_info, self._session = result
         self.scheduler = Scheduler()
@@ -479,6 +585,7 @@ class ChatController(QObject):
         backend = self.loaded.backend
         self.backend_changed.emit(backend.name, backend.device_name, list(self.loaded.backend_notes))
         self.model_loaded.emit(self.model_info)
+        self.context_changed.emit(self._session.cache.n_ctx)
         template_notice = self.loaded.template.notice(self.model_info.name)
         if template_notice:
             self.model_notice.emit(template_notice)
@@ -486,6 +593,9 @@ class ChatController(QObject):
     def _finish_answer(self) -> None:
         answer, self._answer = self._answer, None
         assert answer is not None  # an answer job always begins one
+        before = answer.get("before")
+        if before and answer["state"] == MessageState.ERROR and answer["text"] == before[0]:
+            answer["metrics"], answer["state"] = before[1:]  # a continuation that wrote nothing: as it was
         if answer.get("finish_reason"):
             answer["metrics"] = {**answer["metrics"], "finish_reason": answer["finish_reason"]}
         answer["saver"].flush(answer["metrics"], answer["state"])

@@ -19,6 +19,7 @@ from PySide6.QtWidgets import QApplication, QMessageBox
 
 from app.file_open import FileOpenFilter
 from app.main_window import MainWindow
+from app.qt_libraries import check_display_libraries
 from app.settings import default_settings_path, load_settings
 from app.single_instance import claim_or_hand_over
 from app.storage import DEFAULT_DB_NAME, StorageError, Store, default_db_path
@@ -65,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_self_test()
     existing = QApplication.instance()
+    missing = None if existing else check_display_libraries()
+    if missing is not None:
+        print(missing.message(), file=sys.stderr)
+        return 2
     app = existing if isinstance(existing, QApplication) else QApplication(sys.argv[:1])
     app.setApplicationName("Sprig")
     opened_files = FileOpenFilter(app)  # macOS passes files opened from Finder as events

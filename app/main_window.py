@@ -10,8 +10,8 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QCloseEvent, QDragEnterEvent, QDropEvent, QGuiApplication
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtGui import QCloseEvent, QDragEnterEvent, QDropEvent, QGuiApplication, QShowEvent
 from PySide6.QtWidgets import (
     QApplication,
     QFileDialog,
@@ -32,7 +32,7 @@ from app.menu_bar import build_menu_bar
 from app.model_library import LibraryEntry, ModelInfo, library_entries, vocabulary_metadata
 from app.settings import RANGES, Settings, save_settings
 from app.storage import Conversation, Store
-from app.theme import app_icon, apply_text_scale, apply_theme
+from app.theme import app_icon, apply_theme
 from app.transcript import TranscriptError, import_json, read_json_file, to_json, to_markdown
 from app.widgets.banner import Banner
 from app.widgets.chat_view import ChatView
@@ -44,11 +44,14 @@ from app.widgets.model_bar import ModelBar
 from app.widgets.model_picker import ModelPicker
 from app.widgets.server_panel import ServerPanel
 from app.widgets.settings_dialog import ConversationSettingsDialog, SettingsDialog
+from app.window_geometry import fit_frame, place_first_window, restore_geometry, saved_geometry
 from backends.selection import planned_backend
 from engine.hub.cache import cached_models, delete_download, find_cached
 from engine.hub.download import Progress, Pull
 
-DEFAULT_SIZE = (1280, 800)  # the window's size on a screen with room for it
+# After the first show, when to compare the frame with the screen: the window manager
+# decorates the window a moment after it is mapped.
+FRAME_CHECKS_MS = (0, 250, 1000)
 
 
 class MainWindow(QMainWindow):
@@ -58,8 +61,8 @@ class MainWindow(QMainWindow):
         super().__init__()
         self.setWindowTitle("Sprig")
         self.setWindowIcon(app_icon())
-        self._fit_to_screen()
         self.setAcceptDrops(True)
+        self._framed = False  # whether the frame has been checked against the screen since the first show
         self.store = store
         self.settings_path = settings_path
         self.controller = ChatController(store, settings, self)
@@ -117,6 +120,8 @@ class MainWindow(QMainWindow):
         self._show_empty_state()
         self._set_busy(False)
         self._reopen_last_conversation()
+        if not restore_geometry(self, settings.window_geometry):
+            place_first_window(self)
         QGuiApplication.styleHints().colorSchemeChanged.connect(self._on_color_scheme_changed)
 
     def _reopen_last_conversation(self) -> None:
@@ -125,13 +130,14 @@ class MainWindow(QMainWindow):
         if last is not None and last in {c.id for c in self.store.conversations()}:
             self.controller.open_conversation(last)
 
-    def _fit_to_screen(self) -> None:
-        """Open at 1280×800, or smaller where the screen's free area is smaller."""
-        screen = self.screen().availableGeometry() if self.screen() else None
-        width, height = DEFAULT_SIZE
-        if screen is not None:
-            width, height = min(width, screen.width()), min(height, screen.height())
-        self.resize(width, height)
+    def showEvent(self, event: QShowEvent) -> None:
+        """At the first show, check the window manager's real frame against the screen once it is known."""
+        super().showEvent(event)
+        if not self._framed:
+            self._framed = True
+            opened_at = self.size()
+            for delay in FRAME_CHECKS_MS:  # unless someone has resized it meanwhile
+                QTimer.singleShot(delay, self, lambda: self.size() == opened_at and fit_frame(self))
 
     # -- wiring --------------------------------------------------------------------
 
@@ -149,6 +155,7 @@ class MainWindow(QMainWindow):
         self.chat_view.edit_submitted.connect(c.edit)
         self.chat_view.regenerate_requested.connect(c.regenerate)
         self.chat_view.continue_requested.connect(c.continue_answer)
+        self.chat_view.summary_requested.connect(c.new_chat_with_summary)
         self.chat_view.version_requested.connect(c.show_version)
         self.model_bar.model_button.clicked.connect(self.open_model_picker)
         self.model_bar.cancel_button.clicked.connect(c.cancel)
@@ -168,6 +175,7 @@ class MainWindow(QMainWindow):
         c.model_unloaded.connect(self._on_model_unloaded)
         c.backend_changed.connect(self._on_backend_changed)
         c.busy_changed.connect(self._set_busy)
+        c.context_changed.connect(self.model_bar.set_context)
         c.conversations_changed.connect(self.refresh_conversations)
         c.conversation_opened.connect(self._on_conversation_opened)
         c.messages_truncated.connect(self.chat_view.truncate_from)
@@ -459,8 +467,7 @@ class MainWindow(QMainWindow):
         app = QApplication.instance()
         assert isinstance(app, QApplication)  # the window exists only inside one
         settings = self.controller.settings
-        look = apply_theme(app, settings.theme)
-        apply_text_scale(app, settings.text_scale)
+        look = apply_theme(app, settings.theme, settings.text_scale)
         self.chat_view.set_dark(look == "dark")
 
     def _on_color_scheme_changed(self, _scheme: Qt.ColorScheme) -> None:
@@ -509,5 +516,6 @@ class MainWindow(QMainWindow):
         self.local_server.set_running(False)
         self.hub.stop()  # a download pauses; it resumes at the next start
         self.controller.shutdown()
+        self.controller.settings = replace(self.controller.settings, window_geometry=saved_geometry(self))
         self._save_settings()
         super().closeEvent(event)

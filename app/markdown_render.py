@@ -10,6 +10,7 @@ so that a streaming answer re-renders only its last piece. Nothing here imports 
 """
 
 import html
+import re
 from bisect import bisect_left
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -28,6 +29,8 @@ THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 CODE_TOKENS = ("fence", "code_block")
 SEGMENT_CHARS = 1500  # characters per separately rendered piece of a long text
+BREAK_EVERY = 20  # characters between the invisible break opportunities of a long unbroken run
+ZERO_WIDTH_SPACE = "\u200b"
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,25 @@ def render_markdown(text: str, dark: bool = False, first_code_index: int = 0) ->
     Code blocks are numbered from `first_code_index` in their Copy links (a segment of a
     longer text starts after the blocks of the segments before it).
     """
-    return _MD.render(text, {"theme": theme(dark), "code_index": first_code_index})
+    return breakable(_MD.render(text, {"theme": theme(dark), "code_index": first_code_index}))
+
+
+LONG_RUN = re.compile(rf"[^\s<>&]{{{2 * BREAK_EVERY},}}")  # no '&': an entity's name is never split
+
+
+def breakable(html: str) -> str:
+    """`html` with a zero-width space every BREAK_EVERY characters of a long unbroken run of text.
+
+    Qt's rich text wraps only at spaces, so a long word, URL or line of code would be cut
+    off at the card's edge; the invisible breaks let it wrap. Tags and their attributes
+    are left alone; Copy takes the message's source, which has no such breaks.
+    """
+
+    def split(run: re.Match) -> str:
+        word = run.group(0)
+        return ZERO_WIDTH_SPACE.join(word[i : i + BREAK_EVERY] for i in range(0, len(word), BREAK_EVERY))
+
+    return re.sub(r">([^<]+)<", lambda text: ">" + LONG_RUN.sub(split, text.group(1)) + "<", html)
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,13 @@ The keyboard-shortcuts sheet (F1) is made from these same actions, so it cannot 
 from what the keys really do.
 """
 
+import platform
 from collections.abc import Callable
+from importlib import metadata
 from typing import TYPE_CHECKING
 
+import PySide6
+from PySide6.QtCore import qVersion
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QMessageBox, QWidget
 
@@ -14,9 +18,26 @@ if TYPE_CHECKING:  # main_window imports this module
     from app.main_window import MainWindow
 
 ABOUT = (
-    "<b>Sprig</b><br>A desktop chat app for local language models, on an inference engine "
-    "of its own. Models run on this computer; nothing is sent anywhere."
+    "<b>Sprig {version}</b><br>A desktop chat app for local language models, on an inference engine "
+    "of its own. Models run on this computer; nothing is sent anywhere.<br><br>"
+    "Python {python} · Qt {qt} · PySide6 {pyside}"
 )
+
+
+def sprig_version() -> str:
+    """The installed distribution's version ("unknown" when run from sources that were never installed)."""
+    try:
+        return metadata.version("sprig")
+    except metadata.PackageNotFoundError:
+        return "(version unknown: not installed)"
+
+
+def about_text() -> str:
+    """The About box: Sprig's version and those of what it runs on."""
+    return ABOUT.format(
+        version=sprig_version(), python=platform.python_version(), qt=qVersion(), pyside=PySide6.__version__
+    )
+
 
 TEXT_STEP = 10  # percent per Larger / Smaller text
 
@@ -77,8 +98,16 @@ def build_menu_bar(window: "MainWindow") -> dict[str, QAction]:
 
     help_menu = bar.addMenu("&Help")
     actions["shortcuts"] = add_action(help_menu, "&Keyboard shortcuts", lambda: show_shortcuts(window, actions), "F1")
-    actions["about"] = add_action(help_menu, "&About Sprig", lambda: QMessageBox.about(window, "About Sprig", ABOUT))
+    actions["about"] = add_action(help_menu, "&About Sprig", lambda: show_about(window))
     return actions
+
+
+def show_about(window: QWidget) -> QMessageBox:
+    """Show the About box (non-modal, like the shortcuts sheet); returns it."""
+    box = QMessageBox(QMessageBox.Icon.NoIcon, "About Sprig", about_text(), QMessageBox.StandardButton.Close, window)
+    box.setModal(False)
+    box.show()
+    return box
 
 
 def shortcuts_text(actions: dict[str, QAction]) -> str:

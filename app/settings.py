@@ -67,7 +67,8 @@ class Settings:
     physical core. `speculative` is the speculative decoding mode ("auto" drafts only
     where it pays). `hub_offline` keeps Sprig off the Hugging Face Hub (Get models then
     lists only what is downloaded). `last_model` is the path of the model file opened last, or None;
-    `last_conversation` the id of the chat open last, or None.
+    `last_conversation` the id of the chat open last, or None. `window_geometry` is the
+    window's size, place and maximised state at closing (Qt's saveGeometry, base64), or None.
     """
 
     system_prompt: str
@@ -88,6 +89,7 @@ class Settings:
     last_model: str | None
     last_conversation: int | None
     hub_offline: bool
+    window_geometry: str | None = None
 
     @classmethod
     def defaults(cls) -> "Settings":
@@ -180,6 +182,7 @@ _PARSERS: dict[str, Callable[[str, object], object]] = {
     "last_model": _optional(_text),
     "last_conversation": _optional(_number(int)),
     "hub_offline": _flag,
+    "window_geometry": _optional(_text),
 }
 
 

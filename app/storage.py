@@ -24,6 +24,7 @@ SNIPPET_CHARS = 60  # the length of a search result's snippet
 
 ROLES = ("system", "user", "assistant")
 CUT_AT_LIMIT = "length"  # metrics["finish_reason"] of an answer cut by the token limit
+CUT_BY_CONTEXT = "context_full"  # metrics["finish_reason"] of an answer cut because the context was full
 
 
 class MessageState(StrEnum):
@@ -37,9 +38,9 @@ class MessageState(StrEnum):
 
 
 def ended_early(state: str, metrics: dict | None) -> bool:
-    """Whether an answer stopped before the model was done: Stop, a closed app, the token limit."""
+    """Whether an answer stopped before the model was done: Stop, a closed app, the token limit, a full context."""
     early = state in (MessageState.CANCELLED, MessageState.INTERRUPTED)
-    return early or (metrics or {}).get("finish_reason") == CUT_AT_LIMIT
+    return early or (metrics or {}).get("finish_reason") in (CUT_AT_LIMIT, CUT_BY_CONTEXT)
 
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (

@@ -8,6 +8,8 @@ In them `{RESOURCES}` stands for the folder of their images. "system" follows th
 desktop's light or dark scheme.
 """
 
+import re
+
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QGuiApplication, QIcon, QPalette
 from PySide6.QtWidgets import QApplication
@@ -92,28 +94,54 @@ def resolve_theme(name: str) -> str:
     return "dark" if system_is_dark() else "light"
 
 
-def apply_theme(app: QApplication, name: str) -> str:
-    """Give the whole app theme `name`: Fusion style, palette and stylesheet.
+# Text drawn smaller or larger than the rest, in proportion to the text size (see `relative_sizes`).
+SMALL_TEXT = 0.9  # secondary text: a message's model, status, figures and action buttons
+LARGE_TEXT = 1.3  # the empty chat's hint
+_FONT_SIZE = re.compile(r"font-size:\s*([0-9.]+)pt")
 
+
+def base_point_size(app: QApplication) -> float:
+    """The app font's size before any text scaling (remembered at the first call)."""
+    base = app.property("sprig_base_point_size")
+    if base is None:
+        base = app.font().pointSizeF()
+        app.setProperty("sprig_base_point_size", base)
+    return float(base)
+
+
+def scaled_stylesheet(sheet: str, percent: int, base_pt: float) -> str:
+    """`sheet` with every point size scaled to `percent`, and the relative text sizes for `base_pt` at `percent`."""
+    scaled = _FONT_SIZE.sub(lambda m: f"font-size: {float(m.group(1)) * percent / 100:.1f}pt", sheet)
+    return scaled + relative_sizes(base_pt * percent / 100)
+
+
+def relative_sizes(point_size: float) -> str:
+    """Stylesheet rules for the text drawn smaller or larger than `point_size`, the body text's size."""
+    small, large = point_size * SMALL_TEXT, point_size * LARGE_TEXT
+    return (
+        f"\n#MessageModel, #MessageStatus, #MessageDetails, QToolButton#MessageAction {{ font-size: {small:.1f}pt; }}"
+        f"\n#ChatPlaceholder {{ font-size: {large:.1f}pt; }}\n"
+    )
+
+
+def apply_theme(app: QApplication, name: str, text_scale: int = 100) -> str:
+    """Give the whole app theme `name` at `text_scale` percent of the system's text size.
+
+    The font is set first and the stylesheet after it, so that every widget is polished
+    once, at the new size: menus, sidebar, buttons and panels change with the messages.
     Returns the look applied, "light" or "dark" ("system" resolves to one of them).
     Raises ValueError for a name not in app.settings.THEMES.
     """
     if name not in THEMES:
         raise ValueError(f"unknown theme {name!r}; choose one of {', '.join(THEMES)}")
     name = resolve_theme(name)
+    base = base_point_size(app)
+    font = app.font()
+    font.setPointSizeF(base * text_scale / 100)
+    app.setFont(font)
     app.setStyle("Fusion")
     app.setPalette(build_palette(name))
     sheet = (RESOURCES / f"{name}.qss").read_text(encoding="utf-8")
-    app.setStyleSheet(sheet.replace("{RESOURCES}", RESOURCES.as_posix()))  # images live beside the sheets
+    sheet = sheet.replace("{RESOURCES}", RESOURCES.as_posix())  # images live beside the sheets
+    app.setStyleSheet(scaled_stylesheet(sheet, text_scale, base))
     return name
-
-
-def apply_text_scale(app: QApplication, percent: int) -> None:
-    """Set the app's text size to `percent` of the size it had at the first call."""
-    base = app.property("sprig_base_point_size")
-    if base is None:
-        base = app.font().pointSizeF()
-        app.setProperty("sprig_base_point_size", base)
-    font = app.font()
-    font.setPointSizeF(base * percent / 100)
-    app.setFont(font)

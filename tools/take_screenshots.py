@@ -1,14 +1,18 @@
 """Screenshots of the real window in its main states, for docs/screenshots/ and the README.
 
-    xvfb-run -s "-screen 0 1600x1000x24" .venv/bin/python tools/take_screenshots.py docs/screenshots
+    xvfb-run -s "-screen 0 1366x768x24" sh -c 'openbox & .venv/bin/python tools/take_screenshots.py \
+        docs/screenshots --suffix=-1366x768'
 
-(`make screenshot` runs exactly that.) It opens the real MainWindow on the bundled default
-model, with its chats and settings in a temporary folder, and drives it through: empty,
-streaming, a finished answer with code (also at the laptop sizes 1366×768 and 1280×720),
-the model picker, the settings, an error, and the
-dark theme. Each state is saved as a PNG of the window (or dialog) as it is on screen.
+`make screenshot` runs it under a window manager (openbox) on a 1920×1080 screen (the
+files without a suffix) and on a 1366×768 one. It opens the real MainWindow on the bundled
+default model at the size it picks for itself, with its chats and settings in a temporary
+folder, and drives it through: empty, streaming, a finished answer with code, the model
+picker, the settings, an error, and the dark theme. Each state is saved as a PNG of the
+screen's pixels under the window (or dialog), its title bar included, and the script
+fails if the window's frame does not fit the screen.
 """
 
+import argparse
 import sys
 import tempfile
 import time
@@ -24,8 +28,6 @@ from app.storage import Store
 from app.theme import apply_theme
 from engine.bundled import default_model
 
-DESKTOP_SIZE = (1440, 900)
-LAPTOP_SIZES = ((1366, 768), (1280, 720))  # the answer with code is also shot at these sizes
 CODE_QUESTION = "Write a Python function that reverses a string, in a code block."
 
 
@@ -49,15 +51,18 @@ def settle(seconds: float = 0.3) -> None:
 
 
 def shoot(widget: QWidget, folder: Path, name: str) -> None:
-    """Save `widget` as it looks now."""
+    """Save the screen's pixels under `widget`'s frame (title bar and all) as they are now."""
     settle()
     path = folder / f"{name}.png"
-    widget.grab().save(str(path))
+    frame, screen = widget.frameGeometry(), widget.screen()
+    if not screen.availableGeometry().contains(frame):
+        raise SystemExit(f"{name}: the frame {frame} does not fit the screen's free area {screen.availableGeometry()}")
+    screen.grabWindow(0, frame.x(), frame.y(), frame.width(), frame.height()).save(str(path))
     print(f"wrote {path}")
 
 
-def main(folder: Path) -> int:
-    """Drive the window through its states and save each one."""
+def main(folder: Path, suffix: str) -> int:
+    """Drive the window through its states and save each one as folder/<state><suffix>.png."""
     folder.mkdir(parents=True, exist_ok=True)
     app = QApplication(sys.argv[:1])
     data = Path(tempfile.mkdtemp(prefix="sprig-screenshots-"))
@@ -65,51 +70,44 @@ def main(folder: Path) -> int:
     apply_theme(app, settings.theme)
     store = Store(data / "sprig.sqlite3")
     window = MainWindow(store, settings, data / "settings.json")
-    window.resize(*DESKTOP_SIZE)
     window.show()
     controller = window.controller
 
     window.add_model(str(default_model().path))
     wait_until(lambda: controller.model_info is not None and not controller.busy)
-    shoot(window, folder, "1-empty")
+    shoot(window, folder, "1-empty" + suffix)
 
     streamed = [""]
     controller.answer_text.connect(lambda text: streamed.__setitem__(0, text))
     controller.send("What is the capital of France, and what is it famous for?")
     wait_until(lambda: len(streamed[0]) > 80)
-    shoot(window, folder, "2-streaming")
+    shoot(window, folder, "2-streaming" + suffix)
     wait_until(lambda: not controller.busy)
 
     controller.send(CODE_QUESTION)
     wait_until(lambda: not controller.busy)
-    shoot(window, folder, "3-answer-with-code")
-    for width, height in LAPTOP_SIZES:
-        window.resize(width, height)
-        shoot(window, folder, f"3-answer-with-code-{width}x{height}")
-    window.resize(*DESKTOP_SIZE)
+    shoot(window, folder, "3-answer-with-code" + suffix)
 
     picker = window.open_model_picker()
     picker.wait_for_headers()
-    shoot(picker, folder, "4-model-picker")
+    shoot(picker, folder, "4-model-picker" + suffix)
     picker.close()
 
     from app.widgets.settings_dialog import SettingsDialog
     dialog = SettingsDialog(controller.settings, list(controller.loaded.backend_notes), window)
     dialog.show()
-    shoot(dialog, folder, "5-settings")
+    shoot(dialog, folder, "5-settings" + suffix)
     dialog.close()
 
     broken = data / "broken.gguf"
     broken.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 64)
     window.add_model(str(broken))
     wait_until(lambda: window.error_banner.isVisible() and not controller.busy)
-    shoot(window, folder, "6-error")
+    shoot(window, folder, "6-error" + suffix)
 
     window.error_banner.hide()
     window.apply_settings(replace(controller.settings, theme="dark"))
-    shoot(window, folder, "7-dark")
-    window.resize(*LAPTOP_SIZES[0])
-    shoot(window, folder, "7-dark-{}x{}".format(*LAPTOP_SIZES[0]))
+    shoot(window, folder, "7-dark" + suffix)
 
     QTimer.singleShot(0, window.close)
     window.close()
@@ -118,4 +116,8 @@ def main(folder: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("docs/screenshots")))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", nargs="?", type=Path, default=Path("docs/screenshots"))
+    parser.add_argument("--suffix", default="", help="added to every file name, e.g. -1366x768")
+    args = parser.parse_args()
+    sys.exit(main(args.folder, args.suffix))

@@ -6,7 +6,7 @@ second; only the last card re-renders), `finish_streaming` when the answer ends.
 an answer streams the view follows it down, unless the user has scrolled up to read.
 """
 
-from PySide6.QtCore import QRect, QSize, Qt, Signal
+from PySide6.QtCore import QPoint, QRect, QSize, Qt, QTimer, Signal
 from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
 
 from app.storage import MessageState
@@ -103,6 +103,7 @@ class ChatView(QScrollArea):
     edit_submitted = Signal(int, str)  # position of the edited user message, its new text
     regenerate_requested = Signal()
     continue_requested = Signal()
+    summary_requested = Signal()
     version_requested = Signal(int, int)  # position of a message, version to show (from 0)
 
     def __init__(self, parent: QWidget | None = None):
@@ -126,10 +127,7 @@ class ChatView(QScrollArea):
         canvas = _Canvas()
         self._list = canvas.column
         self.placeholder = QLabel("Type a message to start", objectName="ChatPlaceholder", wordWrap=True)
-        self.placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        font = self.placeholder.font()
-        font.setPointSizeF(font.pointSizeF() * 1.3)
-        self.placeholder.setFont(font)
+        self.placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)  # larger text: app.theme.LARGE_TEXT
         self._filler = QWidget(visible=False)  # keeps the messages at the top
         self._filler.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Expanding)
         self._list.addWidget(self.placeholder, 1)
@@ -232,11 +230,26 @@ class ChatView(QScrollArea):
         widget.edit_submitted.connect(self.edit_submitted)
         widget.regenerate_requested.connect(self.regenerate_requested)
         widget.continue_requested.connect(self.continue_requested)
+        widget.summary_requested.connect(self.summary_requested)
+        widget.editing_started.connect(lambda: self._bring_editor_into_view(widget))
         widget.version_requested.connect(self.version_requested)
         self._list.insertWidget(self._list.count() - 1, widget)
         widget.resize(self._canvas.card_width(), widget.height())  # lay its text out once, at its width
         self._messages.append(widget)
         return widget
+
+    def _bring_editor_into_view(self, widget: MessageWidget) -> None:
+        """Stop following the bottom and scroll so the card's editor shows from its top, once laid out."""
+        self._follow = False
+        QTimer.singleShot(0, self, lambda: self._scroll_to_editor(widget))
+
+    def _scroll_to_editor(self, widget: MessageWidget) -> None:
+        panel = widget.editor_panel
+        if panel is not None and panel.isVisible():
+            top = panel.mapTo(self._canvas, QPoint(0, 0)).y()
+            bar = self.verticalScrollBar()
+            if not bar.value() <= top <= bar.value() + self.viewport().height() - panel.height():
+                bar.setValue(max(0, top - MARGIN))
 
     def _remove_from(self, index: int) -> None:
         """Delete the layout's widgets from `index` up to (not including) the filler."""

@@ -9,7 +9,7 @@ The look comes from the app's stylesheet (`MessageWidget[role="user"]` …) and 
 """
 
 from PySide6.QtCore import QRect, QSize, Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QCursor, QDesktopServices, QFont, QKeySequence, QResizeEvent, QShortcut
+from PySide6.QtGui import QCursor, QDesktopServices, QKeySequence, QResizeEvent, QShortcut, QTextCursor
 from PySide6.QtWidgets import (
     QApplication,
     QFrame,
@@ -26,7 +26,8 @@ from PySide6.QtWidgets import (
 
 from app.markdown_render import COPY_CODE_SCHEME, code_blocks, split_reasoning
 from app.metrics_text import metrics_summary, metrics_tooltip
-from app.storage import CUT_AT_LIMIT, MessageState, ended_early
+from app.storage import CUT_AT_LIMIT, CUT_BY_CONTEXT, MessageState, ended_early
+from app.widgets.elided_label import ElidedLabel
 from app.widgets.markdown_view import MarkdownView, hint_at_own_width
 
 NOTES = {
@@ -34,16 +35,27 @@ NOTES = {
     MessageState.INTERRUPTED: "Interrupted — the app closed while this answer was being written",
 }
 CUT_NOTE = "Cut off at the token limit (Max tokens in the settings). Continue writes the rest."
+CONTEXT_FULL_NOTE = (
+    "The context is full ({used} of {size} tokens), so the answer stopped here. Continue makes room by "
+    "leaving out the oldest turns; a new chat with a summary starts afresh from a summary of this one."
+)
+
+
+def cut_note(metrics: dict) -> str:
+    """The note under an answer the token limit or a full context cut short ("" for any other)."""
+    reason = metrics.get("finish_reason")
+    if reason == CUT_AT_LIMIT:
+        return CUT_NOTE
+    if reason == CUT_BY_CONTEXT:
+        size = metrics.get("context_size") or 0
+        used = metrics.get("context_used") or size
+        return CONTEXT_FULL_NOTE.format(used=f"{used:,}", size=f"{size:,}")
+    return ""
+
+
 WEB_SCHEMES = ("http", "https")
 COPIED_FEEDBACK_MS = 1200
 PULSE_MS = 400
-
-
-def _small_font(widget: QWidget) -> QFont:
-    """The widget's font at 90 % size, for secondary text."""
-    font = QFont(widget.font())
-    font.setPointSizeF(font.pointSizeF() * 0.9)
-    return font
 
 
 def _action_button(text: str, tooltip: str) -> QToolButton:
@@ -63,6 +75,8 @@ class MessageWidget(QFrame):
     edit_submitted = Signal(int, str)  # position of the edited message, its new text
     regenerate_requested = Signal()
     continue_requested = Signal()
+    summary_requested = Signal()  # a new chat from a summary of this one (offered when the context is full)
+    editing_started = Signal()  # the inline editor opened: the view brings it into sight
     version_requested = Signal(int, int)  # position of the message, version to show (from 0)
 
     def __init__(self, message: dict, dark: bool = False, parent: QWidget | None = None):
@@ -121,8 +135,6 @@ class MessageWidget(QFrame):
         self.model_label = QLabel(self.model or "", objectName="MessageModel")
         self.model_label.setVisible(bool(self.model and self.role == "assistant"))
         self.status_label = QLabel(objectName="MessageStatus", visible=False)
-        for label in (self.model_label, self.status_label):
-            label.setFont(_small_font(label))
         row.addWidget(self.role_label)
         row.addWidget(self.model_label)
         row.addWidget(self.status_label)
@@ -171,8 +183,9 @@ class MessageWidget(QFrame):
         """The metrics line and the action buttons."""
         row = QHBoxLayout()
         row.setSpacing(2)
-        self.details_label = QLabel(objectName="MessageDetails", visible=False)
-        self.details_label.setFont(_small_font(self.details_label))
+        self.details_label = ElidedLabel()  # cut short with "…" in a narrow card: it never widens the transcript
+        self.details_label.setObjectName("MessageDetails")
+        self.details_label.setVisible(False)
         self.copy_button = _action_button("Copy", "Copy this message")
         self.copy_button.clicked.connect(self.copy_to_clipboard)
         self.edit_button = _action_button("Edit", "Edit this message and answer it again (the earlier version is kept)")
@@ -186,6 +199,11 @@ class MessageWidget(QFrame):
         self.continue_button = _action_button("Continue", "Go on writing this answer")
         self.continue_button.clicked.connect(self.continue_requested)
         self.continue_button.setVisible(False)
+        self.summary_button = _action_button(
+            "New chat with a summary", "Start a new chat that begins from a summary of this one"
+        )
+        self.summary_button.clicked.connect(self.summary_requested)
+        self.summary_button.setVisible(False)
         self.previous_button = _action_button("‹", "The previous version of this message")
         self.previous_button.setAccessibleName("Previous version")
         self.previous_button.clicked.connect(lambda: self.version_requested.emit(self.position, self.active - 1))
@@ -198,8 +216,13 @@ class MessageWidget(QFrame):
         row.addWidget(self.next_button)
         row.addWidget(self.details_label)
         row.addStretch(1)
-        for button in (self.copy_button, self.edit_button, self.continue_button, self.regenerate_button):
-            button.setFont(_small_font(button))
+        for button in (
+            self.copy_button,
+            self.edit_button,
+            self.summary_button,
+            self.continue_button,
+            self.regenerate_button,
+        ):
             row.addWidget(button)
         return row
 
@@ -258,8 +281,8 @@ class MessageWidget(QFrame):
         else:
             self._pulse_timer.stop()
         error = (self.metrics or {}).get("error") or "Something went wrong while answering."
-        cut = (self.metrics or {}).get("finish_reason") == CUT_AT_LIMIT and state == MessageState.COMPLETE
-        note = error if state == MessageState.ERROR else CUT_NOTE if cut else NOTES.get(state, "")
+        cut = cut_note(self.metrics or {}) if state == MessageState.COMPLETE else ""
+        note = error if state == MessageState.ERROR else cut or NOTES.get(state, "")
         self.note.setText(note)
         kind = "error" if state == MessageState.ERROR else "info"
         if self.note.property("kind") != kind:
@@ -295,10 +318,13 @@ class MessageWidget(QFrame):
         self.next_button.setEnabled(active < count - 1)
 
     def set_regenerate_visible(self, visible: bool) -> None:
-        """Offer Regenerate, and Continue where the answer ended early (on the last answer only)."""
+        """Offer Regenerate, Continue where the answer ended early, and a new chat with a summary where the
+        context was full (on the last answer only)."""
         self.regenerate_button.setVisible(visible and self.role == "assistant")
         early = ended_early(self.state, self.metrics) and bool(self._content)
         self.continue_button.setVisible(visible and self.role == "assistant" and early)
+        full = (self.metrics or {}).get("finish_reason") == CUT_BY_CONTEXT
+        self.summary_button.setVisible(visible and self.role == "assistant" and full)
 
     def set_actions_enabled(self, enabled: bool) -> None:
         """Allow or block Edit and Regenerate (blocked while an answer streams)."""
@@ -306,6 +332,7 @@ class MessageWidget(QFrame):
             self.edit_button,
             self.regenerate_button,
             self.continue_button,
+            self.summary_button,
             self.previous_button,
             self.next_button,
         ):
@@ -336,10 +363,12 @@ class MessageWidget(QFrame):
         if self.editor_panel is None:
             self.editor_panel = self._build_editor()
         self.editor.setPlainText(self._content)
+        self.editor.moveCursor(QTextCursor.MoveOperation.Start)  # the text from its first line
         self.body.hide()
         self.editor_panel.show()
         self.edit_button.setVisible(False)
         self.editor.setFocus()
+        self.editing_started.emit()
 
     def cancel_edit(self) -> None:
         """Leave the editor; the message is unchanged."""

@@ -11,6 +11,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QProgressBar,
+    QScrollArea,
     QToolButton,
     QVBoxLayout,
     QWidget,
@@ -73,7 +74,8 @@ class MetricsPanel(QFrame):
         self.header.clicked.connect(lambda: self.set_collapsed(not self.is_collapsed()))
 
         self.rate = QLabel(NONE, objectName="MetricsRate")
-        self.caption = QLabel("tok/s", objectName="MetricsCaption")
+        self.caption = QLabel("tok/s", objectName="MetricsCaption", wordWrap=True)
+        self.caption.setMinimumWidth(1)
         self.sparkline = Sparkline()
         rate_row = QHBoxLayout()
         rate_row.addWidget(self.rate)
@@ -98,22 +100,30 @@ class MetricsPanel(QFrame):
         grid.addWidget(self.context_bar, grid.rowCount(), 0, 1, 2)
         self.memory = self._add_row(grid, "Memory")
         self.backend = self._add_row(grid, "Backend")
-        self.backend.setWordWrap(True)
         self.notes = QLabel(objectName="MetricsWarning", wordWrap=True, visible=False)
 
-        self.body = QWidget()
-        body = QVBoxLayout(self.body)
+        figures = QWidget()
+        figures.setObjectName("MetricsFigures")
+        body = QVBoxLayout(figures)
         body.setContentsMargins(0, 0, 0, 0)
         body.addLayout(rate_row)
         body.addWidget(self.sparkline)
         body.addLayout(grid)
         body.addWidget(self.notes)
+        body.addStretch()
+        # Taller than the window (large text, a low window), the figures scroll rather than squeeze.
+        self.body = QScrollArea()
+        self.body.setWidgetResizable(True)
+        self.body.setFrameShape(QFrame.Shape.NoFrame)
+        self.body.setObjectName("MetricsBody")
+        self.body.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.body.setWidget(figures)
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(10, 6, 10, 10)
         layout.addWidget(self.header, 0, Qt.AlignmentFlag.AlignLeft)
-        layout.addWidget(self.body)
-        layout.addStretch()
+        layout.addWidget(self.body, 1)
+        layout.addStretch()  # keeps the header at the top while the body is folded away
 
         self._memory_timer = QTimer(self, interval=1000)
         self._memory_timer.timeout.connect(self._refresh_memory)
@@ -121,10 +131,11 @@ class MetricsPanel(QFrame):
 
     @staticmethod
     def _add_row(grid: QGridLayout, key: str) -> QLabel:
-        """Append a "key  value" row to `grid`; return the value label."""
+        """Append a "key  value" row to `grid`; return the value label, which wraps its text."""
         row = grid.rowCount()
         grid.addWidget(QLabel(key, objectName="MetricsKey"), row, 0, Qt.AlignmentFlag.AlignTop)
-        value = QLabel(NONE)
+        value = QLabel(NONE, wordWrap=True)  # a long figure wraps in a narrow panel or at a large text size
+        value.setMinimumWidth(1)
         grid.addWidget(value, row, 1)
         return value
 

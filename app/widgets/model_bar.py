@@ -6,7 +6,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QProgressBar, QPushButton, QToolButton, QWidget
 
 from app.backend_status import BackendStatus
-from app.model_library import ModelInfo, format_bytes, format_parameters
+from app.model_library import ModelInfo, describe_parameters, format_bytes
 from app.widgets.elided_label import ElidedButton, ElidedLabel
 
 MODEL_BUTTON_WIDTH = 300  # the most the model's name may take in the top bar, in pixels
@@ -62,6 +62,7 @@ class ModelBar(QFrame):
         layout.addWidget(self.settings_button)
         layout.addWidget(self.metrics_button)
         self.model_path: Path | None = None  # the file of the model shown
+        self._info: ModelInfo | None = None
         self.set_model_text("No model loaded", "Choose, add or remove models (Ctrl+L)")
         self.set_loading(False)
 
@@ -80,8 +81,9 @@ class ModelBar(QFrame):
             self.progress.setFormat("Starting %p%")
             self.unload_button.setEnabled(False)
 
-    def set_model(self, info: ModelInfo | None) -> None:
-        """Name the loaded model (None: nothing loaded)."""
+    def set_model(self, info: ModelInfo | None, context: int | None = None) -> None:
+        """Name the loaded model (None: nothing loaded) and the context in use (None: the model's own)."""
+        self._info = info
         if info is None:
             self.model_path = None
             self.set_model_text("No model loaded", "Choose, add or remove models (Ctrl+L)")
@@ -90,10 +92,7 @@ class ModelBar(QFrame):
             return
         self.model_path = info.path
         self.set_model_text(info.name, f"{info.name}\n{info.path}\nChoose, add or remove models (Ctrl+L)")
-        self.details.setText(
-            f"{info.architecture} · {format_parameters(info.parameters)} · {info.quantization} · "
-            f"{format_bytes(info.file_size)} · ctx {info.context_length:,}"
-        )
+        self.set_context(context)
         self.unload_button.setEnabled(True)
 
     def set_download(self, text: str | None, tip: str = "") -> None:
@@ -101,6 +100,23 @@ class ModelBar(QFrame):
         self.download_button.setVisible(text is not None)
         self.download_button.setText(text or "")
         self.download_button.setToolTip(tip)
+
+    def set_context(self, context: int | None) -> None:
+        """Show the context the chat uses (the metrics panel's figure), and the model's own where larger."""
+        info = self._info
+        if info is None:
+            return
+        used = context or info.context_length
+        ctx = f"ctx {used:,}" + (f" of {info.context_length:,}" if info.context_length > used else "")
+        text = (
+            f"{info.architecture} · {describe_parameters(info)} · {info.quantization} · "
+            f"{format_bytes(info.file_size)} · {ctx}"
+        )
+        self.details.setText(text)
+        self.details.setToolTip(
+            f"{text}\nThe chat uses a context of {used:,} tokens (Settings, Chat); the model was trained "
+            f"for {info.context_length:,}."
+        )
 
     def set_backend(self, status: BackendStatus) -> None:
         """Show the backend in use; its details in the tooltip; a warning sign only for an idle GPU."""

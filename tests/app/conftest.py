@@ -69,3 +69,13 @@ def window(qtbot, tmp_path, request):
     yield win
     close_window(win)
 
+
+
+@pytest.fixture
+def restore_look(qapp):
+    """Put the app's palette, stylesheet and font back after a test that changes the look (they are app-wide)."""
+    palette, sheet, font = qapp.palette(), qapp.styleSheet(), qapp.font()
+    yield qapp
+    qapp.setFont(font)
+    qapp.setPalette(palette)
+    qapp.setStyleSheet(sheet)

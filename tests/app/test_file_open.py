@@ -47,7 +47,7 @@ def test_a_gguf_opened_from_finder_loads_in_the_window(qapp, qtbot, tmp_path):
             post_open(qapp, str(model))
         assert loaded.args[0].path == model
         post_open(qapp, str(tmp_path / "notes.txt"))
-        assert "notes.txt is not a GGUF model file" in window.error_banner.label.text()
+        assert "notes.txt is not a GGUF model file" in window.error_banner.text()
     finally:
         qapp.removeEventFilter(opened)
         close_window(window)

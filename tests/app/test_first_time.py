@@ -24,7 +24,7 @@ def test_a_guessed_template_and_a_base_model_are_told_once_and_cleared(qtbot, tm
         window.controller.model_notice.connect(notices.append)
         load(qtbot, window, bare)
         qtbot.waitUntil(lambda: len(notices) >= 1)
-        text = window.info_banner.label.text()
+        text = window.info_banner.text()
         assert window.info_banner.isVisible()
         assert "no chat template" in text and "ChatML" in text and "base model" in text
         assert len([n for n in notices if "no chat template" in n]) == 1
@@ -64,7 +64,7 @@ def test_the_window_fits_a_laptop_screen(qtbot, window):
         # The long texts are cut short, and whole in their tooltips.
         button = window.model_bar.model_button
         assert "…" in button.text() and long_name in button.toolTip()
-        assert window.model_bar.details.toolTip() == window.model_bar.details.text()
+        assert window.model_bar.details.text() in window.model_bar.details.toolTip()
         assert window.model_bar.backend_label.is_elided()
 
 
@@ -91,7 +91,7 @@ def test_loading_tells_one_story_and_cancel_is_not_an_error(qtbot, tmp_path):
         with qtbot.waitSignal(window.controller.model_unloaded, timeout=LOAD_TIMEOUT_MS):
             window.model_bar.cancel_button.click()
         assert not window.error_banner.isVisible()
-        assert window.info_banner.isVisible() and "cancelled" in window.info_banner.label.text()
+        assert window.info_banner.isVisible() and "cancelled" in window.info_banner.text()
     finally:
         close_window(window)
 
@@ -102,7 +102,7 @@ def test_loading_over_a_chat_says_so_above_it(qtbot, window):
                           check_params_cb=lambda fraction, _stage: fraction > 0.2):
         window.add_model(str(bundled_model("gemma3").path))
     assert window.loading_label.isVisible() and "gemma-3-270m" in window.loading_label.text()
-    with qtbot.waitSignal(window.controller.model_unloaded, timeout=LOAD_TIMEOUT_MS):
+    with qtbot.waitSignal(window.controller.model_loaded, timeout=LOAD_TIMEOUT_MS):  # the model in use stays
         window.controller.cancel()
     assert not window.loading_label.isVisible()
 

@@ -342,15 +342,6 @@ def test_use_global_settings_clears_the_overrides(conversation_dialog):
 # ---- themes -----------------------------------------------------------------------
 
 
-@pytest.fixture
-def restore_look(qapp):
-    """Put the app's palette and stylesheet back after a theme test."""
-    palette, sheet = qapp.palette(), qapp.styleSheet()
-    yield qapp
-    qapp.setPalette(palette)
-    qapp.setStyleSheet(sheet)
-
-
 def test_themes_set_palette_and_stylesheet(restore_look):
     qapp = restore_look
 
