@@ -274,6 +274,11 @@ class Backend(ABC):
         """
 
     @abstractmethod
+    def layer_norm(self, x: Tensor, weight: Any, bias: Any, eps: float) -> Tensor:
+        """LayerNorm over the last axis of x (T, D): (x - mean) / sqrt(var + eps) * weight, plus
+        bias (D,) where not None (Command-R without, StarCoder2 with)."""
+
+    @abstractmethod
     def rope(
         self,
         x: Tensor,
@@ -335,6 +340,14 @@ class Backend(ABC):
         "swiglu_oai" is gpt-oss's clamped form: with g = min(gate, 7) and u = clamp(up, -7, 7),
         g * sigmoid(1.702 * g) * (u + 1).
         """
+
+    @abstractmethod
+    def activation(self, x: Tensor, kind: str) -> Tensor:
+        """act(x), elementwise, for kind "silu" or "gelu_tanh" (an MLP without a gate)."""
+
+    @abstractmethod
+    def scale(self, x: Tensor, factor: float) -> Tensor:
+        """x times `factor`, elementwise (Granite's residual multiplier, logit scales)."""
 
     @abstractmethod
     def route(self, logits: Tensor, routing: Routing) -> Tensor:

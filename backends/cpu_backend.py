@@ -298,6 +298,14 @@ class CpuBackend(Backend):
         self._emit("rms_norm", _bufs(a=x, b=weight, out=out), rows=int(np.prod(x.shape)) // dim, dim=dim, eps=eps)
         return out
 
+    def layer_norm(self, x: Any, weight: np.ndarray, bias: np.ndarray | None, eps: float) -> Any:
+        x = _contiguous(x)
+        out = self._new(x.shape)
+        dim = x.shape[-1]
+        rows = int(np.prod(x.shape)) // dim
+        self._emit("layer_norm", _bufs(a=x, b=weight, c=bias, out=out), rows=rows, dim=dim, eps=eps)
+        return out
+
     def rope(
         self, x: Any, positions: Any, base: float, rope_dim: int, neox: bool, freq_factors: np.ndarray | None = None
     ) -> Any:
@@ -400,6 +408,20 @@ class CpuBackend(Backend):
             elements=int(np.prod(gate.shape)),
             activation=_ACTIVATIONS[kind],
         )
+        return out
+
+    def activation(self, x: Any, kind: str) -> Any:
+        if kind not in ("silu", "gelu_tanh"):
+            raise ValueError(f"{kind!r} is not an activation of one input")
+        out = self._new(x.shape)
+        self._emit(
+            "gated", _bufs(a=_contiguous(x), out=out), elements=int(np.prod(x.shape)), activation=_ACTIVATIONS[kind]
+        )
+        return out
+
+    def scale(self, x: Any, factor: float) -> Any:
+        out = self._new(x.shape)
+        self._emit("scale", _bufs(a=_contiguous(x), out=out), elements=int(np.prod(x.shape)), factor=factor)
         return out
 
     def route(self, logits: Any, routing: Routing) -> Any:

@@ -289,6 +289,17 @@ class MLXBackend(Backend):
             out = _softcapped_attention(queries, keys, values, settings.scale, settings.softcap, mask)
         return out[0].transpose(1, 0, 2).reshape(n_new, -1)  # (1, H, T, Dv) -> (T, H * Dv)
 
+    def layer_norm(self, x: mx.array, weight: mx.array, bias: mx.array | None, eps: float) -> mx.array:
+        return mx.fast.layer_norm(x, weight, bias, eps)
+
+    def activation(self, x: mx.array, kind: str) -> mx.array:
+        if kind == "swiglu_oai":
+            raise ValueError("swiglu_oai needs a gate and an up projection")
+        return self.gated_activation(x, mx.ones_like(x), kind)
+
+    def scale(self, x: mx.array, factor: float) -> mx.array:
+        return x * factor
+
     def gated_activation(self, gate: mx.array, up: mx.array, kind: str) -> mx.array:
         if kind == "silu":
             return gate * mx.sigmoid(gate) * up

@@ -16,7 +16,11 @@
  *            with per_row (a batch of sequences)
  *   ATTN     q, k, v -> out (tokens, heads * value_dim) over the layer's cache (see ops.c); d,
  *            when given, each head's sink logit (heads,), one more term of each softmax
- *   GATED    act(a) * b, `elements` of them, activation 0 silu, 1 gelu_tanh, 2 swiglu_oai
+ *   GATED    act(a) * b, `elements` of them, activation 0 silu, 1 gelu_tanh, 2 swiglu_oai; without
+ *            b, act(a) alone (silu, gelu_tanh: an ungated MLP)
+ *   LAYERNORM a (rows, dim) less its mean, over its standard deviation, times b (dim), plus c
+ *            (dim) when given
+ *   SCALE    a times `factor`
  *   ADD      a + b
  *   SOFTCAP  cap * tanh(a / cap)
  *   ROUTE    router logits a (tokens, experts) -> out (tokens, 2 * used): each token's `used`
@@ -36,7 +40,9 @@
     X(ADD, add, 7, INTS(elements), FLOATS())                                                                    \
     X(SOFTCAP, softcap, 8, INTS(elements), FLOATS(cap))                                                         \
     X(ROUTE, route, 9, INTS(tokens, experts, used, order, normalize), FLOATS())                                 \
-    X(EXPERTS, experts, 10, INTS(tokens, experts, used, ffn, activation), FLOATS())
+    X(EXPERTS, experts, 10, INTS(tokens, experts, used, ffn, activation), FLOATS())                            \
+    X(LAYERNORM, layer_norm, 11, INTS(rows, dim), FLOATS(eps))                                                  \
+    X(SCALE, scale, 12, INTS(elements), FLOATS(factor))
 #define INTS(...) __VA_ARGS__
 #define FLOATS(...) __VA_ARGS__
 

@@ -14,6 +14,7 @@ import numpy as np
 from backends.base import AttentionState, Backend, LayerAttention, PassInput
 from engine.config import ModelConfig
 from engine.models.block import Block, LayerReader, TensorSpec
+from engine.models.layer import norm
 
 if TYPE_CHECKING:
     from engine.models.common import Transformer
@@ -34,6 +35,11 @@ class LayerRope:
     freq_factors: np.ndarray | None = None
 
 
+def _qk_norm(c: ModelConfig, heads: int) -> tuple[int, ...]:
+    """A q or k norm's weight: one head's width, or the whole projection's (OLMo 2)."""
+    return (heads * c.head_dim,) if c.qk_norm_whole else (c.head_dim,)
+
+
 class Attention(Block):
     """Grouped-query self-attention with rotary positions over one layer's KV state."""
 
@@ -45,8 +51,8 @@ class Attention(Block):
         TensorSpec("attn_q.bias", "bq", lambda c: (c.n_heads * c.head_dim,), optional=True),
         TensorSpec("attn_k.bias", "bk", lambda c: (c.n_kv_heads * c.head_dim,), optional=True),
         TensorSpec("attn_v.bias", "bv", lambda c: (c.n_kv_heads * c.value_head_dim,), optional=True),
-        TensorSpec("attn_q_norm.weight", "q_norm", lambda c: (c.head_dim,), optional=True),
-        TensorSpec("attn_k_norm.weight", "k_norm", lambda c: (c.head_dim,), optional=True),
+        TensorSpec("attn_q_norm.weight", "q_norm", lambda c: _qk_norm(c, c.n_heads), optional=True),
+        TensorSpec("attn_k_norm.weight", "k_norm", lambda c: _qk_norm(c, c.n_kv_heads), optional=True),
         TensorSpec("attn_output.bias", "bo", lambda c: (c.d_model,), optional=True),
         TensorSpec("attn_sinks.weight", "sinks", lambda c: (c.n_heads,), optional=True, host=True),
     )
@@ -66,7 +72,7 @@ class Attention(Block):
         self.backend: Backend = reader.backend
         self.config: ModelConfig = model.config
         self.index = index
-        self.rope: LayerRope = model.layer_rope(index)
+        self.rope: LayerRope | None = model.layer_rope(index)  # None: this layer uses no positions
         self.settings: LayerAttention = model.layer_attention(index)
         self.read_tensors(reader)
         if self.sinks is not None:
@@ -85,14 +91,16 @@ class Attention(Block):
         """Attend `h` (T, D) over the state, writing the new keys and values: (T, D)."""
         be, cfg, n = self.backend, self.config, len(p.positions)
         q, k, v = be.linear_fused(h, self.qkv, (self.bq, self.bk, self.bv))
+        if self.q_norm is not None and cfg.qk_norm_whole:  # OLMo 2: over the whole projection
+            q, k = norm(be, cfg, q, self.q_norm), norm(be, cfg, k, self.k_norm)
         q = q.reshape(n, cfg.n_heads, cfg.head_dim)  # (T, H, Dh)
         k = k.reshape(n, cfg.n_kv_heads, cfg.head_dim)  # (T, Hkv, Dh)
         v = v.reshape(n, cfg.n_kv_heads, cfg.value_head_dim)  # (T, Hkv, Dv)
-        if self.q_norm is not None:
-            q = be.rms_norm(q, self.q_norm, cfg.rms_eps)
-            k = be.rms_norm(k, self.k_norm, cfg.rms_eps)
-        q = be.rope(q, p.positions, self.rope.base, cfg.rope_dim, cfg.rope_neox, self.rope.freq_factors)
-        k = be.rope(k, p.positions, self.rope.base, cfg.rope_dim, cfg.rope_neox, self.rope.freq_factors)
+        if self.q_norm is not None and not cfg.qk_norm_whole:  # per head
+            q, k = norm(be, cfg, q, self.q_norm), norm(be, cfg, k, self.k_norm)
+        if self.rope is not None:
+            q = be.rope(q, p.positions, self.rope.base, cfg.rope_dim, cfg.rope_neox, self.rope.freq_factors)
+            k = be.rope(k, p.positions, self.rope.base, cfg.rope_dim, cfg.rope_neox, self.rope.freq_factors)
         if len(p.segments) == 1:
             segment = p.segments[0]
             out = be.attention(q, k, v, segment.state, self.index, segment.start, self.settings)  # (T, H * Dv)

@@ -68,6 +68,10 @@ class LayerReader:
         info = self.file.tensors.get(f"blk.{self.index}.{suffix}")
         return None if info is None else dequantize(info.data, info.ggml_type, info.shape)
 
+    def optional_weight(self, name: str) -> Any:
+        """The prepared weight `name` outside the layers, or None if the file has none."""
+        return self.global_weight(name) if name in self.file.tensors else None
+
     def global_weight(self, name: str) -> Any:
         """The prepared weight `name` (a tensor outside the layers, or a whole name)."""
         info = self.file.tensors[name]
