@@ -307,7 +307,14 @@ class CpuBackend(Backend):
         return out
 
     def rope(
-        self, x: Any, positions: Any, base: float, rope_dim: int, neox: bool, freq_factors: np.ndarray | None = None
+        self,
+        x: Any,
+        positions: Any,
+        base: float,
+        rope_dim: int,
+        neox: bool,
+        freq_factors: np.ndarray | None = None,
+        mscale: float = 1.0,
     ) -> Any:
         if isinstance(positions, StepInput):
             pos, per_row = positions.view, positions.per_row
@@ -328,6 +335,7 @@ class CpuBackend(Backend):
             rope_dim=rope_dim,
             neox=neox,
             per_row=per_row,
+            mscale=mscale,
         )
         return out
 

@@ -230,6 +230,7 @@ class MLXBackend(Backend):
         rope_dim: int,
         neox: bool,
         freq_factors: np.ndarray | None = None,
+        mscale: float = 1.0,
     ) -> mx.array:
         """As the contract says, for consecutive positions (all the transformer passes):
         MLX's fast RoPE takes the first position and counts on from it."""
@@ -243,6 +244,8 @@ class MLXBackend(Backend):
         out = mx.fast.rope(
             heads, rope_dim, traditional=not neox, scale=1.0, offset=_first_position(positions), **frequencies
         )
+        if mscale != 1.0:  # the rotated features only
+            out = mx.concatenate([out[..., :rope_dim] * mscale, out[..., rope_dim:]], axis=-1)
         return out.transpose(1, 0, 2)  # (T, heads, Dh)
 
     def attention(

@@ -207,14 +207,15 @@ class NumpyBackend(Backend):
         rope_dim: int,
         neox: bool,
         freq_factors: np.ndarray | None = None,
+        mscale: float = 1.0,
     ) -> np.ndarray:
         half = rope_dim // 2
         inv_freq = base ** (-np.arange(half, dtype=np.float64) * 2.0 / rope_dim)
         if freq_factors is not None:
             inv_freq = inv_freq / freq_factors
         angles = np.outer(np.asarray(positions, dtype=np.float64), inv_freq)  # (T, half)
-        cos = np.cos(angles).astype(np.float32)[:, None, :]  # (T, 1, half)
-        sin = np.sin(angles).astype(np.float32)[:, None, :]  # (T, 1, half)
+        cos = (np.cos(angles) * mscale).astype(np.float32)[:, None, :]  # (T, 1, half)
+        sin = (np.sin(angles) * mscale).astype(np.float32)[:, None, :]  # (T, 1, half)
         out = x.copy()
         if neox:
             a, b = x[..., :half], x[..., half:rope_dim]

@@ -43,6 +43,7 @@ class Family:
     rope_neox: bool = True
     scale_embeddings: bool = False  # multiply embeddings by sqrt(d_model), as Gemma does
     sliding_window_pattern: int = 0  # every n-th layer is global; the others use the window
+    all_layers_slide: bool = False  # every layer uses the window, where the file sets one (Phi-3)
     rope_base_local: float | None = None  # RoPE base of the sliding-window layers, if it differs
     attn_logit_softcap: float | None = None  # the default where the file has no value
     final_logit_softcap: float | None = None
@@ -79,12 +80,13 @@ class ModelConfig:
     attn_scale: float  # multiplies q.k before the softmax
     tie_embeddings: bool  # no output.weight: the output projection is token_embd.weight
     sliding_window: int | None
-    sliding_window_pattern: int  # 0: every layer is global
+    sliding_window_pattern: int  # every n-th layer is global; 0: with a window, none is
     attn_logit_softcap: float | None
     final_logit_softcap: float | None
     embedding_scale: float
     activation: str  # "silu", "gelu_tanh" or "swiglu_oai"
-    rope_original_context: int  # the context the model was trained at before RoPE scaling (YaRN)
+    rope_original_context: int  # the context the model was trained at before RoPE scaling (YaRN, LongRoPE)
+    rope_attn_factor: float  # what LongRoPE scales queries and keys by (1: nothing)
     yarn_beta_fast: float  # YaRN's ramp: frequencies rotating more than this often are kept
     yarn_beta_slow: float  # ...and less than this often, interpolated
     n_experts: int = 0  # experts per MoE layer (0: a dense model)
@@ -97,8 +99,10 @@ class ModelConfig:
 
     def is_sliding(self, layer: int) -> bool:
         """Whether `layer` attends within the sliding window (Gemma 3: all but every 6th layer)."""
+        if self.sliding_window is None:
+            return False
         pattern = self.sliding_window_pattern
-        return pattern > 0 and (layer + 1) % pattern != 0
+        return pattern == 0 or (layer + 1) % pattern != 0
 
     def uses_rope(self, layer: int) -> bool:
         """Whether `layer` rotates its queries and keys (SmolLM3's every 4th layer and Command
@@ -164,7 +168,7 @@ class ModelConfig:
                 f, "attention.scale", 1.0 / math.sqrt(d_model / n_heads if query_by_d_model else head_dim)
             ),
             tie_embeddings="output.weight" not in f.tensors,
-            sliding_window=_positive_int(f, "attention.sliding_window") if family.sliding_window_pattern else None,
+            sliding_window=_sliding_window(f, family),
             sliding_window_pattern=family.sliding_window_pattern,
             attn_logit_softcap=_optional_float(f, "attn_logit_softcapping", family.attn_logit_softcap),
             final_logit_softcap=_optional_float(f, "final_logit_softcapping", family.final_logit_softcap),
@@ -173,6 +177,7 @@ class ModelConfig:
             ),
             activation=family.activation,
             rope_original_context=_positive_int(f, "rope.scaling.original_context_length", context_length),
+            rope_attn_factor=_positive_float(f, "rope.scaling.attn_factor", 1.0),
             yarn_beta_fast=_positive_float(f, "rope.scaling.yarn_beta_fast", 32.0),
             yarn_beta_slow=_positive_float(f, "rope.scaling.yarn_beta_slow", 1.0),
             no_rope_every=family.no_rope_every,
@@ -215,6 +220,16 @@ def _optional_float(f: GGUFFile, suffix: str, default: float | None) -> float | 
     if f.arch_key(suffix, None) is None:
         return default
     return _positive_float(f, suffix)
+
+
+def _sliding_window(f: GGUFFile, family: Family) -> int | None:
+    """The window of the sliding layers: required where the family interleaves them, read
+    where every layer may slide (0 or none: no window)."""
+    if family.sliding_window_pattern:
+        return _positive_int(f, "attention.sliding_window")
+    if family.all_layers_slide and f.arch_key("attention.sliding_window", 0):
+        return _positive_int(f, "attention.sliding_window")
+    return None
 
 
 def _logit_scale(f: GGUFFile, family: Family) -> float:

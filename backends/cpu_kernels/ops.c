@@ -200,6 +200,7 @@ static void layer_norm(const Op *op) {
  * share them). Keyed by the table's values, not its address: a freed table's address comes back. */
 static struct {
     double table[4096];
+    float mscale;
     int64_t half, count, positions, angles; /* in use, and room for: positions, positions x half */
     int64_t *pos;
     float *cos, *sin; /* (count, half) */
@@ -207,7 +208,8 @@ static struct {
 
 /* Fills the cache for the T positions of this pass unless it holds them already. */
 static int rope_angles(const Op *op, int64_t T, int64_t half) {
-    int fresh = rope_cache.half == half && rope_cache.count == T &&
+    float mscale = op->floats.rope.mscale;
+    int fresh = rope_cache.half == half && rope_cache.count == T && rope_cache.mscale == mscale &&
                 memcmp(rope_cache.table, op->table, sizeof(double) * (size_t)half) == 0;
     for (int64_t t = 0; fresh && t < T; t++) fresh = rope_cache.pos[t] == (op->ints.rope.per_row ? op->pos[t] : *op->pos + t);
     if (fresh) return 0;
@@ -226,12 +228,13 @@ static int rope_angles(const Op *op, int64_t T, int64_t half) {
         int64_t pos = op->ints.rope.per_row ? op->pos[t] : *op->pos + t;
         for (int64_t i = 0; i < half; i++) {
             double angle = (double)pos * op->table[i];
-            rope_cache.cos[t * half + i] = (float)cos(angle);
-            rope_cache.sin[t * half + i] = (float)sin(angle);
+            rope_cache.cos[t * half + i] = (float)(cos(angle) * mscale);
+            rope_cache.sin[t * half + i] = (float)(sin(angle) * mscale);
         }
         rope_cache.pos[t] = pos;
     }
     memcpy(rope_cache.table, op->table, sizeof(double) * (size_t)half);
+    rope_cache.mscale = mscale;
     rope_cache.half = half;
     rope_cache.count = T;
     return 0;

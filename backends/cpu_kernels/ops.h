@@ -13,7 +13,7 @@
  *   RMSNORM  a (rows, dim) normalised, times b (dim): out
  *   ROPE     a (tokens, heads, dim), rotating the first rope_dim (neox: halves, else pairs),
  *            inverse frequencies `table` f64 (rope_dim / 2); positions pos[0] + t, or pos[t]
- *            with per_row (a batch of sequences)
+ *            with per_row (a batch of sequences); the rotated features times mscale
  *   ATTN     q, k, v -> out (tokens, heads * value_dim) over the layer's cache (see ops.c); d,
  *            when given, each head's sink logit (heads,), one more term of each softmax
  *   GATED    act(a) * b, `elements` of them, activation 0 silu, 1 gelu_tanh, 2 swiglu_oai; without
@@ -33,7 +33,7 @@
     X(EMBED, embed, 1, INTS(tokens), FLOATS(scale))                                                             \
     X(LINEAR, linear, 2, INTS(tokens), FLOATS())                                                                \
     X(RMSNORM, rms_norm, 3, INTS(rows, dim), FLOATS(eps))                                                       \
-    X(ROPE, rope, 4, INTS(tokens, heads, dim, rope_dim, neox, per_row), FLOATS())                               \
+    X(ROPE, rope, 4, INTS(tokens, heads, dim, rope_dim, neox, per_row), FLOATS(mscale))                         \
     X(ATTN, attention, 5, INTS(tokens, heads, kv_heads, head_dim, value_dim, slots, window, ring),              \
       FLOATS(scale, softcap))                                                                                   \
     X(GATED, gated, 6, INTS(elements, activation), FLOATS())                                                    \

@@ -7,7 +7,7 @@ and soft-cap (`backends.base.LayerAttention`), and which optional tensors the fi
 """
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -33,6 +33,7 @@ class LayerRope:
 
     base: float
     freq_factors: np.ndarray | None = None
+    mscale: float = 1.0  # what the rotated features are multiplied by (YaRN, LongRoPE)
 
 
 def _qk_norm(c: ModelConfig, heads: int) -> tuple[int, ...]:
@@ -43,7 +44,7 @@ def _qk_norm(c: ModelConfig, heads: int) -> tuple[int, ...]:
 class Attention(Block):
     """Grouped-query self-attention with rotary positions over one layer's KV state."""
 
-    TENSORS = (
+    TENSORS: ClassVar[tuple[TensorSpec, ...]] = (
         TensorSpec("attn_q.weight", "wq", lambda c: (c.n_heads * c.head_dim, c.d_model)),
         TensorSpec("attn_k.weight", "wk", lambda c: (c.n_kv_heads * c.head_dim, c.d_model)),
         TensorSpec("attn_v.weight", "wv", lambda c: (c.n_kv_heads * c.value_head_dim, c.d_model)),
@@ -85,7 +86,12 @@ class Attention(Block):
         cfg, window = self.config, self.settings.window
         ring = window is not None and window + RING_SLACK - 1 < n_ctx
         slots = window + RING_SLACK - 1 if ring and window is not None else n_ctx
-        return AttentionState(cfg.n_kv_heads, cfg.head_dim, cfg.value_head_dim, slots, window if ring else None)
+        return AttentionState(cfg.n_kv_heads, cfg.head_dim, cfg.value_head_dim, slots, window if ring else None, n_ctx)
+
+    def pass_rope(self, p: PassInput) -> LayerRope | None:
+        """How this pass rotates: the layer's RoPE (a family whose rotation depends on the
+        context, as Phi-3's LongRoPE, chooses here)."""
+        return self.rope
 
     def __call__(self, h: Any, p: PassInput) -> Any:
         """Attend `h` (T, D) over the state, writing the new keys and values: (T, D)."""
@@ -98,9 +104,10 @@ class Attention(Block):
         v = v.reshape(n, cfg.n_kv_heads, cfg.value_head_dim)  # (T, Hkv, Dv)
         if self.q_norm is not None and not cfg.qk_norm_whole:  # per head
             q, k = norm(be, cfg, q, self.q_norm), norm(be, cfg, k, self.k_norm)
-        if self.rope is not None:
-            q = be.rope(q, p.positions, self.rope.base, cfg.rope_dim, cfg.rope_neox, self.rope.freq_factors)
-            k = be.rope(k, p.positions, self.rope.base, cfg.rope_dim, cfg.rope_neox, self.rope.freq_factors)
+        rope = self.pass_rope(p)
+        if rope is not None:
+            q = be.rope(q, p.positions, rope.base, cfg.rope_dim, cfg.rope_neox, rope.freq_factors, rope.mscale)
+            k = be.rope(k, p.positions, rope.base, cfg.rope_dim, cfg.rope_neox, rope.freq_factors, rope.mscale)
         if len(p.segments) == 1:
             segment = p.segments[0]
             out = be.attention(q, k, v, segment.state, self.index, segment.start, self.settings)  # (T, H * Dv)

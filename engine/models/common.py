@@ -24,7 +24,7 @@ from engine.models.attention import Attention, LayerRope
 from engine.models.block import Block, LayerReader, check_layer_tensors
 from engine.models.layer import DecoderLayer, norm
 from engine.models.mlp import DenseMLP
-from engine.models.rope_scaling import linear_divisors, yarn_divisors, yarn_score_factor
+from engine.models.rope_scaling import linear_divisors, yarn_divisors, yarn_mscale
 
 
 class Transformer:
@@ -85,13 +85,10 @@ class Transformer:
         check_layer_tensors(f, config, blocks, cls.family.layer_tensors)
 
     def layer_attention(self, i: int) -> LayerAttention:
-        """Attention settings of layer i: scale (with YaRN's factor), sliding window, soft-capping."""
+        """Attention settings of layer i: scale, sliding window, soft-capping."""
         cfg = self.config
         window = cfg.sliding_window if cfg.is_sliding(i) else None
-        scale = cfg.attn_scale
-        if cfg.rope_scaling_type == "yarn" and cfg.rope_scaling_factor:
-            scale *= yarn_score_factor(cfg.rope_scaling_factor)
-        return LayerAttention(scale, window, cfg.attn_logit_softcap)
+        return LayerAttention(cfg.attn_scale, window, cfg.attn_logit_softcap)
 
     def layer_rope(self, i: int) -> LayerRope | None:
         """RoPE base of layer i, with the file's RoPE scaling (linear: global layers only;
@@ -106,7 +103,7 @@ class Transformer:
             divisors = yarn_divisors(
                 cfg.rope_dim, base, factor, cfg.rope_original_context, cfg.yarn_beta_fast, cfg.yarn_beta_slow
             )
-            return LayerRope(base, divisors)
+            return LayerRope(base, divisors, yarn_mscale(factor))
         return LayerRope(base)
 
     def layer_states(self, n_ctx: int) -> list[LayerState]:
