@@ -19,7 +19,9 @@ import pytest
 
 from engine import chat_template
 from engine.chat_template import ChatTemplate
+from backends.base import Segment
 from engine.loader import load_model
+from tests.engine.parity_models import op_by_op
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 FAMILIES = ["phi3", "gemma", "command-r", "cohere2", "starcoder2", "olmo2", "granite", "smollm3"]
@@ -114,3 +116,21 @@ def test_the_familys_template_renders_as_transformers_does(arch, monkeypatch):
     template = ChatTemplate(meta["chat_template"], **tokens)
     rendered = template.render(meta["chat_messages"], add_generation_prompt=True)
     assert rendered == meta["chat_rendered"]
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_cpu_recorded_passes_equal_the_ops_one_by_one(arch):
+    ref, _ = reference(arch)
+    loaded = load(arch, "q8_0", "cpu")
+    try:
+        prompt = [int(t) for t in max(prompts(ref), key=len)]
+        recorded, eager = loaded.new_cache(64), loaded.new_cache(64)
+        for cache in (recorded, eager):
+            cache.feed(loaded.model, prompt[:20])
+        check = loaded.model.forward(np.asarray(prompt[20:24]), 20, recorded.storage, all_logits=True)  # a draft's check
+        np.testing.assert_array_equal(check, op_by_op(loaded.model, prompt[20:24], [Segment(eager.storage, 20, 4)]))
+        batch = loaded.model.decode_batch(np.array([7, 9]), np.array([24, 24]), [recorded.storage, eager.storage])
+        alone = op_by_op(loaded.model, [7], [Segment(recorded.storage, 24, 1)])
+        np.testing.assert_array_equal(batch[:1], alone)  # a batch row is the sequence alone
+    finally:
+        loaded.close()
