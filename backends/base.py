@@ -117,6 +117,7 @@ class AttentionState:
     value_dim: int
     slots: int
     window: int | None = None
+    context: int = 0  # the positions of the sequence it serves (a ring's too; 0: not said)
 
     @property
     def ring(self) -> bool:
@@ -274,6 +275,11 @@ class Backend(ABC):
         """
 
     @abstractmethod
+    def layer_norm(self, x: Tensor, weight: Any, bias: Any, eps: float) -> Tensor:
+        """LayerNorm over the last axis of x (T, D): (x - mean) / sqrt(var + eps) * weight, plus
+        bias (D,) where not None (Command-R without, StarCoder2 with)."""
+
+    @abstractmethod
     def rope(
         self,
         x: Tensor,
@@ -282,6 +288,7 @@ class Backend(ABC):
         rope_dim: int,
         neox: bool,
         freq_factors: np.ndarray | None = None,
+        mscale: float = 1.0,
     ) -> Tensor:
         """Rotate x (T, heads, Dh) by its positions (int array, shape (T,)).
 
@@ -289,7 +296,8 @@ class Backend(ABC):
         (x0, x1), (x2, x3), ... as llama.cpp does for Llama files, whose q/k rows the
         converter permuted; `neox=True` rotates (x_i, x_{i+rope_dim/2}), the half-split
         form of GPT-NeoX, Qwen and Gemma. `freq_factors` (rope_dim/2,) divide the
-        frequencies (Llama 3 long-context scaling).
+        frequencies (Llama 3 long-context scaling, YaRN, LongRoPE). `mscale` multiplies the
+        rotated features (YaRN's and LongRoPE's magnitude scaling: cos and sin times it).
         """
 
     @abstractmethod
@@ -337,6 +345,14 @@ class Backend(ABC):
         """
 
     @abstractmethod
+    def activation(self, x: Tensor, kind: str) -> Tensor:
+        """act(x), elementwise, for kind "silu" or "gelu_tanh" (an MLP without a gate)."""
+
+    @abstractmethod
+    def scale(self, x: Tensor, factor: float) -> Tensor:
+        """x times `factor`, elementwise (Granite's residual multiplier, logit scales)."""
+
+    @abstractmethod
     def route(self, logits: Tensor, routing: Routing) -> Tensor:
         """Each token's experts from its router logits (T, E): (T, 2 * n_used) float32, the
         chosen experts' numbers (exact in float32), then their weights, as `routing` says."""
@@ -369,7 +385,8 @@ class Backend(ABC):
     def allocate_state(self, layers: "list[LayerState]") -> Any:
         """Allocate one sequence's state once, up front: one entry per layer, as `layers`
         describes it (see `AttentionState`, `RecurrentState`). `attention(..., layer=i, ...)`
-        reads and writes entry i. Attention states start empty, recurrent states at zero."""
+        reads and writes entry i. Attention states start empty, recurrent states at zero.
+        The state keeps the layouts it was made for as its `layers` attribute."""
 
     @abstractmethod
     def state_bytes(self, state: Any) -> int:

@@ -298,8 +298,23 @@ class CpuBackend(Backend):
         self._emit("rms_norm", _bufs(a=x, b=weight, out=out), rows=int(np.prod(x.shape)) // dim, dim=dim, eps=eps)
         return out
 
+    def layer_norm(self, x: Any, weight: np.ndarray, bias: np.ndarray | None, eps: float) -> Any:
+        x = _contiguous(x)
+        out = self._new(x.shape)
+        dim = x.shape[-1]
+        rows = int(np.prod(x.shape)) // dim
+        self._emit("layer_norm", _bufs(a=x, b=weight, c=bias, out=out), rows=rows, dim=dim, eps=eps)
+        return out
+
     def rope(
-        self, x: Any, positions: Any, base: float, rope_dim: int, neox: bool, freq_factors: np.ndarray | None = None
+        self,
+        x: Any,
+        positions: Any,
+        base: float,
+        rope_dim: int,
+        neox: bool,
+        freq_factors: np.ndarray | None = None,
+        mscale: float = 1.0,
     ) -> Any:
         if isinstance(positions, StepInput):
             pos, per_row = positions.view, positions.per_row
@@ -320,6 +335,7 @@ class CpuBackend(Backend):
             rope_dim=rope_dim,
             neox=neox,
             per_row=per_row,
+            mscale=mscale,
         )
         return out
 
@@ -400,6 +416,20 @@ class CpuBackend(Backend):
             elements=int(np.prod(gate.shape)),
             activation=_ACTIVATIONS[kind],
         )
+        return out
+
+    def activation(self, x: Any, kind: str) -> Any:
+        if kind not in ("silu", "gelu_tanh"):
+            raise ValueError(f"{kind!r} is not an activation of one input")
+        out = self._new(x.shape)
+        self._emit(
+            "gated", _bufs(a=_contiguous(x), out=out), elements=int(np.prod(x.shape)), activation=_ACTIVATIONS[kind]
+        )
+        return out
+
+    def scale(self, x: Any, factor: float) -> Any:
+        out = self._new(x.shape)
+        self._emit("scale", _bufs(a=_contiguous(x), out=out), elements=int(np.prod(x.shape)), factor=factor)
         return out
 
     def route(self, logits: Any, routing: Routing) -> Any:

@@ -230,6 +230,7 @@ class MLXBackend(Backend):
         rope_dim: int,
         neox: bool,
         freq_factors: np.ndarray | None = None,
+        mscale: float = 1.0,
     ) -> mx.array:
         """As the contract says, for consecutive positions (all the transformer passes):
         MLX's fast RoPE takes the first position and counts on from it."""
@@ -243,6 +244,8 @@ class MLXBackend(Backend):
         out = mx.fast.rope(
             heads, rope_dim, traditional=not neox, scale=1.0, offset=_first_position(positions), **frequencies
         )
+        if mscale != 1.0:  # the rotated features only
+            out = mx.concatenate([out[..., :rope_dim] * mscale, out[..., rope_dim:]], axis=-1)
         return out.transpose(1, 0, 2)  # (T, heads, Dh)
 
     def attention(
@@ -288,6 +291,17 @@ class MLXBackend(Backend):
         else:
             out = _softcapped_attention(queries, keys, values, settings.scale, settings.softcap, mask)
         return out[0].transpose(1, 0, 2).reshape(n_new, -1)  # (1, H, T, Dv) -> (T, H * Dv)
+
+    def layer_norm(self, x: mx.array, weight: mx.array, bias: mx.array | None, eps: float) -> mx.array:
+        return mx.fast.layer_norm(x, weight, bias, eps)
+
+    def activation(self, x: mx.array, kind: str) -> mx.array:
+        if kind == "swiglu_oai":
+            raise ValueError("swiglu_oai needs a gate and an up projection")
+        return self.gated_activation(x, mx.ones_like(x), kind)
+
+    def scale(self, x: mx.array, factor: float) -> mx.array:
+        return x * factor
 
     def gated_activation(self, gate: mx.array, up: mx.array, kind: str) -> mx.array:
         if kind == "silu":

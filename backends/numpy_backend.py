@@ -193,6 +193,12 @@ class NumpyBackend(Backend):
         mean_square = np.mean(np.square(x), axis=-1, keepdims=True)
         return (x / np.sqrt(mean_square + np.float32(eps))) * weight
 
+    def layer_norm(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, eps: float) -> np.ndarray:
+        centred = x - x.mean(axis=-1, keepdims=True, dtype=np.float64).astype(np.float32)
+        variance = np.mean(np.square(centred, dtype=np.float64), axis=-1, keepdims=True)
+        out = centred / np.sqrt(variance.astype(np.float32) + np.float32(eps)) * weight
+        return out if bias is None else out + bias
+
     def rope(
         self,
         x: np.ndarray,
@@ -201,14 +207,15 @@ class NumpyBackend(Backend):
         rope_dim: int,
         neox: bool,
         freq_factors: np.ndarray | None = None,
+        mscale: float = 1.0,
     ) -> np.ndarray:
         half = rope_dim // 2
         inv_freq = base ** (-np.arange(half, dtype=np.float64) * 2.0 / rope_dim)
         if freq_factors is not None:
             inv_freq = inv_freq / freq_factors
         angles = np.outer(np.asarray(positions, dtype=np.float64), inv_freq)  # (T, half)
-        cos = np.cos(angles).astype(np.float32)[:, None, :]  # (T, 1, half)
-        sin = np.sin(angles).astype(np.float32)[:, None, :]  # (T, 1, half)
+        cos = (np.cos(angles) * mscale).astype(np.float32)[:, None, :]  # (T, 1, half)
+        sin = (np.sin(angles) * mscale).astype(np.float32)[:, None, :]  # (T, 1, half)
         out = x.copy()
         if neox:
             a, b = x[..., :half], x[..., half:rope_dim]
@@ -305,6 +312,14 @@ class NumpyBackend(Backend):
             u = np.clip(up, np.float32(-SWIGLU_LIMIT), np.float32(SWIGLU_LIMIT))
             return g / (np.float32(1.0) + np.exp(-np.float32(SWIGLU_ALPHA) * g)) * (u + np.float32(1.0))
         raise ValueError(f"unknown activation {kind!r}")
+
+    def activation(self, x: np.ndarray, kind: str) -> np.ndarray:
+        if kind == "swiglu_oai":
+            raise ValueError("swiglu_oai needs a gate and an up projection")
+        return self.gated_activation(x, np.ones_like(x), kind)
+
+    def scale(self, x: np.ndarray, factor: float) -> np.ndarray:
+        return x * np.float32(factor)
 
     def route(self, logits: np.ndarray, routing: Routing) -> np.ndarray:
         logits = np.asarray(logits, dtype=np.float32)  # (T, E)

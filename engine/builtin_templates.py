@@ -6,8 +6,10 @@ on the same end-of-turn tokens. Sprig picks the format that belongs to the model
 family, as llama.cpp's template detection would for a file that names its format:
 
 - the vocabulary's turn tokens are the strongest evidence (Gemma's `<start_of_turn>`,
-  Llama 3's `<|start_header_id|>`, ChatML's `<|im_start|>`, Mistral's `[INST]`);
-- failing those, the architecture (gemma*, qwen*, a SentencePiece llama);
+  Command-R's `<|START_OF_TURN_TOKEN|>`, Granite's `<|start_of_role|>`, Llama 3's
+  `<|start_header_id|>`, ChatML's `<|im_start|>`, Mistral's `[INST]`);
+- failing those, the architecture (gemma*, qwen*, phi3, granite, command-r and cohere2, a
+  SentencePiece llama);
 - failing everything, ChatML.
 
 The sources are Jinja and render in the same sandbox as a file's own template.
@@ -66,6 +68,30 @@ CHATML = (
 )
 
 
+# Phi-3: each turn `<|role|>` on its own line, ended by <|end|>.
+PHI3 = (
+    "{%- for message in messages -%}"
+    "{{ '<|' + message['role'] + '|>\\n' + message['content'] + '<|end|>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|assistant|>\\n' }}{%- endif -%}"
+)
+# Command-R (and Command R7B): role tokens inside turn tokens, the contents trimmed.
+COMMAND_R = (
+    "{%- set roles = {'system': '<|SYSTEM_TOKEN|>', 'user': '<|USER_TOKEN|>', 'assistant': '<|CHATBOT_TOKEN|>'} -%}"
+    "{%- for message in messages if message['role'] in roles -%}"
+    "{{ '<|START_OF_TURN_TOKEN|>' + roles[message['role']] + (message['content'] | trim) + '<|END_OF_TURN_TOKEN|>' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' }}{%- endif -%}"
+)
+# Granite 3.x: each turn's role between <|start_of_role|> and <|end_of_role|>, ended by <|end_of_text|>.
+GRANITE = (
+    "{%- for message in messages -%}"
+    "{{ '<|start_of_role|>' + message['role'] + '<|end_of_role|>' + message['content'] + '<|end_of_text|>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|start_of_role|>assistant<|end_of_role|>' }}{%- endif -%}"
+)
+
+
 @dataclass(frozen=True)
 class ChatFormat:
     """A built-in chat format: its name for people, Jinja source, and what ends a turn.
@@ -85,11 +111,16 @@ FORMATS = {
     "llama3": ChatFormat("llama3", "Llama 3", LLAMA3, ("<|eot_id|>", "<|start_header_id|>")),
     "llama2": ChatFormat("llama2", "Llama 2 / Mistral", LLAMA2, ("</s>", "[INST]")),
     "chatml": ChatFormat("chatml", "ChatML", CHATML, ("<|im_end|>", "<|im_start|>")),
+    "phi3": ChatFormat("phi3", "Phi-3", PHI3, ("<|end|>", "<|user|>")),
+    "command-r": ChatFormat("command-r", "Command-R", COMMAND_R, ("<|END_OF_TURN_TOKEN|>", "<|START_OF_TURN_TOKEN|>")),
+    "granite": ChatFormat("granite", "Granite", GRANITE, ("<|end_of_text|>", "<|start_of_role|>")),
 }
 
 # Vocabulary tokens that only one format uses, strongest evidence first.
 _MARKER_TOKENS = (
     ("<start_of_turn>", "gemma"),
+    ("<|START_OF_TURN_TOKEN|>", "command-r"),
+    ("<|start_of_role|>", "granite"),
     ("<|start_header_id|>", "llama3"),
     ("<|im_start|>", "chatml"),
     ("[INST]", "llama2"),
@@ -113,6 +144,10 @@ def guess_format(metadata: dict) -> tuple[ChatFormat, str]:
         return FORMATS["gemma"], f"its architecture is {architecture}"
     if architecture.startswith("qwen"):
         return FORMATS["chatml"], f"its architecture is {architecture}"
+    if architecture in ("phi3", "granite"):
+        return FORMATS[architecture], f"its architecture is {architecture}"
+    if architecture in ("command-r", "cohere2"):
+        return FORMATS["command-r"], f"its architecture is {architecture}"
     if architecture == "llama" and metadata.get("tokenizer.ggml.model") == "llama":
         return FORMATS["llama2"], "it is a Llama model with a SentencePiece vocabulary"
     return FORMATS["chatml"], "nothing in the file names a format, and ChatML is the most common one"

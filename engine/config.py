@@ -32,12 +32,18 @@ class Family:
     layer_tensors: tuple[str, ...] = ()  # optional tensors of its blocks that it requires
     activation: str = "silu"  # or "gelu_tanh", or "swiglu_oai" (gpt-oss)
     expert_routing: str = "softmax_top_k"  # how a MoE layer weighs its experts (backends.base.Routing)
+    norm: str = "rms"  # or "layer": LayerNorm (Command-R, StarCoder2), its epsilon under its own key
+    qk_norm_whole: bool = False  # q/k norms over the whole projection (OLMo 2), not per head
+    logit_scale_divides: bool = False  # the file's logit_scale divides the logits (Granite), not multiplies
+    no_rope_every: int = 0  # every n-th layer uses no RoPE (SmolLM3: 4)
+    rope_on_sliding_only: bool = False  # only sliding-window layers rotate (Command R7B's global layers: none)
     # llama.cpp's converter permutes the rows of llama's q/k weights so that RoPE rotates
     # adjacent pairs (x0, x1), (x2, x3)... ("normal" mode). Qwen and Gemma files keep
     # Hugging Face's order, where RoPE rotates x[i] with x[i + rope_dim/2] ("NEOX" mode).
     rope_neox: bool = True
     scale_embeddings: bool = False  # multiply embeddings by sqrt(d_model), as Gemma does
     sliding_window_pattern: int = 0  # every n-th layer is global; the others use the window
+    all_layers_slide: bool = False  # every layer uses the window, where the file sets one (Phi-3)
     rope_base_local: float | None = None  # RoPE base of the sliding-window layers, if it differs
     attn_logit_softcap: float | None = None  # the default where the file has no value
     final_logit_softcap: float | None = None
@@ -60,7 +66,11 @@ class ModelConfig:
     d_ff: int
     vocab_size: int  # rows of token_embd.weight, whatever the metadata says
     context_length: int
-    rms_eps: float
+    norm_eps: float  # of the RMS norms, or of the LayerNorms (`norm`)
+    norm: str  # "rms" or "layer"
+    qk_norm_whole: bool
+    logit_scale: float  # what the logits are multiplied by (1: nothing)
+    residual_scale: float  # what each block's output is multiplied by before the residual add
     rope_base: float  # of global layers, for Gemma 3
     rope_base_local: float  # of sliding-window layers; equal to rope_base where no such split
     rope_dim: int  # leading dimensions of each head that RoPE rotates
@@ -70,24 +80,36 @@ class ModelConfig:
     attn_scale: float  # multiplies q.k before the softmax
     tie_embeddings: bool  # no output.weight: the output projection is token_embd.weight
     sliding_window: int | None
-    sliding_window_pattern: int  # 0: every layer is global
+    sliding_window_pattern: int  # every n-th layer is global; 0: with a window, none is
     attn_logit_softcap: float | None
     final_logit_softcap: float | None
     embedding_scale: float
     activation: str  # "silu", "gelu_tanh" or "swiglu_oai"
-    rope_original_context: int  # the context the model was trained at before RoPE scaling (YaRN)
+    rope_original_context: int  # the context the model was trained at before RoPE scaling (YaRN, LongRoPE)
+    rope_attn_factor: float  # what LongRoPE scales queries and keys by (1: nothing)
     yarn_beta_fast: float  # YaRN's ramp: frequencies rotating more than this often are kept
     yarn_beta_slow: float  # ...and less than this often, interpolated
     n_experts: int = 0  # experts per MoE layer (0: a dense model)
     n_experts_used: int = 0  # experts each token goes through
+    no_rope_every: int = 0
+    rope_on_sliding_only: bool = False
     d_expert: int = 0  # an expert's feed-forward width
     expert_routing: str = "softmax_top_k"
     expert_weights_norm: bool = True  # divide the chosen experts' weights by their sum
 
     def is_sliding(self, layer: int) -> bool:
         """Whether `layer` attends within the sliding window (Gemma 3: all but every 6th layer)."""
+        if self.sliding_window is None:
+            return False
         pattern = self.sliding_window_pattern
-        return pattern > 0 and (layer + 1) % pattern != 0
+        return pattern == 0 or (layer + 1) % pattern != 0
+
+    def uses_rope(self, layer: int) -> bool:
+        """Whether `layer` rotates its queries and keys (SmolLM3's every 4th layer and Command
+        R7B's global layers do not)."""
+        if self.no_rope_every and (layer + 1) % self.no_rope_every == 0:
+            return False
+        return not self.rope_on_sliding_only or self.is_sliding(layer)
 
     def layer_rope_base(self, layer: int) -> float:
         """The RoPE base of `layer`: Gemma 3's local layers use their own."""
@@ -129,24 +151,37 @@ class ModelConfig:
             d_ff=_positive_int(f, "feed_forward_length"),
             vocab_size=embedding.shape[0],
             context_length=context_length,
-            rms_eps=_positive_float(f, "attention.layer_norm_rms_epsilon"),
+            norm_eps=_positive_float(
+                f, "attention.layer_norm_epsilon" if family.norm == "layer" else "attention.layer_norm_rms_epsilon"
+            ),
+            norm=family.norm,
+            qk_norm_whole=family.qk_norm_whole,
+            logit_scale=_logit_scale(f, family),
+            residual_scale=_positive_float(f, "residual_scale", 1.0),
             rope_base=rope_base,
             rope_base_local=family.rope_base_local or rope_base,
             rope_dim=rope_dim,
             rope_neox=family.rope_neox,
             rope_scaling_type=_rope_scaling_type(f),
             rope_scaling_factor=_optional_float(f, "rope.scaling.factor", None),
-            attn_scale=1.0 / math.sqrt(d_model / n_heads if query_by_d_model else head_dim),
+            attn_scale=_positive_float(
+                f, "attention.scale", 1.0 / math.sqrt(d_model / n_heads if query_by_d_model else head_dim)
+            ),
             tie_embeddings="output.weight" not in f.tensors,
-            sliding_window=_positive_int(f, "attention.sliding_window") if family.sliding_window_pattern else None,
+            sliding_window=_sliding_window(f, family),
             sliding_window_pattern=family.sliding_window_pattern,
             attn_logit_softcap=_optional_float(f, "attn_logit_softcapping", family.attn_logit_softcap),
             final_logit_softcap=_optional_float(f, "final_logit_softcapping", family.final_logit_softcap),
-            embedding_scale=math.sqrt(d_model) if family.scale_embeddings else 1.0,
+            embedding_scale=_positive_float(
+                f, "embedding_scale", math.sqrt(d_model) if family.scale_embeddings else 1.0
+            ),
             activation=family.activation,
             rope_original_context=_positive_int(f, "rope.scaling.original_context_length", context_length),
+            rope_attn_factor=_positive_float(f, "rope.scaling.attn_factor", 1.0),
             yarn_beta_fast=_positive_float(f, "rope.scaling.yarn_beta_fast", 32.0),
             yarn_beta_slow=_positive_float(f, "rope.scaling.yarn_beta_slow", 1.0),
+            no_rope_every=family.no_rope_every,
+            rope_on_sliding_only=family.rope_on_sliding_only,
             **_experts(f, family),
         )
         return config
@@ -185,6 +220,22 @@ def _optional_float(f: GGUFFile, suffix: str, default: float | None) -> float | 
     if f.arch_key(suffix, None) is None:
         return default
     return _positive_float(f, suffix)
+
+
+def _sliding_window(f: GGUFFile, family: Family) -> int | None:
+    """The window of the sliding layers: required where the family interleaves them, read
+    where every layer may slide (0 or none: no window)."""
+    if family.sliding_window_pattern:
+        return _positive_int(f, "attention.sliding_window")
+    if family.all_layers_slide and f.arch_key("attention.sliding_window", 0):
+        return _positive_int(f, "attention.sliding_window")
+    return None
+
+
+def _logit_scale(f: GGUFFile, family: Family) -> float:
+    """The factor on the logits: the file's logit_scale (Command-R), or its inverse (Granite)."""
+    scale = _positive_float(f, "logit_scale", 1.0)
+    return 1.0 / scale if family.logit_scale_divides else scale
 
 
 def _experts(f: GGUFFile, family: Family) -> dict:

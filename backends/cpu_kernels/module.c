@@ -206,8 +206,16 @@ static int parse_op(PyObject *tuple, Op *op) {
     }
     case OP_GATED: {
         int64_t n = op->ints.gated.elements;
-        return need(&a, n, 4, "a") || need(&b, n, 4, "b") || need(&out, n, 4, "out");
+        if (!op->b && op->ints.gated.activation == 2) break; /* swiglu_oai needs both halves */
+        return need(&a, n, 4, "a") || (op->b && need(&b, n, 4, "b")) || need(&out, n, 4, "out");
     }
+    case OP_LAYERNORM: {
+        int64_t rows = op->ints.layer_norm.rows, dim = op->ints.layer_norm.dim;
+        return need(&a, rows * dim, 4, "x") || need(&out, rows * dim, 4, "out") || need(&b, dim, 4, "weight") ||
+               (op->c && need(&c, dim, 4, "bias"));
+    }
+    case OP_SCALE:
+        return need(&a, op->ints.scale.elements, 4, "a") || need(&out, op->ints.scale.elements, 4, "out");
     case OP_ADD: {
         int64_t n = op->ints.add.elements;
         return need(&a, n, 4, "a") || need(&b, n, 4, "b") || need(&out, n, 4, "out");

@@ -181,10 +181,26 @@ static void rms_norm(const Op *op) {
     }
 }
 
+/* LayerNorm: mean and variance summed in double, as rms_norm sums its squares. */
+static void layer_norm(const Op *op) {
+    int64_t rows = op->ints.layer_norm.rows, dim = op->ints.layer_norm.dim;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = op->a + r * dim;
+        double sum = 0.0, squares = 0.0;
+        for (int64_t i = 0; i < dim; i++) sum += x[i];
+        float mean = (float)(sum / (double)dim);
+        for (int64_t i = 0; i < dim; i++) squares += (double)(x[i] - mean) * (x[i] - mean);
+        float root = sqrtf((float)(squares / (double)dim) + op->floats.layer_norm.eps);
+        float *out = op->out + r * dim;
+        for (int64_t i = 0; i < dim; i++) out[i] = ((x[i] - mean) / root) * op->b[i] + (op->c ? op->c[i] : 0.0f);
+    }
+}
+
 /* The cos/sin of the positions of the last pass rotated (q and k of a layer, and every layer,
  * share them). Keyed by the table's values, not its address: a freed table's address comes back. */
 static struct {
     double table[4096];
+    float mscale;
     int64_t half, count, positions, angles; /* in use, and room for: positions, positions x half */
     int64_t *pos;
     float *cos, *sin; /* (count, half) */
@@ -192,7 +208,8 @@ static struct {
 
 /* Fills the cache for the T positions of this pass unless it holds them already. */
 static int rope_angles(const Op *op, int64_t T, int64_t half) {
-    int fresh = rope_cache.half == half && rope_cache.count == T &&
+    float mscale = op->floats.rope.mscale;
+    int fresh = rope_cache.half == half && rope_cache.count == T && rope_cache.mscale == mscale &&
                 memcmp(rope_cache.table, op->table, sizeof(double) * (size_t)half) == 0;
     for (int64_t t = 0; fresh && t < T; t++) fresh = rope_cache.pos[t] == (op->ints.rope.per_row ? op->pos[t] : *op->pos + t);
     if (fresh) return 0;
@@ -211,12 +228,13 @@ static int rope_angles(const Op *op, int64_t T, int64_t half) {
         int64_t pos = op->ints.rope.per_row ? op->pos[t] : *op->pos + t;
         for (int64_t i = 0; i < half; i++) {
             double angle = (double)pos * op->table[i];
-            rope_cache.cos[t * half + i] = (float)cos(angle);
-            rope_cache.sin[t * half + i] = (float)sin(angle);
+            rope_cache.cos[t * half + i] = (float)(cos(angle) * mscale);
+            rope_cache.sin[t * half + i] = (float)(sin(angle) * mscale);
         }
         rope_cache.pos[t] = pos;
     }
     memcpy(rope_cache.table, op->table, sizeof(double) * (size_t)half);
+    rope_cache.mscale = mscale;
     rope_cache.half = half;
     rope_cache.count = T;
     return 0;
@@ -257,9 +275,9 @@ typedef struct {
 #define SWIGLU_ALPHA 1.702f
 #define SWIGLU_LIMIT 7.0f
 static void gated8(const float *a, const float *b, float *out, int64_t n, int act) {
-    v8f g = {0}, other = {0}, result;
+    v8f g = {0}, other = {1, 1, 1, 1, 1, 1, 1, 1}, result;
     memcpy(&g, a, sizeof(float) * (size_t)n);
-    memcpy(&other, b, sizeof(float) * (size_t)n);
+    if (b) memcpy(&other, b, sizeof(float) * (size_t)n); /* no b: act(a) times ones */
     if (act == 0) {
         result = g / (1.0f + exp8(-g)) * other;
     } else if (act == 1) {
@@ -295,7 +313,10 @@ static void elementwise_task(void *vctx, int chunk, int chunks, int thread) {
         break;
     case OP_GATED:
         for (int64_t i = lo; i < hi; i += 8)
-            gated8(a + i, b + i, out + i, hi - i < 8 ? hi - i : 8, (int)op->ints.gated.activation);
+            gated8(a + i, b ? b + i : NULL, out + i, hi - i < 8 ? hi - i : 8, (int)op->ints.gated.activation);
+        break;
+    case OP_SCALE:
+        for (int64_t i = lo; i < hi; i++) out[i] = a[i] * op->floats.scale.factor;
         break;
     }
 }
@@ -814,6 +835,8 @@ int exec_op(const Op *op, const char **error) {
     case OP_EMBED: return embed(op, error);
     case OP_LINEAR: return linear(op, error);
     case OP_RMSNORM: rms_norm(op); return 0;
+    case OP_LAYERNORM: layer_norm(op); return 0;
+    case OP_SCALE: elementwise(op, op->ints.scale.elements); return 0;
     case OP_ROPE:
         if (op->ints.rope.rope_dim / 2 > 4096) {
             *error = "the RoPE dimension is too large";

@@ -13,10 +13,14 @@
  *   RMSNORM  a (rows, dim) normalised, times b (dim): out
  *   ROPE     a (tokens, heads, dim), rotating the first rope_dim (neox: halves, else pairs),
  *            inverse frequencies `table` f64 (rope_dim / 2); positions pos[0] + t, or pos[t]
- *            with per_row (a batch of sequences)
+ *            with per_row (a batch of sequences); the rotated features times mscale
  *   ATTN     q, k, v -> out (tokens, heads * value_dim) over the layer's cache (see ops.c); d,
  *            when given, each head's sink logit (heads,), one more term of each softmax
- *   GATED    act(a) * b, `elements` of them, activation 0 silu, 1 gelu_tanh, 2 swiglu_oai
+ *   GATED    act(a) * b, `elements` of them, activation 0 silu, 1 gelu_tanh, 2 swiglu_oai; without
+ *            b, act(a) alone (silu, gelu_tanh: an ungated MLP)
+ *   LAYERNORM a (rows, dim) less its mean, over its standard deviation, times b (dim), plus c
+ *            (dim) when given
+ *   SCALE    a times `factor`
  *   ADD      a + b
  *   SOFTCAP  cap * tanh(a / cap)
  *   ROUTE    router logits a (tokens, experts) -> out (tokens, 2 * used): each token's `used`
@@ -29,14 +33,16 @@
     X(EMBED, embed, 1, INTS(tokens), FLOATS(scale))                                                             \
     X(LINEAR, linear, 2, INTS(tokens), FLOATS())                                                                \
     X(RMSNORM, rms_norm, 3, INTS(rows, dim), FLOATS(eps))                                                       \
-    X(ROPE, rope, 4, INTS(tokens, heads, dim, rope_dim, neox, per_row), FLOATS())                               \
+    X(ROPE, rope, 4, INTS(tokens, heads, dim, rope_dim, neox, per_row), FLOATS(mscale))                         \
     X(ATTN, attention, 5, INTS(tokens, heads, kv_heads, head_dim, value_dim, slots, window, ring),              \
       FLOATS(scale, softcap))                                                                                   \
     X(GATED, gated, 6, INTS(elements, activation), FLOATS())                                                    \
     X(ADD, add, 7, INTS(elements), FLOATS())                                                                    \
     X(SOFTCAP, softcap, 8, INTS(elements), FLOATS(cap))                                                         \
     X(ROUTE, route, 9, INTS(tokens, experts, used, order, normalize), FLOATS())                                 \
-    X(EXPERTS, experts, 10, INTS(tokens, experts, used, ffn, activation), FLOATS())
+    X(EXPERTS, experts, 10, INTS(tokens, experts, used, ffn, activation), FLOATS())                            \
+    X(LAYERNORM, layer_norm, 11, INTS(rows, dim), FLOATS(eps))                                                  \
+    X(SCALE, scale, 12, INTS(elements), FLOATS(factor))
 #define INTS(...) __VA_ARGS__
 #define FLOATS(...) __VA_ARGS__
 

@@ -11,7 +11,23 @@ from backends.base import Backend
 from engine.config import ModelConfig
 from engine.errors import UnsupportedModelError
 from engine.gguf_file import GGUFFile
-from engine.models import gemma2, gemma3, gpt_oss, llama, qwen2, qwen3, qwen3moe
+from engine.models import (
+    cohere2,
+    command_r,
+    gemma,
+    gemma2,
+    gemma3,
+    gpt_oss,
+    granite,
+    llama,
+    olmo2,
+    phi3,
+    qwen2,
+    qwen3,
+    qwen3moe,
+    smollm3,
+    starcoder2,
+)
 from engine.models.common import Transformer
 
 ARCHITECTURES: dict[str, type[Transformer]] = {
@@ -22,6 +38,14 @@ ARCHITECTURES: dict[str, type[Transformer]] = {
     "gemma3": gemma3.Model,
     "qwen3moe": qwen3moe.Model,
     "gpt-oss": gpt_oss.Model,
+    "gemma": gemma.Model,
+    "granite": granite.Model,
+    "olmo2": olmo2.Model,
+    "phi3": phi3.Model,
+    "smollm3": smollm3.Model,
+    "starcoder2": starcoder2.Model,
+    "command-r": command_r.Model,
+    "cohere2": cohere2.Model,
 }
 SUPPORTED_ARCHITECTURES = tuple(sorted(ARCHITECTURES))
 
@@ -35,8 +59,9 @@ def read_config(f: GGUFFile) -> ModelConfig:
     model_class = ARCHITECTURES.get(f.architecture)
     if model_class is None:
         raise UnsupportedModelError(
-            f"Cannot run {f.path}: its architecture is {f.architecture!r}, which Sprig does not support. "
-            f"Supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)}."
+            f"Cannot run {f.path}: its architecture is {f.architecture!r}, which Sprig does not support yet. "
+            f"Supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)} (the README's \"Supported models\" "
+            "lists the models behind each)."
         )
     config = ModelConfig.from_gguf(f, model_class.family)
     model_class.check_tensors(f, config)

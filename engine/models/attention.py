@@ -7,13 +7,14 @@ and soft-cap (`backends.base.LayerAttention`), and which optional tensors the fi
 """
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from backends.base import AttentionState, Backend, LayerAttention, PassInput
 from engine.config import ModelConfig
 from engine.models.block import Block, LayerReader, TensorSpec
+from engine.models.layer import norm
 
 if TYPE_CHECKING:
     from engine.models.common import Transformer
@@ -32,12 +33,18 @@ class LayerRope:
 
     base: float
     freq_factors: np.ndarray | None = None
+    mscale: float = 1.0  # what the rotated features are multiplied by (YaRN, LongRoPE)
+
+
+def _qk_norm(c: ModelConfig, heads: int) -> tuple[int, ...]:
+    """A q or k norm's weight: one head's width, or the whole projection's (OLMo 2)."""
+    return (heads * c.head_dim,) if c.qk_norm_whole else (c.head_dim,)
 
 
 class Attention(Block):
     """Grouped-query self-attention with rotary positions over one layer's KV state."""
 
-    TENSORS = (
+    TENSORS: ClassVar[tuple[TensorSpec, ...]] = (
         TensorSpec("attn_q.weight", "wq", lambda c: (c.n_heads * c.head_dim, c.d_model)),
         TensorSpec("attn_k.weight", "wk", lambda c: (c.n_kv_heads * c.head_dim, c.d_model)),
         TensorSpec("attn_v.weight", "wv", lambda c: (c.n_kv_heads * c.value_head_dim, c.d_model)),
@@ -45,8 +52,8 @@ class Attention(Block):
         TensorSpec("attn_q.bias", "bq", lambda c: (c.n_heads * c.head_dim,), optional=True),
         TensorSpec("attn_k.bias", "bk", lambda c: (c.n_kv_heads * c.head_dim,), optional=True),
         TensorSpec("attn_v.bias", "bv", lambda c: (c.n_kv_heads * c.value_head_dim,), optional=True),
-        TensorSpec("attn_q_norm.weight", "q_norm", lambda c: (c.head_dim,), optional=True),
-        TensorSpec("attn_k_norm.weight", "k_norm", lambda c: (c.head_dim,), optional=True),
+        TensorSpec("attn_q_norm.weight", "q_norm", lambda c: _qk_norm(c, c.n_heads), optional=True),
+        TensorSpec("attn_k_norm.weight", "k_norm", lambda c: _qk_norm(c, c.n_kv_heads), optional=True),
         TensorSpec("attn_output.bias", "bo", lambda c: (c.d_model,), optional=True),
         TensorSpec("attn_sinks.weight", "sinks", lambda c: (c.n_heads,), optional=True, host=True),
     )
@@ -66,7 +73,7 @@ class Attention(Block):
         self.backend: Backend = reader.backend
         self.config: ModelConfig = model.config
         self.index = index
-        self.rope: LayerRope = model.layer_rope(index)
+        self.rope: LayerRope | None = model.layer_rope(index)  # None: this layer uses no positions
         self.settings: LayerAttention = model.layer_attention(index)
         self.read_tensors(reader)
         if self.sinks is not None:
@@ -79,20 +86,28 @@ class Attention(Block):
         cfg, window = self.config, self.settings.window
         ring = window is not None and window + RING_SLACK - 1 < n_ctx
         slots = window + RING_SLACK - 1 if ring and window is not None else n_ctx
-        return AttentionState(cfg.n_kv_heads, cfg.head_dim, cfg.value_head_dim, slots, window if ring else None)
+        return AttentionState(cfg.n_kv_heads, cfg.head_dim, cfg.value_head_dim, slots, window if ring else None, n_ctx)
+
+    def pass_rope(self, p: PassInput) -> LayerRope | None:
+        """How this pass rotates: the layer's RoPE (a family whose rotation depends on the
+        context, as Phi-3's LongRoPE, chooses here)."""
+        return self.rope
 
     def __call__(self, h: Any, p: PassInput) -> Any:
         """Attend `h` (T, D) over the state, writing the new keys and values: (T, D)."""
         be, cfg, n = self.backend, self.config, len(p.positions)
         q, k, v = be.linear_fused(h, self.qkv, (self.bq, self.bk, self.bv))
+        if self.q_norm is not None and cfg.qk_norm_whole:  # OLMo 2: over the whole projection
+            q, k = norm(be, cfg, q, self.q_norm), norm(be, cfg, k, self.k_norm)
         q = q.reshape(n, cfg.n_heads, cfg.head_dim)  # (T, H, Dh)
         k = k.reshape(n, cfg.n_kv_heads, cfg.head_dim)  # (T, Hkv, Dh)
         v = v.reshape(n, cfg.n_kv_heads, cfg.value_head_dim)  # (T, Hkv, Dv)
-        if self.q_norm is not None:
-            q = be.rms_norm(q, self.q_norm, cfg.rms_eps)
-            k = be.rms_norm(k, self.k_norm, cfg.rms_eps)
-        q = be.rope(q, p.positions, self.rope.base, cfg.rope_dim, cfg.rope_neox, self.rope.freq_factors)
-        k = be.rope(k, p.positions, self.rope.base, cfg.rope_dim, cfg.rope_neox, self.rope.freq_factors)
+        if self.q_norm is not None and not cfg.qk_norm_whole:  # per head
+            q, k = norm(be, cfg, q, self.q_norm), norm(be, cfg, k, self.k_norm)
+        rope = self.pass_rope(p)
+        if rope is not None:
+            q = be.rope(q, p.positions, rope.base, cfg.rope_dim, cfg.rope_neox, rope.freq_factors, rope.mscale)
+            k = be.rope(k, p.positions, rope.base, cfg.rope_dim, cfg.rope_neox, rope.freq_factors, rope.mscale)
         if len(p.segments) == 1:
             segment = p.segments[0]
             out = be.attention(q, k, v, segment.state, self.index, segment.start, self.settings)  # (T, H * Dv)

@@ -63,19 +63,46 @@ class LayerReader:
         name = f"blk.{self.index}.{suffix}"
         return self.global_weight(name) if name in self.file.tensors else None
 
+    def weight_rows(self, suffix: str, rows: list[int]) -> list[Any]:
+        """The matrix `blk.{index}.{suffix}` cut by rows into parts of `rows` rows each (a
+        fused tensor: Phi-3's qkv), each prepared as a matrix of its own over the same bytes."""
+        name = f"blk.{self.index}.{suffix}"
+        info = self.file.tensors[name]
+        n_rows, n_cols = info.shape
+        row_bytes = info.data.size // n_rows
+        parts, first = [], 0
+        for count in rows:
+            raw = info.data.reshape(-1)[first * row_bytes : (first + count) * row_bytes]
+            parts.append(
+                self.backend.prepare_weight(
+                    WeightSpec(f"{name}[{first}:{first + count}]", raw, info.ggml_type, (count, n_cols))
+                )
+            )
+            first += count
+        self._count()
+        return parts
+
     def host_weight(self, suffix: str) -> np.ndarray | None:
         """The tensor `blk.{index}.{suffix}` as float32 on the host, or None if the file has none."""
         info = self.file.tensors.get(f"blk.{self.index}.{suffix}")
         return None if info is None else dequantize(info.data, info.ggml_type, info.shape)
 
+    def optional_weight(self, name: str) -> Any:
+        """The prepared weight `name` outside the layers, or None if the file has none."""
+        return self.global_weight(name) if name in self.file.tensors else None
+
     def global_weight(self, name: str) -> Any:
         """The prepared weight `name` (a tensor outside the layers, or a whole name)."""
         info = self.file.tensors[name]
         weight = self.backend.prepare_weight(WeightSpec(name, info.data, info.ggml_type, info.shape))
+        self._count()
+        return weight
+
+    def _count(self) -> None:
+        """One more tensor prepared: the loading progress."""
         self.prepared += 1
         if self.on_weight is not None:
             self.on_weight(self.prepared, len(self.file.tensors))
-        return weight
 
 
 def check_layer_tensors(

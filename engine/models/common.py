@@ -22,9 +22,9 @@ from engine.config import Family, ModelConfig
 from engine.gguf_file import GGUFFile
 from engine.models.attention import Attention, LayerRope
 from engine.models.block import Block, LayerReader, check_layer_tensors
-from engine.models.layer import DecoderLayer
+from engine.models.layer import DecoderLayer, norm
 from engine.models.mlp import DenseMLP
-from engine.models.rope_scaling import linear_divisors, yarn_divisors, yarn_score_factor
+from engine.models.rope_scaling import linear_divisors, yarn_divisors, yarn_mscale
 
 
 class Transformer:
@@ -56,6 +56,7 @@ class Transformer:
         reader = LayerReader(model_file, backend, on_weight)
         self.token_embd = reader.global_weight("token_embd.weight")
         self.output_norm = reader.global_weight("output_norm.weight")
+        self.output_norm_bias = reader.optional_weight("output_norm.bias")
         has_output = "output.weight" in model_file.tensors
         self.output = reader.global_weight("output.weight") if has_output else self.token_embd
         self.layers = [self._layer(reader.at(i), i) for i in range(config.n_layers)]
@@ -84,18 +85,17 @@ class Transformer:
         check_layer_tensors(f, config, blocks, cls.family.layer_tensors)
 
     def layer_attention(self, i: int) -> LayerAttention:
-        """Attention settings of layer i: scale (with YaRN's factor), sliding window, soft-capping."""
+        """Attention settings of layer i: scale, sliding window, soft-capping."""
         cfg = self.config
         window = cfg.sliding_window if cfg.is_sliding(i) else None
-        scale = cfg.attn_scale
-        if cfg.rope_scaling_type == "yarn" and cfg.rope_scaling_factor:
-            scale *= yarn_score_factor(cfg.rope_scaling_factor)
-        return LayerAttention(scale, window, cfg.attn_logit_softcap)
+        return LayerAttention(cfg.attn_scale, window, cfg.attn_logit_softcap)
 
-    def layer_rope(self, i: int) -> LayerRope:
+    def layer_rope(self, i: int) -> LayerRope | None:
         """RoPE base of layer i, with the file's RoPE scaling (linear: global layers only;
-        YaRN) as frequency divisors."""
+        YaRN) as frequency divisors; None for a layer without positions (`uses_rope`)."""
         cfg, base = self.config, self.config.layer_rope_base(i)
+        if not cfg.uses_rope(i):
+            return None
         factor = cfg.rope_scaling_factor
         if cfg.rope_scaling_type == "linear" and factor and not cfg.is_sliding(i):
             return LayerRope(base, linear_divisors(cfg.rope_dim, factor))
@@ -103,7 +103,7 @@ class Transformer:
             divisors = yarn_divisors(
                 cfg.rope_dim, base, factor, cfg.rope_original_context, cfg.yarn_beta_fast, cfg.yarn_beta_slow
             )
-            return LayerRope(base, divisors)
+            return LayerRope(base, divisors, yarn_mscale(factor))
         return LayerRope(base)
 
     def layer_states(self, n_ctx: int) -> list[LayerState]:
@@ -152,8 +152,10 @@ class Transformer:
             x = layer(x, p)
         if not p.all_logits:
             x = x[-1:]  # (1, D)
-        x = be.rms_norm(x, self.output_norm, cfg.rms_eps)
+        x = norm(be, cfg, x, self.output_norm, self.output_norm_bias)
         logits = be.linear(x, self.output)  # (T or 1, vocab)
+        if cfg.logit_scale != 1.0:
+            logits = be.scale(logits, cfg.logit_scale)
         if cfg.final_logit_softcap:
             logits = be.softcap(logits, cfg.final_logit_softcap)
         return logits

@@ -16,7 +16,7 @@ class Model(Transformer):
 
     family = Family(rope_neox=False)
 
-    def layer_rope(self, i: int) -> LayerRope:
+    def layer_rope(self, i: int) -> LayerRope | None:
         """The file's `rope_freqs.weight` divisors where it has them, else the shared rule."""
         factors = self._file.tensors.get("rope_freqs.weight")
         if factors is None:

@@ -1,6 +1,6 @@
 """The dense feed-forward block: a gated MLP, act(x W_gate) * (x W_up), then W_down."""
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from backends.base import Backend, PassInput
 from engine.models.block import Block, LayerReader, TensorSpec
@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 class DenseMLP(Block):
     """A gated MLP (SwiGLU, or GELU-gated for Gemma) over every row."""
 
-    TENSORS = (
+    TENSORS: ClassVar[tuple[TensorSpec, ...]] = (
         TensorSpec("ffn_gate.weight", "w_gate", lambda c: (c.d_ff, c.d_model)),
         TensorSpec("ffn_up.weight", "w_up", lambda c: (c.d_ff, c.d_model)),
         TensorSpec("ffn_down.weight", "w_down", lambda c: (c.d_model, c.d_ff)),
@@ -32,3 +32,29 @@ class DenseMLP(Block):
         be = self.backend
         gate, up = be.linear_fused(h, self.gate_up, (None, None))  # (T, F) each
         return be.linear(be.gated_activation(gate, up, self.activation), self.w_down)
+
+
+class PlainMLP(Block):
+    """An MLP without a gate: act(x W_up + b_up) W_down + b_down (StarCoder2)."""
+
+    TENSORS = (
+        TensorSpec("ffn_up.weight", "w_up", lambda c: (c.d_ff, c.d_model)),
+        TensorSpec("ffn_down.weight", "w_down", lambda c: (c.d_model, c.d_ff)),
+        TensorSpec("ffn_up.bias", "b_up", lambda c: (c.d_ff,), optional=True),
+        TensorSpec("ffn_down.bias", "b_down", lambda c: (c.d_model,), optional=True),
+    )
+    w_up: Any
+    w_down: Any
+    b_up: Any
+    b_down: Any
+
+    def __init__(self, reader: LayerReader, model: "Transformer", index: int):
+        self.backend: Backend = reader.backend
+        self.activation = model.config.activation
+        self.read_tensors(reader)
+
+    def __call__(self, h: Any, p: PassInput) -> Any:
+        """The MLP of `h` (T, D): (T, D)."""
+        be = self.backend
+        up = be.linear(h, self.w_up, self.b_up)  # (T, F)
+        return be.linear(be.activation(up, self.activation), self.w_down, self.b_down)

@@ -7,7 +7,7 @@ data-dependent choice stays inside the backend: a recorded or compiled pass hold
 only the chosen experts' weights are read.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from backends.base import Backend, ExpertWeights, PassInput, Routing
 from engine.models.block import Block, LayerReader, TensorSpec
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 class MoEMLP(Block):
     """n experts, each a gated MLP, of which each token goes through its router's top k."""
 
-    TENSORS = (
+    TENSORS: ClassVar[tuple[TensorSpec, ...]] = (
         TensorSpec("ffn_gate_inp.weight", "router", lambda c: (c.n_experts, c.d_model)),
         TensorSpec("ffn_gate_exps.weight", "gate", lambda c: (c.n_experts, c.d_expert, c.d_model)),
         TensorSpec("ffn_up_exps.weight", "up", lambda c: (c.n_experts, c.d_expert, c.d_model)),

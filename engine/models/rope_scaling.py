@@ -1,11 +1,11 @@
 """RoPE scaling for longer contexts, as the rope op takes it: a divisor per frequency, and
-a factor on the attention scores.
+a factor on the rotated features.
 
 - Linear (position interpolation): every frequency divided by the factor.
 - YaRN (gpt-oss, and the long-context Qwens): frequencies that turn many times within the
   original context keep their value (extrapolation), slow ones are divided by the factor
-  (interpolation), with a linear ramp between; queries and keys are both scaled by
-  1 + 0.1 ln(factor), so the scores by its square. The ramp's ends are rounded outwards to
+  (interpolation), with a linear ramp between; the rotated features of queries and keys are
+  both scaled by 1 + 0.1 ln(factor) (`mscale`, as cos and sin are in llama.cpp). The ramp's ends are rounded outwards to
   whole dimensions, as llama.cpp does (ggml_rope_yarn_corr_dims); transformers does the
   same unless a config says `truncate: false`.
 """
@@ -36,6 +36,6 @@ def yarn_divisors(
     return (1.0 / ((1.0 - extrapolated) / factor + extrapolated)).astype(np.float32)
 
 
-def yarn_score_factor(factor: float) -> float:
-    """What YaRN multiplies attention scores by: the square of its q and k scale."""
-    return (1.0 + 0.1 * math.log(factor)) ** 2 if factor > 1.0 else 1.0
+def yarn_mscale(factor: float) -> float:
+    """What YaRN multiplies the rotated features of queries and keys by."""
+    return 1.0 + 0.1 * math.log(factor) if factor > 1.0 else 1.0

@@ -459,3 +459,33 @@ def test_template_cannot_modify_the_callers_messages():
     with pytest.raises(TemplateError, match="forbids"):
         ChatTemplate("{{ messages.append({'role': 'system', 'content': 'obey'}) }}").render(messages)
     assert messages == [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(("key", "expected"), [
+    # written out from llama.cpp's llm_chat_apply_template (src/llama-chat.cpp) for the same chat
+    ("phi3", "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\nHello.<|end|>\n"
+             "<|user|>\nWhy?<|end|>\n<|assistant|>\n"),
+    ("command-r", "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>Be brief.<|END_OF_TURN_TOKEN|>"
+                  "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>Hi<|END_OF_TURN_TOKEN|>"
+                  "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>Hello.<|END_OF_TURN_TOKEN|>"
+                  "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>Why?<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>"),
+    ("granite", "<|start_of_role|>system<|end_of_role|>Be brief.<|end_of_text|>\n"
+                "<|start_of_role|>user<|end_of_role|>Hi<|end_of_text|>\n"
+                "<|start_of_role|>assistant<|end_of_role|>Hello.<|end_of_text|>\n"
+                "<|start_of_role|>user<|end_of_role|>Why?<|end_of_text|>\n<|start_of_role|>assistant<|end_of_role|>"),
+])
+def test_the_new_families_built_in_formats_write_llama_cpps_turns(key, expected):
+    from engine.builtin_templates import FORMATS
+
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Why?"}]
+    assert ChatTemplate(FORMATS[key].source).render(chat) == expected
+
+
+@pytest.mark.parametrize(("architecture", "key"), [("phi3", "phi3"), ("granite", "granite"), ("command-r", "command-r"),
+                                                   ("cohere2", "command-r"), ("gemma", "gemma")])
+def test_a_file_without_a_template_gets_its_familys_format(architecture, key):
+    from engine.builtin_templates import guess_format
+
+    chosen, why = guess_format({"general.architecture": architecture, "tokenizer.ggml.tokens": ["a", "b"]})
+    assert chosen.key == key and architecture in why

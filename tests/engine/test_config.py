@@ -39,7 +39,7 @@ def test_smollm2_matches_its_published_config(smollm2):
     assert (c.head_dim, c.value_head_dim, c.rope_dim) == (64, 64, 64)
     assert (c.d_ff, c.vocab_size, c.context_length) == (1536, 49152, 8192)
     assert c.rope_base == 100000.0
-    assert c.rms_eps == pytest.approx(1e-5)
+    assert c.norm_eps == pytest.approx(1e-5)
     assert c.tie_embeddings
     assert c.rope_neox is False  # llama.cpp's converter permuted q/k for pairwise RoPE
     assert (c.activation, c.embedding_scale) == ("silu", 1.0)
@@ -60,7 +60,7 @@ def test_gemma3_matches_its_published_config(gemma3):
     assert c.sliding_window == 512
     assert [i for i in range(18) if not c.is_sliding(i)] == [5, 11, 17]
     assert c.layer_rope_base(5) == 1e6 and c.layer_rope_base(0) == 10000.0
-    assert c.rms_eps == pytest.approx(1e-6)
+    assert c.norm_eps == pytest.approx(1e-6)
     assert c.attn_scale == pytest.approx(1 / 16)
     assert c.tie_embeddings and c.rope_neox
     assert c.activation == "gelu_tanh"

@@ -11,9 +11,9 @@ from tests.gguf_factory import write_tiny_model
 
 def test_every_registered_architecture_names_its_family():
     # llama.cpp's names for the architectures Sprig runs (the `general.architecture` values).
-    assert SUPPORTED_ARCHITECTURES == ("gemma2", "gemma3", "llama", "qwen2", "qwen3")
+    assert SUPPORTED_ARCHITECTURES == ("gemma2", "gemma3", "gpt-oss", "llama", "qwen2", "qwen3", "qwen3moe")
     for name, model_class in ARCHITECTURES.items():
-        assert model_class.__module__ == f"engine.models.{name}"
+        assert model_class.__module__ == f"engine.models.{name.replace('-', '_')}"
         assert "family" in vars(model_class)
 
 
