@@ -60,7 +60,7 @@ def read_config(f: GGUFFile) -> ModelConfig:
     if model_class is None:
         raise UnsupportedModelError(
             f"Cannot run {f.path}: its architecture is {f.architecture!r}, which Sprig does not support yet. "
-            f"Supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)} (the README's \"Supported models\" "
+            f'Supported architectures: {", ".join(SUPPORTED_ARCHITECTURES)} (the README\'s "Supported models" '
             "lists the models behind each)."
         )
     config = ModelConfig.from_gguf(f, model_class.family)
