@@ -64,6 +64,7 @@ class ServerPanel(QFrame):
         self.switch.blockSignals(False)
         self.address.setText(address if on else "off: other programs cannot use the model")
         self.curl.setText(curl)
+        self.curl.setCursorPosition(0)  # the command's start: curl and the address
         self._copied = copied
         for widget in (self.curl, self.copy_button, self.counts):
             widget.setVisible(on)

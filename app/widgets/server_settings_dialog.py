@@ -50,6 +50,7 @@ class ServerSettingsDialog(QDialog):
         refused = self.network.isChecked() and not self.key()
         self.refusal.setVisible(refused)
         self.buttons.button(QDialogButtonBox.StandardButton.Ok).setEnabled(not refused)
+        self.adjustSize()  # room for the refusal's lines, or none
 
     def key(self) -> str | None:
         """The key typed (None when empty)."""
