@@ -20,6 +20,7 @@ from PySide6.QtCore import QObject, Qt, Signal
 from app.header_reader import HeaderReader
 from app.memory_release import release_freed_memory
 from app.model_library import ModelInfo, available_memory, describe_model
+from app.model_settings import ModelSettings, load_draft, template_override, with_model_settings
 from app.settings import Settings, effective_sampling, sampling_params
 from app.storage import Conversation, Message, MessageState, Store, ThrottledSaver, ended_early
 from app.worker import EngineThread, Job
@@ -38,6 +39,9 @@ SUMMARY_REQUEST = (
     "anything still open. Write only the summary."
 )
 SUMMARY_TOKENS = 256  # the most a summary may take (an eighth of the context, in small contexts)
+
+
+BuildKey = tuple[str, int, int, str | None, str | None]  # see ChatController._build_key
 
 
 class OutOfMemory(SprigError):
@@ -132,7 +136,11 @@ class ChatController(QObject):
         self.scheduler: Scheduler | None = None
         self._job: Job | None = None
         self._answer: dict | None = None  # the streaming answer: message id, text, metrics, saver
-        self._built_for: tuple[str, int, int] | None = None  # (backend, threads, context) of the last load or session
+        # (backend, threads, context, template, draft) of the last load or session
+        self._built_for: BuildKey | None = None
+        self._loading_for: BuildKey | None = None  # the same, of the load under way
+        self.model_settings = ModelSettings()  # the loaded model's own settings (Model settings…)
+        self._draft: LoadedModel | None = None  # the loaded model's draft model, if it has one
         self._told_overflow: set[int] = set()  # conversations already told that old turns were left out
         self._summary_of: Conversation | None = None  # the chat being summarized for a new one
         # (previous model, model loading) when the previous one had to go before the new one loaded
@@ -155,6 +163,11 @@ class ChatController(QObject):
         """True while a model is loading."""
         return self._job is not None and self._job.kind == "load"
 
+    @property
+    def effective_settings(self) -> Settings:
+        """The app's settings with the loaded model's own over them (a conversation's go over both)."""
+        return with_model_settings(self.settings, self.model_settings, self._draft is not None)
+
     def shutdown(self) -> None:
         """Stop the current job, save what streamed, and end the engine thread."""
         job = self._job
@@ -165,9 +178,7 @@ class ChatController(QObject):
             self.scheduler = None
         if self._answer is not None:
             self._answer["saver"].flush(self._answer["metrics"], MessageState.CANCELLED)
-        if self.loaded is not None:
-            self.loaded.close()
-            self.loaded = None
+        self._release_model()
 
     # -- models ------------------------------------------------------------------
 
@@ -177,12 +188,15 @@ class ChatController(QObject):
             self.error.emit("Wait for the current answer or load to finish, or stop it first.")
             return False
         path = Path(path)
-        settings = self.settings
-        self._built_for = (settings.backend, settings.cpu_threads, settings.context_length)
+        model_settings = self.store.model_settings(path)
+        settings = with_model_settings(self.settings, model_settings, model_settings.draft_model is not None)
+        self._loading_for = self._build_key(settings, model_settings)
         self._unloaded_for = None
         self.model_loading.emit(path.name)
 
-        def run(cancel: threading.Event) -> tuple[LoadedModel, ModelInfo, ChatSession]:
+        def run(
+            cancel: threading.Event,
+        ) -> tuple[LoadedModel, ModelInfo, ChatSession, ModelSettings, LoadedModel | None]:
             # Validate the file and check its size before letting go of the current model,
             # so a bad or oversized file leaves the chat as it was. The header is read once.
             model_file = open_gguf(path)
@@ -213,13 +227,19 @@ class ChatController(QObject):
             )
             if loaded.load_notes:
                 self._engine_notice.emit(load_notes_text(info.name, loaded.load_notes))
+            draft = None
             try:
-                session = self._new_session(loaded, settings)
+                if model_settings.template is not None:
+                    loaded.template = template_override(loaded.template, model_settings.template, info.name)
+                draft = self._draft_for(loaded, info.name, model_settings, settings)
+                session = self._new_session(loaded, settings, draft)
             except BaseException:
                 loaded.close()
+                if draft is not None:
+                    draft.close()
                 raise
             self._release_model()  # the previous model, kept while the new one loaded
-            return loaded, info, session
+            return loaded, info, session, model_settings, draft
 
         self._start(Job(run, "load"))
         return True
@@ -245,17 +265,31 @@ class ChatController(QObject):
         self.settings = settings
         self._apply_model_settings()
 
+    def set_model_settings(self, path: str | Path, model_settings: ModelSettings) -> None:
+        """Keep a model file's own settings; for the loaded model they apply as `apply_settings` says."""
+        self.store.set_model_settings(path, model_settings)
+        if self.loaded is not None and Path(path) == self.loaded.path:
+            self.model_settings = model_settings
+            self._apply_model_settings()
+
+    @staticmethod
+    def _build_key(settings: Settings, model_settings: ModelSettings) -> BuildKey:
+        """What a load or session was built with: a change in the first two, the template or the draft reloads."""
+        draft = model_settings.draft_model if settings.speculative != "off" else None
+        return settings.backend, settings.cpu_threads, settings.context_length, model_settings.template, draft
+
     def _apply_model_settings(self) -> None:
-        settings = self.settings
+        settings = with_model_settings(self.settings, self.model_settings, self.model_settings.draft_model is not None)
         if self.loaded is None or self.busy or self._built_for is None:
             return
-        backend, threads, context_length = self._built_for
-        if (settings.backend, settings.cpu_threads) != (backend, threads):
+        built = self._built_for
+        wanted = self._build_key(settings, self.model_settings)
+        if wanted[:2] + wanted[3:] != built[:2] + built[3:]:
             self.load(self.loaded.path, self.model_info.name if self.model_info else None)
-        elif settings.context_length != context_length:
-            loaded = self.loaded
-            self._built_for = (backend, threads, settings.context_length)
-            self._start(Job(lambda cancel: self._new_session(loaded, settings), "session"))
+        elif wanted != built:
+            loaded, draft = self.loaded, self._draft
+            self._built_for = wanted
+            self._start(Job(lambda cancel: self._new_session(loaded, settings, draft), "session"))
 
     def _release_model(self) -> None:
         """Engine thread: stop the scheduler (ending any server request), drop the session, close the model,
@@ -264,15 +298,32 @@ class ChatController(QObject):
         if self.scheduler is not None:
             self.scheduler.close()
             self.scheduler = None
+        if self._draft is not None:
+            self._draft.close()
+            self._draft = None
         if self.loaded is not None:
             self.loaded.close()
             self.loaded = None
             release_freed_memory()
 
+    def _draft_for(
+        self, loaded: LoadedModel, name: str, model_settings: ModelSettings, settings: Settings
+    ) -> LoadedModel | None:
+        """Engine thread: the draft model set for `loaded`, or None; one that cannot draft is said, not fatal."""
+        if model_settings.draft_model is None or settings.speculative == "off":
+            return None
+        try:
+            return load_draft(model_settings.draft_model, loaded, settings.backend, settings.cpu_threads or None)
+        except SprigError as exc:
+            self._engine_notice.emit(f"{name} answers without its draft model: {exc}")
+            return None
+
     @staticmethod
-    def _new_session(loaded: LoadedModel, settings: Settings) -> ChatSession:
-        """A session for `loaded`; speculation's costs c(T) are measured here, at load, not in the first answer."""
-        speculation = Speculation(settings.speculative)
+    def _new_session(loaded: LoadedModel, settings: Settings, draft: LoadedModel | None = None) -> ChatSession:
+        """A session for `loaded` (with `draft` drafting); speculation's costs c(T) are measured here, at load,
+        not in the first answer."""
+        mode = settings.speculative if draft is not None or settings.speculative != "draft" else "auto"
+        speculation = Speculation(mode, draft=draft)
         if speculation.enabled:
             speculation.prepare(loaded.model)
         return ChatSession(
@@ -398,7 +449,7 @@ class ChatController(QObject):
         if conversation is None or not self._can_answer():
             return False
         assert session is not None  # _can_answer made sure of it
-        settings = effective_sampling(self.settings, conversation.overrides)
+        settings = effective_sampling(self.effective_settings, conversation.overrides)
         history = [
             {"role": m.role, "content": m.content}
             for m in self.store.messages(conversation.id)
@@ -430,7 +481,7 @@ class ChatController(QObject):
         if not summary:
             self.error.emit("The summary came out empty, so no new chat was made; the chat is as it was.")
             return
-        base = effective_sampling(self.settings, source.overrides).system_prompt.strip()
+        base = effective_sampling(self.effective_settings, source.overrides).system_prompt.strip()
         prompt = f"{base}\n\n" if base else ""
         prompt += f"A summary of an earlier conversation with this user, to continue from:\n{summary}"
         created = self.store.create_conversation(title_from(f"{source.title} (continued)"))
@@ -473,7 +524,7 @@ class ChatController(QObject):
             for m in self.store.messages(conversation.id)
             if m.state != MessageState.ERROR and m.content and m.id != assistant.id
         ]
-        settings = effective_sampling(self.settings, conversation.overrides)
+        settings = effective_sampling(self.effective_settings, conversation.overrides)
         self._answer = {
             "id": assistant.id,
             "text": assistant.content,
@@ -548,7 +599,7 @@ class ChatController(QObject):
         if job.kind == "load":
             self._finish_load(result if isinstance(result, tuple) else None)
         elif job.kind == "unload":
-            self.model_info = None
+            self.model_info, self.model_settings = None, ModelSettings()
             self.model_unloaded.emit()
         elif job.kind == "session" and isinstance(result, ChatSession):
             self._session = result
@@ -568,7 +619,7 @@ class ChatController(QObject):
             if self.loaded is not None:  # the current model is still there
                 self.model_loaded.emit(self.model_info)
                 return
-            self._session, self.model_info = None, None
+            self._session, self.model_info, self.model_settings = None, None, ModelSettings()
             self.model_unloaded.emit()
             if self._unloaded_for is not None:
                 previous, wanted = self._unloaded_for
@@ -577,7 +628,8 @@ class ChatController(QObject):
                     "loaded now. Choose one with the model button."
                 )
             return
-        self.loaded, self.model_info, self._session = result
+        self.loaded, self.model_info, self._session, self.model_settings, self._draft = result
+        self._built_for = self._loading_for
         self.scheduler = Scheduler()
         self.settings = replace(self.settings, last_model=str(self.loaded.path))
         self.store.add_model(str(self.loaded.path), self.model_info.name)

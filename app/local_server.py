@@ -1,32 +1,60 @@
 """The "Local server" switch: the model loaded in the window, served over the OpenAI API.
 
+It listens on 127.0.0.1, or on every interface ("reachable from this network", only with an
+API key), on the settings' port, with their CORS origins; the key comes from the keyring
+(app/server_key.py) when the server starts.
+
 The server shares the chat controller's scheduler, so the chat and the server's requests
 take turns on the one model (the chat first), each with its own KV cache. While a model
 loads or after it is unloaded the server stays up and answers 503. No widgets here: the
 window connects `ServerPanel` to these signals.
 """
 
+import re
 import shlex
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.chat_controller import ChatController
+from app.server_key import ServerKeyError, stored_key
+from app.settings import Settings
 from engine.server.app import ServerConfig, ServerState
 from engine.server.completions import ServedModel
 from engine.server.serve import BackgroundServer
 
-DEFAULT_PORT = 8080
 POLL_MS = 500
+EVERY_INTERFACE = "0.0.0.0"
+NETWORK_NEEDS_KEY = (
+    "The server cannot be reachable from this network without an API key: anyone on the network could use "
+    "the model. Set a key in the server settings, or keep the server on this computer."
+)
+MASK = "••••••••"
+
+
+def parse_origins(text: str) -> list[str]:
+    """The CORS origins in `text`, separated by commas or spaces."""
+    return [origin for origin in re.split(r"[\s,]+", text) if origin]
+
+
+def server_config(settings: Settings, key: str | None, port: int) -> ServerConfig:
+    """How the server listens for `settings` and `key`; raises ServerKeyError for the network without a key."""
+    if settings.server_network and not key:
+        raise ServerKeyError(NETWORK_NEEDS_KEY)
+    host = EVERY_INTERFACE if settings.server_network else "127.0.0.1"
+    return ServerConfig(host=host, port=port, api_key=key, cors_origins=parse_origins(settings.server_origins))
 
 
 class LocalServer(QObject):
-    """Starts and stops the server on 127.0.0.1 and follows the controller's model."""
+    """Starts and stops the server and follows the controller's model.
+
+    `port` None listens on the settings' port."""
 
     running_changed = Signal(bool)
+    served_changed = Signal()  # another model (or none) is served: the example changes
     counts_changed = Signal(int, int)  # requests received, requests waiting for the model
     error = Signal(str)
 
-    def __init__(self, controller: ChatController, port: int = DEFAULT_PORT, parent: QObject | None = None):
+    def __init__(self, controller: ChatController, port: int | None = None, parent: QObject | None = None):
         super().__init__(parent)
         self.controller = controller
         self.port = port
@@ -46,8 +74,14 @@ class LocalServer(QObject):
 
     @property
     def address(self) -> str:
-        """The API's base URL, e.g. http://127.0.0.1:8080/v1 ("" when off)."""
-        return self.server.url if self.server else ""
+        """The API's base URL, e.g. http://127.0.0.1:8080/v1 ("" when off); on every interface,
+        its local address."""
+        return self.server.url.replace(EVERY_INTERFACE, "127.0.0.1") if self.server else ""
+
+    @property
+    def on_network(self) -> bool:
+        """Whether it listens on every interface."""
+        return self.server is not None and self.server.config.host == EVERY_INTERFACE
 
     @property
     def model_name(self) -> str:
@@ -55,24 +89,31 @@ class LocalServer(QObject):
         served = self.state.served if self.state else None
         return served.name if served else ""
 
-    def curl_example(self) -> str:
-        """A command that asks the served model something, ready to paste in a terminal."""
-        if not self.running:
+    def curl_example(self, masked: bool = False) -> str:
+        """A command that asks the served model something, ready to paste in a terminal; with the key
+        header when a key is set (`masked`: the key hidden, for the screen)."""
+        if self.server is None:
             return ""
         body = '{"model": "%s", "messages": [{"role": "user", "content": "Hello!"}]}' % (self.model_name or "local")
-        return f"curl {self.address}/chat/completions -H 'Content-Type: application/json' -d {shlex.quote(body)}"
+        key = self.server.config.api_key
+        auth = f" -H {shlex.quote('Authorization: Bearer ' + (MASK if masked else key))}" if key else ""
+        return f"curl {self.address}/chat/completions -H 'Content-Type: application/json'{auth} -d {shlex.quote(body)}"
 
     def set_running(self, on: bool) -> None:
-        """Turn the server on (on 127.0.0.1:port) or off; a port in use becomes an error."""
+        """Turn the server on (as the settings say) or off; a port in use, or the network without a
+        key, becomes an error."""
         if on == self.running:
             return
         if on:
+            settings = self.controller.settings
             self.state = ServerState()
             try:
-                self.server = BackgroundServer(self.state, ServerConfig(host="127.0.0.1", port=self.port)).start()
-            except OSError as exc:
+                config = server_config(settings, stored_key(), settings.server_port if self.port is None else self.port)
+                self.server = BackgroundServer(self.state, config).start()
+            except (OSError, ServerKeyError) as exc:
                 self.state, self.server = None, None
-                self.error.emit(f"The local server could not start: {exc}.")
+                reason = str(exc) if isinstance(exc, ServerKeyError) else f"The local server could not start: {exc}."
+                self.error.emit(reason)
                 self.running_changed.emit(False)
                 return
             self._attach()
@@ -88,11 +129,20 @@ class LocalServer(QObject):
     def _attach(self, *_info) -> None:
         c = self.controller
         if self.state is not None and c.loaded is not None and c.scheduler is not None:
-            self.state.served = ServedModel(c.loaded, c.scheduler, c.loaded.path.stem, c.settings.context_length)
+            context = c.effective_settings.context_length
+            self.state.served = ServedModel(c.loaded, c.scheduler, c.loaded.path.stem, context)
+            self.served_changed.emit()
 
     def _detach(self, *_args) -> None:
         if self.state is not None:
             self.state.served = None
+            self.served_changed.emit()
+
+    def restart(self) -> None:
+        """Start again with the current settings and key, if it runs."""
+        if self.running:
+            self.set_running(False)
+            self.set_running(True)
 
     def _poll(self) -> None:
         served = self.state.served if self.state else None

@@ -30,8 +30,10 @@ from app.hub_controller import HubController
 from app.local_server import LocalServer
 from app.menu_bar import build_menu_bar
 from app.model_library import LibraryEntry, ModelInfo, library_entries, vocabulary_metadata
+from app.model_settings import ModelSettings
+from app.server_key import ServerKeyError, save_key, stored_key
 from app.settings import RANGES, Settings, save_settings
-from app.storage import Conversation, Store
+from app.storage import Conversation, StorageError, Store
 from app.theme import app_icon, apply_theme
 from app.transcript import TranscriptError, import_json, read_json_file, to_json, to_markdown
 from app.widgets.banner import Banner
@@ -42,7 +44,9 @@ from app.widgets.message_input import MessageInput
 from app.widgets.metrics_panel import MetricsPanel
 from app.widgets.model_bar import ModelBar
 from app.widgets.model_picker import ModelPicker
+from app.widgets.model_settings_dialog import ModelSettingsDialog
 from app.widgets.server_panel import ServerPanel
+from app.widgets.server_settings_dialog import ServerSettingsDialog
 from app.widgets.settings_dialog import ConversationSettingsDialog, SettingsDialog
 from app.window_geometry import fit_frame, place_first_window, restore_geometry, saved_geometry
 from backends.selection import planned_backend
@@ -189,6 +193,8 @@ class MainWindow(QMainWindow):
         c.error.connect(self.error_banner.show_text)
         self.server_panel.toggled.connect(self.local_server.set_running)
         self.local_server.running_changed.connect(self._on_server_running)
+        self.local_server.served_changed.connect(lambda: self._on_server_running(self.local_server.running))
+        self.server_panel.settings_requested.connect(self.open_server_settings)
         self.local_server.counts_changed.connect(self.server_panel.set_counts)
         self.local_server.error.connect(self.error_banner.show_text)
 
@@ -196,9 +202,27 @@ class MainWindow(QMainWindow):
         """Model > Local server: turn the server on or off (the panel shows while it is on)."""
         self.local_server.set_running(not self.local_server.running)
 
+    def open_server_settings(self) -> ServerSettingsDialog:
+        """The server's settings (non-modal); on OK the key goes to the keyring and a running server restarts."""
+        dialog = ServerSettingsDialog(self.controller.settings, stored_key(), self)
+        dialog.accepted.connect(lambda: self._apply_server_settings(dialog.settings(), dialog.key()))
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.show()
+        return dialog
+
+    def _apply_server_settings(self, settings: Settings, key: str | None) -> None:
+        try:
+            save_key(key)
+        except ServerKeyError as exc:
+            self.error_banner.show_text(str(exc))
+            return
+        self.apply_settings(settings)
+        self.local_server.restart()
+
     def _on_server_running(self, on: bool) -> None:
         server = self.local_server
-        self.server_panel.set_running(on, server.address, server.curl_example())
+        address = server.address + (" · reachable from this network" if server.on_network else "")
+        self.server_panel.set_running(on, address, server.curl_example(masked=True), server.curl_example())
         self.server_panel.setVisible(on or self.server_panel.isVisible())
         self.menu_actions["local_server"].setChecked(on)
 
@@ -352,9 +376,39 @@ class MainWindow(QMainWindow):
         picker.remove_requested.connect(self.store.remove_model)
         picker.delete_download_requested.connect(self.delete_download)
         picker.get_models_requested.connect(self.open_get_models)
+        picker.settings_requested.connect(self.open_model_settings)
         picker.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         picker.show()
         return picker
+
+    def open_model_settings(self, path: str = "", name: str = "") -> ModelSettingsDialog | None:
+        """Model settings… for the model file at `path` (default: the loaded one); returns the dialog (non-modal)."""
+        loaded = self.controller.loaded
+        if not path and loaded is None:
+            self.error_banner.show_text("No model is loaded. Choose one in the model picker to change its settings.")
+            return None
+        file = Path(path) if path else loaded.path if loaded else Path()
+        if not name:
+            info = self.controller.model_info
+            name = info.name if info and info.path == file else file.stem
+        dialog = ModelSettingsDialog(
+            LibraryEntry(file, name),
+            self.store.model_settings(file),
+            self.controller.settings,
+            self.library(),
+            self.controller.headers,
+            self,
+        )
+        dialog.accepted.connect(lambda: self._keep_model_settings(file, dialog.model_settings()))
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.show()
+        return dialog
+
+    def _keep_model_settings(self, path: Path, model_settings: ModelSettings) -> None:
+        try:
+            self.controller.set_model_settings(path, model_settings)
+        except StorageError as exc:
+            self.error_banner.show_text(str(exc))
 
     def open_get_models(self) -> GetModelsView:
         """Show the Get models view (non-modal): find, download and load models from Hugging Face."""

@@ -55,6 +55,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "context_length": (256, 131_072),
     "cpu_threads": (0, 256),
     "text_scale": (70, 200),
+    "server_port": (1, 65_535),
 }
 
 
@@ -67,7 +68,10 @@ class Settings:
     physical core. `speculative` is the speculative decoding mode ("auto" drafts only
     where it pays). `hub_offline` keeps Sprig off the Hugging Face Hub (Get models then
     lists only what is downloaded). `last_model` is the path of the model file opened last, or None;
-    `last_conversation` the id of the chat open last, or None. `window_geometry` is the
+    `last_conversation` the id of the chat open last, or None. The local server listens on
+    `server_port`, lets web pages from `server_origins` (space or comma separated) call it, and
+    with `server_network` binds every interface (only with an API key, kept in the keyring,
+    never here). `window_geometry` is the
     window's size, place and maximised state at closing (Qt's saveGeometry, base64), or None.
     """
 
@@ -89,6 +93,9 @@ class Settings:
     last_model: str | None
     last_conversation: int | None
     hub_offline: bool
+    server_port: int
+    server_origins: str
+    server_network: bool
     window_geometry: str | None = None
 
     @classmethod
@@ -182,6 +189,9 @@ _PARSERS: dict[str, Callable[[str, object], object]] = {
     "last_model": _optional(_text),
     "last_conversation": _optional(_number(int)),
     "hub_offline": _flag,
+    "server_port": _number(int),
+    "server_origins": _text,
+    "server_network": _flag,
     "window_geometry": _optional(_text),
 }
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import platformdirs
 
+from app.model_settings import ModelSettings, file_fingerprint
 from engine.errors import SprigError
 
 DEFAULT_DB_NAME = "sprig.sqlite3"
@@ -79,6 +80,15 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
         "ALTER TABLE messages ADD COLUMN versions TEXT NOT NULL DEFAULT '[]'",
         "ALTER TABLE messages ADD COLUMN active INTEGER NOT NULL DEFAULT 0",
+    ),
+    # 4: per-model settings (app/model_settings.py), keyed by the file's path; the file's name
+    # and size find them again after the file moves.
+    (
+        """CREATE TABLE model_settings (
+            path TEXT PRIMARY KEY,
+            file_name TEXT NOT NULL,
+            file_size INTEGER NOT NULL,
+            settings TEXT NOT NULL)""",
     ),
 )
 
@@ -498,6 +508,47 @@ class Store:
     def touch_model(self, path: str) -> None:
         """Record that a model was just used."""
         self._db.execute("UPDATE models SET last_used = ? WHERE path = ?", (time.time(), path))
+
+    # per-model settings
+
+    def model_settings(self, path: str | Path) -> ModelSettings:
+        """The settings kept for the model file at `path` (empty ones if none).
+
+        A file that moved has none under its new path: then the settings of a file with the
+        same name and size whose old path no longer exists become this path's.
+        """
+        path = str(path)
+        row = self._db.execute("SELECT settings FROM model_settings WHERE path = ?", (path,)).fetchone()
+        if row is not None:
+            return ModelSettings.from_json(row["settings"])
+        fingerprint = file_fingerprint(Path(path))
+        if fingerprint is None:
+            return ModelSettings()
+        rows = self._db.execute(
+            "SELECT path, settings FROM model_settings WHERE file_name = ? AND file_size = ?", fingerprint
+        ).fetchall()
+        moved = next((r for r in rows if not Path(r["path"]).exists()), None)
+        if moved is None:
+            return ModelSettings()
+        self._db.execute("UPDATE model_settings SET path = ? WHERE path = ?", (path, moved["path"]))
+        return ModelSettings.from_json(moved["settings"])
+
+    def set_model_settings(self, path: str | Path, settings: ModelSettings) -> None:
+        """Keep `settings` for the model file at `path` (empty settings are forgotten).
+
+        Raises StorageError when the file does not exist (its settings could not be found again)."""
+        if settings.empty:
+            self._db.execute("DELETE FROM model_settings WHERE path = ?", (str(path),))
+            return
+        fingerprint = file_fingerprint(Path(path))
+        if fingerprint is None:
+            raise StorageError(f"{path} does not exist, so no settings can be kept for it; it may have been moved.")
+        self._db.execute(
+            """INSERT INTO model_settings (path, file_name, file_size, settings) VALUES (?, ?, ?, ?)
+               ON CONFLICT (path) DO UPDATE SET file_name = excluded.file_name, file_size = excluded.file_size,
+               settings = excluded.settings""",
+            (str(path), *fingerprint, settings.to_json()),
+        )
 
 
 class ThrottledSaver:

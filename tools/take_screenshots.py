@@ -99,6 +99,19 @@ def main(folder: Path, suffix: str) -> int:
     shoot(dialog, folder, "5-settings" + suffix)
     dialog.close()
 
+    model_settings = window.open_model_settings()
+    assert model_settings is not None  # a model is loaded
+    wait_until(lambda: model_settings.draft.count() > 1 and "reading" not in model_settings.draft.itemText(1))
+    shoot(model_settings, folder, "9-model-settings" + suffix)
+    model_settings.close()
+
+    window.local_server.set_running(True)
+    server_settings = window.open_server_settings()
+    server_settings.network.setChecked(True)  # no key yet: the refusal shows
+    shoot(window, folder, "10-server" + suffix)
+    server_settings.close()
+    window.local_server.set_running(False)
+
     broken = data / "broken.gguf"
     broken.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 64)
     window.add_model(str(broken))

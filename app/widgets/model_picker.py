@@ -70,6 +70,7 @@ class ModelPicker(QDialog):
     remove_requested = Signal(str)
     delete_download_requested = Signal(str)
     get_models_requested = Signal()
+    settings_requested = Signal(str, str)  # path, name: open Model settings… for it
 
     def __init__(
         self,
@@ -146,6 +147,9 @@ class ModelPicker(QDialog):
         self.load_button.clicked.connect(self._load_selected)
         add_button = QPushButton("Add model…")
         add_button.clicked.connect(self._add)
+        self.settings_button = QPushButton("Model settings…")
+        self.settings_button.setToolTip("This model's own context length, template, system prompt and draft model")
+        self.settings_button.clicked.connect(self._settings_selected)
         self.remove_button = QPushButton("Remove from library")
         self.remove_button.clicked.connect(self._remove_selected)
         self.delete_button = QPushButton("Delete download…")
@@ -160,7 +164,14 @@ class ModelPicker(QDialog):
         close_button.clicked.connect(self.reject)
 
         buttons = QHBoxLayout()
-        for button in (get_button, add_button, self.remove_button, self.delete_button, folder_button):
+        for button in (
+            get_button,
+            add_button,
+            self.settings_button,
+            self.remove_button,
+            self.delete_button,
+            folder_button,
+        ):
             buttons.addWidget(button)
         buttons.addStretch(1)
         buttons.addWidget(close_button)
@@ -281,6 +292,7 @@ class ModelPicker(QDialog):
         row = self._selected_row()
         usable = row is not None and row not in self._removed
         self.load_button.setEnabled(row is not None and usable and isinstance(self._infos.get(row), ModelInfo))
+        self.settings_button.setEnabled(row is not None and usable and self._entries[row].path.exists())
         self.remove_button.setEnabled(row is not None and usable and not self._entries[row].bundled)
         deletable = (
             row is not None and self._entries[row].path in self._downloads and self._entries[row].path != self._current
@@ -294,6 +306,12 @@ class ModelPicker(QDialog):
             return
         self.load_requested.emit(str(self._entries[row].path), info.name)
         self.accept()
+
+    def _settings_selected(self) -> None:
+        row = self._selected_row()
+        if row is not None:
+            entry = self._entries[row]
+            self.settings_requested.emit(str(entry.path), entry.name)
 
     def _add(self) -> None:
         path, _filter = QFileDialog.getOpenFileName(

@@ -65,14 +65,15 @@ _BACKEND_LABELS = {
     "mlx": "MLX (Apple silicon)",
     "cuda": "CUDA (NVIDIA GPU)",
 }
-_SPECULATIVE_LABELS = {
+SPECULATIVE_LABELS = {
     "auto": "Automatic (only where it is faster)",
     "ngram": "Always, copying from the conversation",
+    "draft": "With the draft model (only where it is faster)",
     "off": "Off",
 }
 
 
-def _int_box(name: str, step: int) -> QSpinBox:
+def int_box(name: str, step: int) -> QSpinBox:
     """A whole-number spin box limited to RANGES[name]."""
     low, high = RANGES[name]
     box = QSpinBox()
@@ -84,7 +85,7 @@ def _int_box(name: str, step: int) -> QSpinBox:
 def _spin_box(name: str, decimals: int | None, step: float) -> QSpinBox | QDoubleSpinBox:
     """A spin box limited to RANGES[name]: whole numbers where `decimals` is None."""
     if decimals is None:
-        return _int_box(name, int(step))
+        return int_box(name, int(step))
     box = QDoubleSpinBox(decimals=decimals)
     box.setRange(*RANGES[name])
     box.setSingleStep(step)
@@ -96,7 +97,7 @@ class SeedEditor(QWidget):
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
-        self.spin = _int_box("seed", 1)
+        self.spin = int_box("seed", 1)
         self.random = QCheckBox("Random")
         self.random.toggled.connect(lambda on: self.spin.setEnabled(not on))
         layout = QHBoxLayout(self)
@@ -237,15 +238,15 @@ class SettingsDialog(QDialog):
 
         self.system_prompt = QPlainTextEdit(tabChangesFocus=True)
         self.system_prompt.setPlaceholderText("Instructions the model sees before every conversation")
-        self.context_length = _int_box("context_length", 256)
+        self.context_length = int_box("context_length", 256)
         self.context_length.setSuffix(" tokens")
         self.context_length.setToolTip("How many tokens of the conversation the model can see at once.")
         self.sampling = SamplingForm(settings)
         self.backend = _combo(BACKENDS, _BACKEND_LABELS)
-        self.cpu_threads = _int_box("cpu_threads", 1)
+        self.cpu_threads = int_box("cpu_threads", 1)
         self.cpu_threads.setSpecialValueText("One per core")
         self.cpu_threads.setToolTip("Threads of the native CPU backend; a change reloads the model.")
-        self.speculative = _combo(SPECULATIVE, _SPECULATIVE_LABELS)
+        self.speculative = _combo(SPECULATIVE, SPECULATIVE_LABELS)
         self.speculative.setToolTip(
             "Speculative decoding: guess a few tokens from earlier text and let the model "
             "check them in one pass. The answers are the same; only the speed changes."
