@@ -9,6 +9,11 @@ It also prints `load_s`, the seconds it takes to construct `Llama` (read and map
 file, build the vocabulary, allocate the context), and `rss_bytes`, the process's
 resident memory after that load and after the timed run. llama.cpp maps the file and
 prefetches it while loading, so the weights' pages count from the first figure on.
+
+`--plain-buffers` keeps llama.cpp's weights in plain CPU buffers: this build (0.3.36) crashes
+on the first evaluation of a quantized mixture-of-experts file when they go to its "extra"
+buffer types (weights repacked for its faster kernels), so the MoE rows of
+docs/benchmarks.md are measured with it, and say so.
 """
 
 import argparse
@@ -16,6 +21,7 @@ import json
 import time
 from pathlib import Path
 
+import llama_cpp
 import numpy as np
 from llama_cpp import Llama
 
@@ -42,7 +48,17 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--gen-tokens", type=int, default=128)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--plain-buffers", action="store_true", help="no repacked (extra) weight buffers")
     args = parser.parse_args()
+    if args.plain_buffers:
+        defaults = llama_cpp.llama_cpp.llama_model_default_params  # what Llama() asks for its model's params
+
+        def plain() -> llama_cpp.llama_model_params:
+            params = defaults()
+            params.use_extra_bufts = False
+            return params
+
+        llama_cpp.llama_cpp.llama_model_default_params = plain
 
     started = time.perf_counter()
     llm = Llama(model_path=args.model, n_ctx=args.prompt_tokens + args.gen_tokens + 8, n_batch=args.prompt_tokens,
