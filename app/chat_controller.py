@@ -25,12 +25,17 @@ from app.settings import Settings, effective_sampling, sampling_params
 from app.storage import Conversation, Message, MessageState, Store, ThrottledSaver, ended_early
 from app.worker import EngineThread, Job
 from backends.selection import planned_backend
+from engine.chat_engine import ChatEngine, LocalChatEngine, ModelDescription
 from engine.chat_session import ChatSession
 from engine.errors import ContextFullError, SprigError
 from engine.generation import FINISH_CANCELLED, GenerationEvent
 from engine.gguf_file import open_gguf
 from engine.loader import LoadedModel, load_model
-from engine.server.scheduler import APP, Scheduler
+from engine.model_uri import local_uri
+from engine.remote import keys
+from engine.remote.client import RemoteChat
+from engine.remote.endpoints import Endpoint
+from engine.server.scheduler import Scheduler
 from engine.speculation import Speculation
 
 TITLE_LENGTH = 48
@@ -97,6 +102,7 @@ class ChatController(QObject):
     load_progress = Signal(float, str)  # fraction, stage
     model_loaded = Signal(object)  # ModelInfo; re-emitted when a failed load left the model in place
     model_unloaded = Signal()
+    remote_model_chosen = Signal(object)  # ModelDescription of a model on a remote server, now answering
     backend_changed = Signal(str, str, list)  # backend name, device, reasons others were passed over
     busy_changed = Signal(bool)  # an answer is being generated
     context_changed = Signal(int)  # the chat's context size in tokens, for a new model or context setting
@@ -132,6 +138,7 @@ class ChatController(QObject):
         self.model_info: ModelInfo | None = None
         self.conversation: Conversation | None = None
         self._session: ChatSession | None = None
+        self.remote: RemoteChat | None = None  # a remote model chosen in place of the local one
         # Owns the loaded model's turns: the chat's answers (first) and the local server's requests.
         self.scheduler: Scheduler | None = None
         self._job: Job | None = None
@@ -168,6 +175,30 @@ class ChatController(QObject):
         """The app's settings with the loaded model's own over them (a conversation's go over both)."""
         return with_model_settings(self.settings, self.model_settings, self._draft is not None)
 
+    @property
+    def chat_engine(self) -> ChatEngine | None:
+        """What answers now: the chosen remote model, else the loaded local one, else None."""
+        if self.remote is not None:
+            return self.remote
+        if self._session is None or self.scheduler is None:
+            return None
+        name = self.model_info.name if self.model_info else self._session.loaded.path.name
+        uri = local_uri(self._session.loaded.path)
+        return LocalChatEngine(
+            self._session, self.scheduler, ModelDescription(uri, name, "local", self._session.cache.n_ctx)
+        )
+
+    def use_remote(self, endpoint: Endpoint, model_id: str) -> bool:
+        """Answer with `model_id` on `endpoint` from now on (its API key from the keyring); False if busy."""
+        if self.busy:
+            self.error.emit("Wait for the current answer or load to finish, or stop it first.")
+            return False
+        if self.remote is not None:
+            self.remote.close()
+        self.remote = RemoteChat(endpoint, model_id, keys.api_key(endpoint.base_url))
+        self.remote_model_chosen.emit(self.remote.describe())
+        return True
+
     def shutdown(self) -> None:
         """Stop the current job, save what streamed, and end the engine thread."""
         job = self._job
@@ -178,6 +209,8 @@ class ChatController(QObject):
             self.scheduler = None
         if self._answer is not None:
             self._answer["saver"].flush(self._answer["metrics"], MessageState.CANCELLED)
+        if self.remote is not None:
+            self.remote.close()
         self._release_model()
 
     # -- models ------------------------------------------------------------------
@@ -191,6 +224,9 @@ class ChatController(QObject):
         model_settings = self.store.model_settings(path)
         settings = with_model_settings(self.settings, model_settings, model_settings.draft_model is not None)
         self._loading_for = self._build_key(settings, model_settings)
+        if self.remote is not None:  # a local model chosen: the remote one steps aside
+            self.remote.close()
+            self.remote = None
         self._unloaded_for = None
         self.model_loading.emit(path.name)
 
@@ -445,10 +481,10 @@ class ChatController(QObject):
         The summary becomes the new chat's own system prompt, after the usual one; the old
         chat stays as it was. False (with an error) if that cannot start.
         """
-        conversation, session = self.conversation, self._session
+        conversation, chat = self.conversation, self.chat_engine
         if conversation is None or not self._can_answer():
             return False
-        assert session is not None  # _can_answer made sure of it
+        assert chat is not None  # _can_answer made sure of it
         settings = effective_sampling(self.effective_settings, conversation.overrides)
         history = [
             {"role": m.role, "content": m.content}
@@ -456,17 +492,13 @@ class ChatController(QObject):
             if m.state != MessageState.ERROR and m.content
         ]
         system = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt.strip() else []
-        scheduler = self.scheduler
-        assert scheduler is not None  # made with the model, which _can_answer made sure of
-
-        def summarize(cancel: threading.Event):
-            session.params = sampling_params(replace(settings, temperature=0.0))
-            session.max_tokens = min(SUMMARY_TOKENS, session.cache.n_ctx // 8)  # the new chat must have room
-            session.messages = system + history
-            return session.send(SUMMARY_REQUEST, cancel)
+        messages = [*system, *history, {"role": "user", "content": SUMMARY_REQUEST}]
+        context = chat.describe().context_length
+        max_tokens = min(SUMMARY_TOKENS, context // 8) if context else SUMMARY_TOKENS  # the new chat must have room
+        params = sampling_params(replace(settings, temperature=0.0))
 
         def run(cancel: threading.Event) -> str:
-            return "".join(event.text for event in scheduler.stream(summarize, cancel, APP)).strip()
+            return "".join(event.text for event in chat.stream(messages, params, max_tokens, cancel)).strip()
 
         self._summary_of = conversation
         self.model_notice.emit(f"Writing a summary of “{conversation.title}” for a new chat…")
@@ -497,24 +529,23 @@ class ChatController(QObject):
         if self.busy:
             self.error.emit("Sprig is still busy with the last request; stop it or wait.")
             return False
-        if self._session is None:
+        if self.chat_engine is None:
             self.error.emit("No model is loaded. Choose one in the model picker, or drop a .gguf file here.")
             return False
         return True
 
     def _model_name(self) -> str:
-        if self.model_info:
-            return self.model_info.name
-        assert self.loaded is not None  # answers start only with a model loaded
-        return self.loaded.path.name
+        chat = self.chat_engine
+        assert chat is not None  # answers start only with a model to answer
+        return chat.describe().name
 
     def _begin_answer(self, assistant: Message | None = None, continuing: bool = False) -> None:
         """Answer the stored history into `assistant` (a new message when None).
 
         `continuing`: `assistant` holds the start of the answer, which is continued.
         """
-        conversation, session = self.conversation, self._session
-        assert conversation is not None and session is not None  # _can_answer made sure of both
+        conversation, chat = self.conversation, self.chat_engine
+        assert conversation is not None and chat is not None  # _can_answer made sure of both
         if assistant is None:
             assistant = self.store.add_message(
                 conversation.id, "assistant", "", model=self._model_name(), state=MessageState.STREAMING
@@ -532,26 +563,16 @@ class ChatController(QObject):
             "state": MessageState.COMPLETE,
             "saver": ThrottledSaver(self.store, assistant.id, text=assistant.content),
         }
-        scheduler = self.scheduler
-        assert scheduler is not None  # made with the model, which _can_answer made sure of
         turns = [{"role": m.role, "content": m.content} for m in history]
         system = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt.strip() else []
+        messages = system + turns + ([{"role": "assistant", "content": assistant.content}] if continuing else [])
+        if isinstance(chat, LocalChatEngine):
+            chat.speculative = settings.speculative
+        self.store.set_model_uri(conversation.id, chat.describe().uri)
 
-        def answer(cancel: threading.Event):
-            session.params = sampling_params(settings)
-            session.max_tokens = settings.max_tokens
-            speculation = session.speculation
-            assert speculation is not None  # every session the controller makes has one
-            if speculation.mode != settings.speculative:
-                session.speculation = replace(speculation, mode=settings.speculative)
-            if continuing:
-                session.messages = system + turns + [{"role": "assistant", "content": assistant.content}]
-                return explain_no_room(session.continue_answer(cancel))
-            session.messages = system + turns[:-1]
-            return session.send(turns[-1]["content"], cancel)
-
-        def run(cancel: threading.Event):  # the answer waits for its turn on the model, ahead of the server's
-            return scheduler.stream(answer, cancel, APP)
+        def run(cancel: threading.Event):
+            events = chat.stream(messages, sampling_params(settings), settings.max_tokens, cancel, continuing)
+            return explain_no_room(events) if continuing else events
 
         self.answer_started.emit(message_dict(assistant))
         self._start(Job(run, "answer"))

@@ -45,13 +45,17 @@ from app.widgets.metrics_panel import MetricsPanel
 from app.widgets.model_bar import ModelBar
 from app.widgets.model_picker import ModelPicker
 from app.widgets.model_settings_dialog import ModelSettingsDialog
+from app.widgets.remote_models import RemoteModels
+from app.widgets.server_form import AddServerDialog
 from app.widgets.server_panel import ServerPanel
 from app.widgets.server_settings_dialog import ServerSettingsDialog
 from app.widgets.settings_dialog import ConversationSettingsDialog, SettingsDialog
 from app.window_geometry import fit_frame, place_first_window, restore_geometry, saved_geometry
 from backends.selection import planned_backend
+from engine.errors import SprigError
 from engine.hub.cache import cached_models, delete_download, find_cached
 from engine.hub.download import Progress, Pull
+from engine.remote import keys
 
 # After the first show, when to compare the frame with the screen: the window manager
 # decorates the window a moment after it is mapped.
@@ -176,6 +180,7 @@ class MainWindow(QMainWindow):
         c.model_loading.connect(self._on_model_loading)
         c.load_progress.connect(self._on_load_progress)
         c.model_loaded.connect(self._on_model_loaded)
+        c.remote_model_chosen.connect(self._on_remote_model_chosen)
         c.model_unloaded.connect(self._on_model_unloaded)
         c.backend_changed.connect(self._on_backend_changed)
         c.busy_changed.connect(self._set_busy)
@@ -377,6 +382,17 @@ class MainWindow(QMainWindow):
         picker.delete_download_requested.connect(self.delete_download)
         picker.get_models_requested.connect(self.open_get_models)
         picker.settings_requested.connect(self.open_model_settings)
+        remote = RemoteModels(self.store.endpoints(), picker)
+        remote.chosen.connect(self.controller.use_remote)
+
+        def add_server() -> None:
+            if self.add_server():
+                remote.set_endpoints(self.store.endpoints())
+
+        remote.add_requested.connect(add_server)
+        layout = picker.layout()
+        assert layout is not None  # the picker lays itself out
+        layout.addWidget(remote)  # each server's models, in a group of their own, under the files
         picker.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         picker.show()
         return picker
@@ -495,6 +511,14 @@ class MainWindow(QMainWindow):
         self._save_settings()
         self._show_empty_state()
 
+    def _on_remote_model_chosen(self, description) -> None:
+        """A model on a server answers now: name it and its server in the model bar."""
+        self.metrics.clear()
+        self.model_bar.set_model_text(
+            f"{description.name} — {description.where}", f"{description.uri}\nChoose, add or remove models (Ctrl+L)"
+        )
+        self._show_empty_state()
+
     def _on_model_unloaded(self) -> None:
         self.model_bar.set_loading(False)
         self.model_bar.set_model(None)
@@ -507,8 +531,23 @@ class MainWindow(QMainWindow):
         """The settings dialog; changes apply at once and are saved."""
         reasons = list(self.controller.loaded.backend_notes) if self.controller.loaded else []
         dialog = SettingsDialog(self.controller.settings, reasons, self)
+        dialog.add_server.clicked.connect(self.add_server)
         if dialog.exec():
             self.apply_settings(dialog.settings())
+
+    def add_server(self) -> bool:
+        """Settings → Models → Add a server: keep the server (its key in the keyring); True if one was added."""
+        dialog = AddServerDialog(self)
+        if not dialog.exec():
+            return False
+        endpoint = dialog.endpoint()
+        try:
+            keys.save_api_key(endpoint.base_url, dialog.api_key())
+            self.store.save_endpoint(endpoint)
+        except (SprigError, ValueError) as exc:
+            self.error_banner.show_text(str(exc))
+            return False
+        return True
 
     def apply_settings(self, settings: Settings) -> None:
         """Use and save `settings`: theme and text size now, engine changes through the controller."""

@@ -9,7 +9,7 @@ user_version`; `MIGRATIONS[n]` takes a file from version n to n + 1, in one tran
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
@@ -19,6 +19,8 @@ import platformdirs
 
 from app.model_settings import ModelSettings, file_fingerprint
 from engine.errors import SprigError
+from engine.model_uri import local_uri
+from engine.remote.endpoints import Endpoint
 
 DEFAULT_DB_NAME = "sprig.sqlite3"
 SNIPPET_CHARS = 60  # the length of a search result's snippet
@@ -44,7 +46,22 @@ def ended_early(state: str, metrics: dict | None) -> bool:
     return early or (metrics or {}).get("finish_reason") in (CUT_AT_LIMIT, CUT_BY_CONTEXT)
 
 
-MIGRATIONS: tuple[tuple[str, ...], ...] = (
+def _name_conversation_models(db: sqlite3.Connection) -> None:
+    """Migration 4's data step: each chat names the library file whose name its last answer carries."""
+    rows = db.execute(
+        """SELECT c.id, (SELECT mo.path FROM messages AS me JOIN models AS mo ON mo.name = me.model
+                         WHERE me.conversation_id = c.id AND me.role = 'assistant'
+                         ORDER BY me.position DESC LIMIT 1) AS path
+           FROM conversations AS c"""
+    ).fetchall()
+    for conversation_id, path in rows:
+        if path and Path(path).is_absolute():
+            db.execute("UPDATE conversations SET model_uri = ? WHERE id = ?", (local_uri(path), conversation_id))
+
+
+Migration = str | Callable[[sqlite3.Connection], None]  # an SQL statement, or a step that needs Python
+
+MIGRATIONS: tuple[tuple[Migration, ...], ...] = (
     # 1: the base schema.
     (
         """CREATE TABLE conversations (
@@ -90,9 +107,22 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             file_size INTEGER NOT NULL,
             settings TEXT NOT NULL)""",
     ),
+    # 5: remote models. A chat names its model by a URI (engine.model_uri): a local file's, or a
+    # server's and a model id; older chats get their library file's, where their answers name one.
+    # The servers the user added (their API keys are in the keyring, never here).
+    (
+        "ALTER TABLE conversations ADD COLUMN model_uri TEXT",
+        _name_conversation_models,
+        """CREATE TABLE endpoints (
+            name TEXT PRIMARY KEY,
+            base_url TEXT NOT NULL,
+            verify_tls INTEGER NOT NULL,
+            extended_sampling INTEGER NOT NULL,
+            added_at REAL NOT NULL)""",
+    ),
 )
 
-CONVERSATION_COLUMNS = "id, title, created_at, updated_at, overrides"
+CONVERSATION_COLUMNS = "id, title, created_at, updated_at, overrides, model_uri"
 MESSAGE_COLUMNS = "id, conversation_id, position, role, content, model, metrics, state, created_at, versions, active"
 
 
@@ -107,13 +137,15 @@ def default_db_path() -> Path:
 
 @dataclass(frozen=True)
 class Conversation:
-    """One chat. `overrides` holds its sampling settings that differ from the defaults."""
+    """One chat. `overrides` holds its sampling settings that differ from the defaults;
+    `model_uri` names the model that last answered in it (engine.model_uri), if known."""
 
     id: int
     title: str
     created_at: float
     updated_at: float
     overrides: dict
+    model_uri: str | None = None
 
 
 @dataclass(frozen=True)
@@ -153,7 +185,9 @@ class LibraryModel:
 
 
 def _conversation(row: sqlite3.Row) -> Conversation:
-    return Conversation(row["id"], row["title"], row["created_at"], row["updated_at"], json.loads(row["overrides"]))
+    return Conversation(
+        row["id"], row["title"], row["created_at"], row["updated_at"], json.loads(row["overrides"]), row["model_uri"]
+    )
 
 
 def _message(row: sqlite3.Row) -> Message:
@@ -239,7 +273,10 @@ class Store:
         for number in range(version + 1, self.SCHEMA_VERSION + 1):
             with self.transaction():
                 for statement in MIGRATIONS[number - 1]:
-                    self._db.execute(statement)
+                    if callable(statement):
+                        statement(self._db)
+                    else:
+                        self._db.execute(statement)
                 self._db.execute(f"PRAGMA user_version = {number}")
 
     def close(self) -> None:
@@ -332,6 +369,10 @@ class Store:
         self._db.execute(
             "UPDATE conversations SET overrides = ? WHERE id = ?", (json.dumps(overrides), conversation_id)
         )
+
+    def set_model_uri(self, conversation_id: int, uri: str) -> None:
+        """Record which model (its URI) answers in a chat."""
+        self._db.execute("UPDATE conversations SET model_uri = ? WHERE id = ?", (uri, conversation_id))
 
     # messages
 
@@ -504,6 +545,33 @@ class Store:
                ORDER BY last_used IS NULL, last_used DESC, added_at DESC, rowid DESC"""
         )
         return [LibraryModel(*row) for row in rows]
+
+    # remote servers
+
+    def endpoints(self) -> list[Endpoint]:
+        """The servers the user added, by name."""
+        rows = self._db.execute(
+            "SELECT name, base_url, verify_tls, extended_sampling FROM endpoints ORDER BY casefold(name)"
+        )
+        return [Endpoint(r["name"], r["base_url"], bool(r["verify_tls"]), bool(r["extended_sampling"])) for r in rows]
+
+    def save_endpoint(self, endpoint: Endpoint, replacing: str | None = None) -> None:
+        """Add a server, or change the one called `replacing`; ValueError if another has its name."""
+        with self.transaction():
+            if replacing is not None:
+                self._db.execute("DELETE FROM endpoints WHERE name = ?", (replacing,))
+            try:
+                self._db.execute(
+                    "INSERT INTO endpoints (name, base_url, verify_tls, extended_sampling, added_at) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (endpoint.name, endpoint.base_url, endpoint.verify_tls, endpoint.extended_sampling, time.time()),
+                )
+            except sqlite3.IntegrityError:
+                raise ValueError(f"A server called “{endpoint.name}” exists; give this one another name.") from None
+
+    def remove_endpoint(self, name: str) -> None:
+        """Forget a server (its key is the keyring's business)."""
+        self._db.execute("DELETE FROM endpoints WHERE name = ?", (name,))
 
     def touch_model(self, path: str) -> None:
         """Record that a model was just used."""

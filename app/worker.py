@@ -79,14 +79,16 @@ class Worker(QObject):
     def _stream(self, job: Job, items: Iterator) -> None:
         batch: list = []
         last_emit = 0.0
-        for item in items:
-            batch.append(item)
-            now = time.monotonic()
-            if now - last_emit >= EMIT_INTERVAL:
+        try:
+            for item in items:
+                batch.append(item)
+                now = time.monotonic()
+                if now - last_emit >= EMIT_INTERVAL:
+                    self.yielded.emit(job, batch)
+                    batch, last_emit = [], now
+        finally:  # what came before a failure is part of the answer, kept
+            if batch:
                 self.yielded.emit(job, batch)
-                batch, last_emit = [], now
-        if batch:
-            self.yielded.emit(job, batch)
 
 
 class EngineThread:

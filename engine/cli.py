@@ -148,8 +148,29 @@ def _speculation(args, loaded: LoadedModel) -> Speculation:
     return Speculation(args.speculative, args.draft_tokens, draft)
 
 
+def _generate_remote(args) -> None:
+    """--endpoint: stream a remote server's answer to --prompt to stdout."""
+    from engine.remote.client import RemoteChat  # imports openai only for this command
+    from engine.remote.endpoints import Endpoint, normalize_base_url
+
+    if args.prompt is None or args.json:
+        raise UsageError("--endpoint takes --prompt and prints the answer (--tokens and --json are for local models)")
+    base_url = normalize_base_url(args.endpoint)
+    chat = RemoteChat(Endpoint(base_url, base_url), args.model, args.api_key)
+    try:
+        messages = [{"role": "user", "content": args.prompt}]
+        for event in chat.stream(messages, _sampling(args), args.max_tokens, threading.Event()):
+            print(event.text, end="", flush=True)
+    finally:
+        chat.close()
+    print()
+
+
 def cmd_generate(args) -> None:
-    """Continue a prompt (through the chat template) or raw token ids."""
+    """Continue a prompt (through the chat template) or raw token ids; or, with --endpoint, ask a server."""
+    if args.endpoint is not None:
+        _generate_remote(args)
+        return
     loaded = _load(args)
     if args.tokens is not None:
         prompt, stops = _token_list(args.tokens), {}
@@ -356,6 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
     sampling_options(p, 128)
     speculative_options(p, "auto")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--endpoint", default=None, help="an OpenAI-compatible server's base URL (…/v1); --model is its id")
+    p.add_argument("--api-key", default=None, help="the server's API key (with --endpoint)")
 
     p = command("chat", cmd_chat, needs_backend=True)
     p.add_argument("--system", default=None, help="system prompt")

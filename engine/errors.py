@@ -63,3 +63,14 @@ class DiskSpaceError(HubError):
 
 class DownloadPaused(HubError):
     """A download was paused or cancelled by the user; a paused one resumes where it stopped."""
+
+
+class RemoteError(SprigError):
+    """A remote OpenAI-compatible server failed, refused or could not be reached; the message says which and why.
+
+    `retry_after` is the wait in seconds the server asked for (429/503 with Retry-After), when it gave one.
+    """
+
+    def __init__(self, message: str, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after

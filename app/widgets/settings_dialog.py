@@ -282,7 +282,9 @@ class SettingsDialog(QDialog):
         )
         self.tabs.addTab(_tab(("Theme", self.theme)), "Appearance")
         hint = QLabel("Where Sprig looks for .gguf model files.", objectName="SettingsHint")
-        self.tabs.addTab(_tab(("Models folder", folder), hint, self.hub_offline), "Models")
+        self.add_server = QPushButton("Add a server…", autoDefault=False)
+        self.add_server.setToolTip("Chat with the models of an OpenAI-compatible server (llama.cpp, vLLM, Ollama, …)")
+        self.tabs.addTab(_tab(("Models folder", folder), hint, self.hub_offline, self.add_server), "Models")
 
         layout = QVBoxLayout(self)
         layout.addWidget(self.tabs)

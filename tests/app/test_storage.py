@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from app.storage import DEFAULT_DB_NAME, StorageError, Store, ThrottledSaver, default_db_path
+from engine.remote.endpoints import Endpoint
 from tests.app.storage_writer import token
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,6 +98,24 @@ def test_v1_file_is_migrated_on_open_and_keeps_its_data(tmp_path):
     assert reopen(store).conversation(chat.id).overrides == {"temperature": 0.1}
 
 
+def test_a_migrated_chat_names_its_model_by_uri_and_a_server_keeps_no_key(tmp_path):
+    path = tmp_path / "v1.sqlite3"
+    write_v1_file(path)
+    store = Store(path)
+    [chat] = store.conversations()
+    assert chat.model_uri == "file:///m/smol.gguf"  # its answer's model, found in the library
+    store.set_model_uri(chat.id, "openai+http://10.0.0.5:8000/v1#qwen")
+    store.save_endpoint(Endpoint("GPU box", "http://10.0.0.5:8000/v1", verify_tls=False))
+    with pytest.raises(ValueError, match="GPU box"):
+        store.save_endpoint(Endpoint("GPU box", "http://other/v1"))
+    again = reopen(store)
+    assert again.conversation(chat.id).model_uri == "openai+http://10.0.0.5:8000/v1#qwen"
+    assert again.endpoints() == [Endpoint("GPU box", "http://10.0.0.5:8000/v1", verify_tls=False)]
+    assert [row[0] for row in again._db.execute("SELECT name FROM pragma_table_info('endpoints')")] == [
+        "name", "base_url", "verify_tls", "extended_sampling", "added_at"
+    ]  # fmt: skip
+
+
 def test_failed_migration_step_leaves_the_file_as_it_was(tmp_path):
     path = tmp_path / "v1.sqlite3"
     write_v1_file(path)
@@ -158,11 +177,10 @@ def test_store_refuses_calls_from_another_thread(store):
 
 
 def test_transaction_writes_all_or_nothing(store):
-    with pytest.raises(RuntimeError):
-        with store.transaction():
-            chat = store.create_conversation("Half done")
-            store.add_message(chat.id, "user", "Hello")
-            raise RuntimeError("midway")
+    with pytest.raises(RuntimeError), store.transaction():
+        chat = store.create_conversation("Half done")
+        store.add_message(chat.id, "user", "Hello")
+        raise RuntimeError("midway")
     assert store.conversations() == []
 
 
