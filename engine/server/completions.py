@@ -34,6 +34,7 @@ from engine.server.constrained import (
     tool_call_grammar,
 )
 from engine.server.errors import APIError
+from engine.server.options import OptionSampler
 from engine.server.scheduler import (
     END,
     SERVER,
@@ -119,6 +120,14 @@ class Plan:
     stop_ids: set[int] = field(default_factory=set)
     grammar: str | None = None
     parse_tools: bool = False
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    top_logprobs: int | None = None  # None: no log-probabilities; k: the k most likely tokens too
+    n: int = 1  # choices; choice i runs `choice(i)`
+
+    def choice(self, i: int) -> "Plan":
+        """The plan of choice i: the same request, its seed `seed + i` where a seed is given."""
+        seed = self.params.seed
+        return replace(self, params=replace(self.params, seed=None if seed is None else seed + i), n=1)
 
 
 def sampling_params(request: GenerationRequest) -> SamplingParams:
@@ -134,6 +143,24 @@ def sampling_params(request: GenerationRequest) -> SamplingParams:
         "seed": request.seed,
     }
     return replace(SamplingParams(), **{k: v for k, v in given.items() if v is not None})
+
+
+def _logit_bias(served: ServedModel, request: GenerationRequest) -> dict[int, float]:
+    """The request's logit_bias with token ids as ints; 400 for a key that is no token id."""
+    vocab = served.loaded.config.vocab_size
+    bias: dict[int, float] = {}
+    for key, value in (request.logit_bias or {}).items():
+        if not key.isdecimal() or int(key) >= vocab:
+            raise APIError(
+                400, f"logit_bias has the key {key!r}, which is not a token id (0 to {vocab - 1}).", param="logit_bias"
+            )
+        bias[int(key)] = value
+    return bias
+
+
+def _options(served: ServedModel, request: GenerationRequest, top_logprobs: int | None) -> dict[str, Any]:
+    """The Plan fields of n, logit_bias and logprobs."""
+    return {"logit_bias": _logit_bias(served, request), "top_logprobs": top_logprobs, "n": request.n}
 
 
 def _max_tokens(served: ServedModel, prompt: list[int], requested: int | None) -> int:
@@ -224,6 +251,9 @@ def plan_chat(served: ServedModel, request: ChatCompletionRequest) -> Plan:
     except SprigError as exc:
         raise APIError(400, str(exc), param="response_format" if isinstance(exc, GrammarError) else "messages") from exc
     max_tokens = _max_tokens(served, prompt, request.max_completion_tokens or request.max_tokens)
+    if request.top_logprobs is not None and not request.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs set to true.", param="top_logprobs")
+    top_logprobs = (request.top_logprobs or 0) if request.logprobs else None
     stops = served.chat_stops
     return Plan(
         prompt,
@@ -233,6 +263,7 @@ def plan_chat(served: ServedModel, request: ChatCompletionRequest) -> Plan:
         set(stops["stop_ids"]),
         grammar,
         parse_tools,
+        **_options(served, request, top_logprobs),
     )
 
 
@@ -243,17 +274,26 @@ def plan_completion(served: ServedModel, request: CompletionRequest) -> Plan:
     if not prompt:
         raise APIError(400, "The prompt is empty.", param="prompt")
     max_tokens = _max_tokens(served, prompt, request.max_tokens if request.max_tokens is not None else 16)
-    return Plan(prompt, sampling_params(request), max_tokens, request.stop_strings())
+    options = _options(served, request, request.logprobs)
+    return Plan(prompt, sampling_params(request), max_tokens, request.stop_strings(), **options)
 
 
-def _run(served: ServedModel, plan: Plan):
-    """The function of a cancel flag that the scheduler runs for `plan`, on a cache of the pool."""
-    loaded = served.loaded
+def make_sampler(served: ServedModel, plan: Plan) -> Sampler:
+    """The sampler of a plan: grammar-guided or plain, inside an OptionSampler when the plan
+    has logit_bias or asks for log-probabilities."""
     sampler = (
-        GuidedSampler(plan.params, plan.grammar, loaded.tokenizer, served.stop_ids)
+        GuidedSampler(plan.params, plan.grammar, served.loaded.tokenizer, served.stop_ids)
         if plan.grammar is not None
         else Sampler(plan.params)
     )
+    if plan.logit_bias or plan.top_logprobs is not None:
+        return OptionSampler(sampler, plan.logit_bias, plan.top_logprobs)
+    return sampler
+
+
+def _run(served: ServedModel, plan: Plan, sampler: Sampler):
+    """The function of a cancel flag that the scheduler runs for `plan`, on a cache of the pool."""
+    loaded = served.loaded
 
     def run(cancel: threading.Event) -> Iterator[GenerationEvent]:
         cache = served.caches.acquire(plan.prompt)
@@ -286,10 +326,11 @@ class Generation:
 
     def __init__(self, served: ServedModel, plan: Plan):
         self.served, self.plan = served, plan
+        self.sampler = make_sampler(served, plan)
         self.cancel = threading.Event()
         self._queue: asyncio.Queue = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
-        self.ticket = Ticket(_run(served, plan), self._deliver, SERVER, self.cancel)
+        self.ticket = Ticket(_run(served, plan, self.sampler), self._deliver, SERVER, self.cancel)
 
     def _deliver(self, item) -> None:  # on the ticket's thread
         try:
@@ -342,10 +383,11 @@ def finish_reason(event: GenerationEvent | None) -> str | None:
     return FINISH_REASONS.get(event.finish_reason, "stop")
 
 
-def usage(plan: Plan, last: GenerationEvent | None) -> dict:
-    """OpenAI's usage object: prompt, completion and cached prompt tokens."""
-    completion = last.metrics.decode_tokens if last else 0
-    prefilled = last.metrics.prefill_tokens if last else len(plan.prompt)
+def usage(plan: Plan, lasts: list[GenerationEvent | None]) -> dict:
+    """OpenAI's usage object: prompt, completion (summed over the choices) and cached prompt tokens."""
+    completion = sum(last.metrics.decode_tokens for last in lasts if last)
+    first = lasts[0] if lasts else None
+    prefilled = first.metrics.prefill_tokens if first else len(plan.prompt)
     return {
         "prompt_tokens": len(plan.prompt),
         "completion_tokens": completion,
