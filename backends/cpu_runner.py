@@ -160,9 +160,11 @@ class RecordingRunner(Runner):
         self.passes: dict[tuple, RecordedPass] = {}
         self.recordings = 0  # passes recorded so far
 
-    def __call__(self, tokens: Any, segments: Sequence[Segment], all_logits: bool = False) -> Any:
+    def __call__(self, tokens: Any, segments: Sequence[Segment], all_logits: bool = False, hidden: bool = False) -> Any:
         lengths = [s.length for s in segments]
         layouts = tuple(s.state.shape for s in segments)
+        if hidden:
+            return super().__call__(tokens, segments, all_logits, hidden)
         if len(segments) == 1 and lengths[0] <= MAX_STEP_TOKENS and (all_logits or lengths[0] == 1):
             key: tuple = ("tokens", lengths[0], layouts[0])
         elif len(segments) > 1 and max(lengths) == 1:

@@ -371,11 +371,11 @@ class CompiledStepRunner(Runner):
         super().__init__(forward)
         self.backend = backend
 
-    def __call__(self, tokens: Any, segments: Sequence[Segment], all_logits: bool = False) -> Any:
-        if len(segments) == 1 and segments[0].length == 1:
+    def __call__(self, tokens: Any, segments: Sequence[Segment], all_logits: bool = False, hidden: bool = False) -> Any:
+        if len(segments) == 1 and segments[0].length == 1 and not hidden:
             segment = segments[0]
             return self.step(segment.state)(tokens[0], segment.start)
-        return super().__call__(tokens, segments, all_logits)
+        return super().__call__(tokens, segments, all_logits, hidden)
 
     def step(self, state: MLXState) -> Callable[[Any, int], mx.array]:
         """The compiled one-token step of `state`, made at its first use: step(token, start)

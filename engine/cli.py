@@ -228,6 +228,26 @@ def cmd_logits(args) -> None:
     np.save(args.out, logits[-1].astype(np.float32))
 
 
+def cmd_embed(args) -> None:
+    """L2-normalised embeddings of texts, pooled as the model file says."""
+    from engine.embedding import embed, pooling
+
+    loaded = _load(args)
+    vectors, n_tokens = embed(loaded, args.text, args.ctx)
+    if args.json:
+        _print_json(
+            {
+                "pooling": pooling(loaded),
+                "tokens": n_tokens,
+                "embeddings": [[float(x) for x in v] for v in vectors],
+            }
+        )
+    else:
+        for text, vector in zip(args.text, vectors, strict=True):
+            head = " ".join(f"{x:+.4f}" for x in vector[:8])
+            print(f"{text[:40]!r}: {vector.size} dimensions [{head} ...]")
+
+
 def cmd_perplexity(args) -> None:
     """Perplexity of a text file with llama.cpp's protocol."""
     loaded = _load(args)
@@ -366,6 +386,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("logits", cmd_logits, needs_backend=True)
     p.add_argument("--tokens", required=True)
     p.add_argument("--out", required=True)
+
+    p = command("embed", cmd_embed, needs_backend=True)
+    p.add_argument("--text", action="append", required=True, help="a text to embed (repeatable)")
+    p.add_argument("--ctx", type=int, default=None, help="most tokens per text (default: the model's context)")
+    p.add_argument("--json", action="store_true")
 
     p = command("perplexity", cmd_perplexity, needs_backend=True)
     p.add_argument("--text-file", required=True)

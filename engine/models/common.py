@@ -123,6 +123,12 @@ class Transformer:
         logits = self.runner(token_ids, [Segment(state, start, len(token_ids))], all_logits)
         return self.backend.to_host(logits)
 
+    def hidden_states(self, token_ids: Sequence[int] | np.ndarray, start: int, state: Any) -> np.ndarray:
+        """As `forward`, but the final normed hidden states of every row, before the output
+        head: float32 (T, d_model) on the host (what embeddings pool)."""
+        hidden = self.runner(token_ids, [Segment(state, start, len(token_ids))], all_logits=True, hidden=True)
+        return self.backend.to_host(hidden)
+
     def decode_step(self, state: Any) -> Callable[[Any, int], Any]:
         """One-token passes on `state`: step(token, start) -> backend logits (1, vocab).
         `token` is a host int, or where the backend has `device_tokens`, its `argmax`."""
@@ -153,6 +159,8 @@ class Transformer:
         if not p.all_logits:
             x = x[-1:]  # (1, D)
         x = be.rms_norm(x, self.output_norm, cfg.rms_eps)
+        if p.hidden:
+            return x  # (T, D): the states the output head would read
         logits = be.linear(x, self.output)  # (T or 1, vocab)
         if cfg.final_logit_softcap:
             logits = be.softcap(logits, cfg.final_logit_softcap)

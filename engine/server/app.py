@@ -5,6 +5,7 @@ loads (generation routes and /health answer 503 then).
 """
 
 import asyncio
+import base64
 import json
 import logging
 import time
@@ -12,18 +13,21 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 from starlette.middleware.cors import CORSMiddleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
+from engine.embedding import EmbeddingError, check_input, embed_tokens, embedding_tokens, pooling
 from engine.generation import FINISH_STOP_TOKEN, GenerationEvent
 from engine.server.completions import (
     Generation,
     Plan,
     ServedModel,
     finish_reason,
+    on_scheduler,
     plan_chat,
     plan_completion,
     usage,
@@ -34,6 +38,7 @@ from engine.server.options import OptionSampler, TokenLogprob, chat_logprobs, co
 from engine.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
+    EmbeddingRequest,
     TokenizeRequest,
 )
 from engine.server.security import (
@@ -347,6 +352,13 @@ class _AnswerStream(EventSourceResponse):
             self.answer.record("cancelled")
 
 
+def _encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | str:
+    """A vector as OpenAI sends it: a list of floats, or base64 of its float32 little-endian bytes."""
+    if encoding_format == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return [float(x) for x in vector]
+
+
 def create_app(state: ServerState, config: ServerConfig) -> FastAPI:
     """The server's ASGI application, with its middleware (outermost first: request id,
     Host check, CORS, body limit, API key)."""
@@ -390,6 +402,35 @@ def create_app(state: ServerState, config: ServerConfig) -> FastAPI:
         if body.stream:
             return _stream(answer, bool(body.stream_options and body.stream_options.include_usage))
         return await _complete(request, answer)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest):
+        served = state.require()
+        loaded = served.loaded
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        try:
+            how = pooling(loaded)
+            token_lists = [embedding_tokens(loaded, text) for text in texts]
+            for i, tokens in enumerate(token_lists):
+                check_input(texts[i], tokens, served.n_ctx, f"input[{i}]" if isinstance(body.input, list) else "input")
+        except EmbeddingError as exc:
+            raise APIError(400, str(exc), param="input") from exc
+        width = loaded.config.d_model
+        if body.dimensions is not None and body.dimensions != width:
+            raise APIError(
+                400, f"This model's embeddings have {width} dimensions, not {body.dimensions}.", param="dimensions"
+            )
+        vectors = await on_scheduler(served, lambda: [embed_tokens(loaded, t, how) for t in token_lists])
+        n_tokens = sum(map(len, token_lists))
+        return {
+            "object": "list",
+            "data": [
+                {"object": "embedding", "index": i, "embedding": _encode_vector(v, body.encoding_format)}
+                for i, v in enumerate(vectors)
+            ],
+            "model": served.name,
+            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+        }
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):

@@ -10,7 +10,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -316,6 +316,41 @@ def _run(served: ServedModel, plan: Plan, sampler: Sampler):
     return run
 
 
+async def on_scheduler(served: ServedModel, work: Callable[[], Any]) -> Any:
+    """Run `work()` on the scheduler (the thread that owns the model, between batched steps)
+    and return its result; APIError 429 when the queue is full, 503 when the model is going."""
+    loop = asyncio.get_running_loop()
+    results: asyncio.Queue = asyncio.Queue()
+
+    def run(cancel: threading.Event) -> Iterator[Any]:
+        yield work()
+
+    def deliver(item: Any) -> None:
+        loop.call_soon_threadsafe(results.put_nowait, item)
+
+    _submit(served, Ticket(run, deliver, SERVER))
+    item = await results.get()
+    if isinstance(item, BaseException):
+        raise item
+    return item
+
+
+def _submit(served: ServedModel, ticket: Ticket) -> None:
+    try:
+        served.scheduler.submit(ticket)
+    except QueueFull as exc:
+        raise APIError(
+            429,
+            f"The server is busy ({exc}); retry shortly.",
+            code="queue_full",
+            headers={"Retry-After": RETRY_AFTER_SECONDS},
+        ) from exc
+    except SchedulerClosed as exc:
+        raise APIError(
+            503, "The model is being unloaded; retry shortly.", headers={"Retry-After": RETRY_AFTER_SECONDS}
+        ) from exc
+
+
 class Generation:
     """One plan on the scheduler, its events handed to the event loop.
 
@@ -340,19 +375,7 @@ class Generation:
 
     def start(self) -> None:
         """Queue the generation (APIError 429 when the queue is full, 503 when the model is going)."""
-        try:
-            self.served.scheduler.submit(self.ticket)
-        except QueueFull as exc:
-            raise APIError(
-                429,
-                f"The server is busy ({exc}); retry shortly.",
-                code="queue_full",
-                headers={"Retry-After": RETRY_AFTER_SECONDS},
-            ) from exc
-        except SchedulerClosed as exc:
-            raise APIError(
-                503, "The model is being unloaded; retry shortly.", headers={"Retry-After": RETRY_AFTER_SECONDS}
-            ) from exc
+        _submit(self.served, self.ticket)
 
     def stop(self) -> None:
         """Cancel: a running generation stops after its current step, a waiting one never starts."""

@@ -150,6 +150,20 @@ class CompletionRequest(GenerationRequest):
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None  # how many top tokens per step
 
 
+MAX_EMBEDDING_INPUTS = 256
+
+
+class EmbeddingRequest(Strict):
+    """POST /v1/embeddings: a string or a list of strings (token arrays are refused: their
+    ids would be another tokenizer's)."""
+
+    input: Text | Annotated[list[Text], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)]
+    model: Annotated[str, Field(max_length=256)] | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    user: Annotated[str, Field(max_length=256)] | None = None
+
+
 class TokenizeRequest(Strict):
     content: Text
     add_special: bool = False
