@@ -207,6 +207,10 @@ class Runner:
         tokens = np.asarray(tokens, dtype=np.int64)
         return self.forward(PassInput(tokens, positions_of(segments), tuple(segments), all_logits, hidden))
 
+    def reset(self) -> None:  # nothing is kept by the plain runner
+        """Forget every recorded or compiled pass: the forward function now computes other
+        numbers (the model's adapters changed). The next passes record or trace again."""
+
 
 class Backend(ABC):
     """A compute backend: prepares weights once, then runs the op set on its own tensors."""

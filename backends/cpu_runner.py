@@ -175,6 +175,10 @@ class RecordingRunner(Runner):
         state = np.concatenate([[s.start for s in segments], np.asarray(tokens).reshape(-1)]).astype(np.int64)
         return recorded.run(state, [s.state for s in segments])
 
+    def reset(self) -> None:
+        """Drop every recorded pass (they hold the ops of the forward function as it was)."""
+        self.passes.clear()
+
     def _record(self, key: tuple, segments: Sequence[Segment]) -> "RecordedPass":
         """Record the pass of `key` on `segments`' states (which it does not keep): its state
         array holds each segment's start, then the tokens."""

@@ -27,6 +27,7 @@ from engine.generation import generate
 from engine.gguf_file import open_gguf
 from engine.loader import LoadedModel, load_model
 from engine.models import read_config
+from engine.models.lora import parse_lora_option, read_adapter
 from engine.perplexity import perplexity
 from engine.sampling import SamplingParams
 from engine.speculation import MODES, Speculation, check_draft
@@ -134,6 +135,11 @@ def _load(args) -> LoadedModel:
     loaded = load_model(resolve_model_path(args.model), args.backend, threads=args.threads)
     for note in loaded.load_notes:
         print(f"note: {note}", file=sys.stderr)
+    for option in getattr(args, "lora", None) or []:
+        path, scale = parse_lora_option(option)
+        adapter = read_adapter(resolve_model_path(path))
+        loaded.model.adapters.push(adapter, scale)
+        print(f"note: LoRA adapter {adapter.name} at scale {scale:g}", file=sys.stderr)
     return loaded
 
 
@@ -360,6 +366,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--draft-model", default=None, help="GGUF path or bundled key of a draft model")
         p.add_argument("--draft-tokens", type=int, default=None, help="a fixed draft length (default: adaptive)")
 
+    def lora_options(p):
+        p.add_argument(
+            "--lora",
+            action="append",
+            metavar="FILE[:SCALE]",
+            help="a LoRA adapter GGUF applied at run time, with its scale (default 1); repeatable",
+        )
+
     def sampling_options(p, max_tokens):
         p.add_argument("--max-tokens", type=int, default=max_tokens)
         p.add_argument("--temperature", type=float, default=0.0)
@@ -375,12 +389,14 @@ def build_parser() -> argparse.ArgumentParser:
     prompt.add_argument("--tokens", help="comma-separated ids, used as given")
     sampling_options(p, 128)
     speculative_options(p, "auto")
+    lora_options(p)
     p.add_argument("--json", action="store_true")
 
     p = command("chat", cmd_chat, needs_backend=True)
     p.add_argument("--system", default=None, help="system prompt")
     sampling_options(p, 512)
     speculative_options(p, "auto")
+    lora_options(p)
     p.set_defaults(temperature=0.7)
 
     p = command("logits", cmd_logits, needs_backend=True)
@@ -407,6 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ctx", type=int, default=None, help="context length of server requests (default 4096)")
     p.add_argument("--max-waiting", type=int, default=16, help="requests that may wait; more get 429")
     p.add_argument("--max-batch", type=int, default=4, help="requests decoded together in one batched step")
+    lora_options(p)
 
     p = sub.add_parser("pull", help="download a model from Hugging Face, checked; print its path")
     p.set_defaults(func=cmd_pull)

@@ -21,8 +21,9 @@ from backends.base import Backend, LayerAttention, LayerState, PassInput, Segmen
 from engine.config import Family, ModelConfig
 from engine.gguf_file import GGUFFile
 from engine.models.attention import Attention, LayerRope
-from engine.models.block import Block, LayerReader, check_layer_tensors
+from engine.models.block import Block, LayerReader, Linear, check_layer_tensors
 from engine.models.layer import DecoderLayer
+from engine.models.lora import AdapterStack
 from engine.models.mlp import DenseMLP
 from engine.models.rope_scaling import linear_divisors, yarn_divisors, yarn_score_factor
 
@@ -59,6 +60,10 @@ class Transformer:
         has_output = "output.weight" in model_file.tensors
         self.output = reader.global_weight("output.weight") if has_output else self.token_embd
         self.layers = [self._layer(reader.at(i), i) for i in range(config.n_layers)]
+        # the output head, by the name an adapter on it (lm_head) targets, tied or not
+        self.output_linear = Linear(backend, "output.weight", self.output, (config.vocab_size, config.d_model))
+        self.linears = {**reader.linears, "output.weight": self.output_linear}  # what adapters may target
+        self.adapters = AdapterStack(self)
         self.runner = backend.runner(self.logits)
 
     def _layer(self, reader: LayerReader, i: int) -> DecoderLayer:
@@ -161,7 +166,7 @@ class Transformer:
         x = be.rms_norm(x, self.output_norm, cfg.rms_eps)
         if p.hidden:
             return x  # (T, D): the states the output head would read
-        logits = be.linear(x, self.output)  # (T or 1, vocab)
+        logits = self.output_linear(x)  # (T or 1, vocab)
         if cfg.final_logit_softcap:
             logits = be.softcap(logits, cfg.final_logit_softcap)
         return logits

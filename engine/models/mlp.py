@@ -26,9 +26,13 @@ class DenseMLP(Block):
         self.activation = model.config.activation
         self.read_tensors(reader)
         self.gate_up = self.backend.fuse_linear([self.w_gate, self.w_up])
+        self.gate = reader.linear("ffn_gate.weight", self.w_gate)
+        self.up = reader.linear("ffn_up.weight", self.w_up)
+        self.down = reader.linear("ffn_down.weight", self.w_down)
 
     def __call__(self, h: Any, p: PassInput) -> Any:
         """The MLP of `h` (T, D): (T, D)."""
         be = self.backend
         gate, up = be.linear_fused(h, self.gate_up, (None, None))  # (T, F) each
-        return be.linear(be.gated_activation(gate, up, self.activation), self.w_down)
+        gate, up = self.gate.adapt(h, gate), self.up.adapt(h, up)  # LoRA, where adapters are on
+        return self.down(be.gated_activation(gate, up, self.activation))
