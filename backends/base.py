@@ -167,12 +167,15 @@ class PassInput:
     """What one forward pass reads: `tokens` (T,) at `positions` (T,), split in order among
     `segments` (one sequence's new tokens, or one token of each of B sequences), and
     whether it returns the logits of every row or of the last only. Host int arrays, or a
-    backend's stand-ins for them while it records or traces the pass."""
+    backend's stand-ins for them while it records or traces the pass. With `hidden`, the
+    pass stops before the output head and returns every row's final normed hidden states
+    (T, d_model) instead of logits (embeddings)."""
 
     tokens: Any
     positions: Any
     segments: tuple[Segment, ...]
     all_logits: bool
+    hidden: bool = False
 
 
 Forward = Callable[[PassInput], Any]
@@ -195,14 +198,19 @@ class Runner:
     def __init__(self, forward: Forward):
         self.forward = forward
 
-    def __call__(self, tokens: Any, segments: Sequence[Segment], all_logits: bool = False) -> Any:
+    def __call__(self, tokens: Any, segments: Sequence[Segment], all_logits: bool = False, hidden: bool = False) -> Any:
         """Backend logits after `tokens`: (T, vocab) with `all_logits`, else (1, vocab) for
-        the last row. `tokens` (T,) are host ints, split in order among `segments`: one
+        the last row; with `hidden`, the final normed hidden states (T, d_model) instead
+        (recording runners run such a pass op by op). `tokens` (T,) are host ints, split in order among `segments`: one
         sequence's new tokens, or one token for each of several sequences (batched decoding,
         on a backend with `batched_decode`). On a backend with `device_tokens`, a one-token
         pass also takes the token as `argmax` left it on the device."""
         tokens = np.asarray(tokens, dtype=np.int64)
-        return self.forward(PassInput(tokens, positions_of(segments), tuple(segments), all_logits))
+        return self.forward(PassInput(tokens, positions_of(segments), tuple(segments), all_logits, hidden))
+
+    def reset(self) -> None:  # nothing is kept by the plain runner
+        """Forget every recorded or compiled pass: the forward function now computes other
+        numbers (the model's adapters changed). The next passes record or trace again."""
 
 
 class Backend(ABC):

@@ -160,9 +160,11 @@ class RecordingRunner(Runner):
         self.passes: dict[tuple, RecordedPass] = {}
         self.recordings = 0  # passes recorded so far
 
-    def __call__(self, tokens: Any, segments: Sequence[Segment], all_logits: bool = False) -> Any:
+    def __call__(self, tokens: Any, segments: Sequence[Segment], all_logits: bool = False, hidden: bool = False) -> Any:
         lengths = [s.length for s in segments]
         layouts = tuple(s.state.shape for s in segments)
+        if hidden:
+            return super().__call__(tokens, segments, all_logits, hidden)
         if len(segments) == 1 and lengths[0] <= MAX_STEP_TOKENS and (all_logits or lengths[0] == 1):
             key: tuple = ("tokens", lengths[0], layouts[0])
         elif len(segments) > 1 and max(lengths) == 1:
@@ -172,6 +174,10 @@ class RecordingRunner(Runner):
         recorded = self.passes.get(key) or self._record(key, segments)
         state = np.concatenate([[s.start for s in segments], np.asarray(tokens).reshape(-1)]).astype(np.int64)
         return recorded.run(state, [s.state for s in segments])
+
+    def reset(self) -> None:
+        """Drop every recorded pass (they hold the ops of the forward function as it was)."""
+        self.passes.clear()
 
     def _record(self, key: tuple, segments: Sequence[Segment]) -> "RecordedPass":
         """Record the pass of `key` on `segments`' states (which it does not keep): its state

@@ -158,6 +158,7 @@ class MLXState:
         full = [layer.slots for layer in self.layers if isinstance(layer, AttentionState) and not layer.ring]
         self.n_ctx = max(full, default=0)
         self.decode_step: Callable[[Any, int], mx.array] | None = None
+        self.decode_generation = 0  # the runner generation its decode_step was traced in
 
     @property
     def state(self) -> list[list[mx.array]]:
@@ -384,12 +385,16 @@ class CompiledStepRunner(Runner):
     def __init__(self, backend: MLXBackend, forward: Forward):
         super().__init__(forward)
         self.backend = backend
+        self.generation = 0  # bumped by `reset`; a state's compiled step of an older one is traced again
 
-    def __call__(self, tokens: Any, segments: Sequence[Segment], all_logits: bool = False) -> Any:
-        if len(segments) == 1 and segments[0].length == 1:
+    def reset(self) -> None:
+        self.generation += 1
+
+    def __call__(self, tokens: Any, segments: Sequence[Segment], all_logits: bool = False, hidden: bool = False) -> Any:
+        if len(segments) == 1 and segments[0].length == 1 and not hidden:
             segment = segments[0]
             return self.step(segment.state)(tokens[0], segment.start)
-        return super().__call__(tokens, segments, all_logits)
+        return super().__call__(tokens, segments, all_logits, hidden)
 
     def step(self, state: MLXState) -> Callable[[Any, int], mx.array]:
         """The compiled one-token step of `state`, made at its first use: step(token, start)
@@ -402,7 +407,8 @@ class CompiledStepRunner(Runner):
         bucket's end, masking what lies past the token. Crossing into the next bucket
         traces once more; MLX keeps every trace.
         """
-        if state.decode_step is None:
+        if state.decode_step is None or state.decode_generation != self.generation:
+            state.decode_generation = self.generation
             backend = self.backend
 
             def traced(token_ids: mx.array, position: mx.array, span: int) -> mx.array:

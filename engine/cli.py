@@ -27,6 +27,7 @@ from engine.generation import generate
 from engine.gguf_file import open_gguf
 from engine.loader import LoadedModel, load_model
 from engine.models import read_config
+from engine.models.lora import parse_lora_option, read_adapter
 from engine.perplexity import perplexity
 from engine.sampling import SamplingParams
 from engine.speculation import MODES, Speculation, check_draft
@@ -134,6 +135,11 @@ def _load(args) -> LoadedModel:
     loaded = load_model(resolve_model_path(args.model), args.backend, threads=args.threads)
     for note in loaded.load_notes:
         print(f"note: {note}", file=sys.stderr)
+    for option in getattr(args, "lora", None) or []:
+        path, scale = parse_lora_option(option)
+        adapter = read_adapter(resolve_model_path(path))
+        loaded.model.adapters.push(adapter, scale)
+        print(f"note: LoRA adapter {adapter.name} at scale {scale:g}", file=sys.stderr)
     return loaded
 
 
@@ -249,6 +255,26 @@ def cmd_logits(args) -> None:
     np.save(args.out, logits[-1].astype(np.float32))
 
 
+def cmd_embed(args) -> None:
+    """L2-normalised embeddings of texts, pooled as the model file says."""
+    from engine.embedding import embed, pooling
+
+    loaded = _load(args)
+    vectors, n_tokens = embed(loaded, args.text, args.ctx)
+    if args.json:
+        _print_json(
+            {
+                "pooling": pooling(loaded),
+                "tokens": n_tokens,
+                "embeddings": [[float(x) for x in v] for v in vectors],
+            }
+        )
+    else:
+        for text, vector in zip(args.text, vectors, strict=True):
+            head = " ".join(f"{x:+.4f}" for x in vector[:8])
+            print(f"{text[:40]!r}: {vector.size} dimensions [{head} ...]")
+
+
 def cmd_perplexity(args) -> None:
     """Perplexity of a text file with llama.cpp's protocol."""
     loaded = _load(args)
@@ -361,6 +387,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--draft-model", default=None, help="GGUF path or bundled key of a draft model")
         p.add_argument("--draft-tokens", type=int, default=None, help="a fixed draft length (default: adaptive)")
 
+    def lora_options(p):
+        p.add_argument(
+            "--lora",
+            action="append",
+            metavar="FILE[:SCALE]",
+            help="a LoRA adapter GGUF applied at run time, with its scale (default 1); repeatable",
+        )
+
     def sampling_options(p, max_tokens):
         p.add_argument("--max-tokens", type=int, default=max_tokens)
         p.add_argument("--temperature", type=float, default=0.0)
@@ -376,6 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     prompt.add_argument("--tokens", help="comma-separated ids, used as given")
     sampling_options(p, 128)
     speculative_options(p, "auto")
+    lora_options(p)
     p.add_argument("--json", action="store_true")
     p.add_argument("--endpoint", default=None, help="an OpenAI-compatible server's base URL (…/v1); --model is its id")
     p.add_argument("--api-key", default=None, help="the server's API key (with --endpoint)")
@@ -384,11 +419,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", default=None, help="system prompt")
     sampling_options(p, 512)
     speculative_options(p, "auto")
+    lora_options(p)
     p.set_defaults(temperature=0.7)
 
     p = command("logits", cmd_logits, needs_backend=True)
     p.add_argument("--tokens", required=True)
     p.add_argument("--out", required=True)
+
+    p = command("embed", cmd_embed, needs_backend=True)
+    p.add_argument("--text", action="append", required=True, help="a text to embed (repeatable)")
+    p.add_argument("--ctx", type=int, default=None, help="most tokens per text (default: the model's context)")
+    p.add_argument("--json", action="store_true")
 
     p = command("perplexity", cmd_perplexity, needs_backend=True)
     p.add_argument("--text-file", required=True)
@@ -405,6 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ctx", type=int, default=None, help="context length of server requests (default 4096)")
     p.add_argument("--max-waiting", type=int, default=16, help="requests that may wait; more get 429")
     p.add_argument("--max-batch", type=int, default=4, help="requests decoded together in one batched step")
+    lora_options(p)
 
     p = sub.add_parser("pull", help="download a model from Hugging Face, checked; print its path")
     p.set_defaults(func=cmd_pull)

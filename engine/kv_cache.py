@@ -38,6 +38,20 @@ class KVCache:
         self.rewind_limit = min((s.rewind_limit for s in layers if s.rewind_limit is not None), default=n_ctx)
         self.rereads = 0  # rollbacks past `rewind_limit`, which read the kept tokens again
         self._tokens: list[int] = []
+        self._adapters = self._adapter_version()  # the model's adapters its keys and values were computed under
+
+    def _adapter_version(self) -> int:
+        adapters = getattr(self.model, "adapters", None)
+        return adapters.version if adapters is not None else 0
+
+    def _check_adapters(self) -> None:
+        """Forget everything held when the model's adapters changed since it was computed."""
+        version = self._adapter_version()
+        if version != self._adapters:
+            if self._tokens:
+                self.backend.forget(self.storage, 0, len(self._tokens))
+            self._tokens = []
+            self._adapters = version
 
     @property
     def tokens(self) -> tuple[int, ...]:
@@ -64,6 +78,7 @@ class KVCache:
 
         Returns the host logits: (T, vocab) with `all_logits`, else (1, vocab) for the last.
         """
+        self._check_adapters()
         self.check_room(len(tokens))
         pieces = []
         for lo in range(0, len(tokens), self.pass_tokens):
@@ -101,7 +116,8 @@ class KVCache:
         return n
 
     def common_prefix(self, tokens: Sequence[int]) -> int:
-        """How many leading `tokens` the cache already holds."""
+        """How many leading `tokens` the cache already holds (none after the model's adapters changed)."""
+        self._check_adapters()
         n = 0
         for held, new in zip(self._tokens, tokens, strict=False):
             if held != new:

@@ -32,6 +32,42 @@ class TensorSpec:
     host: bool = False  # kept as a float32 NumPy array (a setting of an op), not prepared by the backend
 
 
+@dataclass(frozen=True)
+class LowRank:
+    """One adapter's factors on one weight, prepared on the backend as float32 matrices:
+    `a` (r, n_in), and `b` (n_out, r) with the adapter's scale * alpha / r folded in."""
+
+    a: Any
+    b: Any
+
+
+class Linear:
+    """A weight as the blocks multiply by it: the prepared base weight, and the low-rank
+    adapters (LoRA) on it, applied beside it at run time and never merged into its blocks:
+
+        y = W x (+ bias) + sum over adapters of  scale * (alpha / r) * B (A x)
+
+    The factors are multiplied with the backend's own `linear` and added with its `add`, so
+    every backend and runner (op by op, recorded, compiled, batched) runs them as any other
+    op. With no adapter this is `backend.linear` and nothing more.
+    """
+
+    def __init__(self, backend: Backend, name: str, weight: Any, shape: tuple[int, ...]):
+        self.backend, self.name, self.weight, self.shape = backend, name, weight, shape
+        self.adapters: tuple[LowRank, ...] = ()
+
+    def __call__(self, x: Any, bias: Any = None) -> Any:
+        """x (T, n_in) -> (T, n_out)."""
+        return self.adapt(x, self.backend.linear(x, self.weight, bias))
+
+    def adapt(self, x: Any, y: Any) -> Any:
+        """`y`, the base product of `x` (T, n_in), plus every adapter's low-rank product."""
+        be = self.backend
+        for factors in self.adapters:
+            y = be.add(y, be.linear(be.linear(x, factors.a), factors.b))  # (T, r) -> (T, n_out)
+        return y
+
+
 class Block:
     """A part of a layer that owns its weights, read from its own tensors (`TENSORS`)."""
 
@@ -52,6 +88,7 @@ class LayerReader:
         self.file, self.backend, self.on_weight = model_file, backend, on_weight
         self.prepared = 0
         self.index = 0
+        self.linears: dict[str, Linear] = {}  # every matrix an adapter may target, by GGUF name
 
     def at(self, index: int) -> "LayerReader":
         """This reader, reading layer `index` from now on."""
@@ -81,6 +118,21 @@ class LayerReader:
             first += count
         self._count()
         return parts
+
+    def linear(self, suffix: str, weight: Any) -> Linear:
+        """The `Linear` of the prepared weight `blk.{index}.{suffix}`, registered under its
+        name for adapters (`engine.lora`)."""
+        return self.global_linear(f"blk.{self.index}.{suffix}", weight)
+
+    def global_linear(self, name: str, weight: Any) -> Linear:
+        """The `Linear` of the prepared weight `name`, registered for adapters where the file has
+        a tensor of that name (a part of a fused tensor, Phi-3's q of its qkv, is not: no
+        adapter reaches it)."""
+        info = self.file.tensors.get(name)
+        linear = Linear(self.backend, name, weight, info.shape if info is not None else ())
+        if info is not None:
+            self.linears[name] = linear
+        return linear
 
     def host_weight(self, suffix: str) -> np.ndarray | None:
         """The tensor `blk.{index}.{suffix}` as float32 on the host, or None if the file has none."""

@@ -21,8 +21,9 @@ from backends.base import Backend, LayerAttention, LayerState, PassInput, Segmen
 from engine.config import Family, ModelConfig
 from engine.gguf_file import GGUFFile
 from engine.models.attention import Attention, LayerRope
-from engine.models.block import Block, LayerReader, check_layer_tensors
+from engine.models.block import Block, LayerReader, Linear, check_layer_tensors
 from engine.models.layer import DecoderLayer, norm
+from engine.models.lora import AdapterStack
 from engine.models.mlp import DenseMLP
 from engine.models.rope_scaling import linear_divisors, yarn_divisors, yarn_mscale
 
@@ -60,6 +61,10 @@ class Transformer:
         has_output = "output.weight" in model_file.tensors
         self.output = reader.global_weight("output.weight") if has_output else self.token_embd
         self.layers = [self._layer(reader.at(i), i) for i in range(config.n_layers)]
+        # the output head, by the name an adapter on it (lm_head) targets, tied or not
+        self.output_linear = Linear(backend, "output.weight", self.output, (config.vocab_size, config.d_model))
+        self.linears = {**reader.linears, "output.weight": self.output_linear}  # what adapters may target
+        self.adapters = AdapterStack(self)
         self.runner = backend.runner(self.logits)
 
     def _layer(self, reader: LayerReader, i: int) -> DecoderLayer:
@@ -123,6 +128,12 @@ class Transformer:
         logits = self.runner(token_ids, [Segment(state, start, len(token_ids))], all_logits)
         return self.backend.to_host(logits)
 
+    def hidden_states(self, token_ids: Sequence[int] | np.ndarray, start: int, state: Any) -> np.ndarray:
+        """As `forward`, but the final normed hidden states of every row, before the output
+        head: float32 (T, d_model) on the host (what embeddings pool)."""
+        hidden = self.runner(token_ids, [Segment(state, start, len(token_ids))], all_logits=True, hidden=True)
+        return self.backend.to_host(hidden)
+
     def decode_step(self, state: Any) -> Callable[[Any, int], Any]:
         """One-token passes on `state`: step(token, start) -> backend logits (1, vocab).
         `token` is a host int, or where the backend has `device_tokens`, its `argmax`."""
@@ -153,7 +164,9 @@ class Transformer:
         if not p.all_logits:
             x = x[-1:]  # (1, D)
         x = norm(be, cfg, x, self.output_norm, self.output_norm_bias)
-        logits = be.linear(x, self.output)  # (T or 1, vocab)
+        if p.hidden:
+            return x  # (T, D): the states the output head would read
+        logits = self.output_linear(x)  # (T or 1, vocab)
         if cfg.logit_scale != 1.0:
             logits = be.scale(logits, cfg.logit_scale)
         if cfg.final_logit_softcap:

@@ -26,12 +26,16 @@ class DenseMLP(Block):
         self.activation = model.config.activation
         self.read_tensors(reader)
         self.gate_up = self.backend.fuse_linear([self.w_gate, self.w_up])
+        self.gate = reader.linear("ffn_gate.weight", self.w_gate)
+        self.up = reader.linear("ffn_up.weight", self.w_up)
+        self.down = reader.linear("ffn_down.weight", self.w_down)
 
     def __call__(self, h: Any, p: PassInput) -> Any:
         """The MLP of `h` (T, D): (T, D)."""
         be = self.backend
         gate, up = be.linear_fused(h, self.gate_up, (None, None))  # (T, F) each
-        return be.linear(be.gated_activation(gate, up, self.activation), self.w_down)
+        gate, up = self.gate.adapt(h, gate), self.up.adapt(h, up)  # LoRA, where adapters are on
+        return self.down(be.gated_activation(gate, up, self.activation))
 
 
 class PlainMLP(Block):
@@ -52,9 +56,10 @@ class PlainMLP(Block):
         self.backend: Backend = reader.backend
         self.activation = model.config.activation
         self.read_tensors(reader)
+        self.up = reader.linear("ffn_up.weight", self.w_up)
+        self.down = reader.linear("ffn_down.weight", self.w_down)
 
     def __call__(self, h: Any, p: PassInput) -> Any:
         """The MLP of `h` (T, D): (T, D)."""
-        be = self.backend
-        up = be.linear(h, self.w_up, self.b_up)  # (T, F)
-        return be.linear(be.activation(up, self.activation), self.w_down, self.b_down)
+        up = self.up(h, self.b_up)  # (T, F)
+        return self.down(self.backend.activation(up, self.activation), self.b_down)

@@ -5,33 +5,40 @@ loads (generation routes and /health answer 503 then).
 """
 
 import asyncio
+import base64
 import json
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 from starlette.middleware.cors import CORSMiddleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from engine.generation import GenerationEvent
+from engine.embedding import EmbeddingError, check_input, embed_tokens, embedding_tokens, pooling
+from engine.generation import FINISH_STOP_TOKEN, GenerationEvent
 from engine.server.completions import (
     Generation,
     Plan,
     ServedModel,
     finish_reason,
+    on_scheduler,
     plan_chat,
     plan_completion,
     usage,
 )
 from engine.server.errors import APIError, error_body, install_error_handlers
 from engine.server.metrics import ServerMetrics
+from engine.server.options import OptionSampler, TokenLogprob, chat_logprobs, completion_logprobs
 from engine.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
+    EmbeddingRequest,
     TokenizeRequest,
 )
 from engine.server.security import (
@@ -76,38 +83,106 @@ class ServerState:
         return served
 
 
-async def _watch_disconnect(request: Request, generation: Generation) -> None:
-    """Cancel `generation` when the client goes away (for answers that are not streamed)."""
+async def _watch_disconnect(request: Request, answer: "_Answer") -> None:
+    """Cancel `answer` when the client goes away (for answers that are not streamed)."""
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
-            generation.stop()
+            answer.stop()
             return
 
 
+class _Choice:
+    """One of an answer's `n` choices: its generation, the events seen, its log-probabilities."""
+
+    def __init__(self, served: ServedModel, plan: Plan, index: int):
+        self.index = index
+        self.generation = Generation(served, plan)
+        self.text = ""
+        self.last: GenerationEvent | None = None
+        self.tokens = 0  # events that carried a token (one sampled token each)
+        self.logprobs: list[TokenLogprob] = []  # those of the answer's tokens (not of a stop token)
+        self.sent_logprobs = 0  # how many of them a stream has sent
+
+    def see(self, event: GenerationEvent) -> None:
+        self.text += event.text
+        self.last = event
+        if event.token is None:
+            return
+        self.tokens += 1
+        sampler = self.generation.sampler
+        if not isinstance(sampler, OptionSampler) or sampler.top_logprobs is None:
+            return
+        if event.finish_reason != FINISH_STOP_TOKEN:  # the end-of-turn token is not part of the text
+            self.logprobs.append(sampler.records[self.tokens - 1])
+
+    def unsent_logprobs(self) -> list[TokenLogprob]:
+        out = self.logprobs[self.sent_logprobs :]
+        self.sent_logprobs = len(self.logprobs)
+        return out
+
+
 class _Answer:
-    """One answer being produced: its ids, the events seen, and the metrics it leaves behind."""
+    """One answer being produced: its ids, its choices, and the metrics it leaves behind."""
 
     def __init__(self, state: ServerState, served: ServedModel, plan: Plan, endpoint: str):
         self.state, self.served, self.plan, self.endpoint = state, served, plan, endpoint
         self.id = f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
-        self.text = ""
-        self.last: GenerationEvent | None = None
-        self.generation = Generation(served, plan)
+        self.choices = [_Choice(served, plan.choice(i), i) for i in range(plan.n)]
         self._recorded = False
         state.requests_total += 1
         try:
-            self.generation.start()
+            for choice in self.choices:
+                choice.generation.start()
         except APIError:
+            self.stop()
             state.metrics.requests.labels(endpoint, "refused").inc()
             raise
 
-    async def events(self):
-        async for event in self.generation.events():
-            self.text += event.text
-            self.last = event
-            yield event
+    @property
+    def with_logprobs(self) -> bool:
+        return self.plan.top_logprobs is not None
+
+    def stop(self) -> None:
+        for choice in self.choices:
+            choice.generation.stop()
+
+    async def events(self) -> AsyncIterator[tuple[_Choice, GenerationEvent]]:
+        """Every choice's events, as they come, with the choice each belongs to."""
+        if len(self.choices) == 1:
+            choice = self.choices[0]
+            async for event in choice.generation.events():
+                choice.see(event)
+                yield choice, event
+            return
+        merged: asyncio.Queue = asyncio.Queue()
+
+        async def pump(choice: _Choice) -> None:
+            try:
+                async for event in choice.generation.events():
+                    await merged.put((choice, event))
+            except BaseException as exc:  # handed to the reader
+                await merged.put(exc)
+            finally:
+                await merged.put(None)
+
+        tasks = [asyncio.create_task(pump(c)) for c in self.choices]
+        try:
+            running = len(tasks)
+            while running:
+                item = await merged.get()
+                if item is None:
+                    running -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    item[0].see(item[1])
+                    yield item
+        finally:
+            for task in tasks:
+                task.cancel()
+            self.stop()
 
     def record(self, outcome: str) -> None:
         """Count the answer in the metrics (once; later calls do nothing)."""
@@ -116,35 +191,49 @@ class _Answer:
         self._recorded = True
         metrics = self.state.metrics
         metrics.requests.labels(self.endpoint, outcome).inc()
-        ticket = self.generation.ticket
-        if ticket.started is not None:
-            metrics.queue_wait.observe(ticket.started - ticket.enqueued)
-        if self.last is None:
-            return
-        m = self.last.metrics
-        metrics.prompt_tokens.inc(len(self.plan.prompt))
-        metrics.cached_tokens.inc(len(self.plan.prompt) - m.prefill_tokens)
-        metrics.generated_tokens.inc(m.decode_tokens)
-        if m.time_to_first_token is not None:
-            metrics.ttft.observe(m.time_to_first_token)
-        if m.decode_tokens_per_second is not None:
-            metrics.tokens_per_second.set(m.decode_tokens_per_second)
+        for choice in self.choices:
+            ticket = choice.generation.ticket
+            if ticket.started is not None:
+                metrics.queue_wait.observe(ticket.started - ticket.enqueued)
+            if choice.last is None:
+                continue
+            m = choice.last.metrics
+            metrics.prompt_tokens.inc(len(self.plan.prompt))
+            metrics.cached_tokens.inc(len(self.plan.prompt) - m.prefill_tokens)
+            metrics.generated_tokens.inc(m.decode_tokens)
+            if m.time_to_first_token is not None:
+                metrics.ttft.observe(m.time_to_first_token)
+            if m.decode_tokens_per_second is not None:
+                metrics.tokens_per_second.set(m.decode_tokens_per_second)
 
     def outcome(self) -> str:
-        return "completed" if self.last is not None and finish_reason(self.last) else "cancelled"
+        done = all(c.last is not None and finish_reason(c.last) for c in self.choices)
+        return "completed" if done else "cancelled"
 
-    def message(self) -> tuple[dict, str | None]:
-        """The assistant message and the finish reason, tool calls parsed out when asked for."""
-        reason = finish_reason(self.last) if self.last else None
+    def usage(self) -> dict:
+        return usage(self.plan, [c.last for c in self.choices])
+
+    def logprobs(self, records: list[TokenLogprob], offset: int = 0) -> dict | None:
+        """A choice's `logprobs` object for `records` (None when the request asked for none)."""
+        if not self.with_logprobs:
+            return None
+        tokenizer = self.served.loaded.tokenizer
+        if self.endpoint == "chat":
+            return chat_logprobs(tokenizer, records)
+        return completion_logprobs(tokenizer, records, offset)
+
+    def message(self, choice: _Choice) -> tuple[dict, str | None]:
+        """A choice's assistant message and finish reason, tool calls parsed out when asked for."""
+        reason = finish_reason(choice.last) if choice.last else None
         if self.plan.parse_tools:
-            content, calls = parse_tool_calls(self.text, self.served.call_style)
+            content, calls = parse_tool_calls(choice.text, self.served.call_style)
             if calls:
                 return {
                     "role": "assistant",
                     "content": content,
                     "tool_calls": [c.as_openai() for c in calls],
                 }, "tool_calls"
-        return {"role": "assistant", "content": self.text}, reason
+        return {"role": "assistant", "content": choice.text}, reason
 
     def chunk(self, choice: dict | None, with_usage: bool = False) -> dict:
         kind = "chat.completion.chunk" if self.endpoint == "chat" else "text_completion"
@@ -153,67 +242,83 @@ class _Answer:
             "object": kind,
             "created": self.created,
             "model": self.served.name,
-            "choices": [] if choice is None else [{"index": 0, "logprobs": None, **choice}],
+            "choices": [] if choice is None else [{"logprobs": None, **choice}],
         }
         if with_usage:
-            out["usage"] = usage(self.plan, self.last)
+            out["usage"] = self.usage()
         return out
 
 
 async def _complete(request: Request, answer: _Answer) -> JSONResponse:
     """Run an answer to its end and send it whole; a client that leaves cancels it."""
-    watcher = asyncio.create_task(_watch_disconnect(request, answer.generation))
+    watcher = asyncio.create_task(_watch_disconnect(request, answer))
     try:
         async for _ in answer.events():
             pass
     finally:
         watcher.cancel()
         answer.record(answer.outcome())
-    if answer.endpoint == "chat":
-        message, reason = answer.message()
-        choice = {"index": 0, "message": message, "finish_reason": reason, "logprobs": None}
-        kind = "chat.completion"
-    else:
-        choice = {"index": 0, "text": answer.text, "finish_reason": finish_reason(answer.last), "logprobs": None}
-        kind = "text_completion"
+    choices = []
+    for choice in answer.choices:
+        logprobs = answer.logprobs(choice.logprobs)
+        if answer.endpoint == "chat":
+            message, reason = answer.message(choice)
+            choices.append({"index": choice.index, "message": message, "finish_reason": reason, "logprobs": logprobs})
+        else:
+            reason = finish_reason(choice.last)
+            choices.append({"index": choice.index, "text": choice.text, "finish_reason": reason, "logprobs": logprobs})
     return JSONResponse(
         {
             "id": answer.id,
-            "object": kind,
+            "object": "chat.completion" if answer.endpoint == "chat" else "text_completion",
             "created": answer.created,
             "model": answer.served.name,
-            "choices": [choice],
-            "usage": usage(answer.plan, answer.last),
+            "choices": choices,
+            "usage": answer.usage(),
         }
     )
 
 
 def _stream(answer: _Answer, include_usage: bool) -> EventSourceResponse:
-    """Send an answer as server-sent events, ending in [DONE]; a client that leaves cancels it."""
+    """Send an answer as server-sent events, ending in [DONE]; a client that leaves cancels it.
+
+    With n > 1 the choices' chunks interleave, each naming its choice's `index`."""
     chat = answer.endpoint == "chat"
 
     def data(value: dict) -> dict:
         return {"data": json.dumps(value, ensure_ascii=False)}
 
+    def logprobs(choice: _Choice, text: str) -> dict:
+        if not answer.with_logprobs:
+            return {}
+        return {"logprobs": answer.logprobs(choice.unsent_logprobs(), len(choice.text) - len(text))}
+
     async def chunks():
         outcome = "cancelled"
         try:
             if chat:
-                yield data(answer.chunk({"delta": {"role": "assistant", "content": ""}, "finish_reason": None}))
-            async for event in answer.events():
+                for choice in answer.choices:
+                    role = {"role": "assistant", "content": ""}
+                    yield data(answer.chunk({"index": choice.index, "delta": role, "finish_reason": None}))
+            async for choice, event in answer.events():
                 if event.text and not answer.plan.parse_tools:
                     delta = {"delta": {"content": event.text}} if chat else {"text": event.text}
-                    yield data(answer.chunk({**delta, "finish_reason": None}))
-            if chat:
-                message, reason = answer.message()
-                delta = {}
-                if answer.plan.parse_tools:
-                    delta = {k: v for k, v in message.items() if k != "role" and v is not None}
-                    for index, call in enumerate(delta.get("tool_calls", [])):
-                        call["index"] = index
-                yield data(answer.chunk({"delta": delta, "finish_reason": reason}))
-            else:
-                yield data(answer.chunk({"text": "", "finish_reason": finish_reason(answer.last)}))
+                    extra = logprobs(choice, event.text)
+                    yield data(answer.chunk({"index": choice.index, **delta, "finish_reason": None, **extra}))
+                if event.finish_reason is None:
+                    continue
+                if chat:
+                    message, reason = answer.message(choice)
+                    delta = {}
+                    if answer.plan.parse_tools:
+                        delta = {k: v for k, v in message.items() if k != "role" and v is not None}
+                        for index, call in enumerate(delta.get("tool_calls", [])):
+                            call["index"] = index
+                    last = {"index": choice.index, "delta": delta, "finish_reason": reason, **logprobs(choice, "")}
+                else:
+                    reason = finish_reason(choice.last)
+                    last = {"index": choice.index, "text": "", "finish_reason": reason, **logprobs(choice, "")}
+                yield data(answer.chunk(last))
             if include_usage:
                 yield data(answer.chunk(None, with_usage=True))
             outcome = answer.outcome()
@@ -225,7 +330,7 @@ def _stream(answer: _Answer, include_usage: bool) -> EventSourceResponse:
             outcome = "failed"
             yield data(error_body(500, f"Generation failed: {exc}"))
         finally:
-            answer.generation.stop()
+            answer.stop()
             answer.record(outcome)
 
     return _AnswerStream(answer, chunks())
@@ -243,8 +348,15 @@ class _AnswerStream(EventSourceResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.answer.generation.stop()
+            self.answer.stop()
             self.answer.record("cancelled")
+
+
+def _encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | str:
+    """A vector as OpenAI sends it: a list of floats, or base64 of its float32 little-endian bytes."""
+    if encoding_format == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return [float(x) for x in vector]
 
 
 def create_app(state: ServerState, config: ServerConfig) -> FastAPI:
@@ -290,6 +402,35 @@ def create_app(state: ServerState, config: ServerConfig) -> FastAPI:
         if body.stream:
             return _stream(answer, bool(body.stream_options and body.stream_options.include_usage))
         return await _complete(request, answer)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest):
+        served = state.require()
+        loaded = served.loaded
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        try:
+            how = pooling(loaded)
+            token_lists = [embedding_tokens(loaded, text) for text in texts]
+            for i, tokens in enumerate(token_lists):
+                check_input(texts[i], tokens, served.n_ctx, f"input[{i}]" if isinstance(body.input, list) else "input")
+        except EmbeddingError as exc:
+            raise APIError(400, str(exc), param="input") from exc
+        width = loaded.config.d_model
+        if body.dimensions is not None and body.dimensions != width:
+            raise APIError(
+                400, f"This model's embeddings have {width} dimensions, not {body.dimensions}.", param="dimensions"
+            )
+        vectors = await on_scheduler(served, lambda: [embed_tokens(loaded, t, how) for t in token_lists])
+        n_tokens = sum(map(len, token_lists))
+        return {
+            "object": "list",
+            "data": [
+                {"object": "embedding", "index": i, "embedding": _encode_vector(v, body.encoding_format)}
+                for i, v in enumerate(vectors)
+            ],
+            "model": served.name,
+            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+        }
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):

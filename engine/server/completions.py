@@ -10,7 +10,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -34,6 +34,7 @@ from engine.server.constrained import (
     tool_call_grammar,
 )
 from engine.server.errors import APIError
+from engine.server.options import OptionSampler
 from engine.server.scheduler import (
     END,
     SERVER,
@@ -119,6 +120,14 @@ class Plan:
     stop_ids: set[int] = field(default_factory=set)
     grammar: str | None = None
     parse_tools: bool = False
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    top_logprobs: int | None = None  # None: no log-probabilities; k: the k most likely tokens too
+    n: int = 1  # choices; choice i runs `choice(i)`
+
+    def choice(self, i: int) -> "Plan":
+        """The plan of choice i: the same request, its seed `seed + i` where a seed is given."""
+        seed = self.params.seed
+        return replace(self, params=replace(self.params, seed=None if seed is None else seed + i), n=1)
 
 
 def sampling_params(request: GenerationRequest) -> SamplingParams:
@@ -134,6 +143,24 @@ def sampling_params(request: GenerationRequest) -> SamplingParams:
         "seed": request.seed,
     }
     return replace(SamplingParams(), **{k: v for k, v in given.items() if v is not None})
+
+
+def _logit_bias(served: ServedModel, request: GenerationRequest) -> dict[int, float]:
+    """The request's logit_bias with token ids as ints; 400 for a key that is no token id."""
+    vocab = served.loaded.config.vocab_size
+    bias: dict[int, float] = {}
+    for key, value in (request.logit_bias or {}).items():
+        if not key.isdecimal() or int(key) >= vocab:
+            raise APIError(
+                400, f"logit_bias has the key {key!r}, which is not a token id (0 to {vocab - 1}).", param="logit_bias"
+            )
+        bias[int(key)] = value
+    return bias
+
+
+def _options(served: ServedModel, request: GenerationRequest, top_logprobs: int | None) -> dict[str, Any]:
+    """The Plan fields of n, logit_bias and logprobs."""
+    return {"logit_bias": _logit_bias(served, request), "top_logprobs": top_logprobs, "n": request.n}
 
 
 def _max_tokens(served: ServedModel, prompt: list[int], requested: int | None) -> int:
@@ -224,6 +251,9 @@ def plan_chat(served: ServedModel, request: ChatCompletionRequest) -> Plan:
     except SprigError as exc:
         raise APIError(400, str(exc), param="response_format" if isinstance(exc, GrammarError) else "messages") from exc
     max_tokens = _max_tokens(served, prompt, request.max_completion_tokens or request.max_tokens)
+    if request.top_logprobs is not None and not request.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs set to true.", param="top_logprobs")
+    top_logprobs = (request.top_logprobs or 0) if request.logprobs else None
     stops = served.chat_stops
     return Plan(
         prompt,
@@ -233,6 +263,7 @@ def plan_chat(served: ServedModel, request: ChatCompletionRequest) -> Plan:
         set(stops["stop_ids"]),
         grammar,
         parse_tools,
+        **_options(served, request, top_logprobs),
     )
 
 
@@ -243,17 +274,26 @@ def plan_completion(served: ServedModel, request: CompletionRequest) -> Plan:
     if not prompt:
         raise APIError(400, "The prompt is empty.", param="prompt")
     max_tokens = _max_tokens(served, prompt, request.max_tokens if request.max_tokens is not None else 16)
-    return Plan(prompt, sampling_params(request), max_tokens, request.stop_strings())
+    options = _options(served, request, request.logprobs)
+    return Plan(prompt, sampling_params(request), max_tokens, request.stop_strings(), **options)
 
 
-def _run(served: ServedModel, plan: Plan):
-    """The function of a cancel flag that the scheduler runs for `plan`, on a cache of the pool."""
-    loaded = served.loaded
+def make_sampler(served: ServedModel, plan: Plan) -> Sampler:
+    """The sampler of a plan: grammar-guided or plain, inside an OptionSampler when the plan
+    has logit_bias or asks for log-probabilities."""
     sampler = (
-        GuidedSampler(plan.params, plan.grammar, loaded.tokenizer, served.stop_ids)
+        GuidedSampler(plan.params, plan.grammar, served.loaded.tokenizer, served.stop_ids)
         if plan.grammar is not None
         else Sampler(plan.params)
     )
+    if plan.logit_bias or plan.top_logprobs is not None:
+        return OptionSampler(sampler, plan.logit_bias, plan.top_logprobs)
+    return sampler
+
+
+def _run(served: ServedModel, plan: Plan, sampler: Sampler):
+    """The function of a cancel flag that the scheduler runs for `plan`, on a cache of the pool."""
+    loaded = served.loaded
 
     def run(cancel: threading.Event) -> Iterator[GenerationEvent]:
         cache = served.caches.acquire(plan.prompt)
@@ -276,6 +316,41 @@ def _run(served: ServedModel, plan: Plan):
     return run
 
 
+async def on_scheduler(served: ServedModel, work: Callable[[], Any]) -> Any:
+    """Run `work()` on the scheduler (the thread that owns the model, between batched steps)
+    and return its result; APIError 429 when the queue is full, 503 when the model is going."""
+    loop = asyncio.get_running_loop()
+    results: asyncio.Queue = asyncio.Queue()
+
+    def run(cancel: threading.Event) -> Iterator[Any]:
+        yield work()
+
+    def deliver(item: Any) -> None:
+        loop.call_soon_threadsafe(results.put_nowait, item)
+
+    _submit(served, Ticket(run, deliver, SERVER))
+    item = await results.get()
+    if isinstance(item, BaseException):
+        raise item
+    return item
+
+
+def _submit(served: ServedModel, ticket: Ticket) -> None:
+    try:
+        served.scheduler.submit(ticket)
+    except QueueFull as exc:
+        raise APIError(
+            429,
+            f"The server is busy ({exc}); retry shortly.",
+            code="queue_full",
+            headers={"Retry-After": RETRY_AFTER_SECONDS},
+        ) from exc
+    except SchedulerClosed as exc:
+        raise APIError(
+            503, "The model is being unloaded; retry shortly.", headers={"Retry-After": RETRY_AFTER_SECONDS}
+        ) from exc
+
+
 class Generation:
     """One plan on the scheduler, its events handed to the event loop.
 
@@ -286,10 +361,11 @@ class Generation:
 
     def __init__(self, served: ServedModel, plan: Plan):
         self.served, self.plan = served, plan
+        self.sampler = make_sampler(served, plan)
         self.cancel = threading.Event()
         self._queue: asyncio.Queue = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
-        self.ticket = Ticket(_run(served, plan), self._deliver, SERVER, self.cancel)
+        self.ticket = Ticket(_run(served, plan, self.sampler), self._deliver, SERVER, self.cancel)
 
     def _deliver(self, item) -> None:  # on the ticket's thread
         try:
@@ -299,19 +375,7 @@ class Generation:
 
     def start(self) -> None:
         """Queue the generation (APIError 429 when the queue is full, 503 when the model is going)."""
-        try:
-            self.served.scheduler.submit(self.ticket)
-        except QueueFull as exc:
-            raise APIError(
-                429,
-                f"The server is busy ({exc}); retry shortly.",
-                code="queue_full",
-                headers={"Retry-After": RETRY_AFTER_SECONDS},
-            ) from exc
-        except SchedulerClosed as exc:
-            raise APIError(
-                503, "The model is being unloaded; retry shortly.", headers={"Retry-After": RETRY_AFTER_SECONDS}
-            ) from exc
+        _submit(self.served, self.ticket)
 
     def stop(self) -> None:
         """Cancel: a running generation stops after its current step, a waiting one never starts."""
@@ -342,10 +406,11 @@ def finish_reason(event: GenerationEvent | None) -> str | None:
     return FINISH_REASONS.get(event.finish_reason, "stop")
 
 
-def usage(plan: Plan, last: GenerationEvent | None) -> dict:
-    """OpenAI's usage object: prompt, completion and cached prompt tokens."""
-    completion = last.metrics.decode_tokens if last else 0
-    prefilled = last.metrics.prefill_tokens if last else len(plan.prompt)
+def usage(plan: Plan, lasts: list[GenerationEvent | None]) -> dict:
+    """OpenAI's usage object: prompt, completion (summed over the choices) and cached prompt tokens."""
+    completion = sum(last.metrics.decode_tokens for last in lasts if last)
+    first = lasts[0] if lasts else None
+    prefilled = first.metrics.prefill_tokens if first else len(plan.prompt)
     return {
         "prompt_tokens": len(plan.prompt),
         "completion_tokens": completion,

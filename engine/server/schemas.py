@@ -12,6 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field
 MAX_STOP_STRINGS = 16
 MAX_TOKENS_LIMIT = 1_000_000
 SEED_LIMIT = 2**63 - 1
+MAX_CHOICES = 8  # n: choices of one request (each runs as a request of its own, batched)
+MAX_TOP_LOGPROBS = 20  # chat's top_logprobs (OpenAI's bound); completions' logprobs: 5
+MAX_LOGIT_BIAS = 1024  # entries of logit_bias
 Text = Annotated[str, Field(max_length=1_000_000)]
 Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
 
@@ -110,12 +113,19 @@ class GenerationRequest(Strict):
         | Annotated[list[Annotated[str, Field(max_length=256)]], Field(max_length=MAX_STOP_STRINGS)]
         | None
     ) = None
-    n: Annotated[int, Field(ge=1, le=1)] = 1
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1
+    # token id (a decimal string, as JSON keys are) -> bias in [-100, 100]; -100 bans the token
+    logit_bias: (
+        Annotated[
+            dict[Annotated[str, Field(max_length=12)], Annotated[float, Field(ge=-100.0, le=100.0)]],
+            Field(max_length=MAX_LOGIT_BIAS),
+        ]
+        | None
+    ) = None
     # Defined by OpenAI, accepted and ignored:
     user: Annotated[str, Field(max_length=256)] | None = None
     store: bool | None = None
     metadata: dict[str, Any] | None = None
-    logprobs: Literal[False] | None = None
 
     def stop_strings(self) -> list[str]:
         """The stop strings as a list (empty strings dropped)."""
@@ -130,11 +140,28 @@ class ChatCompletionRequest(GenerationRequest):
     tools: Annotated[list[Tool], Field(max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
 
 
 class CompletionRequest(GenerationRequest):
     prompt: Text | Annotated[list[Text], Field(min_length=1, max_length=1)]
     echo: Literal[False] | None = None
+    logprobs: Annotated[int, Field(ge=0, le=5)] | None = None  # how many top tokens per step
+
+
+MAX_EMBEDDING_INPUTS = 256
+
+
+class EmbeddingRequest(Strict):
+    """POST /v1/embeddings: a string or a list of strings (token arrays are refused: their
+    ids would be another tokenizer's)."""
+
+    input: Text | Annotated[list[Text], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)]
+    model: Annotated[str, Field(max_length=256)] | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    user: Annotated[str, Field(max_length=256)] | None = None
 
 
 class TokenizeRequest(Strict):

@@ -1,0 +1,59 @@
+"""Embeddings against transformers' (tools/make_lora_embedding_fixtures.py): tiny Qwen3
+files converted by llama.cpp with last-token, mean and CLS pooling, on NumPy and cpu."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine import cli
+from engine.embedding import EmbeddingError, embed, embedding_tokens, pooling
+from engine.loader import load_model
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+REFERENCE = np.load(FIXTURES / "reference" / "tiny-embed.npz")
+TEXTS = ["The cat sat on the mat.", "A completely different sentence, somewhat longer than the first one.", "hi"]
+
+
+def model_path(how: str) -> Path:
+    return FIXTURES / "models" / f"tiny-embed-{how}-f32.gguf"
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+@pytest.mark.parametrize("how", ["last", "mean", "cls"])
+def test_vectors_match_transformers(how, backend):
+    loaded = load_model(model_path(how), backend)
+    try:
+        assert pooling(loaded) == how
+        for k, text in enumerate(TEXTS):
+            assert embedding_tokens(loaded, text) == REFERENCE[f"ids_{k}"].tolist()  # EOS appended, as the file says
+        vectors, n_tokens = embed(loaded, TEXTS)
+        assert n_tokens == sum(REFERENCE[f"ids_{k}"].size for k in range(len(TEXTS)))
+        for k, vector in enumerate(vectors):
+            assert np.linalg.norm(vector) == pytest.approx(1.0, abs=1e-5)
+            assert float(vector @ REFERENCE[f"{how}_{k}"]) > 0.999
+        # the poolings differ: a wrong one would not pass the check above
+        other = {"last": "mean", "mean": "cls", "cls": "last"}[how]
+        assert float(vectors[1] @ REFERENCE[f"{other}_1"]) < 0.99
+    finally:
+        loaded.close()
+
+
+def test_bad_inputs_are_refused():
+    loaded = load_model(model_path("last"), "numpy")
+    try:
+        with pytest.raises(EmbeddingError, match="empty"):
+            embed(loaded, ["fine", ""])  # the EOS alone is not empty: the text must have tokens
+        with pytest.raises(EmbeddingError, match="at most 5"):
+            embed(loaded, ["a sentence long enough to pass five tokens"], limit=5)
+    finally:
+        loaded.close()
+
+
+def test_embed_command(capsys):
+    assert cli.main(["embed", "--model", str(model_path("mean")), "--backend", "numpy", "--text", TEXTS[0],
+                     "--text", TEXTS[2], "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["pooling"] == "mean" and len(out["embeddings"]) == 2
+    assert float(np.asarray(out["embeddings"][1]) @ REFERENCE["mean_2"]) > 0.999
