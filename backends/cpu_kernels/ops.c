@@ -15,7 +15,7 @@
 
 static struct {
     int16_t *q;
-    float *d, *xsum;
+    float *d, *xsum, *xhalf;
     int64_t capacity;
     uint8_t *tables; /* Q1_0's lookup tables, and their groups' scales */
     float *tscale;
@@ -32,7 +32,7 @@ static int reserve_acts(int64_t elements, int codes, int tables) {
     size_t groups = (size_t)(elements / GROUP + 1);
     if (codes && elements > acts.capacity) {
         if (grow((void **)&acts.q, sizeof(int16_t) * (size_t)elements) || grow((void **)&acts.d, sizeof(float) * groups) ||
-            grow((void **)&acts.xsum, sizeof(float) * groups))
+            grow((void **)&acts.xsum, sizeof(float) * groups) || grow((void **)&acts.xhalf, sizeof(float) * HALVES * groups))
             return -1;
         acts.capacity = elements;
     }
@@ -57,7 +57,7 @@ static void quantize_task(void *vctx, int chunk, int chunks, int thread) {
     split_range(c->T, chunk, chunks, &lo, &hi);
     for (int64_t t = lo; t < hi; t++) {
         const float *x = c->op->a + t * K;
-        if (c->codes) quantize_row(x, K, acts.q + t * K, acts.d + t * G, acts.xsum + t * G);
+        if (c->codes) quantize_row(x, K, acts.q + t * K, acts.d + t * G, acts.xsum + t * G, acts.xhalf + t * HALVES * G);
         if (c->tables) q1_tables(x, K, acts.tables + t * q1_table_bytes(K), acts.tscale + t * G);
     }
 }
@@ -107,8 +107,9 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
                     if (r + PREFETCH_ROWS < r1) prefetch_row(row + PREFETCH_ROWS * w->row_bytes, w->row_bytes);
                     for (int64_t t = t0; t < t1; t += ROW_TOKENS) {
                         int n = t1 - t < ROW_TOKENS ? (int)(t1 - t) : ROW_TOKENS;
-                        dot_row_tokens(w->type, row, K, acts.q + t * K, acts.d + t * G, acts.xsum + t * G, buf->min, n,
-                                       op->outs[m] + t * w->rows + r, w->rows);
+                        dot_row_tokens(w->type, row, K, acts.q + t * K, acts.d + t * G, acts.xsum + t * G,
+                                       acts.xhalf + t * HALVES * G, buf->min, n, op->outs[m] + t * w->rows + r,
+                                       w->rows);
                     }
                 }
             } else { /* float rows */

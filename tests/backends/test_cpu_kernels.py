@@ -1,6 +1,9 @@
 """The native CPU kernels on random GGUF blocks.
 
-- The portable (scalar) kernels unpack every block exactly as gguf-py dequantizes it.
+- The portable (scalar) kernels unpack every block exactly as gguf-py dequantizes it:
+  random bytes with finite fp16 scales, extreme scales, all bits set, all zeros, and
+  gguf-py's own quantization where it has one (legacy types, TQ1_0, TQ2_0).
+- Every type of the table is multiplied where the file's memory map holds it.
 - Every tier this machine runs (AVX2, AVX-512, NEON) gives the scalar tier's products bit
   for bit, for T = 1..16 tokens, 1-3 threads, odd row counts, extreme and zero scales
   and blocks with every bit set.
@@ -13,22 +16,26 @@
 
 import numpy as np
 import pytest
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
 from backends import cpu_native
+from backends.base import WeightSpec
 from backends.cpu_backend import CpuBackend, CpuMatrix, _bufs
 from backends.dequant import dequantize
 from backends.errors import BackendUnavailable
+from tools.make_iq_grids import HEADER, grid_values, render
 
 T = GGMLQuantizationType
 # Byte offsets of each block's fp16 scales (d, and m or dmin where the type has one).
 SCALE_OFFSETS = {
     T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,), T.Q1_0: (0,),
     T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
+    T.Q2_K: (80, 82), T.Q3_K: (108,), T.TQ2_0: (64,), T.TQ1_0: (52,), T.IQ4_NL: (0,), T.IQ4_XS: (0,),
 }
 QUANT_TYPES = sorted(SCALE_OFFSETS, key=int)
 FLOAT_TYPES = [T.F32, T.F16, T.BF16]
 CODE_MAX = {t: 2047 if t == T.Q1_0 else 32767 for t in QUANT_TYPES}  # Q1_0's tables sum 12-bit codes
+GGUF_PY_QUANTIZES = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.TQ1_0, T.TQ2_0}  # gguf.quants.quantize
 EXTREME_SCALES = np.array([65504.0, -65504.0, 6e-8, 0.0, 1.0, -0.5], dtype=np.float16)
 TIERS = cpu_native.runnable_tiers()
 
@@ -37,7 +44,8 @@ def random_matrix(qtype: T, rows: int, cols: int, rng: np.random.Generator, kind
     """(rows, bytes per row) uint8 blocks: random bytes, with finite fp16 scales.
 
     kind "random": scales ~ N(0, 0.05); "extreme": scales drawn from EXTREME_SCALES;
-    "ones": every byte 0xFF except the scales.
+    "ones": every byte 0xFF except the scales; "zeros": every byte 0; "quantized": gguf-py's
+    own blocks for standard normal values (the types gguf-py can quantize; random otherwise).
     """
     if qtype in FLOAT_TYPES:
         values = rng.standard_normal((rows, cols)).astype(np.float32)
@@ -48,6 +56,10 @@ def random_matrix(qtype: T, rows: int, cols: int, rng: np.random.Generator, kind
         return values.view(np.uint8)
     per_block, block_bytes = GGML_QUANT_SIZES[qtype]
     n_blocks = rows * cols // per_block
+    if kind == "zeros":
+        return np.zeros((rows, n_blocks // rows * block_bytes), dtype=np.uint8)
+    if kind == "quantized" and qtype in GGUF_PY_QUANTIZES:
+        return quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32), qtype)
     if kind == "ones":
         blocks = np.full((n_blocks, block_bytes), 0xFF, dtype=np.uint8)
     else:
@@ -57,8 +69,21 @@ def random_matrix(qtype: T, rows: int, cols: int, rng: np.random.Generator, kind
             scales = rng.choice(EXTREME_SCALES, size=n_blocks)
         else:
             scales = (0.05 * rng.standard_normal(n_blocks)).astype(np.float16)
-        blocks[:, offset:offset + 2] = scales.view(np.uint8).reshape(n_blocks, 2)  # (n_blocks, 2)
+        put_scales(blocks, qtype, offset, scales)
     return blocks.reshape(rows, -1)  # (rows, n_blocks_per_row * block_bytes)
+
+
+def put_scales(blocks: np.ndarray, qtype: T, offset: int, scales: np.ndarray) -> None:
+    """Write one fp16 scale per block (blocks: (n_blocks, block bytes)) at `offset`; IQ1_M's
+    goes 4 bits at a time into the top of the four 16-bit words there (its d, as ggml packs it)."""
+    bits = scales.astype(np.float16).view(np.uint16)  # (n_blocks,)
+    if qtype != T.IQ1_M:
+        blocks[:, offset:offset + 2] = bits.view(np.uint8).reshape(-1, 2)
+        return
+    words = blocks[:, offset:offset + 8].copy().view(np.uint16)  # (n_blocks, 4)
+    for i in range(4):
+        words[:, i] = (words[:, i] & 0x0FFF) | (((bits >> (4 * i)) & 0xF) << 12)
+    blocks[:, offset:offset + 8] = words.view(np.uint8)
 
 
 def product(tier: str, threads: int, qtype: T, raw: np.ndarray, cols: int, x: np.ndarray) -> np.ndarray:
@@ -90,12 +115,15 @@ def test_each_tier_exports_the_one_table_of_types_with_gguf_names_and_block_size
             module.count_bad_scales(blocks[:-1], number, 3)
         for offset in SCALE_OFFSETS.get(qtype, (0,)):  # each fp16 scale (or the float itself), made infinite
             damaged = blocks.copy()
-            bad = infinity.get(qtype, np.float16(np.inf).tobytes())
-            damaged[size + offset : size + offset + len(bad)] = np.frombuffer(bad, dtype=np.uint8)
+            if qtype in infinity:
+                bad = infinity[qtype]
+                damaged[size + offset : size + offset + len(bad)] = np.frombuffer(bad, dtype=np.uint8)
+            else:
+                put_scales(damaged.reshape(3, size)[1:2], qtype, offset, np.array([np.inf]))
             assert module.count_bad_scales(damaged, number, 3) == 1, (qtype.name, offset)
 
 
-@pytest.mark.parametrize("kind", ["random", "extreme", "ones"])
+@pytest.mark.parametrize("kind", ["random", "extreme", "ones", "zeros", "quantized"])
 @pytest.mark.parametrize("qtype", QUANT_TYPES + FLOAT_TYPES, ids=lambda t: t.name)
 def test_scalar_unpacking_matches_gguf_py(qtype, kind):
     rng = np.random.default_rng(int(qtype))
@@ -114,7 +142,7 @@ def test_scalar_unpacking_matches_gguf_py(qtype, kind):
 def test_every_tier_matches_scalar_bit_for_bit(tier, qtype):
     rng = np.random.default_rng(100 + int(qtype))
     cols = 768 if GGML_QUANT_SIZES[qtype][0] != 256 else 1024
-    for kind in ("random", "extreme", "ones"):
+    for kind in ("random", "extreme", "ones", "quantized"):
         cases = [(7, 1, 1), (33, 2, 2), (64, 3, 3), (5, 7, 2), (31, 16, 3), (96, 11, 1), (13, 40, 2), (8, 32, 3)]
         for rows, n_tokens, threads in cases:
             raw = random_matrix(qtype, rows, cols, rng, kind)
@@ -160,6 +188,24 @@ def test_products_over_32_tokens_or_more_take_float_activations(qtype, threads):
     assert np.all(np.abs(got - exact) <= 8e-6 * magnitude), np.max(np.abs(got - exact) / magnitude)
 
 
+@pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
+def test_every_native_type_is_multiplied_in_place_from_the_mapped_file(qtype, tmp_path):
+    """prepare_weight keeps a native type's blocks where the file's memory map has them (no
+    copy, no conversion, no load note), and the products read them there."""
+    rng = np.random.default_rng(400 + int(qtype))
+    rows, cols = 6, 512
+    blocks = random_matrix(qtype, rows, cols, rng)
+    path = tmp_path / "blocks.bin"
+    path.write_bytes(b"\0" * 64 + blocks.tobytes())  # at an offset, as a tensor in a GGUF file
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+    backend = CpuBackend(threads=1)
+    matrix = backend.prepare_weight(WeightSpec("blk.0.ffn_up.weight", mapped[64:], int(qtype), (rows, cols)))
+    assert isinstance(matrix, CpuMatrix) and matrix.ggml_type == int(qtype)
+    assert np.shares_memory(matrix.raw, mapped) and backend.load_notes == []
+    x = rng.standard_normal((2, cols)).astype(np.float32)
+    np.testing.assert_array_equal(backend.linear(x, matrix), product(TIERS[0], 1, qtype, blocks, cols, x))
+
+
 @pytest.mark.parametrize("qtype", FLOAT_TYPES, ids=lambda t: t.name)
 def test_float_activations_are_not_quantized(qtype):
     rng = np.random.default_rng(5)
@@ -168,6 +214,15 @@ def test_float_activations_are_not_quantized(qtype):
     weights = dequantize(raw.reshape(-1), int(qtype), (rows, cols)).astype(np.float64)
     x = rng.standard_normal((3, cols)).astype(np.float32)
     np.testing.assert_allclose(product(TIERS[0], 2, qtype, raw, cols, x), x @ weights.T, rtol=1e-5, atol=1e-4)
+
+
+def test_the_iq_grid_header_is_gguf_py_s_tables():
+    """backends/cpu_kernels/iq_grids.h is what tools/make_iq_grids.py writes from gguf-py's
+    tables today, and its grids are gguf-py's (ggml's) point for point."""
+    assert HEADER.read_text() == render()
+    quants.IQ2_XXS.init_grid()
+    assert np.array_equal(grid_values(quants.IQ2_XXS)[1], [43, 8, 8, 8, 8, 8, 8, 8])  # ggml: 0x080808080808082b
+    assert grid_values(quants.IQ1_S).shape == (2048, 8) and grid_values(quants.IQ3_S).shape == (512, 4)
 
 
 def test_a_tier_can_be_forced_and_a_wrong_one_is_refused(monkeypatch):
