@@ -13,8 +13,9 @@
  * summed exactly in 8 int32 lanes, lane l of each half taking weights 2l and 2l + 1, and each
  * lane keeps its own float accumulator:
  *     acc[l] += (float)(isum_lo[l] + isum_hi[l]) * (wscale * xscale)
- * (Q6_K, whose halves have their own scales, adds the two halves separately). The row's
- * result is reduce8(acc) + the min terms, wmin[g] * xsum[g], summed in lanes g mod 8.
+ * (Q6_K, Q2_K and Q3_K, whose halves have their own scales, add the two halves separately).
+ * The row's result is reduce8(acc) + the min terms, wmin[g] * xsum[g], summed in lanes g mod 8
+ * (Q2_K, with a min per half group: wmin[h] * xhalf[h] over the halves h).
  * A product over FLOAT_TOKENS or more tokens (prefill) instead dequantizes FLOAT_ROWS rows at
  * a time to float and takes the float activations as they are, summing with fused
  * multiply-adds in 8 lanes (fma8, the same rounding in every tier; float_product in quants.c).
@@ -33,14 +34,16 @@
  * function in quants.c (its bit layout drawn above it) and one row here.
  *
  *   X(name, GGML number, weights per block, bytes per block, form, unpack function,
- *     has_min, split, check, byte offsets of the values checked...)
+ *     mins, split, check, byte offsets of the values checked...)
  *
  * form     FLOAT: rows of floats, taken as they are (F32, F16, BF16: unpack_row converts them);
  *          CODES: int8 codes and half-group scales (`unpack`), multiplied with int16
  *          activation codes; TILED: unpacked for embeddings, multiplied from tiles (Q1_0:
  *          q1_tiles.c), never by dot_row_tokens.
- * has_min  a min term per group, times the group's activation sum (Q4_1, Q5_1, Q4_K, Q5_K).
- * split    the two halves of a group have scales of their own (Q6_K).
+ * mins     min terms per group of 32, each times the activation sum of the weights it covers:
+ *          0 none; 1 one per group (Q4_1, Q5_1, Q4_K, Q5_K); 2 one per half, weights 0-15
+ *          and 16-31 (Q2_K, whose 16-weight sub-blocks have mins of their own).
+ * split    the two halves of a group have scales of their own (Q6_K, Q2_K, Q3_K).
  * check    the format of the values that must be finite, at the offsets that follow, in each
  *          block: FP16 scales (d, and m or dmin where there is one), or the float itself; NONE
  *          where every value is finite (MXFP4's E8M0 scale byte, as gguf-py reads it). */
@@ -57,7 +60,13 @@
     X(Q4_K, 12, 256, 144, CODES, unpack_q4_k, 1, 0, FP16, 0, 2) \
     X(Q5_K, 13, 256, 176, CODES, unpack_q5_k, 1, 0, FP16, 0, 2) \
     X(Q6_K, 14, 256, 210, CODES, unpack_q6_k, 0, 1, FP16, 208)   \
-    X(MXFP4, 39, 32, 17, CODES, unpack_mxfp4, 0, 0, NONE, 0)
+    X(MXFP4, 39, 32, 17, CODES, unpack_mxfp4, 0, 0, NONE, 0)     \
+    X(Q2_K, 10, 256, 84, CODES, unpack_q2_k, 2, 1, FP16, 80, 82) \
+    X(Q3_K, 11, 256, 110, CODES, unpack_q3_k, 0, 1, FP16, 108)   \
+    X(TQ2_0, 35, 256, 66, CODES, unpack_tq2_0, 0, 0, FP16, 64)   \
+    X(TQ1_0, 34, 256, 54, CODES, unpack_tq1_0, 0, 0, FP16, 52)   \
+    X(IQ4_NL, 20, 32, 18, CODES, unpack_iq4_nl, 0, 0, FP16, 0)   \
+    X(IQ4_XS, 23, 256, 136, CODES, unpack_iq4_xs, 0, 0, FP16, 0)
 
 #define TYPE_ENUM(name, number, ...) T_##name = number,
 enum {
@@ -82,6 +91,7 @@ static inline int type_form(int type) {
 #define GROUP 32 /* weights per quantization group of the activations */
 #define LANES 8  /* float accumulators per row product */
 #define HALVES 2 /* scales per group of 32 weights: weights 0-15, 16-31 */
+#define MIN_SLOTS(mins) ((mins) > 1 ? (mins) : 1) /* RowBuffer.min entries per group of a type */
 #define Q1_TILE 32 /* rows of a Q1_0 tile */
 #define FLOAT_TOKENS 32 /* products over this many tokens or more use float weights (quants.c) */
 #define FLOAT_ROWS 3    /* rows dequantized together for them */
@@ -95,8 +105,9 @@ typedef struct {
     size_t row_bytes;
 } Matrix;
 
-/* One weight row unpacked: int8 codes, the scales of each group's two halves, one min term
- * per group (the factor of the group's activation sum, for Q4_1, Q5_1, Q4_K, Q5_K). */
+/* One weight row unpacked: int8 codes, the scales of each group's two halves, and the min
+ * terms (the factors of activation sums): one per group, or one per half for the types whose
+ * row says mins = 2 (kernels' MIN_SLOTS: 1 or 2 entries per group; zeros where none). */
 typedef struct {
     int8_t *q;
     float *scale;
@@ -113,12 +124,14 @@ int type_block(int type, int *weights, int *bytes); /* 0 if the type is not nati
 float fp16_to_float(uint16_t h);
 void unpack_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf);
 void dequantize_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf, float *out);
-void quantize_row(const float *x, int64_t K, int16_t *q, float *d, float *xsum);
+/* codes q, and per group of 32 its scale d, its sum xsum; per half group its sum xhalf */
+void quantize_row(const float *x, int64_t K, int16_t *q, float *d, float *xsum, float *xhalf);
 #define ROW_TOKENS 4 /* tokens one pass over a packed row serves (dot_row_tokens) */
 /* n (1 .. ROW_TOKENS) tokens times one packed row: out[k * stride] for token k, whose codes
- * start at xq + k * K and group scales and sums at xd + k * K / GROUP, xs + k * K / GROUP */
+ * start at xq + k * K, group scales and sums at xd + k * K / GROUP, xs + k * K / GROUP and
+ * half-group sums at xh + k * HALVES * K / GROUP; `mins` is scratch of HALVES * K / GROUP */
 void dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq, const float *xd, const float *xs,
-                    float *mins, int n, float *out, int64_t stride);
+                    const float *xh, float *mins, int n, float *out, int64_t stride);
 void dot_tokens(const RowBuffer *w, const float *x, int64_t K, int64_t t0, int64_t t1, float *out, int64_t stride);
 int64_t count_bad_scales(int type, const uint8_t *data, int64_t n_blocks);
 void float_product(const float *w, int n, int64_t K, const float *x, int64_t t0, int64_t t1, float *out,

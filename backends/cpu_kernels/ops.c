@@ -15,7 +15,7 @@
 
 static struct {
     int16_t *q;
-    float *d, *xsum;
+    float *d, *xsum, *xhalf;
     int64_t capacity;
     uint8_t *tables; /* Q1_0's lookup tables, and their groups' scales */
     float *tscale;
@@ -32,7 +32,7 @@ static int reserve_acts(int64_t elements, int codes, int tables) {
     size_t groups = (size_t)(elements / GROUP + 1);
     if (codes && elements > acts.capacity) {
         if (grow((void **)&acts.q, sizeof(int16_t) * (size_t)elements) || grow((void **)&acts.d, sizeof(float) * groups) ||
-            grow((void **)&acts.xsum, sizeof(float) * groups))
+            grow((void **)&acts.xsum, sizeof(float) * groups) || grow((void **)&acts.xhalf, sizeof(float) * HALVES * groups))
             return -1;
         acts.capacity = elements;
     }
@@ -57,7 +57,7 @@ static void quantize_task(void *vctx, int chunk, int chunks, int thread) {
     split_range(c->T, chunk, chunks, &lo, &hi);
     for (int64_t t = lo; t < hi; t++) {
         const float *x = c->op->a + t * K;
-        if (c->codes) quantize_row(x, K, acts.q + t * K, acts.d + t * G, acts.xsum + t * G);
+        if (c->codes) quantize_row(x, K, acts.q + t * K, acts.d + t * G, acts.xsum + t * G, acts.xhalf + t * HALVES * G);
         if (c->tables) q1_tables(x, K, acts.tables + t * q1_table_bytes(K), acts.tscale + t * G);
     }
 }
@@ -107,8 +107,9 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
                     if (r + PREFETCH_ROWS < r1) prefetch_row(row + PREFETCH_ROWS * w->row_bytes, w->row_bytes);
                     for (int64_t t = t0; t < t1; t += ROW_TOKENS) {
                         int n = t1 - t < ROW_TOKENS ? (int)(t1 - t) : ROW_TOKENS;
-                        dot_row_tokens(w->type, row, K, acts.q + t * K, acts.d + t * G, acts.xsum + t * G, buf->min, n,
-                                       op->outs[m] + t * w->rows + r, w->rows);
+                        dot_row_tokens(w->type, row, K, acts.q + t * K, acts.d + t * G, acts.xsum + t * G,
+                                       acts.xhalf + t * HALVES * G, buf->min, n, op->outs[m] + t * w->rows + r,
+                                       w->rows);
                     }
                 }
             } else { /* float rows */
@@ -596,10 +597,11 @@ static struct {
     int64_t *row_of;                        /* t * used + j -> gathered row */
     int16_t *xq, *hq;                       /* codes of the gathered x (rows, D) and h (rows, F) */
     float *xd, *xs, *hd, *hs;               /* their group scales and sums */
+    float *xh, *hh;                         /* and their half-group sums (types with a min per half) */
     float *xf;                              /* the gathered float x, where a product takes it */
     float *gate, *up, *y;                   /* (rows, F), (rows, F), (rows, D); gate becomes h */
 } moe;
-static int64_t moe_capacity[17];
+static int64_t moe_capacity[19];
 
 static int moe_grow(int i, void **p, size_t bytes) {
     if ((int64_t)bytes <= moe_capacity[i]) return 0;
@@ -614,10 +616,10 @@ typedef struct {
 } ExpertsCtx;
 
 /* Rows r0 .. r1 - 1 of expert e's matrix in the stack `w` (R rows each, K columns) times its
- * n gathered rows from s: codes xq/xd/xs or floats xf (rows of K), into out (rows, R). */
+ * n gathered rows from s: codes xq/xd/xs/xh or floats xf (rows of K), into out (rows, R). */
 static void expert_rows(const Matrix *w, int64_t e, int64_t R, int64_t r0, int64_t r1, int64_t s, int64_t n,
-                        const int16_t *xq, const float *xd, const float *xs, const float *xf, float *out,
-                        RowBuffer *buf) {
+                        const int16_t *xq, const float *xd, const float *xs, const float *xh, const float *xf,
+                        float *out, RowBuffer *buf) {
     int64_t K = w->cols, G = K / GROUP;
     const uint8_t *base = w->data + (size_t)(e * R) * w->row_bytes;
     out += s * R;
@@ -643,8 +645,8 @@ static void expert_rows(const Matrix *w, int64_t e, int64_t R, int64_t r0, int64
             if (r + PREFETCH_ROWS < r1) prefetch_row(row + PREFETCH_ROWS * w->row_bytes, w->row_bytes);
             for (int64_t t = 0; t < n; t += ROW_TOKENS) {
                 int m = n - t < ROW_TOKENS ? (int)(n - t) : ROW_TOKENS;
-                dot_row_tokens(w->type, row, K, xq + (s + t) * K, xd + (s + t) * G, xs + (s + t) * G, buf->min, m,
-                               out + t * R + r, R);
+                dot_row_tokens(w->type, row, K, xq + (s + t) * K, xd + (s + t) * G, xs + (s + t) * G,
+                               xh + (s + t) * HALVES * G, buf->min, m, out + t * R + r, R);
             }
         }
     }
@@ -673,8 +675,8 @@ static void gate_up_task(void *vctx, int chunk, int chunks, int thread) {
     RowBuffer *buf = scratch_row(thread);
     FOR_EXPERT_ROWS(c, c->F, chunk, chunks) {
         int64_t s = moe.start[e], n = moe.count[e];
-        expert_rows(&op->mats[0], e, c->F, r0, r1, s, n, moe.xq, moe.xd, moe.xs, moe.xf, moe.gate, buf);
-        expert_rows(&op->mats[1], e, c->F, r0, r1, s, n, moe.xq, moe.xd, moe.xs, moe.xf, moe.up, buf);
+        expert_rows(&op->mats[0], e, c->F, r0, r1, s, n, moe.xq, moe.xd, moe.xs, moe.xh, moe.xf, moe.gate, buf);
+        expert_rows(&op->mats[1], e, c->F, r0, r1, s, n, moe.xq, moe.xd, moe.xs, moe.xh, moe.xf, moe.up, buf);
     }
 }
 
@@ -684,7 +686,7 @@ static void down_task(void *vctx, int chunk, int chunks, int thread) {
     RowBuffer *buf = scratch_row(thread);
     FOR_EXPERT_ROWS(c, c->D, chunk, chunks) {
         int64_t s = moe.start[e], n = moe.count[e];
-        expert_rows(&op->mats[2], e, c->D, r0, r1, s, n, moe.hq, moe.hd, moe.hs, moe.gate, moe.y, buf);
+        expert_rows(&op->mats[2], e, c->D, r0, r1, s, n, moe.hq, moe.hd, moe.hs, moe.hh, moe.gate, moe.y, buf);
     }
 }
 
@@ -703,7 +705,8 @@ static void activation_task(void *vctx, int chunk, int chunks, int thread) {
         if (op->bias[1])
             for (int64_t r = 0; r < F; r++) u[r] += op->bias[1][e * F + r];
         for (int64_t r = 0; r < F; r += 8) gated8(g + r, u + r, g + r, F - r < 8 ? F - r : 8, (int)op->ints.experts.activation);
-        if (codes && moe.count[e] < FLOAT_TOKENS) quantize_row(g, F, moe.hq + i * F, moe.hd + i * G, moe.hs + i * G);
+        if (codes && moe.count[e] < FLOAT_TOKENS)
+            quantize_row(g, F, moe.hq + i * F, moe.hd + i * G, moe.hs + i * G, moe.hh + i * HALVES * G);
     }
 }
 
@@ -738,6 +741,7 @@ static void gather_task(void *vctx, int chunk, int chunks, int thread) {
             memcpy(moe.xq + i * D, acts.q + t * D, sizeof(int16_t) * (size_t)D);
             memcpy(moe.xd + i * G, acts.d + t * G, sizeof(float) * (size_t)G);
             memcpy(moe.xs + i * G, acts.xsum + t * G, sizeof(float) * (size_t)G);
+            memcpy(moe.xh + i * HALVES * G, acts.xhalf + t * HALVES * G, sizeof(float) * (size_t)(HALVES * G));
         }
         if (moe.xf) memcpy(moe.xf + i * D, c->op->a + t * D, sizeof(float) * (size_t)D);
     }
@@ -795,13 +799,15 @@ static int experts(const Op *op, const char **error) {
     int64_t G = D / GROUP, H = F / GROUP;
     if (codes && (moe_grow(9, (void **)&moe.xq, sizeof(int16_t) * (size_t)(rows * D)) ||
                   moe_grow(10, (void **)&moe.xd, sizeof(float) * (size_t)(rows * G + 1)) ||
-                  moe_grow(11, (void **)&moe.xs, sizeof(float) * (size_t)(rows * G + 1))))
+                  moe_grow(11, (void **)&moe.xs, sizeof(float) * (size_t)(rows * G + 1)) ||
+                  moe_grow(17, (void **)&moe.xh, sizeof(float) * (size_t)(rows * HALVES * G + 1))))
         goto out_of_memory;
     if (floats && moe_grow(12, (void **)&moe.xf, sizeof(float) * (size_t)(rows * D))) goto out_of_memory;
     if (type_takes_codes(op->mats[2].type) &&
         (moe_grow(13, (void **)&moe.hq, sizeof(int16_t) * (size_t)(rows * F)) ||
          moe_grow(14, (void **)&moe.hd, sizeof(float) * (size_t)(rows * H + 1)) ||
-         moe_grow(15, (void **)&moe.hs, sizeof(float) * (size_t)(rows * H + 1))))
+         moe_grow(15, (void **)&moe.hs, sizeof(float) * (size_t)(rows * H + 1)) ||
+         moe_grow(18, (void **)&moe.hh, sizeof(float) * (size_t)(rows * HALVES * H + 1))))
         goto out_of_memory;
     if (scratch_reserve(D > F ? D : F, 0) != 0 || reserve_acts(T * D, codes, 0) != 0) goto out_of_memory;
     /* x quantized once per token, then gathered */

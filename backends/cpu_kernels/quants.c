@@ -3,6 +3,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "iq_grids.h" /* kvalues_iq4nl, ksigns_iq2xs and the IQ grids (tools/make_iq_grids.py) */
 #include "kernels.h"
 #include "simd.h"
 #if defined(__F16C__) || defined(__AVX2__)
@@ -24,6 +25,11 @@ float fp16_to_float(uint16_t h) {
     memcpy(&out, &bits, 4);
     return out;
 }
+
+/* The unpack functions and group_term, always inlined into each type's product function
+ * (and unpack_row): GCC's inlining limits would otherwise decide per translation unit, and
+ * adding a type would move older types' unpacking out of line (a call per block or group). */
+#define INLINED __attribute__((always_inline))
 
 static inline uint16_t u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 #if defined(__F16C__)
@@ -104,7 +110,7 @@ static inline void set_scales(float *scale, float lo, float hi) {
 
 /* Q4_0, 32 weights in 18 bytes:  | d: fp16 | qs: 16 bytes |
  * weight j < 16 is (low nibble of qs[j]) - 8, weight j + 16 is (high nibble of qs[j]) - 8; times d. */
-static inline void unpack_q4_0(const uint8_t *b, int8_t *q, float *scale, float *min) {
+static inline INLINED void unpack_q4_0(const uint8_t *b, int8_t *q, float *scale, float *min) {
     u8x16 qs = load16(b + 2);
     i8x16 lo = (i8x16)(qs & 15) - 8, hi = (i8x16)(qs >> 4) - 8;
     memcpy(q, &lo, 16);
@@ -115,7 +121,7 @@ static inline void unpack_q4_0(const uint8_t *b, int8_t *q, float *scale, float 
 }
 
 /* Q4_1, 32 weights in 20 bytes:  | d: fp16 | m: fp16 | qs: 16 bytes |   weight = d * nibble + m */
-static inline void unpack_q4_1(const uint8_t *b, int8_t *q, float *scale, float *min) {
+static inline INLINED void unpack_q4_1(const uint8_t *b, int8_t *q, float *scale, float *min) {
     u8x16 qs = load16(b + 4), lo = qs & 15, hi = qs >> 4;
     memcpy(q, &lo, 16);
     memcpy(q + 16, &hi, 16);
@@ -126,7 +132,7 @@ static inline void unpack_q4_1(const uint8_t *b, int8_t *q, float *scale, float 
 
 /* Q5_0, 32 weights in 22 bytes:  | d: fp16 | qh: 32 bits | qs: 16 bytes |
  * weight j = ((nibble j) | (bit j of qh) << 4) - 16, times d (nibbles as in Q4_0). */
-static inline void unpack_q5_0(const uint8_t *b, int8_t *q, float *scale, float *min) {
+static inline INLINED void unpack_q5_0(const uint8_t *b, int8_t *q, float *scale, float *min) {
     /* nibble | bit << 4, minus 16: the nibble, minus 16 where the bit is clear */
     i8x32 codes = (i8x32)nibbles32(b + 6) - (~bit_mask(u32(b + 2)) & 16);
     memcpy(q, &codes, 32);
@@ -136,7 +142,7 @@ static inline void unpack_q5_0(const uint8_t *b, int8_t *q, float *scale, float 
 }
 
 /* Q5_1, 32 weights in 24 bytes:  | d: fp16 | m: fp16 | qh: 32 bits | qs: 16 bytes |   d * q5 + m */
-static inline void unpack_q5_1(const uint8_t *b, int8_t *q, float *scale, float *min) {
+static inline INLINED void unpack_q5_1(const uint8_t *b, int8_t *q, float *scale, float *min) {
     u8x32 codes = nibbles32(b + 8) | (u8x32)(bit_mask(u32(b + 4)) & 16);
     memcpy(q, &codes, 32);
     float d = f16(b);
@@ -145,7 +151,7 @@ static inline void unpack_q5_1(const uint8_t *b, int8_t *q, float *scale, float 
 }
 
 /* Q8_0, 32 weights in 34 bytes:  | d: fp16 | qs: 32 int8 | */
-static inline void unpack_q8_0(const uint8_t *b, int8_t *q, float *scale, float *min) {
+static inline INLINED void unpack_q8_0(const uint8_t *b, int8_t *q, float *scale, float *min) {
     memcpy(q, b + 2, 32);
     float d = f16(b);
     set_scales(scale, d, d);
@@ -154,7 +160,7 @@ static inline void unpack_q8_0(const uint8_t *b, int8_t *q, float *scale, float 
 
 /* Q1_0 (PrismML Bonsai), 128 weights in 18 bytes:  | d: fp16 | 16 bytes of bits, LSB first |
  * weight j is +d if bit j is set, else -d. */
-static inline void unpack_q1_0(const uint8_t *b, int8_t *q, float *scale, float *min) {
+static inline INLINED void unpack_q1_0(const uint8_t *b, int8_t *q, float *scale, float *min) {
     for (int g = 0; g < 4; g++) {
         i8x32 codes = (i8x32)(expand_bits(u32(b + 2 + 4 * g)) << 1) - 1; /* bit 1 -> +1, bit 0 -> -1 */
         memcpy(q + 32 * g, &codes, 32);
@@ -192,7 +198,7 @@ static inline void k_scales(const uint8_t *b, float *scale, float *min) {
 /* Q4_K, 256 weights in 144 bytes:  | d: fp16 | dmin: fp16 | scales: 12 bytes | qs: 128 bytes |
  * 8 sub-blocks of 32, each with a 6-bit scale and min. Each 32 bytes of qs hold two
  * sub-blocks: low nibbles the first, high nibbles the second. weight = d*sc*q - dmin*m. */
-static inline void unpack_q4_k(const uint8_t *b, int8_t *q, float *scale, float *min) {
+static inline INLINED void unpack_q4_k(const uint8_t *b, int8_t *q, float *scale, float *min) {
     const uint8_t *qs = b + 16;
     for (int i = 0; i < 4; i++) {
         u8x32 packed = load32(qs + 32 * i), lo = packed & 15, hi = packed >> 4;
@@ -204,7 +210,7 @@ static inline void unpack_q4_k(const uint8_t *b, int8_t *q, float *scale, float 
 
 /* Q5_K, 256 weights in 176 bytes:  | d | dmin | scales: 12 | qh: 32 | qs: 128 |
  * as Q4_K, plus a fifth bit: bit (2i) of qh[l] for weight 64i + l, bit (2i+1) for 64i + 32 + l. */
-static inline void unpack_q5_k(const uint8_t *b, int8_t *q, float *scale, float *min) {
+static inline INLINED void unpack_q5_k(const uint8_t *b, int8_t *q, float *scale, float *min) {
     const uint8_t *qh = b + 16, *qs = b + 48;
     u8x32 high = load32(qh);
     for (int i = 0; i < 4; i++) {
@@ -227,7 +233,7 @@ static inline void unpack_q5_k(const uint8_t *b, int8_t *q, float *scale, float 
  *   w[l + 64] = (ql[l] >> 4      | (qh[l] >> 4 & 3) << 4) - 32
  *   w[l + 96] = (ql[l + 32] >> 4 | (qh[l] >> 6 & 3) << 4) - 32
  * and weight e is scaled by d * scales[e / 16]. */
-static inline void unpack_q6_k(const uint8_t *b, int8_t *q, float *scale, float *min) {
+static inline INLINED void unpack_q6_k(const uint8_t *b, int8_t *q, float *scale, float *min) {
     const uint8_t *ql = b, *qh = b + 128;
     const int8_t *sc = (const int8_t *)(b + 192);
     float d = f16(b + 208);
@@ -249,6 +255,26 @@ static inline void unpack_q6_k(const uint8_t *b, int8_t *q, float *scale, float 
         set_scales(scale + HALVES * g, d * (float)sc[2 * g], d * (float)sc[2 * g + 1]);
         min[g] = 0.0f;
     }
+}
+
+/* table[idx[j]] for 32 indices below 16 (one in-lane byte shuffle in AVX2 and NEON) */
+static inline i8x32 lookup16(const int8_t *table, u8x32 idx) {
+    i8x32 out;
+#if defined(__AVX2__)
+    __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)table));
+    out = (i8x32)_mm256_shuffle_epi8(t, (__m256i)idx);
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+    int8x16_t t = vld1q_s8(table);
+    uint8_t at[32];
+    memcpy(at, &idx, 32);
+    int8_t got[32];
+    vst1q_s8(got, vqtbl1q_s8(t, vld1q_u8(at)));
+    vst1q_s8(got + 16, vqtbl1q_s8(t, vld1q_u8(at + 16)));
+    memcpy(&out, got, 32);
+#else
+    for (int j = 0; j < 32; j++) out[j] = table[idx[j]];
+#endif
+    return out;
 }
 
 /* MXFP4 (gpt-oss's experts), 32 weights in 17 bytes: an E8M0 scale byte, then 16 bytes of
@@ -274,29 +300,144 @@ static inline float e8m0_half(uint8_t e) {
     return out;
 }
 
-/* the 16 codes of `index` (each 0-15) looked up in kvalues_mxfp4: one byte shuffle where the
- * tier has one, the same integers either way */
-static inline i8x16 lookup_mxfp4(u8x16 index) {
-#if defined(__SSSE3__)
-    __m128i table = _mm_loadu_si128((const __m128i *)kvalues_mxfp4);
-    return (i8x16)_mm_shuffle_epi8(table, (__m128i)index);
-#elif defined(__ARM_NEON) && defined(__aarch64__)
-    return (i8x16)vqtbl1q_s8(vld1q_s8(kvalues_mxfp4), (uint8x16_t)index);
-#else
-    i8x16 out;
-    for (int j = 0; j < 16; j++) out[j] = kvalues_mxfp4[index[j]];
-    return out;
-#endif
-}
-
 static inline void unpack_mxfp4(const uint8_t *b, int8_t *q, float *scale, float *min) {
-    u8x16 qs = load16(b + 1);
-    i8x16 lo = lookup_mxfp4(qs & 15), hi = lookup_mxfp4(qs >> 4);
-    memcpy(q, &lo, 16);
-    memcpy(q + 16, &hi, 16);
+    i8x32 codes = lookup16(kvalues_mxfp4, nibbles32(b + 1));
+    memcpy(q, &codes, 32);
     float d = e8m0_half(b[0]);
     set_scales(scale, d, d);
     min[0] = 0.0f;
+}
+
+/* The 2-bit fields of 64 bytes (Q2_K, Q3_K, TQ2_0) in weight order: in half n (128 weights),
+ * for l < 32, field j (bits 2j, 2j + 1) of qs[32n + l] is weight 128n + 32j + l. */
+static inline void crumbs(const uint8_t *qs, int n, u8x32 y[4]) {
+    u8x32 packed = load32(qs + 32 * n);
+    y[0] = packed & 3;
+    y[1] = shr16(packed, 2) & 3;
+    y[2] = shr16(packed, 4) & 3;
+    y[3] = shr16(packed, 6) & 3;
+}
+
+/* Q2_K, 256 weights in 84 bytes:  | scales: 16 bytes | qs: 64 bytes | d: fp16 | dmin: fp16 |
+ * 16 sub-blocks of 16 weights; sub-block k has the scale d * (scales[k] & 15) and the min
+ * dmin * (scales[k] >> 4). Codes 0-3 as crumbs() draws them:
+ *   weight 128n + 32j + l = (qs[32n + l] >> 2j) & 3      (n < 2, j < 4, l < 32)
+ * weight e = d * (scales[e / 16] & 15) * code - dmin * (scales[e / 16] >> 4): the min is per
+ * half group, so each group has two (MIN_SLOTS(2)). */
+static inline INLINED void unpack_q2_k(const uint8_t *b, int8_t *q, float *scale, float *min) {
+    for (int n = 0; n < 2; n++) {
+        u8x32 y[4];
+        crumbs(b + 16, n, y);
+        memcpy(q + 128 * n, y, sizeof y);
+    }
+    float d = f16(b + 80), dmin = f16(b + 82);
+    for (int k = 0; k < 16; k++) {
+        scale[k] = d * (float)(b[k] & 15); /* the scale of half k % 2 of group k / 2 */
+        min[k] = -(dmin * (float)(b[k] >> 4));
+    }
+}
+
+/* Q3_K, 256 weights in 110 bytes:  | hmask: 32 | qs: 64 | scales: 12 | d: fp16 |
+ * 16 sub-blocks of 16 weights, sub-block k with a 6-bit scale, stored as
+ *   low 4 bits: scales[k % 8] >> 4 (k / 8),  high 2 bits: scales[8 + k % 4] >> 2 (k / 4),
+ * taken minus 32. Each weight has 2 low bits in qs (as Q2_K) and a high bit in hmask:
+ *   weight 32J + l (J < 8, l < 32): low = (qs[32 (J / 4) + l] >> 2 (J % 4)) & 3,
+ *                                   high = bit J of hmask[l]
+ * and is d * (sc - 32) * (low - (high ? 0 : 4)). */
+static inline INLINED void unpack_q3_k(const uint8_t *b, int8_t *q, float *scale, float *min) {
+    u8x32 high = load32(b);
+    for (int n = 0; n < 2; n++) {
+        u8x32 y[4];
+        crumbs(b + 32, n, y);
+        for (int j = 0; j < 4; j++) {
+            int J = 4 * n + j; /* bit J of each hmask byte moved to bit 2 */
+            u8x32 bit = (J <= 2 ? shl16(high, 2 - J) : shr16(high, J - 2)) & 4;
+            i8x32 codes = (i8x32)(y[j] | bit) - 4;
+            memcpy(q + 32 * J, &codes, 32);
+        }
+    }
+    const uint8_t *sc = b + 96;
+    float d = f16(b + 108);
+    for (int k = 0; k < 16; k++) {
+        int s = ((sc[k % 8] >> (4 * (k / 8))) & 15) | (((sc[8 + k % 4] >> (2 * (k / 4))) & 3) << 4);
+        scale[k] = d * (float)(s - 32);
+    }
+    for (int g = 0; g < 8; g++) min[g] = 0.0f;
+}
+
+/* TQ2_0 (ternary), 256 weights in 66 bytes:  | qs: 64 bytes | d: fp16 |
+ * weight 128n + 32j + l = ((qs[32n + l] >> 2j) & 3) - 1 (as Q2_K's codes), times d. */
+static inline INLINED void unpack_tq2_0(const uint8_t *b, int8_t *q, float *scale, float *min) {
+    for (int n = 0; n < 2; n++) {
+        u8x32 y[4];
+        crumbs(b, n, y);
+        for (int j = 0; j < 4; j++) {
+            i8x32 codes = (i8x32)y[j] - 1;
+            memcpy(q + 128 * n + 32 * j, &codes, 32);
+        }
+    }
+    float d = f16(b + 64);
+    for (int g = 0; g < 8; g++) {
+        set_scales(scale + HALVES * g, d, d);
+        min[g] = 0.0f;
+    }
+}
+
+/* Base-3 digit j of TQ1_0 bytes x, minus 1: the bytes hold 5 (qh: 4) digits as a fixed-point
+ * fraction, digit j = ((uint8_t)(x * 3^j) * 3) >> 8, i.e. 0, 1 or 2 as the byte x * 3^j is
+ * below 86, below 171, or not. */
+#define TRITS(x, j, pow3) ((__typeof__(x))((x) * (uint8_t)(pow3)[j] > 85) + (__typeof__(x))((x) * (uint8_t)(pow3)[j] > 170))
+
+/* TQ1_0 (ternary), 256 weights in 54 bytes:  | qs: 48 bytes | qh: 4 bytes | d: fp16 |
+ *   weight 32j + l       = digit j of qs[l]       - 1   (j < 5, l < 32)
+ *   weight 160 + 16j + l = digit j of qs[32 + l]  - 1   (j < 5, l < 16)
+ *   weight 240 + 4j + l  = digit j of qh[l]       - 1   (j < 4, l < 4)
+ * where digit j of byte x is ((uint8_t)(x * 3^j) * 3) >> 8; times d. */
+static inline INLINED void unpack_tq1_0(const uint8_t *b, int8_t *q, float *scale, float *min) {
+    static const uint8_t pow3[5] = {1, 3, 9, 27, 81};
+    u8x32 a = load32(b);
+    u8x16 c = load16(b + 32);
+    for (int j = 0; j < 5; j++) {
+        /* the comparisons give 0 or -1: their sum is -digit, and the code digit - 1 */
+        i8x32 ya = -(i8x32)TRITS(a, j, pow3) - 1;
+        i8x16 yc = -(i8x16)TRITS(c, j, pow3) - 1;
+        memcpy(q + 32 * j, &ya, 32);
+        memcpy(q + 160 + 16 * j, &yc, 16);
+    }
+    for (int j = 0; j < 4; j++)
+        for (int l = 0; l < 4; l++) q[240 + 4 * j + l] = (int8_t)((((uint8_t)(b[48 + l] * pow3[j]) * 3) >> 8) - 1);
+    float d = f16(b + 52);
+    for (int g = 0; g < 8; g++) {
+        set_scales(scale + HALVES * g, d, d);
+        min[g] = 0.0f;
+    }
+}
+
+/* IQ4_NL, 32 weights in 18 bytes:  | d: fp16 | qs: 16 bytes |
+ * weight j < 16 is kvalues[qs[j] & 15], weight j + 16 is kvalues[qs[j] >> 4]; times d. */
+static inline INLINED void unpack_iq4_nl(const uint8_t *b, int8_t *q, float *scale, float *min) {
+    i8x32 codes = lookup16(kvalues_iq4nl, nibbles32(b + 2));
+    memcpy(q, &codes, 32);
+    float d = f16(b);
+    set_scales(scale, d, d);
+    min[0] = 0.0f;
+}
+
+/* IQ4_XS, 256 weights in 136 bytes:  | d: fp16 | scales_h: 16 bits | scales_l: 4 bytes | qs: 128 |
+ * 8 sub-blocks of 32; sub-block k has the 6-bit scale
+ *   ((scales_l[k / 2] >> 4 (k % 2)) & 15) | ((scales_h >> 2k) & 3) << 4, taken minus 32,
+ * and its weights are IQ4_NL's nibbles of qs[16k .. 16k + 15]; weight = d * (sc - 32) * kvalue. */
+static inline INLINED void unpack_iq4_xs(const uint8_t *b, int8_t *q, float *scale, float *min) {
+    float d = f16(b);
+    uint16_t high = u16(b + 2);
+    for (int k = 0; k < 8; k++) {
+        i8x32 codes = lookup16(kvalues_iq4nl, nibbles32(b + 8 + 16 * k));
+        memcpy(q + 32 * k, &codes, 32);
+        int s = ((b[4 + k / 2] >> (4 * (k % 2))) & 15) | (((high >> (2 * k)) & 3) << 4);
+        float ds = d * (float)(s - 32);
+        set_scales(scale + HALVES * k, ds, ds);
+        min[k] = 0.0f;
+    }
 }
 
 static inline float bf16_to_float(uint16_t h) {
@@ -325,15 +466,16 @@ void unpack_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf) {
         return;
     }
     /* one loop per type, so that each block's unpacking is inlined into it */
-#define UNPACK_BLOCKS(unpack, weights, bytes)                                                               \
+#define UNPACK_BLOCKS(unpack, weights, bytes, mins)                                                         \
     for (int64_t blk = 0; blk < cols / (weights); blk++)                                                    \
         unpack(row + blk * (bytes), buf->q + blk * (weights), buf->scale + blk * ((weights) / GROUP) * HALVES, \
-               buf->min + blk * ((weights) / GROUP));                                                        \
+               buf->min + blk * ((weights) / GROUP) * MIN_SLOTS(mins));                                      \
     break;
-#define UNPACK_CASE(name, number, weights, bytes, form, unpack, ...) UNPACK_##form(number, weights, bytes, unpack)
+#define UNPACK_CASE(name, number, weights, bytes, form, unpack, mins, ...) \
+    UNPACK_##form(number, weights, bytes, unpack, mins)
 #define UNPACK_FLOAT(...) /* above */
-#define UNPACK_CODES(number, weights, bytes, unpack) \
-    case number: UNPACK_BLOCKS(unpack, weights, bytes)
+#define UNPACK_CODES(number, weights, bytes, unpack, mins) \
+    case number: UNPACK_BLOCKS(unpack, weights, bytes, mins)
 #define UNPACK_TILED UNPACK_CODES
     switch (type) {
         QUANT_TYPES(UNPACK_CASE)
@@ -345,21 +487,33 @@ void unpack_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf) {
 #undef UNPACK_BLOCKS
 }
 
+/* RowBuffer.min entries per group of a type (MIN_SLOTS of its row's mins). */
+static inline int type_min_slots(int type) {
+#define MINS_CASE(name, number, weights, bytes, form, unpack, mins, ...) \
+    case number: return MIN_SLOTS(mins);
+    switch (type) {
+        QUANT_TYPES(MINS_CASE)
+    default: return 1;
+    }
+#undef MINS_CASE
+}
+
 void dequantize_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf, float *out) {
     unpack_row(type, row, cols, buf);
     if (type_is_float(type)) {
         memcpy(out, buf->f, 4 * (size_t)cols);
         return;
     }
+    int slots = type_min_slots(type); /* 1: a min per group; 2: one per half */
     for (int64_t g = 0; g < cols / GROUP; g++)
         for (int e = 0; e < GROUP; e += 8) { /* 8 weights: s * q + m */
-            float s = buf->scale[g * HALVES + e / 16], m = buf->min[g];
+            float s = buf->scale[g * HALVES + e / 16], m = buf->min[g * slots + (slots - 1) * (e / 16)];
             v8f w = widen8(buf->q + g * GROUP + e) * s + m;
             memcpy(out + g * GROUP + e, &w, sizeof w);
         }
 }
 
-void quantize_row(const float *x, int64_t K, int16_t *q, float *d, float *xsum) {
+void quantize_row(const float *x, int64_t K, int16_t *q, float *d, float *xsum, float *xhalf) {
     for (int64_t g = 0; g < K / GROUP; g++) {
         const float *xg = x + g * GROUP;
         float amax = 0.0f;
@@ -371,23 +525,26 @@ void quantize_row(const float *x, int64_t K, int16_t *q, float *d, float *xsum) 
             memset(q + g * GROUP, 0, GROUP * sizeof *q);
             d[g] = NAN;
             xsum[g] = NAN;
+            xhalf[HALVES * g] = xhalf[HALVES * g + 1] = NAN;
             continue;
         }
         float scale = amax / 32767.0f, inverse = amax > 0.0f ? 32767.0f / amax : 0.0f;
-        int32_t sum = 0;
+        int32_t sum[HALVES] = {0, 0};
         for (int i = 0; i < GROUP; i++) {
             int32_t v = (int32_t)nearbyintf(xg[i] * inverse);
             q[g * GROUP + i] = (int16_t)v;
-            sum += v;
+            sum[i / 16] += v;
         }
         d[g] = scale;
-        xsum[g] = scale * (float)sum;
+        xsum[g] = scale * (float)(sum[0] + sum[1]); /* exact integer sums: as one sum's bits */
+        xhalf[HALVES * g] = scale * (float)sum[0];
+        xhalf[HALVES * g + 1] = scale * (float)sum[1];
     }
 }
 
 /* One group's contribution to a row's 8 float lanes. Weights with one scale per group sum
  * both halves in int32 first (exact); Q6_K's halves have a scale each. */
-static inline v8f group_term(const int8_t *w, const int16_t *x, const float *scale, float xd, int split) {
+static inline INLINED v8f group_term(const int8_t *w, const int16_t *x, const float *scale, float xd, int split) {
     v8i lo, hi;
     dot32(w, x, &lo, &hi);
     if (!split) return __builtin_convertvector(lo + hi, v8f) * (scale[0] * xd);
@@ -427,8 +584,9 @@ void dot_tokens(const RowBuffer *w, const float *x, int64_t K, int64_t t0, int64
 }
 
 /* Whether a type's two half groups have scales of their own (QUANT_TYPES' split): a value
- * row_tokens reads at run time, as it did before the table, rather than a constant of each
- * case: folded into each case, it lets GCC unroll the scalar tier's loops 60% larger. */
+ * row_tokens reads at run time (an argument of the type's function, below), as it did before
+ * the table, rather than a constant of each type: folded in, it lets GCC unroll the scalar
+ * tier's loops 60% larger. */
 static inline int type_split(int type) {
 #define SPLIT_CASE(name, number, weights, bytes, form, unpack, has_min, split, ...) \
     case number: return split;
@@ -444,20 +602,22 @@ static inline int type_split(int type) {
  * read once). Token k's codes are at xq + k * K, its group scales and sums at xd, xs + k * G.
  * Each token's arithmetic is the same, in the same order, whatever N and the tokens beside
  * it: a group's int32 sums, then acc += sums * (wscale * xscale) in 8 lanes, reduce8, and
- * the min terms. `mins` is scratch for the row's min terms. */
-static inline __attribute__((always_inline)) void row_tokens(int type, const uint8_t *row, int64_t K,
+ * the min terms. `mins` is scratch for the row's min terms. `type` is a constant (each type
+ * has its function, below); `split` is not. */
+static inline __attribute__((always_inline)) void row_tokens(int type, int split, const uint8_t *row, int64_t K,
                                                              const int16_t *xq, const float *xd, const float *xs,
-                                                             float *mins, const int N, float *out, int64_t stride) {
+                                                             const float *xh, float *mins, const int N, float *out,
+                                                             int64_t stride) {
     v8f acc[ROW_TOKENS] = {{0}};
     int64_t G = K / GROUP;
-    int with_mins = 0, split = type_split(type);
+    int with_mins = 0;
     float no_mins[8]; /* the zero min terms of types without any: stores the compiler drops */
 #define DOT_BLOCKS(unpack, weights, bytes, has_min)                                                     \
     _Pragma("GCC unroll 2") for (int64_t blk = 0; blk < K / (weights); blk++) {                         \
         int8_t q[weights];                                                                              \
         float scale[(weights) / GROUP * HALVES];                                                        \
         int64_t g0 = blk * ((weights) / GROUP);                                                         \
-        unpack(row + blk * (bytes), q, scale, (has_min) ? mins + g0 : no_mins);                         \
+        unpack(row + blk * (bytes), q, scale, (has_min) ? mins + g0 * (has_min) : no_mins);             \
         for (int g = 0; g < (weights) / GROUP; g++)                                                     \
             _Pragma("GCC unroll 4") for (int k = 0; k < N; k++) acc[k] +=                               \
                 group_term(q + g * GROUP, xq + k * K + (g0 + g) * GROUP, scale + g * HALVES, xd[k * G + g0 + g], split); \
@@ -480,18 +640,51 @@ static inline __attribute__((always_inline)) void row_tokens(int type, const uin
 #undef DOT_BLOCKS
     for (int k = 0; k < N; k++) {
         float total = reduce8(acc[k]);
-        out[k * stride] = with_mins ? total + dot_float(mins, xs + k * G, G) : total;
+        out[k * stride] = with_mins == 2 ? total + dot_float(mins, xh + k * HALVES * G, HALVES * G) /* per half */
+                          : with_mins    ? total + dot_float(mins, xs + k * G, G)
+                                         : total;
     }
 }
 
-void dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq, const float *xd, const float *xs,
-                    float *mins, int n, float *out, int64_t stride) {
-    switch (n) { /* one body per count, so that the loop over tokens unrolls and shares each unpacked block */
-    case 1: row_tokens(type, row, K, xq, xd, xs, mins, 1, out, stride); break;
-    case 2: row_tokens(type, row, K, xq, xd, xs, mins, 2, out, stride); break;
-    case 3: row_tokens(type, row, K, xq, xd, xs, mins, 3, out, stride); break;
-    default: row_tokens(type, row, K, xq, xd, xs, mins, ROW_TOKENS, out, stride); break;
+/* One function per CODES type (dot_Q4_0, ...): GCC's inlining limits apply per function, so
+ * the code of one type's products never depends on how many other types there are (in one
+ * function for all, a new type pushed older types' unpacking out of line). noipa: `split`
+ * stays a value read at run time, never propagated from the caller. */
+#define DOT_FUNCTION(name, number, weights, bytes, form, ...) DOT_FUNCTION_##form(name, number)
+#define DOT_FUNCTION_FLOAT(...)
+#define DOT_FUNCTION_TILED(...)
+#define DOT_FUNCTION_CODES(name, number)                                                                              \
+    static __attribute__((noipa)) void dot_##name(int split, const uint8_t *row, int64_t K, const int16_t *xq,       \
+                                                  const float *xd, const float *xs, const float *xh, float *mins,     \
+                                                  int n, float *out, int64_t stride) {                                \
+        switch (n) { /* one body per count, so that the loop over tokens unrolls and shares each unpacked block */ \
+        case 1: row_tokens(number, split, row, K, xq, xd, xs, xh, mins, 1, out, stride); break;                      \
+        case 2: row_tokens(number, split, row, K, xq, xd, xs, xh, mins, 2, out, stride); break;                      \
+        case 3: row_tokens(number, split, row, K, xq, xd, xs, xh, mins, 3, out, stride); break;                      \
+        default: row_tokens(number, split, row, K, xq, xd, xs, xh, mins, ROW_TOKENS, out, stride); break;            \
+        }                                                                                                             \
     }
+QUANT_TYPES(DOT_FUNCTION)
+#undef DOT_FUNCTION_CODES
+#undef DOT_FUNCTION_TILED
+#undef DOT_FUNCTION_FLOAT
+#undef DOT_FUNCTION
+
+void dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq, const float *xd, const float *xs,
+                    const float *xh, float *mins, int n, float *out, int64_t stride) {
+    int split = type_split(type);
+#define CALL_CASE(name, number, weights, bytes, form, ...) CALL_##form(name, number)
+#define CALL_FLOAT(...)
+#define CALL_TILED(...)
+#define CALL_CODES(name, number) \
+    case number: dot_##name(split, row, K, xq, xd, xs, xh, mins, n, out, stride); break;
+    switch (type) {
+        QUANT_TYPES(CALL_CASE)
+    }
+#undef CALL_CASE
+#undef CALL_FLOAT
+#undef CALL_TILED
+#undef CALL_CODES
 }
 
 

@@ -1,7 +1,10 @@
 """The native CPU kernels on random GGUF blocks.
 
-- The portable (scalar) kernels unpack every block exactly as gguf-py dequantizes it
-  (MXFP4 too, whose E8M0 scale byte runs from 2^-128, a subnormal, to 2^127).
+- The portable (scalar) kernels unpack every block exactly as gguf-py dequantizes it:
+  random bytes with finite fp16 scales, extreme scales, all bits set, all zeros, and
+  gguf-py's own quantization where it has one (legacy types, TQ1_0, TQ2_0); MXFP4 too, whose
+  E8M0 scale byte runs from 2^-128, a subnormal, to 2^127.
+- Every type of the table is multiplied where the file's memory map holds it.
 - Every tier this machine runs (AVX2, AVX-512, NEON) gives the scalar tier's products bit
   for bit, for T = 1..16 tokens, 1-3 threads, odd row counts, extreme and zero scales
   and blocks with every bit set.
@@ -14,18 +17,21 @@
 
 import numpy as np
 import pytest
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
 from backends import cpu_native
+from backends.base import WeightSpec
 from backends.cpu_backend import CpuBackend, CpuMatrix, _bufs
 from backends.dequant import dequantize
 from backends.errors import BackendUnavailable
+from tools.make_iq_grids import HEADER, grid_values, render
 
 T = GGMLQuantizationType
 # Byte offsets of each block's fp16 scales (d, and m or dmin where the type has one).
 SCALE_OFFSETS = {
     T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,), T.Q1_0: (0,),
     T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
+    T.Q2_K: (80, 82), T.Q3_K: (108,), T.TQ2_0: (64,), T.TQ1_0: (52,), T.IQ4_NL: (0,), T.IQ4_XS: (0,),
 }
 # Types whose scale is an E8M0 byte at offset 0 (a power of two, finite for every byte).
 E8M0_TYPES = (T.MXFP4,)
@@ -33,6 +39,7 @@ E8M0_EXTREMES = np.array([0, 1, 2, 127, 128, 253, 254, 255], dtype=np.uint8)
 QUANT_TYPES = sorted([*SCALE_OFFSETS, *E8M0_TYPES], key=int)
 FLOAT_TYPES = [T.F32, T.F16, T.BF16]
 CODE_MAX = {t: 2047 if t == T.Q1_0 else 32767 for t in QUANT_TYPES}  # Q1_0's tables sum 12-bit codes
+GGUF_PY_QUANTIZES = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.TQ1_0, T.TQ2_0}  # gguf.quants.quantize
 EXTREME_SCALES = np.array([65504.0, -65504.0, 6e-8, 0.0, 1.0, -0.5], dtype=np.float16)
 TIERS = cpu_native.runnable_tiers()
 
@@ -42,7 +49,9 @@ def random_matrix(qtype: T, rows: int, cols: int, rng: np.random.Generator, kind
 
     kind "random": scales ~ N(0, 0.05) (E8M0: 2^-12 .. 2^0); "extreme": scales drawn from
     EXTREME_SCALES (E8M0: E8M0_EXTREMES); "ones": every byte 0xFF except the fp16 scales (an
-    E8M0 byte 0xFF too: 2^127, whose largest codes dequantize to inf).
+    E8M0 byte 0xFF too: 2^127, whose largest codes dequantize to inf); "zeros": every byte 0;
+    "quantized": gguf-py's own blocks for standard normal values (the types gguf-py can
+    quantize; random otherwise).
     """
     if qtype in FLOAT_TYPES:
         values = rng.standard_normal((rows, cols)).astype(np.float32)
@@ -53,6 +62,10 @@ def random_matrix(qtype: T, rows: int, cols: int, rng: np.random.Generator, kind
         return values.view(np.uint8)
     per_block, block_bytes = GGML_QUANT_SIZES[qtype]
     n_blocks = rows * cols // per_block
+    if kind == "zeros":
+        return np.zeros((rows, n_blocks // rows * block_bytes), dtype=np.uint8)
+    if kind == "quantized" and qtype in GGUF_PY_QUANTIZES:
+        return quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32), qtype)
     if kind == "ones":
         blocks = np.full((n_blocks, block_bytes), 0xFF, dtype=np.uint8)
     else:
@@ -68,8 +81,21 @@ def random_matrix(qtype: T, rows: int, cols: int, rng: np.random.Generator, kind
             scales = rng.choice(EXTREME_SCALES, size=n_blocks)
         else:
             scales = (0.05 * rng.standard_normal(n_blocks)).astype(np.float16)
-        blocks[:, offset:offset + 2] = scales.view(np.uint8).reshape(n_blocks, 2)  # (n_blocks, 2)
+        put_scales(blocks, qtype, offset, scales)
     return blocks.reshape(rows, -1)  # (rows, n_blocks_per_row * block_bytes)
+
+
+def put_scales(blocks: np.ndarray, qtype: T, offset: int, scales: np.ndarray) -> None:
+    """Write one fp16 scale per block (blocks: (n_blocks, block bytes)) at `offset`; IQ1_M's
+    goes 4 bits at a time into the top of the four 16-bit words there (its d, as ggml packs it)."""
+    bits = scales.astype(np.float16).view(np.uint16)  # (n_blocks,)
+    if qtype != T.IQ1_M:
+        blocks[:, offset:offset + 2] = bits.view(np.uint8).reshape(-1, 2)
+        return
+    words = blocks[:, offset:offset + 8].copy().view(np.uint16)  # (n_blocks, 4)
+    for i in range(4):
+        words[:, i] = (words[:, i] & 0x0FFF) | (((bits >> (4 * i)) & 0xF) << 12)
+    blocks[:, offset:offset + 8] = words.view(np.uint8)
 
 
 def product(tier: str, threads: int, qtype: T, raw: np.ndarray, cols: int, x: np.ndarray) -> np.ndarray:
@@ -104,13 +130,16 @@ def test_each_tier_exports_the_one_table_of_types_with_gguf_names_and_block_size
             continue
         for offset in SCALE_OFFSETS.get(qtype, (0,)):  # each fp16 scale (or the float itself), made infinite
             damaged = blocks.copy()
-            bad = infinity.get(qtype, np.float16(np.inf).tobytes())
-            damaged[size + offset : size + offset + len(bad)] = np.frombuffer(bad, dtype=np.uint8)
+            if qtype in infinity:
+                bad = infinity[qtype]
+                damaged[size + offset : size + offset + len(bad)] = np.frombuffer(bad, dtype=np.uint8)
+            else:
+                put_scales(damaged.reshape(3, size)[1:2], qtype, offset, np.array([np.inf]))
             assert module.count_bad_scales(damaged, number, 3) == 1, (qtype.name, offset)
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # MXFP4's 12 * 2^127: inf, as ours
-@pytest.mark.parametrize("kind", ["random", "extreme", "ones"])
+@pytest.mark.parametrize("kind", ["random", "extreme", "ones", "zeros", "quantized"])
 @pytest.mark.parametrize("qtype", QUANT_TYPES + FLOAT_TYPES, ids=lambda t: t.name)
 def test_scalar_unpacking_matches_gguf_py(qtype, kind):
     rng = np.random.default_rng(int(qtype))
@@ -129,7 +158,7 @@ def test_scalar_unpacking_matches_gguf_py(qtype, kind):
 def test_every_tier_matches_scalar_bit_for_bit(tier, qtype):
     rng = np.random.default_rng(100 + int(qtype))
     cols = 768 if GGML_QUANT_SIZES[qtype][0] != 256 else 1024
-    for kind in ("random", "extreme", "ones"):
+    for kind in ("random", "extreme", "ones", "quantized"):
         cases = [(7, 1, 1), (33, 2, 2), (64, 3, 3), (5, 7, 2), (31, 16, 3), (96, 11, 1), (13, 40, 2), (8, 32, 3)]
         for rows, n_tokens, threads in cases:
             raw = random_matrix(qtype, rows, cols, rng, kind)
@@ -175,6 +204,24 @@ def test_products_over_32_tokens_or_more_take_float_activations(qtype, threads):
     assert np.all(np.abs(got - exact) <= 8e-6 * magnitude), np.max(np.abs(got - exact) / magnitude)
 
 
+@pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
+def test_every_native_type_is_multiplied_in_place_from_the_mapped_file(qtype, tmp_path):
+    """prepare_weight keeps a native type's blocks where the file's memory map has them (no
+    copy, no conversion, no load note), and the products read them there."""
+    rng = np.random.default_rng(400 + int(qtype))
+    rows, cols = 6, 512
+    blocks = random_matrix(qtype, rows, cols, rng)
+    path = tmp_path / "blocks.bin"
+    path.write_bytes(b"\0" * 64 + blocks.tobytes())  # at an offset, as a tensor in a GGUF file
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+    backend = CpuBackend(threads=1)
+    matrix = backend.prepare_weight(WeightSpec("blk.0.ffn_up.weight", mapped[64:], int(qtype), (rows, cols)))
+    assert isinstance(matrix, CpuMatrix) and matrix.ggml_type == int(qtype)
+    assert np.shares_memory(matrix.raw, mapped) and backend.load_notes == []
+    x = rng.standard_normal((2, cols)).astype(np.float32)
+    np.testing.assert_array_equal(backend.linear(x, matrix), product(TIERS[0], 1, qtype, blocks, cols, x))
+
+
 @pytest.mark.parametrize("qtype", FLOAT_TYPES, ids=lambda t: t.name)
 def test_float_activations_are_not_quantized(qtype):
     rng = np.random.default_rng(5)
@@ -183,6 +230,15 @@ def test_float_activations_are_not_quantized(qtype):
     weights = dequantize(raw.reshape(-1), int(qtype), (rows, cols)).astype(np.float64)
     x = rng.standard_normal((3, cols)).astype(np.float32)
     np.testing.assert_allclose(product(TIERS[0], 2, qtype, raw, cols, x), x @ weights.T, rtol=1e-5, atol=1e-4)
+
+
+def test_the_iq_grid_header_is_gguf_py_s_tables():
+    """backends/cpu_kernels/iq_grids.h is what tools/make_iq_grids.py writes from gguf-py's
+    tables today, and its grids are gguf-py's (ggml's) point for point."""
+    assert HEADER.read_text() == render()
+    quants.IQ2_XXS.init_grid()
+    assert np.array_equal(grid_values(quants.IQ2_XXS)[1], [43, 8, 8, 8, 8, 8, 8, 8])  # ggml: 0x080808080808082b
+    assert grid_values(quants.IQ1_S).shape == (2048, 8) and grid_values(quants.IQ3_S).shape == (512, 4)
 
 
 def test_a_tier_can_be_forced_and_a_wrong_one_is_refused(monkeypatch):
@@ -227,11 +283,13 @@ def test_ops_take_their_slots_by_the_names_the_kernels_export():
     the kernels refuse a tuple with another number of slots than the table names."""
     be = CpuBackend(threads=1)
     ops = be.native.OPS
-    assert ops["rope"] == (4, ("tokens", "heads", "dim", "rope_dim", "neox", "per_row"), ())
+    assert ops["rope"] == (4, ("tokens", "heads", "dim", "rope_dim", "neox", "per_row"), ("mscale",))
     assert ops["add"] == (7, ("elements",), ())
     assert ops["route"] == (9, ("tokens", "experts", "used", "order", "normalize"), ())
     assert ops["experts"] == (10, ("tokens", "experts", "used", "ffn", "activation"), ())
-    assert len({code for code, _, _ in ops.values()}) == len(ops) == 10
+    assert ops["layer_norm"] == (11, ("rows", "dim"), ("eps",))
+    assert ops["scale"] == (12, ("elements",), ("factor",))
+    assert len({code for code, _, _ in ops.values()}) == len(ops) == 12
     x = np.arange(8, dtype=np.float32)
     out = np.full(8, -1.0, dtype=np.float32)
     with pytest.raises(ValueError, match=r"missing \['elements'\], unknown \[\]"):
@@ -249,5 +307,5 @@ def test_ops_take_their_slots_by_the_names_the_kernels_export():
     rotated = np.empty_like(q)
     table = 10000.0 ** (-np.arange(2, dtype=np.float64) * 2.0 / 4)
     be._emit("rope", _bufs(a=q, out=rotated, pos=np.array([5]), table=table),
-             per_row=False, neox=True, rope_dim=4, dim=8, heads=2, tokens=3)
+             per_row=False, neox=True, rope_dim=4, dim=8, heads=2, tokens=3, mscale=1.0)
     np.testing.assert_array_equal(rotated, np.array(be.rope(q, np.arange(5, 8), 10000.0, 4, True)))

@@ -350,14 +350,18 @@ def test_expert_stacks_stay_views_of_the_file_and_other_types_are_converted():
         WeightSpec("blk.0.ffn_up_exps.bias", dense[:, 0].view(np.uint8).reshape(-1), 0, (4, 256))
     )
     assert bias.dtype == np.float32 and bias.shape == (4, 256)
-    raw = quants.quantize(dense.reshape(-1, 256), T.TQ2_0).reshape(-1)  # a type without a kernel
-    ternary = WeightSpec("blk.0.ffn_gate_exps.weight", raw, int(T.TQ2_0), (4, 64, 256))
-    converted = backend.prepare_weight(ternary)
+    # Q1_0 (128 weights: an fp16 scale, then a sign bit each, LSB first) has no kernel for expert stacks
+    groups = dense.reshape(-1, 128)  # (blocks, 128)
+    scales = np.abs(groups).mean(axis=1).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    bits = np.packbits(groups > 0, axis=1, bitorder="little")  # (blocks, 16)
+    raw = np.concatenate([scales, bits], axis=1).reshape(-1)
+    one_bit = WeightSpec("blk.0.ffn_gate_exps.weight", raw, int(T.Q1_0), (4, 64, 256))
+    converted = backend.prepare_weight(one_bit)
     assert converted.matrix.ggml_type == T.Q8_0 and converted.matrix.rows == 256
     assert backend.load_notes == [
-        "blk.0.ffn_gate_exps.weight is TQ2_0, which the cpu backend has no kernel for: converted to Q8_0 at load"
+        "blk.0.ffn_gate_exps.weight is Q1_0, which the cpu backend has no kernel for: converted to Q8_0 at load"
     ]
-    values = dequantize(raw, int(T.TQ2_0), (256, 256))
+    values = dequantize(raw, int(T.Q1_0), (256, 256))
     # Q8_0 of the same values: within half a code (amax / 254) and the fp16 scale's rounding
     np.testing.assert_allclose(
         dequantize(converted.matrix.raw, int(T.Q8_0), (256, 256)), values, atol=np.abs(values).max() / 120

@@ -13,11 +13,14 @@ from backends import cpu_native, selection
 from backends.errors import BackendUnavailable
 from engine.errors import ModelFileError
 from engine.loader import load_model
+from tests.backends.test_cpu_kernels import random_matrix
 from tests.engine.parity_models import FIXTURES
 from tests.engine.test_cli import engine
 from tests.gguf_factory import write_tiny_model
 
 TINY = FIXTURES / "tiny-qwen3-f32.gguf"
+# the types issue 23 gave kernels: each loads in place
+IN_PLACE_TYPES = ["Q2_K", "Q3_K", "TQ2_0", "TQ1_0", "IQ4_NL", "IQ4_XS"]
 
 
 def test_auto_picks_the_cpu_backend_where_no_gpu_backend_applies():
@@ -47,17 +50,48 @@ def test_a_damaged_scale_is_refused_at_load_with_the_tensor_named(tmp_path):
     load_model(path, "numpy").close()  # the reference backend reads it (and computes inf)
 
 
+def nvfp4_blocks(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
+    """Random NVFP4 blocks for `values`' shape (gguf-py cannot quantize NVFP4): four E4M3
+    scales of 1/16 (byte 0x20), then random 4-bit codes."""
+    rows, cols = values.shape
+    blocks = np.random.default_rng(cols).integers(0, 256, size=(rows * cols // 64, 36), dtype=np.uint8)
+    blocks[:, :4] = 0x20
+    return blocks.reshape(rows, -1)
+
+
 def test_a_type_without_a_kernel_is_converted_once_and_the_load_says_so(tmp_path):
-    path = write_tiny_model(tmp_path / "tq2.gguf", arch="qwen3", d_model=256, n_heads=4, head_dim=64, d_ff=256,
-                            tensor_type=GGMLQuantizationType.TQ2_0)
+    assert int(GGMLQuantizationType.NVFP4) not in cpu_native.load().NATIVE_TYPES
+    path = write_tiny_model(tmp_path / "nvfp4.gguf", arch="qwen3", d_model=256, n_heads=4, head_dim=64, d_ff=256,
+                            tensor_type=GGMLQuantizationType.NVFP4, quantize=nvfp4_blocks)
     cpu, reference = load_model(path, "cpu"), load_model(path, "numpy")
     try:
-        assert any("TQ2_0" in note and "converted to Q8_0" in note for note in cpu.load_notes)
+        assert any("NVFP4" in note and "converted to Q8_0" in note for note in cpu.load_notes)
         tokens = np.array([5, 80, 200, 33])
         ours = cpu.model.forward(tokens, 0, cpu.new_cache(8).storage)
         theirs = reference.model.forward(tokens, 0, reference.new_cache(8).storage)
         assert int(ours.argmax()) == int(theirs.argmax())
         np.testing.assert_allclose(ours, theirs, atol=0.02 * float(np.ptp(theirs)))
+    finally:
+        cpu.close()
+        reference.close()
+
+
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType[name] for name in IN_PLACE_TYPES])
+def test_a_type_with_a_kernel_loads_in_place_without_a_note(qtype, tmp_path):
+    """Every matrix stays in the file's blocks (no conversion, no note), and the model's
+    logits are the reference backend's on the same blocks."""
+    def blocks(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
+        return random_matrix(qtype, *values.shape, np.random.default_rng(values.size))
+
+    path = write_tiny_model(tmp_path / f"{qtype.name}.gguf", arch="qwen3", d_model=256, n_heads=4, head_dim=64,
+                            d_ff=256, tensor_type=qtype, quantize=blocks)
+    cpu, reference = load_model(path, "cpu"), load_model(path, "numpy")
+    try:
+        assert cpu.load_notes == []
+        tokens = np.array([5, 80, 200, 33])
+        ours = cpu.model.forward(tokens, 0, cpu.new_cache(8).storage)
+        theirs = reference.model.forward(tokens, 0, reference.new_cache(8).storage)
+        np.testing.assert_allclose(ours, theirs, atol=1e-3 * float(np.ptp(theirs)))
     finally:
         cpu.close()
         reference.close()

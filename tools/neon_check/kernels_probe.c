@@ -26,6 +26,17 @@ static void put_scale(uint8_t *at) { /* a finite fp16 of modest size, either sig
     memcpy(at, &h, 2);
 }
 
+static void put_iq1m_scale(uint8_t *at) { /* the same, in the top 4 bits of IQ1_M's 4 scale words */
+    uint8_t h[2];
+    put_scale(h);
+    uint16_t d = (uint16_t)(h[0] | h[1] << 8);
+    for (int i = 0; i < 4; i++) {
+        uint16_t w = (uint16_t)((at[2 * i] | at[2 * i + 1] << 8) & 0x0fff) | (uint16_t)(((d >> (4 * i)) & 15) << 12);
+        at[2 * i] = (uint8_t)w;
+        at[2 * i + 1] = (uint8_t)(w >> 8);
+    }
+}
+
 static void print(const float *v, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         uint32_t bits;
@@ -55,16 +66,21 @@ int main(void) {
 
     /* the types dot_row_tokens multiplies, from the table, with their blocks' fp16 scales */
 #define PROBE_ROW(name, number, weights, bytes, form, unpack, has_min, split, check, ...) \
-    PROBE_##form(number, __VA_ARGS__)
-#define PROBE_CODES(number, ...) {number, {__VA_ARGS__}, sizeof((int[]){__VA_ARGS__}) / sizeof(int)},
+    PROBE_##form(number, check, __VA_ARGS__)
+#define PROBE_CODES(number, check, ...) \
+    {number, IQ1M_##check, {__VA_ARGS__}, sizeof((int[]){__VA_ARGS__}) / sizeof(int)},
+#define IQ1M_FP16 0 /* the check formats: 1 where the scale is IQ1_M's, spread over 4 words */
+#define IQ1M_IQ1M 1
+#define IQ1M_NONE 0 /* MXFP4: its E8M0 byte (any value is finite) given an fp16 scale's low byte, as the others */
 #define PROBE_FLOAT(...)
 #define PROBE_TILED(...)
-    static const struct { int type, offsets[2], n_offsets; } types[] = {QUANT_TYPES(PROBE_ROW)};
+    static const struct { int type, iq1m, offsets[2], n_offsets; } types[] = {QUANT_TYPES(PROBE_ROW)};
     static int16_t xq[T * K];
-    static float xd[T * K / GROUP], xs[T * K / GROUP], mins[K / GROUP];
-    for (int t = 0; t < T; t++) quantize_row(x + t * K, K, xq + t * K, xd + t * (K / GROUP), xs + t * (K / GROUP));
+    static float xd[T * K / GROUP], xs[T * K / GROUP], xh[T * K / GROUP * HALVES], mins[K / GROUP * HALVES];
+    for (int t = 0; t < T; t++)
+        quantize_row(x + t * K, K, xq + t * K, xd + t * (K / GROUP), xs + t * (K / GROUP), xh + t * (K / GROUP * HALVES));
     static int8_t q[K];
-    static float scale[K / GROUP * HALVES], min[K / GROUP], f[K];
+    static float scale[K / GROUP * HALVES], min[K / GROUP * HALVES], f[K];
     RowBuffer buf = {q, scale, min, f};
     static float dequantized[4 * K], prefill[T * 4];
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
@@ -75,10 +91,12 @@ int main(void) {
         for (int r = 0; r < 4; r++) {
             for (int64_t i = 0; i < row_bytes; i++) row[i] = (uint8_t)next();
             for (int b = 0; b < K / weights; b++)
-                for (int j = 0; j < types[k].n_offsets; j++) put_scale(row + b * bytes + types[k].offsets[j]);
+                for (int j = 0; j < types[k].n_offsets; j++)
+                    (types[k].iq1m ? put_iq1m_scale : put_scale)(row + b * bytes + types[k].offsets[j]);
             float several[T];
             for (int t = 0; t < T; t += ROW_TOKENS) /* blocks of ROW_TOKENS tokens, and the rest */
-                dot_row_tokens(types[k].type, row, K, xq + t * K, xd + t * (K / GROUP), xs + t * (K / GROUP), mins,
+                dot_row_tokens(types[k].type, row, K, xq + t * K, xd + t * (K / GROUP), xs + t * (K / GROUP),
+                               xh + t * (K / GROUP * HALVES), mins,
                                T - t < ROW_TOKENS ? T - t : ROW_TOKENS, several + t, 1);
             print(several, T);
             dequantize_row(types[k].type, row, K, &buf, dequantized + r * K);
