@@ -20,7 +20,7 @@ independent references.
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType, quants
+from gguf import GGMLQuantizationType
 
 from backends import cpu_native
 from backends.base import AttentionState, ExpertWeights, LayerAttention, PassInput, Routing, Segment, WeightSpec
