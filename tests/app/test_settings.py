@@ -49,6 +49,10 @@ def custom_settings() -> Settings:
         last_model="/tmp/sprig-models/smol.gguf",
         last_conversation=7,
         hub_offline=True,
+        server_port=8123,
+        server_origins="http://localhost:3000",
+        server_network=True,
+        window_geometry="AdnQywADAAA=",
     )
 
 
@@ -252,6 +256,9 @@ def test_dialog_returns_what_the_widgets_show(dialog):
         last_model="/models/a.gguf",
         last_conversation=None,
         hub_offline=True,
+        server_port=8080,  # the server panel's own settings, as the dialog was given them
+        server_origins="",
+        server_network=False,
     )
 
 
@@ -279,6 +286,10 @@ def test_restore_defaults_resets_every_field_but_those_it_does_not_show(qtbot):
         last_model=custom.last_model,
         last_conversation=custom.last_conversation,
         text_scale=custom.text_scale,
+        server_port=custom.server_port,  # the server panel's settings, and the window's own
+        server_origins=custom.server_origins,
+        server_network=custom.server_network,
+        window_geometry=custom.window_geometry,
     )
 
 

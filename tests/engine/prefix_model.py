@@ -91,6 +91,7 @@ class CharTokenizer:
 
     def __init__(self, vocab: int = VOCAB):
         self.stop_ids = {EOS}
+        self.special_tokens: dict[str, int] = {}  # no control tokens beside EOS
         self.vocab = vocab
 
     def token_bytes(self, token_id: int, *, special: bool = False) -> bytes:
