@@ -45,7 +45,8 @@
  *          and 16-31 (Q2_K, whose 16-weight sub-blocks have mins of their own).
  * split    the two halves of a group have scales of their own (Q6_K, Q2_K, Q3_K).
  * check    the format of the values that must be finite, at the offsets that follow, in each
- *          block: FP16 scales (d, and m or dmin where there is one), or the float itself. */
+ *          block: FP16 scales (d, and m or dmin where there is one), the float itself, or
+ *          IQ1M: IQ1_M's fp16 d, spread over the top 4 bits of its 4 scale words. */
 #define QUANT_TYPES(X)                                          \
     X(F32, 0, 1, 4, FLOAT, NONE, 0, 0, F32, 0)                  \
     X(F16, 1, 1, 2, FLOAT, NONE, 0, 0, FP16, 0)                 \
@@ -64,7 +65,14 @@
     X(TQ2_0, 35, 256, 66, CODES, unpack_tq2_0, 0, 0, FP16, 64)   \
     X(TQ1_0, 34, 256, 54, CODES, unpack_tq1_0, 0, 0, FP16, 52)   \
     X(IQ4_NL, 20, 32, 18, CODES, unpack_iq4_nl, 0, 0, FP16, 0)   \
-    X(IQ4_XS, 23, 256, 136, CODES, unpack_iq4_xs, 0, 0, FP16, 0)
+    X(IQ4_XS, 23, 256, 136, CODES, unpack_iq4_xs, 0, 0, FP16, 0)  \
+    X(IQ3_XXS, 18, 256, 98, CODES, unpack_iq3_xxs, 0, 0, FP16, 0) \
+    X(IQ3_S, 21, 256, 110, CODES, unpack_iq3_s, 0, 0, FP16, 0)    \
+    X(IQ2_XXS, 16, 256, 66, CODES, unpack_iq2_xxs, 0, 0, FP16, 0) \
+    X(IQ2_XS, 17, 256, 74, CODES, unpack_iq2_xs, 0, 1, FP16, 0)   \
+    X(IQ2_S, 22, 256, 82, CODES, unpack_iq2_s, 0, 1, FP16, 0)     \
+    X(IQ1_S, 19, 256, 50, CODES, unpack_iq1_s, 0, 0, FP16, 0)     \
+    X(IQ1_M, 29, 256, 56, CODES, unpack_iq1_m, 0, 1, IQ1M, 48)
 
 #define TYPE_ENUM(name, number, ...) T_##name = number,
 enum {

@@ -409,6 +409,142 @@ static inline INLINED void unpack_iq4_xs(const uint8_t *b, int8_t *q, float *sca
     }
 }
 
+/* -- the IQ grid formats: each 8 (or 4) weights are a point of a grid (iq_grids.h) with
+ * signs of their own; the codes are the grid values with their signs, so that a grid point
+ * is looked up once per block in every tier. Scales per 32 or 16 weights, as gguf-py. */
+
+/* 8 weights: grid values g[j], negated where bit j of `signs` is set */
+static inline void signed8(int8_t *q, const uint8_t *g, unsigned signs) {
+    for (int j = 0; j < 8; j++) q[j] = (int8_t)((signs >> j) & 1 ? -(int)g[j] : (int)g[j]);
+}
+
+/* IQ2_XXS, 256 weights in 66 bytes:  | d: fp16 | 8 x (grid: 4 bytes | aux: 32 bits) |
+ * group g (32 weights) of 4 x 8: weights 8l .. 8l + 7 are iq2xxs_grid[grid[l]] with the signs
+ * ksigns_iq2xs[(aux >> 7l) & 127]; the group's scale is d * (0.5 + (aux >> 28)) * 0.25. */
+static inline INLINED void unpack_iq2_xxs(const uint8_t *b, int8_t *q, float *scale, float *min) {
+    float d = f16(b);
+    for (int g = 0; g < 8; g++) {
+        const uint8_t *p = b + 2 + 8 * g;
+        uint32_t aux = u32(p + 4);
+        for (int l = 0; l < 4; l++) signed8(q + 32 * g + 8 * l, iq2xxs_grid[p[l]], ksigns_iq2xs[(aux >> (7 * l)) & 127]);
+        float db = d * (0.5f + (float)(aux >> 28)) * 0.25f;
+        set_scales(scale + HALVES * g, db, db);
+        min[g] = 0.0f;
+    }
+}
+
+/* IQ2_XS, 256 weights in 74 bytes:  | d: fp16 | qs: 32 x 16 bits | scales: 8 bytes |
+ * weights 8i .. 8i + 7 are iq2xs_grid[qs[i] & 511] with the signs ksigns_iq2xs[qs[i] >> 9];
+ * the 16 weights of half k (k < 16) have the scale d * (0.5 + ((scales[k / 2] >> 4 (k % 2)) & 15)) * 0.25. */
+static inline INLINED void unpack_iq2_xs(const uint8_t *b, int8_t *q, float *scale, float *min) {
+    float d = f16(b);
+    for (int i = 0; i < 32; i++) {
+        uint16_t v = u16(b + 2 + 2 * i);
+        signed8(q + 8 * i, iq2xs_grid[v & 511], ksigns_iq2xs[v >> 9]);
+    }
+    for (int k = 0; k < 16; k++)
+        scale[k] = d * (0.5f + (float)((b[66 + k / 2] >> (4 * (k % 2))) & 15)) * 0.25f;
+    for (int g = 0; g < 8; g++) min[g] = 0.0f;
+}
+
+/* IQ2_S, 256 weights in 82 bytes:  | d: fp16 | qs: 32 | signs: 32 | qh: 8 | scales: 8 |
+ * weights 8i .. 8i + 7 are iq2s_grid[qs[i] | ((qh[i / 4] >> 2 (i % 4)) & 3) << 8], negated
+ * where the bits of signs[i] are set; half k's scale as IQ2_XS's. */
+static inline INLINED void unpack_iq2_s(const uint8_t *b, int8_t *q, float *scale, float *min) {
+    float d = f16(b);
+    const uint8_t *qs = b + 2, *signs = b + 34, *qh = b + 66, *sc = b + 74;
+    for (int i = 0; i < 32; i++)
+        signed8(q + 8 * i, iq2s_grid[qs[i] | ((qh[i / 4] >> (2 * (i % 4))) & 3) << 8], signs[i]);
+    for (int k = 0; k < 16; k++) scale[k] = d * (0.5f + (float)((sc[k / 2] >> (4 * (k % 2))) & 15)) * 0.25f;
+    for (int g = 0; g < 8; g++) min[g] = 0.0f;
+}
+
+/* IQ3_XXS, 256 weights in 98 bytes:  | d: fp16 | qs: 64 | aux: 8 x 32 bits |
+ * in group g, weights 8l .. 8l + 3 and 8l + 4 .. 8l + 7 (l < 4) are iq3xxs_grid[qs[8g + 2l]]
+ * and iq3xxs_grid[qs[8g + 2l + 1]], with the signs ksigns_iq2xs[(aux[g] >> 7l) & 127]; the
+ * group's scale is d * (0.5 + (aux[g] >> 28)) * 0.5. */
+static inline INLINED void unpack_iq3_xxs(const uint8_t *b, int8_t *q, float *scale, float *min) {
+    float d = f16(b);
+    const uint8_t *qs = b + 2;
+    for (int g = 0; g < 8; g++) {
+        uint32_t aux = u32(b + 66 + 4 * g);
+        for (int l = 0; l < 4; l++) {
+            uint8_t point[8];
+            memcpy(point, iq3xxs_grid[qs[8 * g + 2 * l]], 4);
+            memcpy(point + 4, iq3xxs_grid[qs[8 * g + 2 * l + 1]], 4);
+            signed8(q + 32 * g + 8 * l, point, ksigns_iq2xs[(aux >> (7 * l)) & 127]);
+        }
+        float db = d * (0.5f + (float)(aux >> 28)) * 0.5f;
+        set_scales(scale + HALVES * g, db, db);
+        min[g] = 0.0f;
+    }
+}
+
+/* IQ3_S, 256 weights in 110 bytes:  | d: fp16 | qs: 64 | qh: 8 | signs: 32 | scales: 4 |
+ * weights 4i .. 4i + 3 (i < 64) are iq3s_grid[qs[i] | ((qh[i / 8] >> (i % 8)) & 1) << 8];
+ * weight e is negated where bit e % 8 of signs[e / 8] is set; group g's scale is
+ * d * (1 + 2 ((scales[g / 2] >> 4 (g % 2)) & 15)). */
+static inline INLINED void unpack_iq3_s(const uint8_t *b, int8_t *q, float *scale, float *min) {
+    float d = f16(b);
+    const uint8_t *qs = b + 2, *qh = b + 66, *signs = b + 74, *sc = b + 106;
+    for (int i = 0; i < 32; i++) {
+        int i0 = 2 * i, i1 = 2 * i + 1;
+        uint8_t point[8];
+        memcpy(point, iq3s_grid[qs[i0] | ((qh[i0 / 8] >> (i0 % 8)) & 1) << 8], 4);
+        memcpy(point + 4, iq3s_grid[qs[i1] | ((qh[i1 / 8] >> (i1 % 8)) & 1) << 8], 4);
+        signed8(q + 8 * i, point, signs[i]);
+    }
+    for (int g = 0; g < 8; g++) {
+        float db = d * (float)(1 + 2 * ((sc[g / 2] >> (4 * (g % 2))) & 15));
+        set_scales(scale + HALVES * g, db, db);
+        min[g] = 0.0f;
+    }
+}
+
+/* 8 IQ1 weights: 8 * grid value + delta (delta -1 or +1: grid + delta / 8, in eighths) */
+static inline void iq1_eighths(int8_t *q, const int8_t *g, int delta) {
+    for (int j = 0; j < 8; j++) q[j] = (int8_t)(8 * g[j] + delta);
+}
+
+/* IQ1_S, 256 weights in 50 bytes:  | d: fp16 | qs: 32 | qh: 8 x 16 bits |
+ * group g: weights 8l .. 8l + 7 (l < 4) are iq1s_grid[qs[4g + l] | ((qh[g] >> 3l) & 7) << 8]
+ * (values -1, 0, 1), plus delta = -1/8 if bit 15 of qh[g] is set, else +1/8; times
+ * d * (2 ((qh[g] >> 12) & 7) + 1). As codes: 8 grid + 8 delta, with the scale over 8. */
+static inline INLINED void unpack_iq1_s(const uint8_t *b, int8_t *q, float *scale, float *min) {
+    float d = f16(b);
+    for (int g = 0; g < 8; g++) {
+        uint16_t h = u16(b + 34 + 2 * g);
+        int delta = h & 0x8000 ? -1 : 1;
+        for (int l = 0; l < 4; l++)
+            iq1_eighths(q + 32 * g + 8 * l, iq1s_grid[b[2 + 4 * g + l] | ((h >> (3 * l)) & 7) << 8], delta);
+        float dl = d * (float)(2 * ((h >> 12) & 7) + 1) * 0.125f; /* exact: a power of 2 */
+        set_scales(scale + HALVES * g, dl, dl);
+        min[g] = 0.0f;
+    }
+}
+
+/* IQ1_M's fp16 super-block scale: the top 4 bits of its 4 16-bit scale words, low word first. */
+static inline uint16_t iq1m_d(const uint8_t *sc) {
+    return (uint16_t)((u16(sc) >> 12) | ((u16(sc + 2) >> 8) & 0x00f0) | ((u16(sc + 4) >> 4) & 0x0f00) |
+                      (u16(sc + 6) & 0xf000));
+}
+
+/* IQ1_M, 256 weights in 56 bytes:  | qs: 32 | qh: 16 | scales: 4 x 16 bits |
+ * nibble i of qh (low nibble of qh[i / 2] first) holds 3 high grid-index bits and a delta bit:
+ * weights 8i .. 8i + 7 are iq1s_grid[qs[i] | (nibble & 7) << 8] plus -1/8 if nibble & 8, else
+ * +1/8; half k (16 weights) is times d * (2 ((scales[k / 4] >> 3 (k % 4)) & 7) + 1), d being
+ * iq1m_d(scales). Codes in eighths, as IQ1_S. */
+static inline INLINED void unpack_iq1_m(const uint8_t *b, int8_t *q, float *scale, float *min) {
+    const uint8_t *qh = b + 32, *sc = b + 48;
+    float d = fp16_to_float(iq1m_d(sc));
+    for (int i = 0; i < 32; i++) {
+        int nibble = (qh[i / 2] >> (4 * (i % 2))) & 15;
+        iq1_eighths(q + 8 * i, iq1s_grid[b[i] | (nibble & 7) << 8], nibble & 8 ? -1 : 1);
+    }
+    for (int k = 0; k < 16; k++) scale[k] = d * (float)(2 * ((u16(sc + 2 * (k / 4)) >> (3 * (k % 4))) & 7) + 1) * 0.125f;
+    for (int g = 0; g < 8; g++) min[g] = 0.0f;
+}
+
 static inline float bf16_to_float(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
     float out;
@@ -524,6 +660,7 @@ static inline INLINED v8f group_term(const int8_t *w, const int16_t *x, const fl
 static inline int bad_FP16(const uint8_t *p) { return ((u16(p) >> 10) & 31) == 31; }
 static inline int bad_BF16(const uint8_t *p) { return ((u16(p) >> 7) & 0xff) == 0xff; }
 static inline int bad_F32(const uint8_t *p) { return ((u32(p) >> 23) & 0xff) == 0xff; }
+static inline int bad_IQ1M(const uint8_t *p) { return ((iq1m_d(p) >> 10) & 31) == 31; } /* IQ1_M's d */
 
 /* Blocks whose fp16 scale (or min) is inf or nan; for float types, elements that are. */
 int64_t count_bad_scales(int type, const uint8_t *data, int64_t n_blocks) {
