@@ -688,27 +688,13 @@ void dot_tokens(const RowBuffer *w, const float *x, int64_t K, int64_t t0, int64
     for (int64_t t = t0; t < t1; t++) out[t * stride] = dot_float(w->f, x + t * K, K);
 }
 
-/* Whether a type's two half groups have scales of their own (QUANT_TYPES' split): a value
- * row_tokens reads at run time (an argument of the type's function, below), as it did before
- * the table, rather than a constant of each type: folded in, it lets GCC unroll the scalar
- * tier's loops 60% larger. */
-static inline int type_split(int type) {
-#define SPLIT_CASE(name, number, weights, bytes, form, unpack, has_min, split, ...) \
-    case number: return split;
-    switch (type) {
-        QUANT_TYPES(SPLIT_CASE)
-    default: return 0;
-    }
-#undef SPLIT_CASE
-}
-
 /* N tokens' products with one packed row, each block unpacked once into registers and the
  * stack for all of them (decode, speculative verification, batched decoding: each row is
  * read once). Token k's codes are at xq + k * K, its group scales and sums at xd, xs + k * G.
  * Each token's arithmetic is the same, in the same order, whatever N and the tokens beside
  * it: a group's int32 sums, then acc += sums * (wscale * xscale) in 8 lanes, reduce8, and
- * the min terms. `mins` is scratch for the row's min terms. `type` is a constant (each type
- * has its function, below); `split` is not. */
+ * the min terms. `mins` is scratch for the row's min terms. `type` and `split` are constants
+ * (each type has its function, below). */
 static inline __attribute__((always_inline)) void row_tokens(int type, int split, const uint8_t *row, int64_t K,
                                                              const int16_t *xq, const float *xd, const float *xs,
                                                              const float *xh, float *mins, const int N, float *out,
@@ -751,17 +737,18 @@ static inline __attribute__((always_inline)) void row_tokens(int type, int split
     }
 }
 
-/* One function per CODES type (dot_Q4_0, ...): GCC's inlining limits apply per function, so
- * the code of one type's products never depends on how many other types there are (in one
- * function for all, a new type pushed older types' unpacking out of line). noipa: `split`
- * stays a value read at run time, never propagated from the caller. */
-#define DOT_FUNCTION(name, number, weights, bytes, form, ...) DOT_FUNCTION_##form(name, number)
+/* One function per CODES type (dot_Q4_0, ...), `split` a constant in each: GCC's inlining
+ * limits apply per function, so the code of one type's products never depends on how many
+ * other types there are (in one function for all types, new rows pushed older types'
+ * unpacking out of line, and group_term was called out of line in the scalar and NEON tiers). */
+#define DOT_FUNCTION(name, number, weights, bytes, form, unpack, has_min, split, ...) \
+    DOT_FUNCTION_##form(name, number, split)
 #define DOT_FUNCTION_FLOAT(...)
 #define DOT_FUNCTION_TILED(...)
-#define DOT_FUNCTION_CODES(name, number)                                                                              \
-    static __attribute__((noipa)) void dot_##name(int split, const uint8_t *row, int64_t K, const int16_t *xq,       \
-                                                  const float *xd, const float *xs, const float *xh, float *mins,     \
-                                                  int n, float *out, int64_t stride) {                                \
+#define DOT_FUNCTION_CODES(name, number, split)                                                                       \
+    static __attribute__((noinline)) void dot_##name(const uint8_t *row, int64_t K, const int16_t *xq,              \
+                                                     const float *xd, const float *xs, const float *xh, float *mins,  \
+                                                     int n, float *out, int64_t stride) {                             \
         switch (n) { /* one body per count, so that the loop over tokens unrolls and shares each unpacked block */ \
         case 1: row_tokens(number, split, row, K, xq, xd, xs, xh, mins, 1, out, stride); break;                      \
         case 2: row_tokens(number, split, row, K, xq, xd, xs, xh, mins, 2, out, stride); break;                      \
@@ -777,12 +764,11 @@ QUANT_TYPES(DOT_FUNCTION)
 
 void dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq, const float *xd, const float *xs,
                     const float *xh, float *mins, int n, float *out, int64_t stride) {
-    int split = type_split(type);
 #define CALL_CASE(name, number, weights, bytes, form, ...) CALL_##form(name, number)
 #define CALL_FLOAT(...)
 #define CALL_TILED(...)
 #define CALL_CODES(name, number) \
-    case number: dot_##name(split, row, K, xq, xd, xs, xh, mins, n, out, stride); break;
+    case number: dot_##name(row, K, xq, xd, xs, xh, mins, n, out, stride); break;
     switch (type) {
         QUANT_TYPES(CALL_CASE)
     }
