@@ -413,9 +413,13 @@ static inline INLINED void unpack_iq4_xs(const uint8_t *b, int8_t *q, float *sca
  * signs of their own; the codes are the grid values with their signs, so that a grid point
  * is looked up once per block in every tier. Scales per 32 or 16 weights, as gguf-py. */
 
-/* 8 weights: grid values g[j], negated where bit j of `signs` is set */
-static inline void signed8(int8_t *q, const uint8_t *g, unsigned signs) {
-    for (int j = 0; j < 8; j++) q[j] = (int8_t)((signs >> j) & 1 ? -(int)g[j] : (int)g[j]);
+/* 32 weights, grid values (at most 62) copied to q: negated where bit j of `signs` is set,
+ * as (g ^ m) - m with m = -1 there (two's complement negation), 0 elsewhere */
+static inline void apply_signs32(int8_t *q, uint32_t signs) {
+    i8x32 v, m = bit_mask(signs);
+    memcpy(&v, q, 32);
+    v = (v ^ m) - m;
+    memcpy(q, &v, 32);
 }
 
 /* IQ2_XXS, 256 weights in 66 bytes:  | d: fp16 | 8 x (grid: 4 bytes | aux: 32 bits) |
@@ -426,7 +430,12 @@ static inline INLINED void unpack_iq2_xxs(const uint8_t *b, int8_t *q, float *sc
     for (int g = 0; g < 8; g++) {
         const uint8_t *p = b + 2 + 8 * g;
         uint32_t aux = u32(p + 4);
-        for (int l = 0; l < 4; l++) signed8(q + 32 * g + 8 * l, iq2xxs_grid[p[l]], ksigns_iq2xs[(aux >> (7 * l)) & 127]);
+        uint32_t signs = 0;
+        for (int l = 0; l < 4; l++) {
+            memcpy(q + 32 * g + 8 * l, iq2xxs_grid[p[l]], 8);
+            signs |= (uint32_t)ksigns_iq2xs[(aux >> (7 * l)) & 127] << (8 * l);
+        }
+        apply_signs32(q + 32 * g, signs);
         float db = d * (0.5f + (float)(aux >> 28)) * 0.25f;
         set_scales(scale + HALVES * g, db, db);
         min[g] = 0.0f;
@@ -438,9 +447,14 @@ static inline INLINED void unpack_iq2_xxs(const uint8_t *b, int8_t *q, float *sc
  * the 16 weights of half k (k < 16) have the scale d * (0.5 + ((scales[k / 2] >> 4 (k % 2)) & 15)) * 0.25. */
 static inline INLINED void unpack_iq2_xs(const uint8_t *b, int8_t *q, float *scale, float *min) {
     float d = f16(b);
-    for (int i = 0; i < 32; i++) {
-        uint16_t v = u16(b + 2 + 2 * i);
-        signed8(q + 8 * i, iq2xs_grid[v & 511], ksigns_iq2xs[v >> 9]);
+    for (int g = 0; g < 8; g++) {
+        uint32_t signs = 0;
+        for (int l = 0; l < 4; l++) {
+            uint16_t v = u16(b + 2 + 8 * g + 2 * l);
+            memcpy(q + 32 * g + 8 * l, iq2xs_grid[v & 511], 8);
+            signs |= (uint32_t)ksigns_iq2xs[v >> 9] << (8 * l);
+        }
+        apply_signs32(q + 32 * g, signs);
     }
     for (int k = 0; k < 16; k++)
         scale[k] = d * (0.5f + (float)((b[66 + k / 2] >> (4 * (k % 2))) & 15)) * 0.25f;
@@ -453,8 +467,10 @@ static inline INLINED void unpack_iq2_xs(const uint8_t *b, int8_t *q, float *sca
 static inline INLINED void unpack_iq2_s(const uint8_t *b, int8_t *q, float *scale, float *min) {
     float d = f16(b);
     const uint8_t *qs = b + 2, *signs = b + 34, *qh = b + 66, *sc = b + 74;
-    for (int i = 0; i < 32; i++)
-        signed8(q + 8 * i, iq2s_grid[qs[i] | ((qh[i / 4] >> (2 * (i % 4))) & 3) << 8], signs[i]);
+    for (int g = 0; g < 8; g++) { /* i = 4g + l: qh[i / 4] = qh[g] */
+        for (int l = 0; l < 4; l++) memcpy(q + 32 * g + 8 * l, iq2s_grid[qs[4 * g + l] | ((qh[g] >> (2 * l)) & 3) << 8], 8);
+        apply_signs32(q + 32 * g, u32(signs + 4 * g));
+    }
     for (int k = 0; k < 16; k++) scale[k] = d * (0.5f + (float)((sc[k / 2] >> (4 * (k % 2))) & 15)) * 0.25f;
     for (int g = 0; g < 8; g++) min[g] = 0.0f;
 }
@@ -468,12 +484,13 @@ static inline INLINED void unpack_iq3_xxs(const uint8_t *b, int8_t *q, float *sc
     const uint8_t *qs = b + 2;
     for (int g = 0; g < 8; g++) {
         uint32_t aux = u32(b + 66 + 4 * g);
+        uint32_t signs = 0;
         for (int l = 0; l < 4; l++) {
-            uint8_t point[8];
-            memcpy(point, iq3xxs_grid[qs[8 * g + 2 * l]], 4);
-            memcpy(point + 4, iq3xxs_grid[qs[8 * g + 2 * l + 1]], 4);
-            signed8(q + 32 * g + 8 * l, point, ksigns_iq2xs[(aux >> (7 * l)) & 127]);
+            memcpy(q + 32 * g + 8 * l, iq3xxs_grid[qs[8 * g + 2 * l]], 4);
+            memcpy(q + 32 * g + 8 * l + 4, iq3xxs_grid[qs[8 * g + 2 * l + 1]], 4);
+            signs |= (uint32_t)ksigns_iq2xs[(aux >> (7 * l)) & 127] << (8 * l);
         }
+        apply_signs32(q + 32 * g, signs);
         float db = d * (0.5f + (float)(aux >> 28)) * 0.5f;
         set_scales(scale + HALVES * g, db, db);
         min[g] = 0.0f;
@@ -487,12 +504,9 @@ static inline INLINED void unpack_iq3_xxs(const uint8_t *b, int8_t *q, float *sc
 static inline INLINED void unpack_iq3_s(const uint8_t *b, int8_t *q, float *scale, float *min) {
     float d = f16(b);
     const uint8_t *qs = b + 2, *qh = b + 66, *signs = b + 74, *sc = b + 106;
-    for (int i = 0; i < 32; i++) {
-        int i0 = 2 * i, i1 = 2 * i + 1;
-        uint8_t point[8];
-        memcpy(point, iq3s_grid[qs[i0] | ((qh[i0 / 8] >> (i0 % 8)) & 1) << 8], 4);
-        memcpy(point + 4, iq3s_grid[qs[i1] | ((qh[i1 / 8] >> (i1 % 8)) & 1) << 8], 4);
-        signed8(q + 8 * i, point, signs[i]);
+    for (int g = 0; g < 8; g++) { /* i = 8g + l: qh[i / 8] = qh[g], bit i % 8 = l */
+        for (int l = 0; l < 8; l++) memcpy(q + 32 * g + 4 * l, iq3s_grid[qs[8 * g + l] | ((qh[g] >> l) & 1) << 8], 4);
+        apply_signs32(q + 32 * g, u32(signs + 4 * g));
     }
     for (int g = 0; g < 8; g++) {
         float db = d * (float)(1 + 2 * ((sc[g / 2] >> (4 * (g % 2))) & 15));
@@ -501,9 +515,13 @@ static inline INLINED void unpack_iq3_s(const uint8_t *b, int8_t *q, float *scal
     }
 }
 
-/* 8 IQ1 weights: 8 * grid value + delta (delta -1 or +1: grid + delta / 8, in eighths) */
-static inline void iq1_eighths(int8_t *q, const int8_t *g, int delta) {
-    for (int j = 0; j < 8; j++) q[j] = (int8_t)(8 * g[j] + delta);
+/* 32 IQ1 weights, grid values (-1, 0, 1) copied to q: 8 * value + delta, delta -1 where bit
+ * j of `negative` is set, else +1 (grid + delta / 8, in eighths) */
+static inline void iq1_eighths32(int8_t *q, uint32_t negative) {
+    i8x32 v, m = bit_mask(negative);
+    memcpy(&v, q, 32);
+    v = (i8x32)(shl16((u8x32)v, 3) & 0xf8) + (m | 1);
+    memcpy(q, &v, 32);
 }
 
 /* IQ1_S, 256 weights in 50 bytes:  | d: fp16 | qs: 32 | qh: 8 x 16 bits |
@@ -514,9 +532,8 @@ static inline INLINED void unpack_iq1_s(const uint8_t *b, int8_t *q, float *scal
     float d = f16(b);
     for (int g = 0; g < 8; g++) {
         uint16_t h = u16(b + 34 + 2 * g);
-        int delta = h & 0x8000 ? -1 : 1;
-        for (int l = 0; l < 4; l++)
-            iq1_eighths(q + 32 * g + 8 * l, iq1s_grid[b[2 + 4 * g + l] | ((h >> (3 * l)) & 7) << 8], delta);
+        for (int l = 0; l < 4; l++) memcpy(q + 32 * g + 8 * l, iq1s_grid[b[2 + 4 * g + l] | ((h >> (3 * l)) & 7) << 8], 8);
+        iq1_eighths32(q + 32 * g, h & 0x8000 ? 0xffffffffu : 0);
         float dl = d * (float)(2 * ((h >> 12) & 7) + 1) * 0.125f; /* exact: a power of 2 */
         set_scales(scale + HALVES * g, dl, dl);
         min[g] = 0.0f;
@@ -537,9 +554,14 @@ static inline uint16_t iq1m_d(const uint8_t *sc) {
 static inline INLINED void unpack_iq1_m(const uint8_t *b, int8_t *q, float *scale, float *min) {
     const uint8_t *qh = b + 32, *sc = b + 48;
     float d = fp16_to_float(iq1m_d(sc));
-    for (int i = 0; i < 32; i++) {
-        int nibble = (qh[i / 2] >> (4 * (i % 2))) & 15;
-        iq1_eighths(q + 8 * i, iq1s_grid[b[i] | (nibble & 7) << 8], nibble & 8 ? -1 : 1);
+    for (int g = 0; g < 8; g++) {
+        uint32_t negative = 0;
+        for (int l = 0; l < 4; l++) {
+            int i = 4 * g + l, nibble = (qh[i / 2] >> (4 * (i % 2))) & 15;
+            memcpy(q + 8 * i, iq1s_grid[b[i] | (nibble & 7) << 8], 8);
+            negative |= nibble & 8 ? 0xffu << (8 * l) : 0;
+        }
+        iq1_eighths32(q + 32 * g, negative);
     }
     for (int k = 0; k < 16; k++) scale[k] = d * (float)(2 * ((u16(sc + 2 * (k / 4)) >> (3 * (k % 4))) & 7) + 1) * 0.125f;
     for (int g = 0; g < 8; g++) min[g] = 0.0f;
