@@ -5,8 +5,9 @@ file, and the kernels (`backends/cpu_kernels/`) unpack each block as they go; Q1
 are regrouped once at load, byte for byte, into tiles of 32 rows for the table-lookup
 product. Activations are float32 NumPy arrays; before a matrix product each row is
 quantized in groups of 32 (once, shared by q/k/v and by gate/up): to int16 codes, or for
-Q1_0 to 12-bit codes and their lookup tables. Types without a kernel are converted once at
-load to Q8_0 and the load notes say so.
+Q1_0 to 12-bit codes and their lookup tables. The kernels read the llama.cpp block formats
+in place (legacy, K-quants, ternary TQ, IQ: the table in cpu_kernels/kernels.h); types
+without a kernel are converted once at load to Q8_0 and the load notes say so.
 
 A mixture-of-experts layer's stacks (E, out, in) stay views of the file too (`CpuExperts`):
 `route` picks each token's experts in C and `experts` reads that choice in the same pass, so

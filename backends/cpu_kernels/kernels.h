@@ -13,7 +13,7 @@
  * summed exactly in 8 int32 lanes, lane l of each half taking weights 2l and 2l + 1, and each
  * lane keeps its own float accumulator:
  *     acc[l] += (float)(isum_lo[l] + isum_hi[l]) * (wscale * xscale)
- * (Q6_K, Q2_K and Q3_K, whose halves have their own scales, add the two halves separately).
+ * (the types whose halves have scales of their own, `split` below, add the two separately).
  * The row's result is reduce8(acc) + the min terms, wmin[g] * xsum[g], summed in lanes g mod 8
  * (Q2_K, with a min per half group: wmin[h] * xhalf[h] over the halves h).
  * A product over FLOAT_TOKENS or more tokens (prefill) instead dequantizes FLOAT_ROWS rows at
@@ -29,8 +29,9 @@
 #include <stdint.h>
 
 /* Every type the kernels read, one row each (X-macro): from it come the T_ enum, block
- * sizes (type_block), the unpacking and dot-product switches and the scale check
- * (quants.c), and the module's NATIVE_TYPES (module.c). A new block format is its unpack
+ * sizes (type_block), the unpacking switch, each CODES type's own product function
+ * (dot_<name>, which dot_row_tokens calls) and the scale check (quants.c), and the module's
+ * NATIVE_TYPES (module.c). A new block format is its unpack
  * function in quants.c (its bit layout drawn above it) and one row here.
  *
  *   X(name, GGML number, weights per block, bytes per block, form, unpack function,
@@ -43,30 +44,39 @@
  * mins     min terms per group of 32, each times the activation sum of the weights it covers:
  *          0 none; 1 one per group (Q4_1, Q5_1, Q4_K, Q5_K); 2 one per half, weights 0-15
  *          and 16-31 (Q2_K, whose 16-weight sub-blocks have mins of their own).
- * split    the two halves of a group have scales of their own (Q6_K, Q2_K, Q3_K).
+ * split    the two halves of a group have scales of their own (Q6_K, Q2_K, Q3_K, IQ2_XS,
+ *          IQ2_S, IQ1_M: 16-weight sub-blocks).
  * check    the format of the values that must be finite, at the offsets that follow, in each
- *          block: FP16 scales (d, and m or dmin where there is one), or the float itself; NONE
+ *          block: FP16 scales (d, and m or dmin where there is one), the float itself,
+ *          IQ1M: IQ1_M's fp16 d, spread over the top 4 bits of its 4 scale words, or NONE
  *          where every value is finite (MXFP4's E8M0 scale byte, as gguf-py reads it). */
-#define QUANT_TYPES(X)                                          \
-    X(F32, 0, 1, 4, FLOAT, NONE, 0, 0, F32, 0)                  \
-    X(F16, 1, 1, 2, FLOAT, NONE, 0, 0, FP16, 0)                 \
-    X(BF16, 30, 1, 2, FLOAT, NONE, 0, 0, BF16, 0)               \
-    X(Q4_0, 2, 32, 18, CODES, unpack_q4_0, 0, 0, FP16, 0)       \
-    X(Q4_1, 3, 32, 20, CODES, unpack_q4_1, 1, 0, FP16, 0, 2)    \
-    X(Q5_0, 6, 32, 22, CODES, unpack_q5_0, 0, 0, FP16, 0)       \
-    X(Q5_1, 7, 32, 24, CODES, unpack_q5_1, 1, 0, FP16, 0, 2)    \
-    X(Q8_0, 8, 32, 34, CODES, unpack_q8_0, 0, 0, FP16, 0)       \
-    X(Q1_0, 41, 128, 18, TILED, unpack_q1_0, 0, 0, FP16, 0)     \
-    X(Q4_K, 12, 256, 144, CODES, unpack_q4_k, 1, 0, FP16, 0, 2) \
-    X(Q5_K, 13, 256, 176, CODES, unpack_q5_k, 1, 0, FP16, 0, 2) \
-    X(Q6_K, 14, 256, 210, CODES, unpack_q6_k, 0, 1, FP16, 208)   \
-    X(MXFP4, 39, 32, 17, CODES, unpack_mxfp4, 0, 0, NONE, 0)     \
-    X(Q2_K, 10, 256, 84, CODES, unpack_q2_k, 2, 1, FP16, 80, 82) \
-    X(Q3_K, 11, 256, 110, CODES, unpack_q3_k, 0, 1, FP16, 108)   \
-    X(TQ2_0, 35, 256, 66, CODES, unpack_tq2_0, 0, 0, FP16, 64)   \
-    X(TQ1_0, 34, 256, 54, CODES, unpack_tq1_0, 0, 0, FP16, 52)   \
-    X(IQ4_NL, 20, 32, 18, CODES, unpack_iq4_nl, 0, 0, FP16, 0)   \
-    X(IQ4_XS, 23, 256, 136, CODES, unpack_iq4_xs, 0, 0, FP16, 0)
+#define QUANT_TYPES(X)                                            \
+    X(F32, 0, 1, 4, FLOAT, NONE, 0, 0, F32, 0)                    \
+    X(F16, 1, 1, 2, FLOAT, NONE, 0, 0, FP16, 0)                   \
+    X(BF16, 30, 1, 2, FLOAT, NONE, 0, 0, BF16, 0)                 \
+    X(Q4_0, 2, 32, 18, CODES, unpack_q4_0, 0, 0, FP16, 0)         \
+    X(Q4_1, 3, 32, 20, CODES, unpack_q4_1, 1, 0, FP16, 0, 2)      \
+    X(Q5_0, 6, 32, 22, CODES, unpack_q5_0, 0, 0, FP16, 0)         \
+    X(Q5_1, 7, 32, 24, CODES, unpack_q5_1, 1, 0, FP16, 0, 2)      \
+    X(Q8_0, 8, 32, 34, CODES, unpack_q8_0, 0, 0, FP16, 0)         \
+    X(Q1_0, 41, 128, 18, TILED, unpack_q1_0, 0, 0, FP16, 0)       \
+    X(Q4_K, 12, 256, 144, CODES, unpack_q4_k, 1, 0, FP16, 0, 2)   \
+    X(Q5_K, 13, 256, 176, CODES, unpack_q5_k, 1, 0, FP16, 0, 2)   \
+    X(Q6_K, 14, 256, 210, CODES, unpack_q6_k, 0, 1, FP16, 208)    \
+    X(MXFP4, 39, 32, 17, CODES, unpack_mxfp4, 0, 0, NONE, 0)      \
+    X(Q2_K, 10, 256, 84, CODES, unpack_q2_k, 2, 1, FP16, 80, 82)  \
+    X(Q3_K, 11, 256, 110, CODES, unpack_q3_k, 0, 1, FP16, 108)    \
+    X(TQ2_0, 35, 256, 66, CODES, unpack_tq2_0, 0, 0, FP16, 64)    \
+    X(TQ1_0, 34, 256, 54, CODES, unpack_tq1_0, 0, 0, FP16, 52)    \
+    X(IQ4_NL, 20, 32, 18, CODES, unpack_iq4_nl, 0, 0, FP16, 0)    \
+    X(IQ4_XS, 23, 256, 136, CODES, unpack_iq4_xs, 0, 0, FP16, 0)  \
+    X(IQ3_XXS, 18, 256, 98, CODES, unpack_iq3_xxs, 0, 0, FP16, 0) \
+    X(IQ3_S, 21, 256, 110, CODES, unpack_iq3_s, 0, 0, FP16, 0)    \
+    X(IQ2_XXS, 16, 256, 66, CODES, unpack_iq2_xxs, 0, 0, FP16, 0) \
+    X(IQ2_XS, 17, 256, 74, CODES, unpack_iq2_xs, 0, 1, FP16, 0)   \
+    X(IQ2_S, 22, 256, 82, CODES, unpack_iq2_s, 0, 1, FP16, 0)     \
+    X(IQ1_S, 19, 256, 50, CODES, unpack_iq1_s, 0, 0, FP16, 0)     \
+    X(IQ1_M, 29, 256, 56, CODES, unpack_iq1_m, 0, 1, IQ1M, 48)
 
 #define TYPE_ENUM(name, number, ...) T_##name = number,
 enum {

@@ -300,7 +300,7 @@ static inline float e8m0_half(uint8_t e) {
     return out;
 }
 
-static inline void unpack_mxfp4(const uint8_t *b, int8_t *q, float *scale, float *min) {
+static inline INLINED void unpack_mxfp4(const uint8_t *b, int8_t *q, float *scale, float *min) {
     i8x32 codes = lookup16(kvalues_mxfp4, nibbles32(b + 1));
     memcpy(q, &codes, 32);
     float d = e8m0_half(b[0]);
@@ -440,6 +440,164 @@ static inline INLINED void unpack_iq4_xs(const uint8_t *b, int8_t *q, float *sca
     }
 }
 
+/* -- the IQ grid formats: each 8 (or 4) weights are a point of a grid (iq_grids.h) with
+ * signs of their own; the codes are the grid values with their signs, so that a grid point
+ * is looked up once per block in every tier. Scales per 32 or 16 weights, as gguf-py. */
+
+/* 32 weights, grid values (at most 62) copied to q: negated where bit j of `signs` is set,
+ * as (g ^ m) - m with m = -1 there (two's complement negation), 0 elsewhere */
+static inline void apply_signs32(int8_t *q, uint32_t signs) {
+    i8x32 v, m = bit_mask(signs);
+    memcpy(&v, q, 32);
+    v = (v ^ m) - m;
+    memcpy(q, &v, 32);
+}
+
+/* IQ2_XXS, 256 weights in 66 bytes:  | d: fp16 | 8 x (grid: 4 bytes | aux: 32 bits) |
+ * group g (32 weights) of 4 x 8: weights 8l .. 8l + 7 are iq2xxs_grid[grid[l]] with the signs
+ * ksigns_iq2xs[(aux >> 7l) & 127]; the group's scale is d * (0.5 + (aux >> 28)) * 0.25. */
+static inline INLINED void unpack_iq2_xxs(const uint8_t *b, int8_t *q, float *scale, float *min) {
+    float d = f16(b);
+    for (int g = 0; g < 8; g++) {
+        const uint8_t *p = b + 2 + 8 * g;
+        uint32_t aux = u32(p + 4);
+        uint32_t signs = 0;
+        for (int l = 0; l < 4; l++) {
+            memcpy(q + 32 * g + 8 * l, iq2xxs_grid[p[l]], 8);
+            signs |= (uint32_t)ksigns_iq2xs[(aux >> (7 * l)) & 127] << (8 * l);
+        }
+        apply_signs32(q + 32 * g, signs);
+        float db = d * (0.5f + (float)(aux >> 28)) * 0.25f;
+        set_scales(scale + HALVES * g, db, db);
+        min[g] = 0.0f;
+    }
+}
+
+/* IQ2_XS, 256 weights in 74 bytes:  | d: fp16 | qs: 32 x 16 bits | scales: 8 bytes |
+ * weights 8i .. 8i + 7 are iq2xs_grid[qs[i] & 511] with the signs ksigns_iq2xs[qs[i] >> 9];
+ * the 16 weights of half k (k < 16) have the scale d * (0.5 + ((scales[k / 2] >> 4 (k % 2)) & 15)) * 0.25. */
+static inline INLINED void unpack_iq2_xs(const uint8_t *b, int8_t *q, float *scale, float *min) {
+    float d = f16(b);
+    for (int g = 0; g < 8; g++) {
+        uint32_t signs = 0;
+        for (int l = 0; l < 4; l++) {
+            uint16_t v = u16(b + 2 + 8 * g + 2 * l);
+            memcpy(q + 32 * g + 8 * l, iq2xs_grid[v & 511], 8);
+            signs |= (uint32_t)ksigns_iq2xs[v >> 9] << (8 * l);
+        }
+        apply_signs32(q + 32 * g, signs);
+    }
+    for (int k = 0; k < 16; k++)
+        scale[k] = d * (0.5f + (float)((b[66 + k / 2] >> (4 * (k % 2))) & 15)) * 0.25f;
+    for (int g = 0; g < 8; g++) min[g] = 0.0f;
+}
+
+/* IQ2_S, 256 weights in 82 bytes:  | d: fp16 | qs: 32 | signs: 32 | qh: 8 | scales: 8 |
+ * weights 8i .. 8i + 7 are iq2s_grid[qs[i] | ((qh[i / 4] >> 2 (i % 4)) & 3) << 8], negated
+ * where the bits of signs[i] are set; half k's scale as IQ2_XS's. */
+static inline INLINED void unpack_iq2_s(const uint8_t *b, int8_t *q, float *scale, float *min) {
+    float d = f16(b);
+    const uint8_t *qs = b + 2, *signs = b + 34, *qh = b + 66, *sc = b + 74;
+    for (int g = 0; g < 8; g++) { /* i = 4g + l: qh[i / 4] = qh[g] */
+        for (int l = 0; l < 4; l++) memcpy(q + 32 * g + 8 * l, iq2s_grid[qs[4 * g + l] | ((qh[g] >> (2 * l)) & 3) << 8], 8);
+        apply_signs32(q + 32 * g, u32(signs + 4 * g));
+    }
+    for (int k = 0; k < 16; k++) scale[k] = d * (0.5f + (float)((sc[k / 2] >> (4 * (k % 2))) & 15)) * 0.25f;
+    for (int g = 0; g < 8; g++) min[g] = 0.0f;
+}
+
+/* IQ3_XXS, 256 weights in 98 bytes:  | d: fp16 | qs: 64 | aux: 8 x 32 bits |
+ * in group g, weights 8l .. 8l + 3 and 8l + 4 .. 8l + 7 (l < 4) are iq3xxs_grid[qs[8g + 2l]]
+ * and iq3xxs_grid[qs[8g + 2l + 1]], with the signs ksigns_iq2xs[(aux[g] >> 7l) & 127]; the
+ * group's scale is d * (0.5 + (aux[g] >> 28)) * 0.5. */
+static inline INLINED void unpack_iq3_xxs(const uint8_t *b, int8_t *q, float *scale, float *min) {
+    float d = f16(b);
+    const uint8_t *qs = b + 2;
+    for (int g = 0; g < 8; g++) {
+        uint32_t aux = u32(b + 66 + 4 * g);
+        uint32_t signs = 0;
+        for (int l = 0; l < 4; l++) {
+            memcpy(q + 32 * g + 8 * l, iq3xxs_grid[qs[8 * g + 2 * l]], 4);
+            memcpy(q + 32 * g + 8 * l + 4, iq3xxs_grid[qs[8 * g + 2 * l + 1]], 4);
+            signs |= (uint32_t)ksigns_iq2xs[(aux >> (7 * l)) & 127] << (8 * l);
+        }
+        apply_signs32(q + 32 * g, signs);
+        float db = d * (0.5f + (float)(aux >> 28)) * 0.5f;
+        set_scales(scale + HALVES * g, db, db);
+        min[g] = 0.0f;
+    }
+}
+
+/* IQ3_S, 256 weights in 110 bytes:  | d: fp16 | qs: 64 | qh: 8 | signs: 32 | scales: 4 |
+ * weights 4i .. 4i + 3 (i < 64) are iq3s_grid[qs[i] | ((qh[i / 8] >> (i % 8)) & 1) << 8];
+ * weight e is negated where bit e % 8 of signs[e / 8] is set; group g's scale is
+ * d * (1 + 2 ((scales[g / 2] >> 4 (g % 2)) & 15)). */
+static inline INLINED void unpack_iq3_s(const uint8_t *b, int8_t *q, float *scale, float *min) {
+    float d = f16(b);
+    const uint8_t *qs = b + 2, *qh = b + 66, *signs = b + 74, *sc = b + 106;
+    for (int g = 0; g < 8; g++) { /* i = 8g + l: qh[i / 8] = qh[g], bit i % 8 = l */
+        for (int l = 0; l < 8; l++) memcpy(q + 32 * g + 4 * l, iq3s_grid[qs[8 * g + l] | ((qh[g] >> l) & 1) << 8], 4);
+        apply_signs32(q + 32 * g, u32(signs + 4 * g));
+    }
+    for (int g = 0; g < 8; g++) {
+        float db = d * (float)(1 + 2 * ((sc[g / 2] >> (4 * (g % 2))) & 15));
+        set_scales(scale + HALVES * g, db, db);
+        min[g] = 0.0f;
+    }
+}
+
+/* 32 IQ1 weights, grid values (-1, 0, 1) copied to q: 8 * value + delta, delta -1 where bit
+ * j of `negative` is set, else +1 (grid + delta / 8, in eighths) */
+static inline void iq1_eighths32(int8_t *q, uint32_t negative) {
+    i8x32 v, m = bit_mask(negative);
+    memcpy(&v, q, 32);
+    v = (i8x32)(shl16((u8x32)v, 3) & 0xf8) + (m | 1);
+    memcpy(q, &v, 32);
+}
+
+/* IQ1_S, 256 weights in 50 bytes:  | d: fp16 | qs: 32 | qh: 8 x 16 bits |
+ * group g: weights 8l .. 8l + 7 (l < 4) are iq1s_grid[qs[4g + l] | ((qh[g] >> 3l) & 7) << 8]
+ * (values -1, 0, 1), plus delta = -1/8 if bit 15 of qh[g] is set, else +1/8; times
+ * d * (2 ((qh[g] >> 12) & 7) + 1). As codes: 8 grid + 8 delta, with the scale over 8. */
+static inline INLINED void unpack_iq1_s(const uint8_t *b, int8_t *q, float *scale, float *min) {
+    float d = f16(b);
+    for (int g = 0; g < 8; g++) {
+        uint16_t h = u16(b + 34 + 2 * g);
+        for (int l = 0; l < 4; l++) memcpy(q + 32 * g + 8 * l, iq1s_grid[b[2 + 4 * g + l] | ((h >> (3 * l)) & 7) << 8], 8);
+        iq1_eighths32(q + 32 * g, h & 0x8000 ? 0xffffffffu : 0);
+        float dl = d * (float)(2 * ((h >> 12) & 7) + 1) * 0.125f; /* exact: a power of 2 */
+        set_scales(scale + HALVES * g, dl, dl);
+        min[g] = 0.0f;
+    }
+}
+
+/* IQ1_M's fp16 super-block scale: the top 4 bits of its 4 16-bit scale words, low word first. */
+static inline uint16_t iq1m_d(const uint8_t *sc) {
+    return (uint16_t)((u16(sc) >> 12) | ((u16(sc + 2) >> 8) & 0x00f0) | ((u16(sc + 4) >> 4) & 0x0f00) |
+                      (u16(sc + 6) & 0xf000));
+}
+
+/* IQ1_M, 256 weights in 56 bytes:  | qs: 32 | qh: 16 | scales: 4 x 16 bits |
+ * nibble i of qh (low nibble of qh[i / 2] first) holds 3 high grid-index bits and a delta bit:
+ * weights 8i .. 8i + 7 are iq1s_grid[qs[i] | (nibble & 7) << 8] plus -1/8 if nibble & 8, else
+ * +1/8; half k (16 weights) is times d * (2 ((scales[k / 4] >> 3 (k % 4)) & 7) + 1), d being
+ * iq1m_d(scales). Codes in eighths, as IQ1_S. */
+static inline INLINED void unpack_iq1_m(const uint8_t *b, int8_t *q, float *scale, float *min) {
+    const uint8_t *qh = b + 32, *sc = b + 48;
+    float d = fp16_to_float(iq1m_d(sc));
+    for (int g = 0; g < 8; g++) {
+        uint32_t negative = 0;
+        for (int l = 0; l < 4; l++) {
+            int i = 4 * g + l, nibble = (qh[i / 2] >> (4 * (i % 2))) & 15;
+            memcpy(q + 8 * i, iq1s_grid[b[i] | (nibble & 7) << 8], 8);
+            negative |= nibble & 8 ? 0xffu << (8 * l) : 0;
+        }
+        iq1_eighths32(q + 32 * g, negative);
+    }
+    for (int k = 0; k < 16; k++) scale[k] = d * (float)(2 * ((u16(sc + 2 * (k / 4)) >> (3 * (k % 4))) & 7) + 1) * 0.125f;
+    for (int g = 0; g < 8; g++) min[g] = 0.0f;
+}
+
 static inline float bf16_to_float(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
     float out;
@@ -556,6 +714,7 @@ static inline int bad_FP16(const uint8_t *p) { return ((u16(p) >> 10) & 31) == 3
 static inline int bad_BF16(const uint8_t *p) { return ((u16(p) >> 7) & 0xff) == 0xff; }
 static inline int bad_F32(const uint8_t *p) { return ((u32(p) >> 23) & 0xff) == 0xff; }
 static inline int bad_NONE(const uint8_t *p) { return p == NULL; } /* every value finite (MXFP4) */
+static inline int bad_IQ1M(const uint8_t *p) { return ((iq1m_d(p) >> 10) & 31) == 31; } /* IQ1_M's d */
 
 /* Blocks whose fp16 scale (or min) is inf or nan; for float types, elements that are. */
 int64_t count_bad_scales(int type, const uint8_t *data, int64_t n_blocks) {
@@ -583,27 +742,13 @@ void dot_tokens(const RowBuffer *w, const float *x, int64_t K, int64_t t0, int64
     for (int64_t t = t0; t < t1; t++) out[t * stride] = dot_float(w->f, x + t * K, K);
 }
 
-/* Whether a type's two half groups have scales of their own (QUANT_TYPES' split): a value
- * row_tokens reads at run time (an argument of the type's function, below), as it did before
- * the table, rather than a constant of each type: folded in, it lets GCC unroll the scalar
- * tier's loops 60% larger. */
-static inline int type_split(int type) {
-#define SPLIT_CASE(name, number, weights, bytes, form, unpack, has_min, split, ...) \
-    case number: return split;
-    switch (type) {
-        QUANT_TYPES(SPLIT_CASE)
-    default: return 0;
-    }
-#undef SPLIT_CASE
-}
-
 /* N tokens' products with one packed row, each block unpacked once into registers and the
  * stack for all of them (decode, speculative verification, batched decoding: each row is
  * read once). Token k's codes are at xq + k * K, its group scales and sums at xd, xs + k * G.
  * Each token's arithmetic is the same, in the same order, whatever N and the tokens beside
  * it: a group's int32 sums, then acc += sums * (wscale * xscale) in 8 lanes, reduce8, and
- * the min terms. `mins` is scratch for the row's min terms. `type` is a constant (each type
- * has its function, below); `split` is not. */
+ * the min terms. `mins` is scratch for the row's min terms. `type` and `split` are constants
+ * (each type has its function, below). */
 static inline __attribute__((always_inline)) void row_tokens(int type, int split, const uint8_t *row, int64_t K,
                                                              const int16_t *xq, const float *xd, const float *xs,
                                                              const float *xh, float *mins, const int N, float *out,
@@ -646,17 +791,18 @@ static inline __attribute__((always_inline)) void row_tokens(int type, int split
     }
 }
 
-/* One function per CODES type (dot_Q4_0, ...): GCC's inlining limits apply per function, so
- * the code of one type's products never depends on how many other types there are (in one
- * function for all, a new type pushed older types' unpacking out of line). noipa: `split`
- * stays a value read at run time, never propagated from the caller. */
-#define DOT_FUNCTION(name, number, weights, bytes, form, ...) DOT_FUNCTION_##form(name, number)
+/* One function per CODES type (dot_Q4_0, ...), `split` a constant in each: GCC's inlining
+ * limits apply per function, so the code of one type's products never depends on how many
+ * other types there are (in one function for all types, new rows pushed older types'
+ * unpacking out of line, and group_term was called out of line in the scalar and NEON tiers). */
+#define DOT_FUNCTION(name, number, weights, bytes, form, unpack, has_min, split, ...) \
+    DOT_FUNCTION_##form(name, number, split)
 #define DOT_FUNCTION_FLOAT(...)
 #define DOT_FUNCTION_TILED(...)
-#define DOT_FUNCTION_CODES(name, number)                                                                              \
-    static __attribute__((noipa)) void dot_##name(int split, const uint8_t *row, int64_t K, const int16_t *xq,       \
-                                                  const float *xd, const float *xs, const float *xh, float *mins,     \
-                                                  int n, float *out, int64_t stride) {                                \
+#define DOT_FUNCTION_CODES(name, number, split)                                                                       \
+    static __attribute__((noinline)) void dot_##name(const uint8_t *row, int64_t K, const int16_t *xq,              \
+                                                     const float *xd, const float *xs, const float *xh, float *mins,  \
+                                                     int n, float *out, int64_t stride) {                             \
         switch (n) { /* one body per count, so that the loop over tokens unrolls and shares each unpacked block */ \
         case 1: row_tokens(number, split, row, K, xq, xd, xs, xh, mins, 1, out, stride); break;                      \
         case 2: row_tokens(number, split, row, K, xq, xd, xs, xh, mins, 2, out, stride); break;                      \
@@ -672,12 +818,11 @@ QUANT_TYPES(DOT_FUNCTION)
 
 void dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq, const float *xd, const float *xs,
                     const float *xh, float *mins, int n, float *out, int64_t stride) {
-    int split = type_split(type);
 #define CALL_CASE(name, number, weights, bytes, form, ...) CALL_##form(name, number)
 #define CALL_FLOAT(...)
 #define CALL_TILED(...)
 #define CALL_CODES(name, number) \
-    case number: dot_##name(split, row, K, xq, xd, xs, xh, mins, n, out, stride); break;
+    case number: dot_##name(row, K, xq, xd, xs, xh, mins, n, out, stride); break;
     switch (type) {
         QUANT_TYPES(CALL_CASE)
     }

@@ -365,10 +365,12 @@ def test_a_model_named_on_the_command_line_is_opened_first(tmp_path):
 
 def test_a_type_converted_at_load_is_told(qtbot, window, tmp_path):
     from gguf import GGMLQuantizationType
-    path = write_tiny_model(tmp_path / "tq2.gguf", arch="qwen3", d_model=256, n_heads=4, head_dim=64, d_ff=256,
-                            tensor_type=GGMLQuantizationType.TQ2_0)
+
+    from tests.engine.test_cpu_backend_loading import nvfp4_blocks  # NVFP4: no cpu kernel
+    path = write_tiny_model(tmp_path / "nvfp4.gguf", arch="qwen3", d_model=256, n_heads=4, head_dim=64, d_ff=256,
+                            tensor_type=GGMLQuantizationType.NVFP4, quantize=nvfp4_blocks)
     notices: list[str] = []
     window.controller.model_notice.connect(notices.append)
     with qtbot.waitSignal(window.controller.model_loaded, timeout=LOAD_TIMEOUT_MS):
         window.controller.load(path)
-    assert any("is TQ2_0" in n and "converted to Q8_0 at load" in n for n in notices), notices
+    assert any("is NVFP4" in n and "converted to Q8_0 at load" in n for n in notices), notices

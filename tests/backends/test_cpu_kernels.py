@@ -32,6 +32,8 @@ SCALE_OFFSETS = {
     T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,), T.Q1_0: (0,),
     T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
     T.Q2_K: (80, 82), T.Q3_K: (108,), T.TQ2_0: (64,), T.TQ1_0: (52,), T.IQ4_NL: (0,), T.IQ4_XS: (0,),
+    T.IQ3_XXS: (0,), T.IQ3_S: (0,), T.IQ2_XXS: (0,), T.IQ2_XS: (0,), T.IQ2_S: (0,), T.IQ1_S: (0,),
+    T.IQ1_M: (48,),  # IQ1_M's d is the top 4 bits of the 4 words at 48 (put_scales)
 }
 # Types whose scale is an E8M0 byte at offset 0 (a power of two, finite for every byte).
 E8M0_TYPES = (T.MXFP4,)

@@ -20,7 +20,8 @@ from tests.gguf_factory import write_tiny_model
 
 TINY = FIXTURES / "tiny-qwen3-f32.gguf"
 # the types issue 23 gave kernels: each loads in place
-IN_PLACE_TYPES = ["Q2_K", "Q3_K", "TQ2_0", "TQ1_0", "IQ4_NL", "IQ4_XS"]
+IN_PLACE_TYPES = ["Q2_K", "Q3_K", "TQ2_0", "TQ1_0", "IQ4_NL", "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS",
+                  "IQ2_S", "IQ1_S", "IQ1_M"]
 
 
 def test_auto_picks_the_cpu_backend_where_no_gpu_backend_applies():
