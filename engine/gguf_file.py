@@ -17,6 +17,7 @@ reference the tests compare this one with, value by value.
 
 import math
 import mmap
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -310,28 +311,73 @@ def _read_header(path: Path) -> tuple[_Header, np.ndarray]:
         _fail(path, f"it cannot be read ({reason})", "Check that you may read the file.")
 
 
+SPLIT_NAME = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
+
+
+def _views(header: _Header, data: np.ndarray) -> dict[str, TensorInfo]:
+    """The tensors of one file's header, as views of its map."""
+    return {
+        name: TensorInfo(
+            name=name, ggml_type=ggml_type, shape=tuple(reversed(dims)), data=data[start : start + n_bytes]
+        )
+        for name, ggml_type, dims, start, n_bytes in header.tensors
+    }
+
+
+def split_parts(path: Path, metadata: dict[str, Any]) -> list[Path]:
+    """The other files of a model split into parts (llama.cpp's gguf-split: `split.count` in
+    the first part's metadata, parts named `...-0000k-of-0000N.gguf`), in order; none for a
+    whole file. ModelFileError where the first part's name or metadata does not add up."""
+    count = metadata.get("split.count", 1)
+    if count == 1 or count is None:
+        return []
+    named = SPLIT_NAME.match(path.name)
+    if not isinstance(count, int) or count < 1 or named is None or int(named["count"]) != count:
+        _fail(path, f"it says it is one of {count} parts, but its name is not `...-00001-of-{count:05d}.gguf`")
+    if int(named["no"]) != 1 or metadata.get("split.no", 0) != 0:
+        _fail(path, "it is not the first part of its model", "Open the part whose name ends in -00001-of-….gguf.")
+    return [path.with_name(f"{named['stem']}-{k:05d}-of-{count:05d}{path.suffix}") for k in range(2, count + 1)]
+
+
 class GGUFFile:
-    """A validated, memory-mapped GGUF file: its metadata as plain values and its tensors as views."""
+    """A validated, memory-mapped GGUF file: its metadata as plain values and its tensors as
+    views. A model split into parts (`split_parts`) opens from its first part: the metadata
+    is the first part's, the tensors those of every part."""
 
     def __init__(self, path: str | Path):
-        """Read and validate the header of `path`. Raises ModelFileError."""
+        """Read and validate the header of `path`, and of its other parts if it is split.
+        Raises ModelFileError."""
         self.path = Path(path)
         header, data = _read_header(self.path)
         self.version = header.version
         self.metadata: dict[str, Any] = header.metadata
-        self.tensors: dict[str, TensorInfo] = {
-            name: TensorInfo(
-                name=name,
-                ggml_type=ggml_type,
-                shape=tuple(reversed(dims)),
-                data=data[start : start + n_bytes],
+        self.tensors: dict[str, TensorInfo] = _views(header, data)
+        self.parts = [self.path]
+        for part in split_parts(self.path, self.metadata):
+            if not part.is_file():
+                _fail(self.path, f"its part {part.name} is missing", "Download every part into the same folder.")
+            part_header, part_data = _read_header(part)
+            if part_header.metadata.get("split.no") != len(self.parts):
+                _fail(part, f"it should be part {len(self.parts) + 1} of its model, but says otherwise")
+            views = _views(part_header, part_data)
+            if clash := next((name for name in views if name in self.tensors), None):
+                _fail(part, f"the tensor {clash!r} is in two parts of the model")
+            self.tensors.update(views)
+            self.parts.append(part)
+        if self.metadata.get("split.tensors.count", len(self.tensors)) != len(self.tensors):
+            _fail(
+                self.path,
+                f"its parts hold {len(self.tensors)} tensors, but it says {self.metadata['split.tensors.count']}",
             )
-            for name, ggml_type, dims, start, n_bytes in header.tensors
-        }
         architecture = self.metadata.get(gguf.Keys.General.ARCHITECTURE)
         if not isinstance(architecture, str) or not architecture:
             _fail(self.path, "the metadata key 'general.architecture' is missing or not a name")
         self.architecture: str = architecture
+
+    @property
+    def size(self) -> int:
+        """Bytes of the file, or of all its parts."""
+        return sum(part.stat().st_size for part in self.parts)
 
     def get(self, key: str, default: Any = None) -> Any:
         """The metadata value under `key`, or `default`."""

@@ -126,6 +126,7 @@ def write_tiny_model(
     tie_embeddings: bool | None = None,
     omit_tensors: tuple[str, ...] = (),
     extra_tensors: dict[str, tuple[int, ...]] | None = None,
+    split_max_tensors: int = 0,
     quantize: Callable[[np.ndarray, GGMLQuantizationType], np.ndarray] = quants.quantize,
     **extra_metadata: Any,
 ) -> Path:
@@ -136,7 +137,9 @@ def write_tiny_model(
     gguf-py cannot quantize); norms and biases stay F32, as llama.cpp stores them. `extra_metadata`
     adds or overrides keys (pass them as `**{"qwen3.vocab_size": 1000}`); a value of
     None removes the key. `omit_tensors` leaves the named tensors out; `extra_tensors` adds
-F32 tensors of the given names and shapes (an optional tensor, or a misshaped one). `tie_embeddings`
+F32 tensors of the given names and shapes (an optional tensor, or a misshaped one);
+`split_max_tensors` splits the file as llama.cpp's gguf-split does, into parts named
+`{stem}-0000k-of-0000N.gguf` of at most that many tensors (`path` then names none of them). `tie_embeddings`
     (no output.weight) defaults to what llama.cpp expects: tied for the Gemmas (it
     refuses a gemma2 file with output.weight), untied otherwise.
     """
@@ -191,7 +194,7 @@ F32 tensors of the given names and shapes (an optional tensor, or a misshaped on
         tensors["output.weight"] = ((vocab, d_model), "matrix")
     tensors.update({name: (shape, "bias") for name, shape in (extra_tensors or {}).items()})
 
-    writer = GGUFWriter(path, arch)
+    writer = GGUFWriter(path, arch, split_max_tensors=split_max_tensors)
     for key, value in metadata.items():
         if value is None:
             writer.kv_data[0].pop(key, None)

@@ -143,3 +143,33 @@ def test_every_value_and_tensor_matches_gguf_py_reader(model):
         assert info.ggml_type == int(t.tensor_type) and info.shape == tuple(reversed(t.shape.tolist()))
         start = info.data.__array_interface__["data"][0] - ours.tensors[theirs.tensors[0].name].data.__array_interface__["data"][0]
         assert start == t.data_offset - theirs.tensors[0].data_offset and info.n_bytes == t.n_bytes
+
+
+def test_a_split_model_opens_from_its_first_part(tmp_path):
+    from engine.loader import load_model
+
+    whole = write_tiny_model(tmp_path / "whole.gguf", arch="qwen3")
+    (tmp_path / "parts").mkdir()
+    write_tiny_model(tmp_path / "parts" / "m.gguf", arch="qwen3", split_max_tensors=10)  # as gguf-split writes
+    first = tmp_path / "parts" / "m-00001-of-00003.gguf"
+    with open_gguf(first) as split, open_gguf(whole) as one:
+        assert [p.name for p in split.parts] == [f"m-0000{k}-of-00003.gguf" for k in (1, 2, 3)]
+        assert split.tensors.keys() == one.tensors.keys()
+        assert split.size == sum(p.stat().st_size for p in split.parts)
+    logits = []
+    for path in (whole, first):
+        loaded = load_model(path, backend="numpy")
+        try:
+            logits.append(loaded.model.forward([5, 6, 7], 0, loaded.new_cache(8).storage))
+        finally:
+            loaded.close()
+    np.testing.assert_array_equal(*logits)
+
+
+def test_a_split_model_with_a_part_missing_or_opened_from_another_part_is_refused(tmp_path):
+    write_tiny_model(tmp_path / "m.gguf", arch="qwen3", split_max_tensors=10)
+    with pytest.raises(ModelFileError, match=r"m-00002-of-00003\.gguf.*not the first part.*-00001-of-"):
+        open_gguf(tmp_path / "m-00002-of-00003.gguf")
+    (tmp_path / "m-00003-of-00003.gguf").unlink()
+    with pytest.raises(ModelFileError, match=r"its part m-00003-of-00003\.gguf is missing.*every part"):
+        open_gguf(tmp_path / "m-00001-of-00003.gguf")
