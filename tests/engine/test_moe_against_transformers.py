@@ -97,13 +97,15 @@ def test_faster_backends_agree_with_transformers(name, quant, backend):
 @pytest.mark.parametrize(("name", "quant"), [("tiny-qwen3moe", "q4_k_m"), ("tiny-gpt-oss", "mxfp4")])
 def test_cpu_greedy_equals_numpy_and_its_recorded_passes_the_op_by_op_ones(name, quant):
     ref = reference(name)
+    rng = np.random.default_rng(7)  # the fixture's 4 prompts and 6 more of random tokens: 10 in all
+    prompts = [list(ref[f"prompt_{k}"]) for k in range(N_PROMPTS)]
+    prompts += [list(rng.integers(0, 384, size=n)) for n in (5, 9, 12, 17, 23, 30)]
     runs = {}
     for backend in ("numpy", "cpu"):
         loaded = load(name, quant, backend)
         try:
             runs[backend] = []
-            for k in range(N_PROMPTS):
-                prompt = list(ref[f"prompt_{k}"])
+            for prompt in prompts:
                 cache = loaded.new_cache(len(prompt) + 33)
                 logits, tokens = cache.feed(loaded.model, prompt)[-1], []
                 for _ in range(32):  # one-token passes: recorded and replayed on cpu
@@ -124,4 +126,4 @@ def test_cpu_greedy_equals_numpy_and_its_recorded_passes_the_op_by_op_ones(name,
         finally:
             loaded.close()
     same = sum(a == b for a, b in zip(runs["cpu"], runs["numpy"], strict=True))
-    assert same >= N_PROMPTS - 1, runs  # at most one prompt may part at a near-tie
+    assert same >= 9, runs  # at least 9 of 10 prompts: one may part at a near-tie
