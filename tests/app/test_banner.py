@@ -60,8 +60,10 @@ def test_a_long_single_line_is_cut_short_and_offers_details(qtbot, banner):
 
 @pytest.mark.any_model
 def test_converted_tensors_give_one_notice_line_over_the_chat(qtbot, window, tmp_path):
-    path = write_tiny_model(tmp_path / "tq2.gguf", arch="qwen3", d_model=256, n_heads=4, head_dim=64, d_ff=256,
-                            tensor_type=GGMLQuantizationType.TQ2_0)
+    from tests.engine.test_cpu_backend_loading import nvfp4_blocks  # NVFP4: a type without a cpu kernel
+
+    path = write_tiny_model(tmp_path / "nvfp4.gguf", arch="qwen3", d_model=256, n_heads=4, head_dim=64, d_ff=256,
+                            tensor_type=GGMLQuantizationType.NVFP4, quantize=nvfp4_blocks)
     with qtbot.waitSignal(window.controller.model_loaded, timeout=LOAD_TIMEOUT_MS):
         window.controller.load(path)
     info = window.info_banner
