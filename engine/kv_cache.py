@@ -17,12 +17,15 @@ reads the kept tokens once more, which gives the same state, more slowly. Passes
 than a ring allows (`pass_tokens`) are fed in pieces.
 """
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from engine.errors import ContextFullError
+
+log = logging.getLogger(__name__)
 
 
 class KVCache:
@@ -103,6 +106,12 @@ class KVCache:
             del self._tokens[n:]
             return
         kept = self._tokens[:n]  # too far back for a ring or a recurrent state: start again
+        log.info(
+            "going back %d positions is more than this cache can forget (%d): reading %d tokens again",
+            len(self._tokens) - n,
+            self.rewind_limit,
+            n,
+        )
         self.backend.forget(self.storage, 0, len(self._tokens))
         self._tokens = []
         self.rereads += 1
