@@ -5,12 +5,9 @@ Without a token saved here, `huggingface_hub` uses its own: HF_TOKEN, or the one
 goes in HF_TOKEN instead.
 """
 
-import keyring
-from keyring.errors import KeyringError, PasswordDeleteError
-
 from engine.errors import HubError
+from engine.keyring_store import keep_secret, read_secret
 
-SERVICE = "Sprig"
 ACCOUNT = "huggingface-token"
 NO_KEYRING = (
     "The system keyring cannot be used ({reason}), so Sprig cannot keep the token. Set the HF_TOKEN environment "
@@ -18,30 +15,22 @@ NO_KEYRING = (
 )
 
 
+def _unusable(reason: str) -> HubError:
+    return HubError(NO_KEYRING.format(reason=reason))
+
+
 def stored_token() -> str | None:
     """The token saved in the keyring, or None (also when the keyring cannot be read)."""
-    try:
-        return keyring.get_password(SERVICE, ACCOUNT) or None
-    except KeyringError:
-        return None
+    return read_secret(ACCOUNT)
 
 
 def save_token(token: str) -> None:
     """Keep `token` in the keyring; raises HubError if it is empty or the keyring is unusable."""
-    token = token.strip()
-    if not token:
+    if not token.strip():
         raise HubError("The token is empty: paste the token from huggingface.co/settings/tokens.")
-    try:
-        keyring.set_password(SERVICE, ACCOUNT, token)
-    except KeyringError as exc:
-        raise HubError(NO_KEYRING.format(reason=type(exc).__name__)) from None  # the cause could echo the token
+    keep_secret(ACCOUNT, token, _unusable)
 
 
 def forget_token() -> None:
     """Remove the saved token, if any."""
-    try:
-        keyring.delete_password(SERVICE, ACCOUNT)
-    except PasswordDeleteError:
-        pass
-    except KeyringError as exc:
-        raise HubError(NO_KEYRING.format(reason=type(exc).__name__)) from None
+    keep_secret(ACCOUNT, None, _unusable)

@@ -8,6 +8,7 @@ from PySide6.QtWidgets import QApplication
 
 from app.widgets.remote_models import MODEL, RemoteModels
 from app.widgets.server_form import AddServerDialog
+from engine.keyring_store import SERVICE
 from engine.model_uri import parse_model_uri
 from engine.remote import keys
 from engine.remote.endpoints import Endpoint
@@ -54,7 +55,7 @@ def test_add_a_server_then_a_streamed_answer_from_it(qtbot, window, sprig_url, m
     QTimer.singleShot(0, lambda: fill_in_the_form(qtbot, sprig_url))
     assert window.add_server()
     assert window.store.endpoints() == [Endpoint("Box", sprig_url)]
-    assert memory_keyring.saved == {(keys.SERVICE, f"server:{sprig_url}"): "sk-test"}  # the key: keyring only
+    assert memory_keyring.saved == {(SERVICE, f"server:{sprig_url}"): "sk-test"}  # the key: keyring only
 
     picker = window.open_model_picker()
     remote = picker.findChild(RemoteModels)

@@ -20,6 +20,7 @@ from engine.hub.connection import Hub
 from engine.hub.download import Pull, blob_path, download, partial_path, pending_pulls
 from engine.hub.files import list_gguf_files
 from engine.hub.search import search_models
+from engine.keyring_store import SERVICE
 from tests.hub_server import FakeRepo
 
 REPO = "sprig-tests/random-GGUF"
@@ -143,7 +144,7 @@ def test_a_gated_repository_asks_for_a_token_then_downloads_with_it(fake_hub, hu
     message = str(refused.value)
     assert "gated" in message and f"{hub.endpoint}/sprig-tests/gated-GGUF" in message and "token" in message
     tokens.save_token("hf_s3cret")
-    assert memory_keyring.saved == {(tokens.SERVICE, tokens.ACCOUNT): "hf_s3cret"}
+    assert memory_keyring.saved == {(SERVICE, tokens.ACCOUNT): "hf_s3cret"}
     with_token = Hub(cache_dir=hub.cache_dir, token=tokens.stored_token(), retry_wait_s=0.01)
     assert finish(with_token, pull).path.read_bytes() == DATA["random-Q4_K_M.gguf"]
     assert "hf_s3cret" not in caplog.text

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.keyring_store import SERVICE
 from engine.model_uri import local_uri, parse_model_uri, remote_uri
 from engine.remote import keys
 
@@ -12,8 +13,8 @@ def test_a_key_is_kept_in_the_keyring_per_server_and_forgotten(memory_keyring):
     keys.save_api_key("http://a/v1", " sk-1 ")
     keys.save_api_key("http://b/v1", "sk-2")
     assert memory_keyring.saved == {
-        (keys.SERVICE, "server:http://a/v1"): "sk-1",
-        (keys.SERVICE, "server:http://b/v1"): "sk-2",
+        (SERVICE, "server:http://a/v1"): "sk-1",
+        (SERVICE, "server:http://b/v1"): "sk-2",
     }
     assert keys.api_key("http://a/v1") == "sk-1"
     keys.save_api_key("http://a/v1", "")
