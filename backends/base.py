@@ -138,10 +138,29 @@ class AttentionState:
 
 
 @dataclass(frozen=True)
+class DeltaNetLayer:
+    """The settings of one Gated DeltaNet layer (Qwen3.5's linear attention) that
+    `Backend.delta_net` needs: `k_heads` query/key heads and `v_heads` value heads (value head
+    j reads query/key head j % k_heads, llama.cpp's tiled order), each `head_dim` wide; `a`
+    (v_heads,) = -exp(A_log) and `dt_bias` (v_heads,), float32 host arrays; `eps` of the
+    queries' and keys' L2 norms; `chunk`, the length of the chunks a long pass is scanned in."""
+
+    k_heads: int
+    v_heads: int
+    head_dim: int
+    a: np.ndarray
+    dt_bias: np.ndarray
+    eps: float = 1e-6
+    chunk: int = 64
+
+
+@dataclass(frozen=True)
 class RecurrentState:
     """A layer's fixed-size state (a linear-attention or state-space layer): float32 arrays
-    of the given shapes, the same size whatever the context. A rollback cannot forget
-    positions of it (`rewind_limit` 0; see `Backend.forget`)."""
+    of the given shapes, the same size whatever the context (a Gated DeltaNet layer: the
+    convolution's last inputs (K - 1, C) and the state matrices (Hv, Dh, Dh)). A rollback cannot
+    forget positions of it (`rewind_limit` 0; see `Backend.forget`): the KV cache restores a
+    snapshot of it instead (`Backend.snapshot`, `Backend.restore`)."""
 
     shapes: tuple[tuple[int, ...], ...]
     rewind_limit: int | None = 0
@@ -346,7 +365,8 @@ class Backend(ABC):
 
     @abstractmethod
     def gated_activation(self, gate: Tensor, up: Tensor, kind: str) -> Tensor:
-        """act(gate) * up, elementwise, for kind "silu", "gelu_tanh" or "swiglu_oai".
+        """act(gate) * up, elementwise, for kind "silu", "gelu_tanh", "sigmoid" or "swiglu_oai".
+        For "sigmoid" (Qwen3.5's output gates), gate may also be (T, 1): one gate per row.
 
         "swiglu_oai" is gpt-oss's clamped form: with g = min(gate, 7) and u = clamp(up, -7, 7),
         g * sigmoid(1.702 * g) * (u + 1).
@@ -374,6 +394,29 @@ class Backend(ABC):
         `act` as in `gated_activation`. Returns (T, D). Only the chosen experts' weights
         are read.
         """
+
+    @abstractmethod
+    def short_conv(self, x: Tensor, weight: np.ndarray, states: Sequence[Any], layer: int) -> Tensor:
+        """silu of a causal depthwise convolution of x (T, C) over time, each channel c with
+        its kernel weight[c] (C, K) (float32, on the host; the last column multiplies the
+        current row), continuing each sequence's last K - 1 inputs (entry 0 of recurrent layer
+        `layer` of its state, (K - 1, C)), which it then replaces by the newest ones. With one
+        state every row continues it; with B states (batched decoding) row b continues states[b].
+        Returns (T, C)."""
+
+    @abstractmethod
+    def delta_net(
+        self, x: Tensor, alpha: Tensor, beta: Tensor, settings: DeltaNetLayer, states: Sequence[Any], layer: int
+    ) -> Tensor:
+        """The gated delta rule (Gated DeltaNet) over x (T, C) from `short_conv`, whose
+        columns are the queries (Hk * Dh), keys (Hk * Dh) and values (Hv * Dh); alpha and beta
+        (T, Hv) are the gate and write-strength projections. For each value head, with q and k
+        L2-normalised (`settings.eps`), q scaled by Dh ** -0.5, g = a * softplus(alpha + dt_bias),
+        b = sigmoid(beta), and the head's state S (Dh, Dh) (entry 1 of recurrent layer `layer`,
+        (Hv, Dh, Dh)):
+            S = exp(g) S;  S = S + k (b (v - k S))^T;  out = q S
+        row by row; a pass of several rows may compute it in chunks of `settings.chunk` (the
+        chunked form, same numbers up to rounding). States as in `short_conv`. Returns (T, Hv * Dh)."""
 
     @abstractmethod
     def add(self, a: Tensor, b: Tensor) -> Tensor:
@@ -413,6 +456,18 @@ class Backend(ABC):
         a recurrent state none, since its past is summed into it. Past that limit the
         engine (`engine.kv_cache.KVCache`) drops the whole state and reads the text again:
         correct, and slow, so it says so where it happens."""
+
+    def snapshot(self, state: Any) -> Any:
+        """A copy of the recurrent layers' arrays of `state` (attention layers are not copied:
+        they can forget positions), for `restore`. By default for states that keep them as
+        host arrays in `arrays` (NumPy, cpu)."""
+        return [tuple(a.copy() for a in arrays) for arrays in state.arrays]
+
+    def restore(self, state: Any, snapshot: Any) -> None:
+        """Put the recurrent layers' arrays of `snapshot` (from `snapshot`) back into `state`."""
+        for arrays, saved in zip(state.arrays, snapshot, strict=True):
+            for array, value in zip(arrays, saved, strict=True):
+                array[...] = value
 
     @property
     def load_notes(self) -> list[str]:

@@ -37,6 +37,7 @@ from backends.base import (
     WeightSpec,
 )
 from backends.cpu_runner import Recorder, RecordingRunner, Slot, StepInput, aligned_zeros, lines
+from backends.delta_rule import HostDeltaNet
 from backends.dequant import block_size, dequantize
 from backends.errors import TensorDataError
 
@@ -143,7 +144,7 @@ def _layer_shapes(layer: LayerState) -> tuple[tuple[int, ...], ...]:
     return (layer.kv_heads, rows, layer.head_dim), (layer.kv_heads, rows, layer.value_dim)
 
 
-class CpuBackend(Backend):
+class CpuBackend(HostDeltaNet, Backend):
     """Runs every op in Sprig's C kernels, on quantized weights, with a thread pool."""
 
     name = "cpu"
@@ -408,6 +409,8 @@ class CpuBackend(Backend):
         return held[1]
 
     def gated_activation(self, gate: Any, up: Any, kind: str) -> Any:
+        if kind == "sigmoid":  # hybrid models' gates: their passes run op by op (`RecordingRunner`)
+            return np.asarray(up) / (np.float32(1.0) + np.exp(-np.asarray(gate)))
         if kind not in _ACTIVATIONS:
             raise ValueError(f"unknown activation {kind!r}")
         out = self._new(gate.shape)

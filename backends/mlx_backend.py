@@ -43,16 +43,19 @@ from gguf import GGMLQuantizationType
 from backends.base import (
     AttentionState,
     Backend,
+    DeltaNetLayer,
     ExpertWeights,
     Forward,
     LayerAttention,
     LayerState,
     PassInput,
+    RecurrentState,
     Routing,
     Runner,
     Segment,
     WeightSpec,
 )
+from backends.delta_rule import row_groups
 from backends.dequant import dequantize, dequantize_rows
 from backends.mlx_quantize import affine_layout, mxfp4_codes, to_affine
 
@@ -307,6 +310,8 @@ class MLXBackend(Backend):
     def gated_activation(self, gate: mx.array, up: mx.array, kind: str) -> mx.array:
         if kind == "silu":
             return gate * mx.sigmoid(gate) * up
+        if kind == "sigmoid":
+            return mx.sigmoid(gate) * up
         if kind == "gelu_tanh":
             inner = math.sqrt(2.0 / math.pi) * gate * (1.0 + 0.044715 * gate * gate)
             return 0.5 * gate * (1.0 + mx.tanh(inner)) * up
@@ -366,6 +371,58 @@ class MLXBackend(Backend):
         mx.clear_cache()
 
     # -- running passes ----------------------------------------------------------------
+
+    def short_conv(self, x: mx.array, weight: np.ndarray, states: Sequence[Any], layer: int) -> mx.array:
+        kernel = mx.array(weight, dtype=ACTIVATIONS)  # (C, K)
+        outs = []
+        for rows, state in zip(row_groups(x.shape[0], len(states)), states, strict=True):
+            n = rows.stop - rows.start
+            padded = mx.concatenate([state.arrays[layer][0], x[rows]])  # (K - 1 + T, C)
+            out = padded[:n] * kernel[:, 0]  # (T, C)
+            for j in range(1, kernel.shape[1]):
+                out = out + padded[j : j + n] * kernel[:, j]
+            state.arrays[layer][0] = padded[n:]
+            outs.append(out * mx.sigmoid(out))
+        return outs[0] if len(outs) == 1 else mx.concatenate(outs)
+
+    def delta_net(
+        self, x: mx.array, alpha: mx.array, beta: mx.array, settings: DeltaNetLayer, states: Sequence[Any], layer: int
+    ) -> mx.array:
+        """Token by token (the chunked form is the NumPy and cpu backends')."""
+        s, n = settings, x.shape[0]
+        width, repeat = s.k_heads * s.head_dim, s.v_heads // s.k_heads
+
+        def l2norm(y: mx.array) -> mx.array:
+            return y * mx.rsqrt((y * y).sum(axis=-1, keepdims=True) + s.eps)
+
+        q = mx.tile(l2norm(x[:, :width].reshape(n, s.k_heads, s.head_dim)), (1, repeat, 1))  # (T, Hv, Dh)
+        q = q * s.head_dim**-0.5
+        k = mx.tile(l2norm(x[:, width : 2 * width].reshape(n, s.k_heads, s.head_dim)), (1, repeat, 1))  # (T, Hv, Dh)
+        v = x[:, 2 * width :].reshape(n, s.v_heads, s.head_dim)  # (T, Hv, Dh)
+        g = mx.exp(mx.array(s.a) * mx.logaddexp(mx.zeros_like(alpha), alpha + mx.array(s.dt_bias)))  # (T, Hv)
+        b = mx.sigmoid(beta)  # (T, Hv)
+        outs = []
+        for rows, state in zip(row_groups(n, len(states)), states, strict=True):
+            memory = state.arrays[layer][1]  # (Hv, Dh, Dh)
+            for t in range(rows.start, rows.stop):
+                memory = memory * g[t][:, None, None]
+                delta = (v[t] - (k[t][:, :, None] * memory).sum(axis=1)) * b[t][:, None]  # (Hv, Dh)
+                memory = memory + k[t][:, :, None] * delta[:, None, :]
+                outs.append((q[t][:, :, None] * memory).sum(axis=1).reshape(1, -1))  # (1, Hv * Dh)
+            state.arrays[layer][1] = memory
+        return mx.concatenate(outs)
+
+    def snapshot(self, state: Any) -> Any:
+        """The recurrent layers' arrays as they are (MLX never changes an array in place)."""
+        return [
+            list(arrays) if isinstance(layer, RecurrentState) else None
+            for layer, arrays in zip(state.layers, state.arrays, strict=True)
+        ]
+
+    def restore(self, state: Any, snapshot: Any) -> None:
+        for arrays, saved in zip(state.arrays, snapshot, strict=True):
+            if saved is not None:
+                arrays[:] = saved
 
     def runner(self, forward: Forward) -> "CompiledStepRunner":
         """One-token steps compiled once per state; other passes op by op."""

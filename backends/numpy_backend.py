@@ -15,6 +15,7 @@ from itertools import pairwise
 import numpy as np
 
 from backends.base import AttentionState, Backend, ExpertWeights, LayerAttention, LayerState, Routing, WeightSpec
+from backends.delta_rule import HostDeltaNet
 from backends.dequant import dequantize, dequantize_rows
 from backends.memory import DEQUANTIZED_WEIGHTS, available_memory_bytes, default_cache_budget
 
@@ -132,7 +133,7 @@ class NumpyState:
                 self.arrays.append(tuple(np.zeros(shape, dtype=np.float32) for shape in layer.shapes))
 
 
-class NumpyBackend(Backend):
+class NumpyBackend(HostDeltaNet, Backend):
     """Runs every op with NumPy on the CPU, in float32."""
 
     name = "numpy"
@@ -307,6 +308,8 @@ class NumpyBackend(Backend):
             out *= np.float32(0.5)
             out *= up
             return out
+        if kind == "sigmoid":  # Qwen3.5's output gates; gate (T, 1) gates whole rows
+            return up / (np.float32(1.0) + np.exp(-gate))
         if kind == "swiglu_oai":  # gpt-oss: clamped, sigmoid(1.702 g), and up + 1
             g = np.minimum(gate, np.float32(SWIGLU_LIMIT))
             u = np.clip(up, np.float32(-SWIGLU_LIMIT), np.float32(SWIGLU_LIMIT))

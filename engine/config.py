@@ -96,6 +96,12 @@ class ModelConfig:
     d_expert: int = 0  # an expert's feed-forward width
     expert_routing: str = "softmax_top_k"
     expert_weights_norm: bool = True  # divide the chosen experts' weights by their sum
+    d_shared_expert: int = 0  # the shared expert's feed-forward width (0: none)
+    recurrent_layers: tuple[bool, ...] = ()  # which layers are Gated DeltaNet layers (Qwen3.5); () none
+    conv_kernel: int = 0  # the DeltaNet layers' short convolution: its width
+    delta_k_heads: int = 0  # their key (and query) heads
+    delta_v_heads: int = 0  # their value heads, a multiple of the key heads
+    delta_head_dim: int = 0  # the width of every key and value head
 
     def is_sliding(self, layer: int) -> bool:
         """Whether `layer` attends within the sliding window (Gemma 3: all but every 6th layer)."""
@@ -148,7 +154,7 @@ class ModelConfig:
             n_kv_heads=n_kv_heads,
             head_dim=head_dim,
             value_head_dim=_positive_int(f, "attention.value_length", head_dim),
-            d_ff=_positive_int(f, "feed_forward_length"),
+            d_ff=_positive_int(f, "feed_forward_length", f.arch_key("expert_feed_forward_length", None)),
             vocab_size=embedding.shape[0],
             context_length=context_length,
             norm_eps=_positive_float(
@@ -183,6 +189,7 @@ class ModelConfig:
             no_rope_every=family.no_rope_every,
             rope_on_sliding_only=family.rope_on_sliding_only,
             **_experts(f, family),
+            **_recurrent(f, n_layers),
         )
         return config
 
@@ -252,9 +259,35 @@ def _experts(f: GGUFFile, family: Family) -> dict:
     return {
         "n_experts": n_experts,
         "n_experts_used": used,
-        "d_expert": _positive_int(f, "expert_feed_forward_length", _positive_int(f, "feed_forward_length")),
+        "d_expert": _positive_int(f, "expert_feed_forward_length", f.arch_key("feed_forward_length", None)),
         "expert_routing": family.expert_routing,
         "expert_weights_norm": norm,
+        "d_shared_expert": f.arch_key("expert_shared_feed_forward_length", 0),
+    }
+
+
+def _recurrent(f: GGUFFile, n_layers: int) -> dict:
+    """The Gated DeltaNet hyperparameters of a hybrid file (llama.cpp's `ssm.*` keys), or none:
+    which layers are recurrent (`attention.recurrent_layers`, else every layer but each
+    `full_attention_interval`-th), the convolution's width, the heads and their width."""
+    if f.arch_key("ssm.conv_kernel", None) is None:
+        return {}
+    recurrent = f.arch_key("attention.recurrent_layers", None)
+    if recurrent is None:
+        interval = _positive_int(f, "full_attention_interval", 4)
+        recurrent = [(i + 1) % interval != 0 for i in range(n_layers)]
+    if len(recurrent) < n_layers:
+        bad_file(f, f"attention.recurrent_layers names {len(recurrent)} layers of {n_layers}")
+    k_heads, v_heads = _positive_int(f, "ssm.group_count"), _positive_int(f, "ssm.time_step_rank")
+    head_dim = _positive_int(f, "ssm.state_size")
+    if v_heads % k_heads or _positive_int(f, "ssm.inner_size") != v_heads * head_dim:
+        bad_file(f, f"{v_heads} value heads of {head_dim} cannot share {k_heads} key heads as ssm.inner_size says")
+    return {
+        "recurrent_layers": tuple(bool(r) for r in recurrent[:n_layers]),
+        "conv_kernel": _positive_int(f, "ssm.conv_kernel"),
+        "delta_k_heads": k_heads,
+        "delta_v_heads": v_heads,
+        "delta_head_dim": head_dim,
     }
 
 

@@ -15,6 +15,15 @@ forget only so many positions (`LayerState.rewind_limit`: RING_SLACK of
 `engine.models.attention`), a recurrent state none: past that, the cache starts again and
 reads the kept tokens once more, which gives the same state, more slowly. Passes longer
 than a ring allows (`pass_tokens`) are fed in pieces.
+
+A model with recurrent layers (Qwen3.5's Gated DeltaNet) has its recurrent arrays copied
+(`Backend.snapshot`) before every pass of two or more tokens: a speculative verification, a
+prefill chunk. The last SNAPSHOTS of them are kept, with the position each was taken at. A
+rollback to position n restores the latest snapshot at or before n (`Backend.restore`; the
+attention layers forget positions as usual) and feeds the tokens from there to n again: the
+accepted drafts of a verification, or the part of a prompt past its chunk's start, never the
+whole conversation. A snapshot costs a copy of the recurrent arrays (Qwen3.6-35B-A3B: 30
+layers of 2 MB) per multi-token pass; one-token decode steps take none.
 """
 
 import logging
@@ -23,9 +32,11 @@ from typing import Any
 
 import numpy as np
 
+from backends.base import RecurrentState
 from engine.errors import ContextFullError
 
 log = logging.getLogger(__name__)
+SNAPSHOTS = 2  # recurrent snapshots kept: the last verification's start, and the pass before it
 
 
 class KVCache:
@@ -40,6 +51,9 @@ class KVCache:
         self.pass_tokens = min((s.pass_tokens for s in layers if s.pass_tokens is not None), default=n_ctx)
         self.rewind_limit = min((s.rewind_limit for s in layers if s.rewind_limit is not None), default=n_ctx)
         self.rereads = 0  # rollbacks past `rewind_limit`, which read the kept tokens again
+        self.recurrent = any(isinstance(s, RecurrentState) for s in layers)
+        self.snapshots: list[tuple[int, Any]] = []  # (position, the recurrent arrays there), oldest first
+        self.restores = 0  # rollbacks that restored a snapshot
         self._tokens: list[int] = []
         self._adapters = self._adapter_version()  # the model's adapters its keys and values were computed under
 
@@ -54,6 +68,7 @@ class KVCache:
             if self._tokens:
                 self.backend.forget(self.storage, 0, len(self._tokens))
             self._tokens = []
+            self.snapshots = []
             self._adapters = version
 
     @property
@@ -86,9 +101,33 @@ class KVCache:
         pieces = []
         for lo in range(0, len(tokens), self.pass_tokens):
             piece = np.asarray(tokens[lo : lo + self.pass_tokens], dtype=np.int64)
+            if self.recurrent and len(piece) > 1:
+                self._snapshot()
             pieces.append(model.forward(piece, self.n_used, self.storage, all_logits))
             self._tokens.extend(int(t) for t in piece)
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces if all_logits else pieces[-1:])
+
+    def _snapshot(self) -> None:
+        """Keep the recurrent arrays as they are at the current position (the latest SNAPSHOTS)."""
+        kept = [s for s in self.snapshots if s[0] < self.n_used][-(SNAPSHOTS - 1) :]
+        self.snapshots = [*kept, (self.n_used, self.backend.snapshot(self.storage))]
+
+    def _restore(self, n: int) -> bool:
+        """Roll back to `n` from the latest snapshot at or before it, feeding the tokens from
+        there to n again; False where no snapshot is that early."""
+        usable = [s for s in self.snapshots if s[0] <= n]
+        if not usable:
+            return False
+        at, arrays = usable[-1]
+        self.snapshots = usable
+        again = self._tokens[at:n]
+        self.backend.forget(self.storage, at, len(self._tokens))  # the attention layers' positions
+        self.backend.restore(self.storage, arrays)
+        del self._tokens[at:]
+        self.restores += 1
+        if again:
+            self.feed(self.model, again)
+        return True
 
     def append(self, tokens: Sequence[int]) -> None:
         """Record `tokens` at the next positions, whose forward pass the caller has queued."""
@@ -105,6 +144,8 @@ class KVCache:
             self.backend.forget(self.storage, n, len(self._tokens))
             del self._tokens[n:]
             return
+        if self.recurrent and self._restore(n):
+            return
         kept = self._tokens[:n]  # too far back for a ring or a recurrent state: start again
         log.info(
             "going back %d positions is more than this cache can forget (%d): reading %d tokens again",
@@ -114,6 +155,7 @@ class KVCache:
         )
         self.backend.forget(self.storage, 0, len(self._tokens))
         self._tokens = []
+        self.snapshots = []
         self.rereads += 1
         if kept:
             self.feed(self.model, kept)

@@ -219,15 +219,16 @@ sys.path.insert(0, {src!r})
 sys.path.insert(0, {src!r} + "/gguf-py")
 import conversion.base
 conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: {pre!r}
-sys.argv = ["convert_hf_to_gguf.py", {hf!r}, "--outtype", "f32", "--outfile", {out!r}]
+sys.argv = ["convert_hf_to_gguf.py", {hf!r}, "--outtype", "f32", "--outfile", {out!r}, *{extra!r}]
 import runpy
 runpy.run_path({src!r} + "/convert_hf_to_gguf.py", run_name="__main__")
 """
 
 
-def convert(family: Family, hf_dir: Path, out: Path) -> None:
-    """llama.cpp's converter, run in its own process with its own gguf-py, F32 output."""
-    code = CONVERT.format(src=str(LLAMA_CPP), pre=family.pre, hf=str(hf_dir), out=str(out))
+def convert(family: Family, hf_dir: Path, out: Path, extra: tuple[str, ...] = ()) -> None:
+    """llama.cpp's converter, run in its own process with its own gguf-py, F32 output; `extra`
+    arguments for it (--no-mtp for a model without multi-token-prediction layers)."""
+    code = CONVERT.format(src=str(LLAMA_CPP), pre=family.pre, hf=str(hf_dir), out=str(out), extra=list(extra))
     env = {**os.environ, "PYTHONPATH": str(LLAMA_CPP / "gguf-py")}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     if done.returncode:
@@ -390,7 +391,8 @@ def greedy(model, ids: list[int], n: int) -> tuple[list[int], list[float]]:
     return tokens[len(ids):], margins
 
 
-def llama_cpp_logits(path: Path, prompts: list[list[int]], n_greedy: int = 0) -> tuple[list[np.ndarray], list]:
+def llama_cpp_logits(path: Path, prompts: list[list[int]], n_greedy: int = 0,
+                     n_ctx: int = 128) -> tuple[list[np.ndarray], list]:
     """llama.cpp's all-position logits for each prompt, and (if asked) its greedy continuations."""
     import llama_cpp
     import llama_cpp.llama as llama_module
@@ -406,7 +408,7 @@ def llama_cpp_logits(path: Path, prompts: list[list[int]], n_greedy: int = 0) ->
 
     llama_module.llama_cpp.llama_model_default_params = plain_buffers
     # F32 K/V cache (the default F16 cache alone costs ~1e-3 of the logit range), no flash attention.
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=128, n_batch=128, n_ubatch=128, logits_all=True,
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, logits_all=True,
                           n_threads=2, n_threads_batch=2, verbose=False, seed=0,
                           type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32, flash_attn=False)
     llama_module.llama_cpp.llama_model_default_params = default_params

@@ -25,6 +25,8 @@ from engine.models import (
     qwen2,
     qwen3,
     qwen3moe,
+    qwen35,
+    qwen35moe,
     smollm3,
     starcoder2,
 )
@@ -46,6 +48,8 @@ ARCHITECTURES: dict[str, type[Transformer]] = {
     "starcoder2": starcoder2.Model,
     "command-r": command_r.Model,
     "cohere2": cohere2.Model,
+    "qwen35": qwen35.Model,
+    "qwen35moe": qwen35moe.Model,
 }
 SUPPORTED_ARCHITECTURES = tuple(sorted(ARCHITECTURES))
 

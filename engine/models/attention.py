@@ -78,12 +78,17 @@ class Attention(Block):
         self.read_tensors(reader)
         if self.sinks is not None:
             self.settings = replace(self.settings, sinks=self.sinks)
+        self.fuse(reader)
+        self.o = reader.linear("attn_output.weight", self.wo)
+
+    def fuse(self, reader: LayerReader) -> None:
+        """Join the matrices on the layer's input for one product (`Backend.fuse_linear`), and
+        register each for adapters."""
         self.qkv = self.backend.fuse_linear([self.wq, self.wk, self.wv])
         suffixes = ("attn_q.weight", "attn_k.weight", "attn_v.weight")
         self.qkv_linears = tuple(
             reader.linear(s, w) for s, w in zip(suffixes, (self.wq, self.wk, self.wv), strict=True)
         )
-        self.o = reader.linear("attn_output.weight", self.wo)
 
     def state(self, n_ctx: int) -> AttentionState:
         """This layer's KV state for a context of `n_ctx` positions: all of them, or, for a
@@ -100,9 +105,14 @@ class Attention(Block):
 
     def __call__(self, h: Any, p: PassInput) -> Any:
         """Attend `h` (T, D) over the state, writing the new keys and values: (T, D)."""
-        be, cfg, n = self.backend, self.config, len(p.positions)
-        q, k, v = be.linear_fused(h, self.qkv, (self.bq, self.bk, self.bv))
+        q, k, v = self.backend.linear_fused(h, self.qkv, (self.bq, self.bk, self.bv))
         q, k, v = (linear.adapt(h, y) for linear, y in zip(self.qkv_linears, (q, k, v), strict=True))  # LoRA
+        return self.o(self.attend(q, k, v, p), self.bo)
+
+    def attend(self, q: Any, k: Any, v: Any, p: PassInput) -> Any:
+        """The attention of the projections q (T, H * Dh), k (T, Hkv * Dh), v (T, Hkv * Dv)
+        over the state, after their norms and rotation: (T, H * Dv), before the output matrix."""
+        be, cfg, n = self.backend, self.config, len(p.positions)
         if self.q_norm is not None and cfg.qk_norm_whole:  # OLMo 2: over the whole projection
             q, k = norm(be, cfg, q, self.q_norm), norm(be, cfg, k, self.k_norm)
         q = q.reshape(n, cfg.n_heads, cfg.head_dim)  # (T, H, Dh)
@@ -120,4 +130,4 @@ class Attention(Block):
         else:  # one token of each sequence, each over its own state
             states, starts = [s.state for s in p.segments], [s.start for s in p.segments]
             out = be.attention_batch(q, k, v, states, self.index, starts, self.settings)  # (B, H * Dv)
-        return self.o(out, self.bo)
+        return out

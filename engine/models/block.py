@@ -119,6 +119,24 @@ class LayerReader:
         self._count()
         return parts
 
+    def weight_interleaved(self, suffix: str, groups: int, sizes: list[int]) -> list[Any]:
+        """The matrix `blk.{index}.{suffix}` whose rows form `groups` groups of consecutive
+        parts of `sizes` rows each (Qwen3.5's joint query and gate: per head, its query rows then
+        its gate rows), as one prepared matrix per part, its rows gathered from every group in order."""
+        name = f"blk.{self.index}.{suffix}"
+        info = self.file.tensors[name]
+        n_rows, n_cols = info.shape
+        rows = info.data.reshape(groups, n_rows // groups, -1)  # (groups, rows per group, row bytes)
+        parts: list[Any] = []
+        first = 0
+        for count in sizes:
+            raw = np.ascontiguousarray(rows[:, first : first + count]).reshape(-1)  # (groups * count * row bytes,)
+            spec = WeightSpec(f"{name}[part {len(parts)}]", raw, info.ggml_type, (groups * count, n_cols))
+            parts.append(self.backend.prepare_weight(spec))
+            first += count
+        self._count()
+        return parts
+
     def linear(self, suffix: str, weight: Any) -> Linear:
         """The `Linear` of the prepared weight `blk.{index}.{suffix}`, registered under its
         name for adapters (`engine.lora`)."""

@@ -1,0 +1,53 @@
+"""Qwen3.5-MoE and Qwen3.6-MoE (Qwen3.6-35B-A3B): Qwen3.5's hybrid stack with a mixture of
+experts and a shared expert in place of the MLP.
+
+The router is Qwen3-MoE's (softmax, top k, weights divided by their sum); beside the chosen
+experts every token goes through the shared expert, a SwiGLU whose output is multiplied by
+sigmoid(x . w), its gate (`ffn_gate_inp_shexp`).
+"""
+
+from typing import TYPE_CHECKING, Any
+
+from backends.base import PassInput
+from engine.models import qwen35
+from engine.models.block import LayerReader, TensorSpec
+from engine.models.moe import MoEMLP
+
+if TYPE_CHECKING:
+    from engine.models.common import Transformer
+
+
+class SharedExpertMoE(MoEMLP):
+    """A mixture of experts plus a gated shared expert."""
+
+    TENSORS = (
+        *MoEMLP.TENSORS,
+        TensorSpec("ffn_gate_shexp.weight", "shared_gate", lambda c: (c.d_shared_expert, c.d_model)),
+        TensorSpec("ffn_up_shexp.weight", "shared_up", lambda c: (c.d_shared_expert, c.d_model)),
+        TensorSpec("ffn_down_shexp.weight", "shared_down", lambda c: (c.d_model, c.d_shared_expert)),
+        TensorSpec("ffn_gate_inp_shexp.weight", "shared_router", lambda c: (1, c.d_model)),
+    )
+    shared_gate: Any
+    shared_up: Any
+    shared_down: Any
+    shared_router: Any
+
+    def __init__(self, reader: LayerReader, model: "Transformer", index: int):
+        super().__init__(reader, model, index)
+        self.shared_gate_up = self.backend.fuse_linear([self.shared_gate, self.shared_up])
+        self.shared_down_linear = reader.linear("ffn_down_shexp.weight", self.shared_down)
+
+    def __call__(self, h: Any, p: PassInput) -> Any:
+        """The experts' mixture of `h` (T, D) plus the gated shared expert's output: (T, D)."""
+        be = self.backend
+        gate, up = be.linear_fused(h, self.shared_gate_up, (None, None))  # (T, F) each
+        shared = self.shared_down_linear(be.gated_activation(gate, up, self.activation))  # (T, D)
+        shared = be.gated_activation(be.linear(h, self.shared_router), shared, "sigmoid")  # (T, 1) gates (T, D)
+        return be.add(super().__call__(h, p), shared)
+
+
+class Model(qwen35.Model):
+    """A Qwen3.5-MoE model."""
+
+    family = qwen35.Model.family  # the same settings; the feed-forward block differs
+    feed_forward = SharedExpertMoE
