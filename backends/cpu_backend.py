@@ -19,6 +19,7 @@ speculative draft's verification, a batched step) once per model and layout of s
 (`CpuState`), and replays them in C, one call per pass.
 """
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,7 @@ from backends import cpu_native
 from backends.base import (
     AttentionState,
     Backend,
+    DeltaNetLayer,
     ExpertWeights,
     Forward,
     LayerAttention,
@@ -37,7 +39,7 @@ from backends.base import (
     WeightSpec,
 )
 from backends.cpu_runner import Recorder, RecordingRunner, Slot, StepInput, aligned_zeros, lines
-from backends.delta_rule import HostDeltaNet
+from backends.delta_rule import row_groups
 from backends.dequant import block_size, dequantize
 from backends.errors import TensorDataError
 
@@ -144,7 +146,7 @@ def _layer_shapes(layer: LayerState) -> tuple[tuple[int, ...], ...]:
     return (layer.kv_heads, rows, layer.head_dim), (layer.kv_heads, rows, layer.value_dim)
 
 
-class CpuBackend(HostDeltaNet, Backend):
+class CpuBackend(Backend):
     """Runs every op in Sprig's C kernels, on quantized weights, with a thread pool."""
 
     name = "cpu"
@@ -159,6 +161,7 @@ class CpuBackend(HostDeltaNet, Backend):
         self._recorder: Recorder | None = None
         self._rope_tables: dict[tuple, np.ndarray] = {}
         self._sink_arrays: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._gate_arrays: dict[int, tuple[DeltaNetLayer, np.ndarray]] = {}
 
     @property
     def device_name(self) -> str:
@@ -409,8 +412,17 @@ class CpuBackend(HostDeltaNet, Backend):
         return held[1]
 
     def gated_activation(self, gate: Any, up: Any, kind: str) -> Any:
-        if kind == "sigmoid":  # hybrid models' gates: their passes run op by op (`RecordingRunner`)
-            return np.asarray(up) / (np.float32(1.0) + np.exp(-np.asarray(gate)))
+        if kind == "sigmoid":
+            out = self._new(up.shape)
+            rows = up.shape[0]
+            self._emit(
+                "sigmoid_gate",
+                _bufs(a=_contiguous(gate), b=_contiguous(up), out=out),
+                rows=rows,
+                dim=int(np.prod(up.shape)) // rows,
+                gate_dim=int(np.prod(gate.shape)) // rows,
+            )
+            return out
         if kind not in _ACTIVATIONS:
             raise ValueError(f"unknown activation {kind!r}")
         out = self._new(gate.shape)
@@ -473,6 +485,57 @@ class CpuBackend(HostDeltaNet, Backend):
         )
         return out
 
+    def short_conv(self, x: Any, weight: np.ndarray, states: Sequence[CpuState], layer: int) -> Any:
+        x = _contiguous(x)
+        out = self._new(x.shape)  # (T, C)
+        channels, kernel = weight.shape
+        for rows, state in zip(row_groups(len(x), len(states)), states, strict=True):
+            window = state.arrays[layer][0]  # (K - 1, C)
+            self._emit(
+                "short_conv",
+                _bufs(a=_rows(x, rows), b=weight, out=_rows(out, rows), kcache=window, vcache=window),
+                tokens=rows.stop - rows.start,
+                channels=channels,
+                kernel=kernel,
+            )
+        return out
+
+    def delta_net(
+        self, x: Any, alpha: Any, beta: Any, settings: DeltaNetLayer, states: Sequence[CpuState], layer: int
+    ) -> Any:
+        x, alpha, beta = _contiguous(x), _contiguous(alpha), _contiguous(beta)
+        out = self._new((len(x), settings.v_heads * settings.head_dim))  # (T, Hv * Dh)
+        gates = self._gates(settings)
+        for rows, state in zip(row_groups(len(x), len(states)), states, strict=True):
+            memory = state.arrays[layer][1]  # (Hv, Dh, Dh)
+            self._emit(
+                "delta_net",
+                _bufs(
+                    a=_rows(x, rows),
+                    b=_rows(alpha, rows),
+                    c=_rows(beta, rows),
+                    d=gates,
+                    out=_rows(out, rows),
+                    kcache=memory,
+                    vcache=memory,
+                ),
+                tokens=rows.stop - rows.start,
+                k_heads=settings.k_heads,
+                v_heads=settings.v_heads,
+                head_dim=settings.head_dim,
+                eps=settings.eps,
+            )
+        return out
+
+    def _gates(self, settings: DeltaNetLayer) -> np.ndarray:
+        """A DeltaNet layer's A and dt_bias as the one float32 array (2 Hv,) its op reads, made
+        once per layer (a recorded pass keeps it)."""
+        held = self._gate_arrays.get(id(settings))
+        if held is None or held[0] is not settings:
+            joined = np.concatenate([settings.a, settings.dt_bias]).astype(np.float32)
+            held = self._gate_arrays[id(settings)] = (settings, joined)
+        return held[1]
+
     def add(self, a: Any, b: Any) -> Any:
         out = self._new(a.shape)
         self._emit("add", _bufs(a=_contiguous(a), b=_contiguous(b), out=out), elements=int(np.prod(a.shape)))
@@ -519,10 +582,19 @@ class CpuBackend(HostDeltaNet, Backend):
     def close(self) -> None:
         self._rope_tables.clear()
         self._sink_arrays.clear()
+        self._gate_arrays.clear()
 
 
 def _contiguous(x: Any) -> Any:
     return x if isinstance(x, Slot) else np.ascontiguousarray(x, dtype=np.float32)
+
+
+def _rows(x: Any, rows: slice) -> Any:
+    """Rows `rows` of an activation: all of it, or one row (a sequence of a batch)."""
+    if rows.start == 0 and rows.stop == len(x):
+        return x
+    assert rows.stop - rows.start == 1, rows
+    return _row(x, rows.start)
 
 
 def _row(x: Any, b: int) -> Any:

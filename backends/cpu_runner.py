@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from backends.base import Forward, PassInput, RecurrentState, Runner, Segment
+from backends.base import Forward, PassInput, Runner, Segment
 
 _ALIGN = 16  # floats: recorded buffers start on 64-byte cache lines
 MAX_STEP_TOKENS = 16  # the most new tokens of one sequence a recorded pass takes
@@ -163,8 +163,7 @@ class RecordingRunner(Runner):
     def __call__(self, tokens: Any, segments: Sequence[Segment], all_logits: bool = False, hidden: bool = False) -> Any:
         lengths = [s.length for s in segments]
         layouts = tuple(s.state.shape for s in segments)
-        if hidden or any(isinstance(layer, RecurrentState) for layout in layouts for layer in layout):
-            # a hybrid model's Gated DeltaNet ops have no kernels yet: its passes run op by op
+        if hidden:
             return super().__call__(tokens, segments, all_logits, hidden)
         if len(segments) == 1 and lengths[0] <= MAX_STEP_TOKENS and (all_logits or lengths[0] == 1):
             key: tuple = ("tokens", lengths[0], layouts[0])

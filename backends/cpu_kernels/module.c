@@ -228,6 +228,26 @@ static int parse_op(PyObject *tuple, Op *op) {
         if (E <= 0 || k <= 0 || k > E || (op->ints.route.order != 0 && op->ints.route.order != 1)) break;
         return need(&a, T * E, 4, "router logits") || need(&out, T * 2 * k, 4, "out");
     }
+    case OP_SHORTCONV: {
+        int64_t T = op->ints.short_conv.tokens, C = op->ints.short_conv.channels, K = op->ints.short_conv.kernel;
+        if (C <= 0 || K < 2 || K > MAX_CONV_KERNEL || op->kcache != op->vcache) break;
+        return need(&a, T * C, 4, "x") || need(&b, C * K, 4, "kernels") || need(&out, T * C, 4, "out") ||
+               need(&kc, (K - 1) * C, 4, "window");
+    }
+    case OP_DELTANET: {
+        int64_t T = op->ints.delta_net.tokens, Hk = op->ints.delta_net.k_heads, Hv = op->ints.delta_net.v_heads;
+        int64_t D = op->ints.delta_net.head_dim;
+        if (Hk <= 0 || Hv <= 0 || Hv % Hk || D <= 0 || D > MAX_DELTA_DIM || op->kcache != op->vcache) break;
+        return need(&a, T * (2 * Hk + Hv) * D, 4, "x") || need(&b, T * Hv, 4, "alpha") || need(&c, T * Hv, 4, "beta") ||
+               need(&d, 2 * Hv, 4, "A and dt_bias") || need(&out, T * Hv * D, 4, "out") ||
+               need(&kc, Hv * D * D, 4, "state");
+    }
+    case OP_GATE: {
+        int64_t rows = op->ints.sigmoid_gate.rows, dim = op->ints.sigmoid_gate.dim;
+        int64_t gate_dim = op->ints.sigmoid_gate.gate_dim;
+        if (dim <= 0 || (gate_dim != 1 && gate_dim != dim)) break;
+        return need(&a, rows * gate_dim, 4, "gate") || need(&b, rows * dim, 4, "b") || need(&out, rows * dim, 4, "out");
+    }
     case OP_EXPERTS: {
         int64_t T = op->ints.experts.tokens, E = op->ints.experts.experts, k = op->ints.experts.used;
         int64_t F = op->ints.experts.ffn, act = op->ints.experts.activation;

@@ -319,6 +319,11 @@ static void elementwise_task(void *vctx, int chunk, int chunks, int thread) {
     case OP_SCALE:
         for (int64_t i = lo; i < hi; i++) out[i] = a[i] * op->floats.scale.factor;
         break;
+    case OP_GATE: {
+        int64_t dim = op->ints.sigmoid_gate.dim, per_row = op->ints.sigmoid_gate.gate_dim == 1;
+        for (int64_t i = lo; i < hi; i++) out[i] = b[i] / (1.0f + expf(-a[per_row ? i / dim : i]));
+        break;
+    }
     }
 }
 
@@ -855,6 +860,9 @@ int exec_op(const Op *op, const char **error) {
     case OP_SOFTCAP: elementwise(op, op->ints.softcap.elements); return 0;
     case OP_ROUTE: return route(op, error);
     case OP_EXPERTS: return experts(op, error);
+    case OP_SHORTCONV: return short_conv(op, error);
+    case OP_DELTANET: return delta_net(op, error);
+    case OP_GATE: elementwise(op, op->ints.sigmoid_gate.rows * op->ints.sigmoid_gate.dim); return 0;
     default: *error = "unknown op"; return -1;
     }
 }

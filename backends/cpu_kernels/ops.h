@@ -28,7 +28,15 @@
  *            (divided by their sum with normalize), 1 top k then softmax (see ops.c)
  *   EXPERTS  x a (tokens, dim) through the experts b (tokens, 2 * used) names, from ROUTE in the
  *            same pass: mats gate, up (experts * ffn, dim) and down (experts * dim, ffn), each
- *            expert's rows contiguous, their biases (or none) in bias[]; out (tokens, dim) */
+ *            expert's rows contiguous, their biases (or none) in bias[]; out (tokens, dim)
+ *   SHORTCONV silu of the causal depthwise convolution of a (tokens, channels) with the kernels b
+ *            (channels, kernel), after the inputs kcache (kernel - 1, channels), which then hold
+ *            the last ones (delta_net.c): out (tokens, channels); vcache is kcache
+ *   DELTANET the gated delta rule (backends/base.py delta_net) over a (tokens, (2 k_heads +
+ *            v_heads) head_dim): queries, keys, values; b alpha and c beta (tokens, v_heads); d
+ *            (2 v_heads): A, then dt_bias; kcache the states (v_heads, head_dim, head_dim), vcache
+ *            the same; out (tokens, v_heads * head_dim)
+ *   GATE     sigmoid(a) * b, b (rows, dim), a (rows, gate_dim) with gate_dim dim, or 1: a gate per row */
 #define OPS(X)                                                                                                  \
     X(EMBED, embed, 1, INTS(tokens), FLOATS(scale))                                                             \
     X(LINEAR, linear, 2, INTS(tokens), FLOATS())                                                                \
@@ -42,7 +50,10 @@
     X(ROUTE, route, 9, INTS(tokens, experts, used, order, normalize), FLOATS())                                 \
     X(EXPERTS, experts, 10, INTS(tokens, experts, used, ffn, activation), FLOATS())                            \
     X(LAYERNORM, layer_norm, 11, INTS(rows, dim), FLOATS(eps))                                                  \
-    X(SCALE, scale, 12, INTS(elements), FLOATS(factor))
+    X(SCALE, scale, 12, INTS(elements), FLOATS(factor))                                                         \
+    X(SHORTCONV, short_conv, 13, INTS(tokens, channels, kernel), FLOATS())                                      \
+    X(DELTANET, delta_net, 14, INTS(tokens, k_heads, v_heads, head_dim), FLOATS(eps))                           \
+    X(GATE, sigmoid_gate, 15, INTS(rows, dim, gate_dim), FLOATS())
 #define INTS(...) __VA_ARGS__
 #define FLOATS(...) __VA_ARGS__
 
@@ -89,7 +100,14 @@ typedef struct {
     const float *bias[MAX_FUSED];
 } Op;
 
+#define MAX_CONV_KERNEL 16 /* SHORTCONV's widest kernel */
+#define MAX_DELTA_DIM 512  /* DELTANET's widest head */
+
 /* Runs one op with the pool; returns 0, or -1 with a static message in *error. */
 int exec_op(const Op *op, const char **error);
+
+/* The Gated DeltaNet's ops (delta_net.c). */
+int short_conv(const Op *op, const char **error);
+int delta_net(const Op *op, const char **error);
 
 #endif
