@@ -17,13 +17,14 @@ reads the kept tokens once more, which gives the same state, more slowly. Passes
 than a ring allows (`pass_tokens`) are fed in pieces.
 
 A model with recurrent layers (Qwen3.5's Gated DeltaNet) has its recurrent arrays copied
-(`Backend.snapshot`) before every pass of two or more tokens: a speculative verification, a
-prefill chunk. The last SNAPSHOTS of them are kept, with the position each was taken at. A
-rollback to position n restores the latest snapshot at or before n (`Backend.restore`; the
-attention layers forget positions as usual) and feeds the tokens from there to n again: the
-accepted drafts of a verification, or the part of a prompt past its chunk's start, never the
-whole conversation. A snapshot costs a copy of the recurrent arrays (Qwen3.6-35B-A3B: 30
-layers of 2 MB) per multi-token pass; one-token decode steps take none.
+(`Backend.snapshot`) before every pass of two or more tokens (a speculative verification, a
+prefill chunk), and before a prompt's last token, which a prefill feeds as a pass of its own.
+The last SNAPSHOTS of them are kept, with the position each was taken at. A rollback to
+position n restores the latest snapshot at or before n (`Backend.restore`; the attention
+layers forget positions as usual) and feeds the tokens from there to n again: the accepted
+drafts of a verification; nothing when an answer is regenerated (the prompt's end). A
+snapshot costs a copy of the recurrent arrays (Qwen3.6-35B-A3B: 30 layers of 2 MB) per
+multi-token pass; one-token decode steps take none.
 """
 
 import logging
@@ -36,7 +37,7 @@ from backends.base import RecurrentState
 from engine.errors import ContextFullError
 
 log = logging.getLogger(__name__)
-SNAPSHOTS = 2  # recurrent snapshots kept: the last verification's start, and the pass before it
+SNAPSHOTS = 4  # recurrent snapshots kept: the latest passes' starts, and the last prompt's end
 
 
 class KVCache:
@@ -101,11 +102,23 @@ class KVCache:
         pieces = []
         for lo in range(0, len(tokens), self.pass_tokens):
             piece = np.asarray(tokens[lo : lo + self.pass_tokens], dtype=np.int64)
-            if self.recurrent and len(piece) > 1:
+            if self.recurrent and len(piece) > 1 and not all_logits and lo + len(piece) == len(tokens):
+                # a prompt's end: its last token alone, after a snapshot, which an answer
+                # regenerated (the same prompt fed again from its last token) restores
+                self._pass(model, piece[:-1], all_logits)
+                piece = piece[-1:]
                 self._snapshot()
-            pieces.append(model.forward(piece, self.n_used, self.storage, all_logits))
-            self._tokens.extend(int(t) for t in piece)
+            pieces.append(self._pass(model, piece, all_logits))
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces if all_logits else pieces[-1:])
+
+    def _pass(self, model: Any, piece: np.ndarray, all_logits: bool) -> np.ndarray:
+        """One forward pass over `piece` at the next positions, held; a recurrent model's
+        arrays kept first when it has two or more tokens."""
+        if self.recurrent and len(piece) > 1:
+            self._snapshot()
+        logits = model.forward(piece, self.n_used, self.storage, all_logits)
+        self._tokens.extend(int(t) for t in piece)
+        return logits
 
     def _snapshot(self) -> None:
         """Keep the recurrent arrays as they are at the current position (the latest SNAPSHOTS)."""

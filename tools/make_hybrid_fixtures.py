@@ -4,7 +4,7 @@ reference numbers from transformers.
 Run with the dev-only reference venv (torch CPU, transformers, gguf-py, llama-cpp-python),
 never the app's venv, from the repository root:
 
-    /work/refvenv/bin/python tools/make_hybrid_fixtures.py [--only qwen35|qwen35moe]
+    /work/refvenv/bin/python tools/make_hybrid_fixtures.py [--only qwen35|qwen35moe] [--without-llama-cpp]
 
 The method of tools/make_moe_fixtures.py, whose helpers this imports:
 
@@ -290,8 +290,9 @@ def recurrent_states(model, ids: list[int]) -> dict[str, np.ndarray]:
     return states
 
 
-def record(family: Family, work: Path) -> None:
-    """Build, convert, quantize, check and record one family."""
+def record(family: Family, work: Path, with_llama_cpp: bool = True) -> None:
+    """Build, convert, quantize, check and record one family; without llama.cpp (its Python
+    package missing), the F32 file and transformers' numbers only, as the .json says."""
     hf_dir = work / f"hf-{family.name}"
     tokenizer = build_tokenizer(family, hf_dir)
     texts = prompts_text()
@@ -306,7 +307,7 @@ def record(family: Family, work: Path) -> None:
     convert(family, hf_dir, files["f32"], ("--no-mtp",))
     n_tensors = check_same_weights(family, model, files["f32"])
     print(f"{files['f32'].name}: {n_tensors} tensors, equal to the HF weights after the converter's changes")
-    for q in family.quants:
+    for q in family.quants if with_llama_cpp else ():
         files[q] = MODELS_DIR / f"tiny-{family.name}-{q}.gguf"
         quantize(files["f32"], files[q], FTYPES[q])
     for key, path in files.items():
@@ -331,14 +332,14 @@ def record(family: Family, work: Path) -> None:
     arrays |= {f"{k}_prompt_2": v for k, v in recurrent_states(model, prompts[2]).items()}
 
     dequant_refs = {}
-    for q in family.quants:
+    for q in family.quants if with_llama_cpp else ():
         dq_model = cls.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager").eval()
         dq_model.load_state_dict(hf_state_from_gguf(family, model, files[q]), strict=True)
         dequant_refs[q] = [logits_of(dq_model, ids) for ids in prompts]
         arrays[f"{q}_logits"] = np.stack([x[-1] for x in dequant_refs[q]]).astype(np.float32)
 
-    checks = {}
-    for key, path in files.items():
+    checks: dict[str, Any] = {}
+    for key, path in files.items() if with_llama_cpp else ():
         got_all, got_greedy = llama_cpp_logits(path, prompts, GREEDY_TOKENS, n_ctx=512)
         result = agreement(ref_all, got_all)
         if key in dequant_refs:
@@ -352,7 +353,7 @@ def record(family: Family, work: Path) -> None:
               f"({result['max_rel_diff']:.3g} of the logit range), top-1 equal at "
               f"{result['top1_agree']}/{result['positions']} positions, greedy prefix equal "
               f"{result['greedy_tokens_equal']}/{result['greedy_tokens']} tokens")
-    f32_rel = checks["f32"]["max_rel_diff"]
+    f32_rel = checks["f32"]["max_rel_diff"] if with_llama_cpp else 0.0
     if f32_rel > 1e-3:
         raise SystemExit(f"llama.cpp disagrees with transformers on {files['f32'].name}: {f32_rel:.3g} of the range")
 
@@ -365,7 +366,7 @@ def record(family: Family, work: Path) -> None:
         "prompts": [{"ids": ",".join(map(str, ids))} for ids in prompts],
         "logits_all_prompt": longest, "states_of_prompt": 2,
         "min_greedy_margin": [min(m) for m in margins],
-        "llama_cpp_agreement": checks,
+        "llama_cpp_agreement": checks if with_llama_cpp else "not run: llama-cpp-python was not installed",
         "gguf": {k: gguf_summary(p) for k, p in files.items()},
     }
     OUT_DIR.mkdir(parents=True, exist_ok=True)
@@ -379,6 +380,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=sorted(FAMILIES))
     parser.add_argument("--keep", help="keep the HF models in this folder (default: a temporary one)")
+    parser.add_argument("--without-llama-cpp", action="store_true",
+                        help="no quantized files and no llama.cpp check (where llama-cpp-python is missing)")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     torch.set_num_threads(2)
@@ -386,7 +389,7 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(args.keep or tmp)
         for key in [args.only] if args.only else FAMILIES:
             print(f"== tiny-{key}", flush=True)
-            record(replace(FAMILIES[key]), work)
+            record(replace(FAMILIES[key]), work, not args.without_llama_cpp)
 
 
 if __name__ == "__main__":
