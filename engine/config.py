@@ -97,6 +97,7 @@ class ModelConfig:
     expert_routing: str = "softmax_top_k"
     expert_weights_norm: bool = True  # divide the chosen experts' weights by their sum
     d_shared_expert: int = 0  # the shared expert's feed-forward width (0: none)
+    unused_layers: int = 0  # layers the file has past `n_layers` that are not run (multi-token prediction)
     recurrent_layers: tuple[bool, ...] = ()  # which layers are Gated DeltaNet layers (Qwen3.5); () none
     conv_kernel: int = 0  # the DeltaNet layers' short convolution: its width
     delta_k_heads: int = 0  # their key (and query) heads
@@ -142,7 +143,12 @@ class ModelConfig:
         embedding = required_tensor(f, "token_embd.weight")
         if len(embedding.shape) != 2 or embedding.shape[1] != d_model:
             bad_file(f, f"token_embd.weight has shape {embedding.shape}, expected (vocab, {d_model})")
-        n_layers = _positive_int(f, "block_count")
+        unused_layers = f.arch_key("nextn_predict_layers", 0)  # counted in block_count (llama.cpp)
+        if isinstance(unused_layers, bool) or not isinstance(unused_layers, int) or unused_layers < 0:
+            bad_file(f, f"nextn_predict_layers should be a whole number, not {str(unused_layers)[:40]}")
+        n_layers = _positive_int(f, "block_count") - unused_layers
+        if n_layers <= 0:
+            bad_file(f, f"its {unused_layers} multi-token-prediction layers leave no layer to run")
         rope_base = _positive_float(f, "rope.freq_base", 10000.0)
         query_by_d_model = family.d_model_query_scale_layers == n_layers
         context_length = _positive_int(f, "context_length")
@@ -190,6 +196,7 @@ class ModelConfig:
             rope_on_sliding_only=family.rope_on_sliding_only,
             **_experts(f, family),
             **_recurrent(f, n_layers),
+            unused_layers=unused_layers,
         )
         return config
 

@@ -108,6 +108,10 @@ def load_model(
             chosen.close()
         model_file.close()
         raise
-    return LoadedModel(
-        model_file.path, model_file, config, tokenizer, template, chosen, model, notes, chosen.load_notes
-    )
+    load_notes = list(chosen.load_notes)
+    if config.unused_layers:
+        load_notes.append(
+            f"The file's {config.unused_layers} multi-token-prediction layer(s) are not run "
+            "(Sprig drafts with prompt lookup or a draft model)."
+        )
+    return LoadedModel(model_file.path, model_file, config, tokenizer, template, chosen, model, notes, load_notes)

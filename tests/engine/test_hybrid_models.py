@@ -13,11 +13,13 @@ import json
 
 import numpy as np
 import pytest
+from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
 from backends.base import Segment
 from engine.decoding import Draft, DraftStats, speculative_tokens
 from engine.generation import generate
 from engine.kv_cache import KVCache
+from engine.loader import load_model
 from engine.sampling import Sampler, SamplingParams
 from engine.speculation import FixedLength
 from tests.engine.parity_models import op_by_op
@@ -241,3 +243,43 @@ def test_cpu_greedy_equals_numpy_and_its_recorded_passes_the_op_by_op_ones(name)
         finally:
             loaded.close()
     assert runs["cpu"] == runs["numpy"]
+
+
+def write_with_mtp_layer(source, target) -> None:
+    """`source` as llama.cpp writes a file with a multi-token-prediction layer: one more block
+    (`block_count`, `nextn_predict_layers`, a non-recurrent entry) with a tensor of its own."""
+    reader = GGUFReader(source)
+    arch = reader.fields["general.architecture"].contents()
+    changed = {
+        f"{arch}.block_count": reader.fields[f"{arch}.block_count"].contents() + 1,
+        f"{arch}.attention.recurrent_layers": [*reader.fields[f"{arch}.attention.recurrent_layers"].contents(), False],
+    }
+    writer = GGUFWriter(target, arch)
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue  # the writer writes these itself
+        value_type = GGUFValueType(field.types[0])
+        sub_type = GGUFValueType(field.types[-1]) if value_type == GGUFValueType.ARRAY else None
+        writer.add_key_value(name, changed.get(name, field.contents()), value_type, sub_type=sub_type)
+    writer.add_uint32(f"{arch}.nextn_predict_layers", 1)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, np.asarray(tensor.data))
+    writer.add_tensor("blk.4.nextn.eh_proj.weight", np.ones((256, 512), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_a_multi_token_prediction_layer_is_left_out_with_a_note(tmp_path):
+    ref = reference("tiny-qwen35")
+    write_with_mtp_layer(FIXTURES / "models" / "tiny-qwen35-f32.gguf", tmp_path / "mtp.gguf")
+    loaded = load_model(tmp_path / "mtp.gguf", backend="numpy")
+    try:
+        assert loaded.config.n_layers == 4 and len(loaded.model.layers) == 4
+        assert any("multi-token-prediction" in note for note in loaded.load_notes)
+        prompt = ref["prompt_0"]
+        logits = loaded.model.forward(prompt, 0, loaded.new_cache(len(prompt)).storage)[-1]
+        np.testing.assert_allclose(logits, ref["logits"][0], rtol=0, atol=1e-3 * np.ptp(ref["logits"][0]))
+    finally:
+        loaded.close()
