@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, TokenType, quants
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, TokenType, quants
 
 F32 = GGMLQuantizationType.F32
 MERGES = ("t h", "h e", "i n", "Ġ t", "th e")
@@ -225,3 +225,33 @@ def write_mamba_model(path: str | Path) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return Path(path)
+
+
+def copy_gguf(
+    source: str | Path,
+    target: str | Path,
+    fields: Callable[[str, Any], Any] = lambda name, value: value,
+    more_fields: dict[str, int] | None = None,
+    more_tensors: dict[str, np.ndarray] | None = None,
+    tensor: Callable[[Any], np.ndarray] = lambda t: np.asarray(t.data),
+) -> None:
+    """Copy a GGUF file's metadata (each value through `fields(name, value)`, then the uint32
+    keys `more_fields`) and tensors (each through `tensor(reader_tensor)`, then `more_tensors`)."""
+    reader = GGUFReader(source)
+    writer = GGUFWriter(target, reader.fields["general.architecture"].contents())
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue  # the writer writes these itself
+        value_type = GGUFValueType(field.types[0])
+        sub_type = GGUFValueType(field.types[-1]) if value_type == GGUFValueType.ARRAY else None
+        writer.add_key_value(name, fields(name, field.contents()), value_type, sub_type=sub_type)
+    for name, number in (more_fields or {}).items():
+        writer.add_uint32(name, number)
+    for t in reader.tensors:
+        writer.add_tensor(t.name, tensor(t))
+    for name, data in (more_tensors or {}).items():
+        writer.add_tensor(name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()

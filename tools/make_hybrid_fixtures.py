@@ -34,12 +34,9 @@ The method of tools/make_moe_fixtures.py, whose helpers this imports:
 """
 
 import argparse
-import itertools
-import json
 import math
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +47,9 @@ import transformers
 from transformers import Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3_5TextConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_moe_fixtures import (  # noqa: E402  (the MoE script's helpers, unchanged)
-    CORPUS, FTYPES, MODELS_DIR, OUT_DIR, QWEN2_REGEX, ROOT, Family, agreement, build_tokenizer, convert, greedy,
-    gguf_summary, llama_cpp_logits, quantize)
+from make_moe_fixtures import (  # noqa: E402  (the MoE script's helpers)
+    CORPUS, FTYPES, MODELS_DIR, QWEN2_REGEX, ROOT, Family, build_tokenizer, convert, greedy, gguf_summary,
+    llama_cpp_checks, quantize, write_reference)
 
 GREEDY_TOKENS = 16
 COMMON = dict(
@@ -338,21 +335,7 @@ def record(family: Family, work: Path, with_llama_cpp: bool = True) -> None:
         dequant_refs[q] = [logits_of(dq_model, ids) for ids in prompts]
         arrays[f"{q}_logits"] = np.stack([x[-1] for x in dequant_refs[q]]).astype(np.float32)
 
-    checks: dict[str, Any] = {}
-    for key, path in files.items() if with_llama_cpp else ():
-        got_all, got_greedy = llama_cpp_logits(path, prompts, GREEDY_TOKENS, n_ctx=512)
-        result = agreement(ref_all, got_all)
-        if key in dequant_refs:
-            result["vs_transformers_on_dequantized_weights"] = agreement(dequant_refs[key], got_all)
-        result["greedy_tokens_equal"] = int(sum(
-            sum(1 for _ in itertools.takewhile(lambda ab: ab[0] == ab[1], zip(a, b)))
-            for a, b in zip(continuations, got_greedy)))
-        result["greedy_tokens"] = len(prompts) * GREEDY_TOKENS
-        checks[key] = result
-        print(f"  llama.cpp vs transformers, {path.name}: max |diff| {result['max_abs_diff']:.3g} "
-              f"({result['max_rel_diff']:.3g} of the logit range), top-1 equal at "
-              f"{result['top1_agree']}/{result['positions']} positions, greedy prefix equal "
-              f"{result['greedy_tokens_equal']}/{result['greedy_tokens']} tokens")
+    checks = llama_cpp_checks(files, prompts, ref_all, continuations, dequant_refs, n_ctx=512) if with_llama_cpp else {}
     f32_rel = checks["f32"]["max_rel_diff"] if with_llama_cpp else 0.0
     if f32_rel > 1e-3:
         raise SystemExit(f"llama.cpp disagrees with transformers on {files['f32'].name}: {f32_rel:.3g} of the range")
@@ -369,10 +352,7 @@ def record(family: Family, work: Path, with_llama_cpp: bool = True) -> None:
         "llama_cpp_agreement": checks if with_llama_cpp else "not run: llama-cpp-python was not installed",
         "gguf": {k: gguf_summary(p) for k, p in files.items()},
     }
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(OUT_DIR / f"tiny-{family.name}.npz", **arrays)
-    (OUT_DIR / f"tiny-{family.name}.json").write_text(json.dumps(info, indent=1, ensure_ascii=False, default=str)
-                                                       + "\n", encoding="utf-8")
+    write_reference(family.name, arrays, info)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -389,7 +369,7 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(args.keep or tmp)
         for key in [args.only] if args.only else FAMILIES:
             print(f"== tiny-{key}", flush=True)
-            record(replace(FAMILIES[key]), work, not args.without_llama_cpp)
+            record(FAMILIES[key], work, not args.without_llama_cpp)
 
 
 if __name__ == "__main__":

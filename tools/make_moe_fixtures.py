@@ -440,6 +440,35 @@ def agreement(ref_all: list[np.ndarray], got_all: list[np.ndarray]) -> dict[str,
     return {"max_abs_diff": worst_abs, "max_rel_diff": worst_rel, "top1_agree": top1, "positions": positions}
 
 
+def llama_cpp_checks(files: dict[str, Path], prompts: list[list[int]], ref_all: list[np.ndarray],
+                     continuations: list[list[int]], dequant_refs: dict[str, list[np.ndarray]],
+                     n_ctx: int = 128) -> dict[str, dict[str, Any]]:
+    """llama.cpp on each file against transformers (and, for a quantized file, against
+    transformers on its dequantized weights): logits at every position, greedy continuations
+    of `len(continuations[0])` tokens. Printed, and returned by file key."""
+    checks = {}
+    n_greedy = len(continuations[0])
+    for key, path in files.items():
+        got_all, got_greedy = llama_cpp_logits(path, prompts, n_greedy, n_ctx)
+        result = agreement(ref_all, got_all)
+        if key in dequant_refs:
+            result["vs_transformers_on_dequantized_weights"] = agreement(dequant_refs[key], got_all)
+        result["greedy_tokens_equal"] = int(sum(
+            sum(1 for _ in itertools.takewhile(lambda ab: ab[0] == ab[1], zip(a, b)))
+            for a, b in zip(continuations, got_greedy)))
+        result["greedy_tokens"] = len(prompts) * n_greedy
+        checks[key] = result
+        print(f"  llama.cpp vs transformers, {path.name}: max |diff| {result['max_abs_diff']:.3g} "
+              f"({result['max_rel_diff']:.3g} of the logit range), top-1 equal at "
+              f"{result['top1_agree']}/{result['positions']} positions, greedy prefix equal "
+              f"{result['greedy_tokens_equal']}/{result['greedy_tokens']} tokens")
+        if key in dequant_refs:
+            dq = result["vs_transformers_on_dequantized_weights"]
+            print(f"    ... vs transformers on the file's dequantized weights: max |diff| {dq['max_abs_diff']:.3g} "
+                  f"({dq['max_rel_diff']:.3g} of the range), top-1 equal at {dq['top1_agree']}/{dq['positions']}")
+    return checks
+
+
 def gguf_summary(path: Path) -> dict[str, Any]:
     """Metadata (arrays shortened) and tensors (name, GGML shape, type) of a GGUF file."""
     reader = gguf.GGUFReader(path)
@@ -521,25 +550,7 @@ def record(family: Family, work: Path) -> None:
         print(f"  transformers on dequantized {files[q].name}: {changed} (layer, position) expert choices"
               f" differ from F32's")
 
-    checks = {}
-    for key, path in files.items():
-        got_all, got_greedy = llama_cpp_logits(path, prompts, GREEDY_TOKENS)
-        result = agreement(ref_all, got_all)
-        if key in dequant_refs:
-            result["vs_transformers_on_dequantized_weights"] = agreement(dequant_refs[key], got_all)
-        result["greedy_tokens_equal"] = int(sum(
-            sum(1 for _ in itertools.takewhile(lambda ab: ab[0] == ab[1], zip(a, b)))
-            for a, b in zip(continuations, got_greedy)))
-        result["greedy_tokens"] = len(prompts) * GREEDY_TOKENS
-        checks[key] = result
-        print(f"  llama.cpp vs transformers, {path.name}: max |diff| {result['max_abs_diff']:.3g} "
-              f"({result['max_rel_diff']:.3g} of the logit range), top-1 equal at "
-              f"{result['top1_agree']}/{result['positions']} positions, greedy prefix equal "
-              f"{result['greedy_tokens_equal']}/{result['greedy_tokens']} tokens")
-        if key in dequant_refs:
-            dq = result["vs_transformers_on_dequantized_weights"]
-            print(f"    ... vs transformers on the file's dequantized weights: max |diff| {dq['max_abs_diff']:.3g} "
-                  f"({dq['max_rel_diff']:.3g} of the range), top-1 equal at {dq['top1_agree']}/{dq['positions']}")
+    checks = llama_cpp_checks(files, prompts, ref_all, continuations, dequant_refs)
     extra = {}
     if family.arch == "gpt-oss":
         # The real gpt-oss config has truncate False; llama.cpp rounds regardless. Measure what that costs.
@@ -578,10 +589,15 @@ def record(family: Family, work: Path) -> None:
         "llama_cpp_agreement": checks, **extra,
         "gguf": {k: gguf_summary(p) for k, p in files.items()},
     }
+    write_reference(family.name, arrays, info)
+
+
+def write_reference(name: str, arrays: dict[str, np.ndarray], info: dict[str, Any]) -> None:
+    """tests/fixtures/reference/tiny-<name>.npz (the arrays) and .json (what is readable)."""
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(OUT_DIR / f"tiny-{family.name}.npz", **arrays)
-    (OUT_DIR / f"tiny-{family.name}.json").write_text(json.dumps(info, indent=1, ensure_ascii=False, default=str)
-                                                       + "\n", encoding="utf-8")
+    np.savez_compressed(OUT_DIR / f"tiny-{name}.npz", **arrays)
+    (OUT_DIR / f"tiny-{name}.json").write_text(json.dumps(info, indent=1, ensure_ascii=False, default=str) + "\n",
+                                               encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> None:

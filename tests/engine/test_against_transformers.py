@@ -25,13 +25,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFReader
 
 from engine.bundled import bundled_model
 from engine.generation import FINISH_LENGTH, FINISH_STOP_TOKEN, generate
 from engine.loader import LoadedModel, load_model
 from engine.perplexity import perplexity
 from engine.sampling import SamplingParams
+from tests.gguf_factory import copy_gguf
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 REFERENCE = FIXTURES / "reference"
@@ -151,24 +152,13 @@ def decode_q1_0(blocks: np.ndarray, n_cols: int) -> np.ndarray:
 
 def write_f32_twin(source: Path, target: Path) -> None:
     """Copy a GGUF file's metadata and tensors to `target`, Q1_0 tensors decoded to F32."""
-    reader = GGUFReader(source)
-    arch = reader.fields["general.architecture"].contents()
-    writer = GGUFWriter(target, arch)
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue  # the writer writes these itself
-        value_type = GGUFValueType(field.types[0])
-        sub_type = GGUFValueType(field.types[-1]) if value_type == GGUFValueType.ARRAY else None
-        writer.add_key_value(name, field.contents(), value_type, sub_type=sub_type)
-    for tensor in reader.tensors:
+
+    def decoded(tensor) -> np.ndarray:
         if tensor.tensor_type == GGMLQuantizationType.Q1_0:
-            writer.add_tensor(tensor.name, decode_q1_0(np.asarray(tensor.data), int(tensor.shape[0])))
-        else:
-            writer.add_tensor(tensor.name, np.asarray(tensor.data))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+            return decode_q1_0(np.asarray(tensor.data), int(tensor.shape[0]))
+        return np.asarray(tensor.data)
+
+    copy_gguf(source, target, tensor=decoded)
 
 
 def test_decode_q1_0_by_hand():

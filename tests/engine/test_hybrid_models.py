@@ -13,7 +13,7 @@ import json
 
 import numpy as np
 import pytest
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGUFReader
 
 from backends.base import Segment
 from engine.decoding import Draft, DraftStats, speculative_tokens
@@ -23,7 +23,8 @@ from engine.loader import load_model
 from engine.sampling import Sampler, SamplingParams
 from engine.speculation import FixedLength
 from tests.engine.parity_models import op_by_op
-from tests.engine.test_moe_against_transformers import FIXTURES, expected, load, reference
+from tests.engine.test_moe_against_transformers import FIXTURES, assert_last_logits_agree, expected, load, reference
+from tests.gguf_factory import copy_gguf
 
 NAMES = ("tiny-qwen35", "tiny-qwen35moe")
 N_PROMPTS = 4
@@ -207,12 +208,7 @@ def test_faster_backends_agree_with_transformers(name, quant, backend):
         pytest.skip("mlx is not installed")
     ref, loaded = reference(name), load(name, quant, backend)
     try:
-        for k in range(N_PROMPTS):
-            prompt = ref[f"prompt_{k}"]
-            logits = loaded.model.forward(prompt, 0, loaded.new_cache(len(prompt)).storage)[-1]
-            want = expected(ref, quant, "logits")[k]
-            np.testing.assert_allclose(logits, want, rtol=0, atol=5e-2 * np.ptp(want), err_msg=f"prompt {k}")
-            assert int(np.argmax(logits)) == int(np.argmax(want)), f"prompt {k}"
+        assert_last_logits_agree(loaded, ref, quant, N_PROMPTS)
     finally:
         loaded.close()
 
@@ -248,27 +244,15 @@ def test_cpu_greedy_equals_numpy_and_its_recorded_passes_the_op_by_op_ones(name)
 def write_with_mtp_layer(source, target) -> None:
     """`source` as llama.cpp writes a file with a multi-token-prediction layer: one more block
     (`block_count`, `nextn_predict_layers`, a non-recurrent entry) with a tensor of its own."""
-    reader = GGUFReader(source)
-    arch = reader.fields["general.architecture"].contents()
-    changed = {
-        f"{arch}.block_count": reader.fields[f"{arch}.block_count"].contents() + 1,
-        f"{arch}.attention.recurrent_layers": [*reader.fields[f"{arch}.attention.recurrent_layers"].contents(), False],
-    }
-    writer = GGUFWriter(target, arch)
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue  # the writer writes these itself
-        value_type = GGUFValueType(field.types[0])
-        sub_type = GGUFValueType(field.types[-1]) if value_type == GGUFValueType.ARRAY else None
-        writer.add_key_value(name, changed.get(name, field.contents()), value_type, sub_type=sub_type)
-    writer.add_uint32(f"{arch}.nextn_predict_layers", 1)
-    for tensor in reader.tensors:
-        writer.add_tensor(tensor.name, np.asarray(tensor.data))
-    writer.add_tensor("blk.4.nextn.eh_proj.weight", np.ones((256, 512), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    arch = GGUFReader(source).fields["general.architecture"].contents()
+
+    def fields(name: str, value):
+        if name == f"{arch}.block_count":
+            return value + 1
+        return [*value, False] if name == f"{arch}.attention.recurrent_layers" else value
+
+    extra_tensors = {"blk.4.nextn.eh_proj.weight": np.ones((256, 512), dtype=np.float32)}
+    copy_gguf(source, target, fields, {f"{arch}.nextn_predict_layers": 1}, extra_tensors)
 
 
 def test_a_multi_token_prediction_layer_is_left_out_with_a_note(tmp_path):
