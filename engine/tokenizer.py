@@ -52,6 +52,10 @@ _LLAMA3_REGEX = (
     r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _QWEN2_REGEX = _LLAMA3_REGEX.replace(r"\p{N}{1,3}", r"\p{N}")
+# Qwen3.5: Qwen2's, letters joined by their combining marks (\p{M})
+_QWEN35_REGEX = _QWEN2_REGEX.replace(r"\p{L}+", r"[\p{L}\p{M}]+").replace(
+    r" ?[^\s\p{L}\p{N}]+", r" ?[^\s\p{L}\p{M}\p{N}]+"
+)
 # o200k (gpt-oss, Llama 4): the tokenizer.json original, which llama.cpp rewrites without (?i:)
 _CASE = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]"
 _LOWER = r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
@@ -66,6 +70,7 @@ _SPLIT_REGEXES = {
     "starcoder": (r"\p{N}", _GPT2_REGEX),
     "llama3": (_LLAMA3_REGEX,),
     "qwen2": (_QWEN2_REGEX,),
+    "qwen35": (_QWEN35_REGEX,),
     "gpt4o": (_GPT4O_REGEX,),
 }
 
@@ -116,6 +121,7 @@ def _pre_types() -> dict[str, tuple[str, bool, bool]]:
         ],
         ("llama3", False, False): ["dbrx", "smaug-bpe"],
         ("gpt4o", False, False): ["gpt-4o", "llama4", "kanana2"],
+        ("qwen35", False, False): ["qwen35"],
         ("qwen2", False, False): [
             "qwen2",
             "deepseek-r1-qwen",

@@ -5,6 +5,7 @@ llama-cpp-python, for `--check`):
 
     /work/refvenv/bin/python -m tools.make_moe_shape --shape qwen3-30b-a3b --out /work/models/qwen3-30b-a3b-shape-q4_k_m.gguf --check
     /work/refvenv/bin/python -m tools.make_moe_shape --shape gpt-oss-20b --out /work/models/gpt-oss-20b-shape-mxfp4.gguf --check
+    /work/refvenv/bin/python -m tools.make_moe_shape --shape qwen3.6-35b-a3b --out /work/models/qwen3.6-35b-a3b-shape-q4_k_m.gguf --check
 
 Decode speed depends on shapes and tensor types, not on what the weights say, so these files
 time an engine as the real models would, per layer, with fewer layers (numbers, not text):
@@ -17,6 +18,12 @@ time an engine as the real models would, per layer, with fewer layers (numbers, 
   expert FFN 2880, vocabulary 201,088, sliding window 128 on even layers, attention sinks,
   biases, YaRN (factor 32 from 4096), 8 layers (of 24); llama.cpp's MXFP4_MOE type choices
   (experts MXFP4, other matrices Q8_0; router, biases, sinks and norms F32).
+- "qwen3.6-35b-a3b" (qwen35moe): hidden 2048, 256 experts, top 8, expert FFN 512 and a shared
+  expert of 512 with its gate, vocabulary 248,320; 12 layers (of 40, three groups of the 3:1
+  pattern: 9 Gated DeltaNet layers with 16 key / 32 value heads of 128 and a convolution of 4,
+  3 gated attention layers with 16 query / 2 KV heads of 256, RoPE on 64 of them); Q4_K_M as
+  for Qwen3-30B (Q4_K, Q6_K for attn_v, ffn_down_exps and ffn_down_shexp on the
+  `use_more_bits` layers and for output.weight; router, gates' biases, convolutions and norms F32).
 
 As tools/make_bonsai_shape.py does, the quantized blocks are drawn directly (random quant
 bits, block scales chosen so that a row's dot product keeps its input's scale) and written
@@ -57,6 +64,8 @@ class MoeShape:
     vocab: int
     metadata: tuple[tuple[str, Any], ...]  # arch-specific keys, without the "<arch>." prefix
     pre: str
+    full_attention_interval: int = 0  # Qwen3.5's hybrid stack: every n-th layer attends, the others are DeltaNets
+    d_ff_shared: int = 0  # a shared expert's FFN (0: none)
 
 
 SHAPES = {
@@ -72,7 +81,18 @@ SHAPES = {
                   ("attention.layer_norm_rms_epsilon", 1e-5), ("attention.sliding_window", 128),
                   ("rope.scaling.type", "yarn"), ("rope.scaling.factor", 32.0),
                   ("rope.scaling.original_context_length", 4096))),
+    "qwen3.6-35b-a3b": MoeShape(
+        arch="qwen35moe", n_layers=12, d_model=2048, n_heads=16, n_kv_heads=2, head_dim=256,
+        n_expert=256, n_expert_used=8, d_ff_exp=512, vocab=248320, pre="qwen35", full_attention_interval=4,
+        d_ff_shared=512,
+        metadata=(("context_length", 262144), ("rope.freq_base", 10000000.0), ("rope.dimension_count", 64),
+                  ("rope.dimension_sections", [11, 11, 10, 0]), ("attention.layer_norm_rms_epsilon", 1e-6),
+                  ("expert_shared_feed_forward_length", 512), ("full_attention_interval", 4),
+                  ("attention.recurrent_layers", [(i + 1) % 4 != 0 for i in range(12)]),
+                  ("ssm.conv_kernel", 4), ("ssm.state_size", 128), ("ssm.group_count", 16),
+                  ("ssm.time_step_rank", 32), ("ssm.inner_size", 4096))),
 }
+DELTA_HEADS, DELTA_K_HEADS, DELTA_DIM, CONV = 32, 16, 128, 4  # qwen3.6-35b-a3b's Gated DeltaNet layers
 
 
 def use_more_bits(i: int, n: int) -> bool:
@@ -94,7 +114,9 @@ def tensor_plan(shape: MoeShape) -> list[tuple[str, tuple[int, ...], T]]:
                  ("attn_q.weight", (q, d), mat), ("attn_k.weight", (kv, d), mat),
                  ("attn_v.weight", (kv, d), T.Q6_K if more and not oss else mat),
                  ("attn_output.weight", (d, q), mat)]
-        if oss:
+        if shape.full_attention_interval:
+            layer = hybrid_layer(shape, i, more)
+        elif oss:
             layer += [("attn_q.bias", (q,), T.F32), ("attn_k.bias", (kv,), T.F32), ("attn_v.bias", (kv,), T.F32),
                       ("attn_output.bias", (d,), T.F32), ("attn_sinks.weight", (shape.n_heads,), T.F32),
                       ("post_attention_norm.weight", (d,), T.F32),
@@ -109,6 +131,27 @@ def tensor_plan(shape: MoeShape) -> list[tuple[str, tuple[int, ...], T]]:
         plan += [(f"blk.{i}.{name}", dims, t) for name, dims, t in layer]
     plan += [("output_norm.weight", (d,), T.F32), ("output.weight", (shape.vocab, d), T.Q8_0 if oss else T.Q6_K)]
     return plan
+
+
+def hybrid_layer(shape: MoeShape, i: int, more: bool) -> list[tuple[str, tuple[int, ...], T]]:
+    """Layer i of a Qwen3.5-MoE shape, before its experts: a Gated DeltaNet, or (every
+    `full_attention_interval`-th layer) gated attention; then the shared expert and its gate."""
+    d, ff = shape.d_model, shape.d_ff_shared
+    if (i + 1) % shape.full_attention_interval:
+        conv, v_width = (2 * DELTA_K_HEADS + DELTA_HEADS) * DELTA_DIM, DELTA_HEADS * DELTA_DIM
+        layer = [("attn_qkv.weight", (conv, d), T.Q4_K), ("attn_gate.weight", (v_width, d), T.Q4_K),
+                 ("ssm_alpha.weight", (DELTA_HEADS, d), T.Q4_K), ("ssm_beta.weight", (DELTA_HEADS, d), T.Q4_K),
+                 ("ssm_conv1d.weight", (conv, CONV), T.F32), ("ssm_dt.bias", (DELTA_HEADS,), T.F32),
+                 ("ssm_a", (DELTA_HEADS,), T.F32), ("ssm_norm.weight", (DELTA_DIM,), T.F32),
+                 ("ssm_out.weight", (d, v_width), T.Q4_K)]
+    else:
+        q, kv = shape.n_heads * shape.head_dim, shape.n_kv_heads * shape.head_dim
+        layer = [("attn_q.weight", (2 * q, d), T.Q4_K), ("attn_k.weight", (kv, d), T.Q4_K),
+                 ("attn_v.weight", (kv, d), T.Q6_K if more else T.Q4_K), ("attn_output.weight", (d, q), T.Q4_K),
+                 ("attn_q_norm.weight", (shape.head_dim,), T.F32), ("attn_k_norm.weight", (shape.head_dim,), T.F32)]
+    return [("attn_norm.weight", (d,), T.F32), *layer, ("post_attention_norm.weight", (d,), T.F32),
+            ("ffn_gate_inp_shexp.weight", (1, d), T.F32), ("ffn_gate_shexp.weight", (ff, d), T.Q4_K),
+            ("ffn_up_shexp.weight", (ff, d), T.Q4_K), ("ffn_down_shexp.weight", (d, ff), T.Q6_K if more else T.Q4_K)]
 
 
 def f16_bytes(x: float, n: int) -> np.ndarray:
@@ -196,6 +239,10 @@ def write_moe_shape(path: str | Path, shape: MoeShape, seed: int = SEED, name: s
             writer.write_tensor_data((1.0 + 0.1 * rng.standard_normal(dims)).astype(np.float32))
         elif tensor_name.endswith("ffn_gate_inp.weight"):  # router: logits of std ~3
             writer.write_tensor_data((3.0 / np.sqrt(dims[-1]) * rng.standard_normal(dims)).astype(np.float32))
+        elif tensor_name.endswith("ssm_a"):  # -exp(A_log): decays within (0, 1)
+            writer.write_tensor_data(-rng.uniform(1.0, 8.0, dims).astype(np.float32))
+        elif tensor_name.endswith(("ssm_conv1d.weight", "ffn_gate_inp_shexp.weight")):
+            writer.write_tensor_data((0.5 / np.sqrt(dims[-1]) * rng.standard_normal(dims)).astype(np.float32))
         else:  # biases, sinks
             writer.write_tensor_data((0.1 * rng.standard_normal(dims)).astype(np.float32))
     writer.close()

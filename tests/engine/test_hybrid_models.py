@@ -267,3 +267,18 @@ def test_a_multi_token_prediction_layer_is_left_out_with_a_note(tmp_path):
         np.testing.assert_allclose(logits, ref["logits"][0], rtol=0, atol=1e-3 * np.ptp(ref["logits"][0]))
     finally:
         loaded.close()
+
+
+def test_qwen35_word_splitting_is_known(tmp_path):
+    # Qwen3.5's files name their pre-tokenizer "qwen35" (Qwen2's regex, letters with their marks).
+    source = FIXTURES / "models" / "tiny-qwen35-f32.gguf"
+    copy_gguf(source, tmp_path / "pre.gguf", lambda name, value: "qwen35" if name == "tokenizer.ggml.pre" else value)
+    text = "Its rivers met, and the café's mill turned 12 times a day.\n"
+    ids = {}
+    for path in (source, tmp_path / "pre.gguf"):
+        loaded = load_model(path, backend="numpy")
+        try:
+            ids[path] = loaded.tokenizer.encode(text)
+        finally:
+            loaded.close()
+    assert ids[source] == ids[tmp_path / "pre.gguf"]  # the same pieces wherever no mark follows a letter
