@@ -161,10 +161,11 @@ class LayerReader:
         """The prepared weight `name` outside the layers, or None if the file has none."""
         return self.global_weight(name) if name in self.file.tensors else None
 
-    def global_weight(self, name: str) -> Any:
-        """The prepared weight `name` (a tensor outside the layers, or a whole name)."""
+    def global_weight(self, name: str, shape: tuple[int, ...] | None = None) -> Any:
+        """The prepared weight `name` (a tensor outside the layers, or a whole name), with
+        `shape` in place of the file's where given (a vector read as a one-row matrix)."""
         info = self.file.tensors[name]
-        weight = self.backend.prepare_weight(WeightSpec(name, info.data, info.ggml_type, info.shape))
+        weight = self.backend.prepare_weight(WeightSpec(name, info.data, info.ggml_type, shape or info.shape))
         self._count()
         return weight
 

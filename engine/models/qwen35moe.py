@@ -9,12 +9,16 @@ sigmoid(x . w), its gate (`ffn_gate_inp_shexp`).
 from typing import TYPE_CHECKING, Any
 
 from backends.base import PassInput
+from engine.config import ModelConfig, bad_file, required_tensor
+from engine.gguf_file import GGUFFile
 from engine.models import qwen35
 from engine.models.block import LayerReader, TensorSpec
 from engine.models.moe import MoEMLP
 
 if TYPE_CHECKING:
     from engine.models.common import Transformer
+
+SHARED_ROUTER = "ffn_gate_inp_shexp.weight"  # (1, D) as the converter writes it, (D,) as the quantizer does
 
 
 class SharedExpertMoE(MoEMLP):
@@ -25,15 +29,15 @@ class SharedExpertMoE(MoEMLP):
         TensorSpec("ffn_gate_shexp.weight", "shared_gate", lambda c: (c.d_shared_expert, c.d_model)),
         TensorSpec("ffn_up_shexp.weight", "shared_up", lambda c: (c.d_shared_expert, c.d_model)),
         TensorSpec("ffn_down_shexp.weight", "shared_down", lambda c: (c.d_model, c.d_shared_expert)),
-        TensorSpec("ffn_gate_inp_shexp.weight", "shared_router", lambda c: (1, c.d_model)),
-    )
+    )  # and SHARED_ROUTER, checked by the model (its shape varies)
     shared_gate: Any
     shared_up: Any
     shared_down: Any
-    shared_router: Any
 
     def __init__(self, reader: LayerReader, model: "Transformer", index: int):
         super().__init__(reader, model, index)
+        d_model = model.config.d_model
+        self.shared_router = reader.global_weight(f"blk.{index}.{SHARED_ROUTER}", (1, d_model))  # (1, D)
         self.shared_gate_up = self.backend.fuse_linear([self.shared_gate, self.shared_up])
         self.shared_down_linear = reader.linear("ffn_down_shexp.weight", self.shared_down)
 
@@ -51,3 +55,13 @@ class Model(qwen35.Model):
 
     family = qwen35.Model.family  # the same settings; the feed-forward block differs
     feed_forward = SharedExpertMoE
+
+    @classmethod
+    def check_tensors(cls, f: GGUFFile, config: ModelConfig) -> None:
+        """As Qwen3.5's, and each layer's shared-expert gate: (1, D) or (D,)."""
+        super().check_tensors(f, config)
+        for i in range(config.n_layers):
+            name = f"blk.{i}.{SHARED_ROUTER}"
+            shape = required_tensor(f, name).shape
+            if shape not in ((config.d_model,), (1, config.d_model)):
+                bad_file(f, f"the tensor {name!r} has shape {shape}, but the metadata implies ({config.d_model},)")
