@@ -400,6 +400,30 @@ class Backend(ABC):
     def state_bytes(self, state: Any) -> int:
         """Bytes the state occupies."""
 
+    def state_arrays(self, state: Any) -> list[np.ndarray]:
+        """The host arrays that hold `state`, in an order fixed by its layout: what saving a
+        conversation writes, and what restoring one writes back into before calling
+        `load_state_arrays`. By default every NumPy array among the state's attributes (and
+        in their lists and tuples), by attribute name: views of the state itself, whatever
+        their dtype. A backend whose arrays are views of one buffer returns the buffer; one
+        whose state lives on a device returns host copies."""
+        found: list[np.ndarray] = []
+
+        def collect(value: Any) -> None:
+            if isinstance(value, np.ndarray):
+                found.append(value)
+            elif isinstance(value, list | tuple):
+                for item in value:
+                    collect(item)
+
+        for name in sorted(vars(state)):
+            collect(vars(state)[name])
+        return found
+
+    def load_state_arrays(self, state: Any, arrays: list[np.ndarray]) -> None:  # noqa: B027  # views: written
+        """Make `state` hold `arrays` (from `state_arrays`, written by the caller). Nothing
+        to do by default: those arrays are the state's own memory."""
+
     def forget(self, state: Any, start: int, end: int) -> None:  # noqa: B027  # a no-op by default
         """Forget positions start .. end-1 of every attention layer (a rollback, as after a
         rejected speculative draft); from `start` 0, every layer returns to its fresh state,

@@ -491,6 +491,10 @@ class CpuBackend(Backend):
     def state_bytes(self, state: CpuState) -> int:
         return state.arena.nbytes
 
+    def state_arrays(self, state: CpuState) -> list[np.ndarray]:
+        """The arena, which every layer's arrays are views of."""
+        return [state.arena]
+
     def forget(self, state: CpuState, start: int, end: int) -> None:
         """Zero positions start .. end-1 of every attention layer: a ring's rows p % slots and
         their mirrors (all of them if the span covers the ring); from `start` 0, recurrent

@@ -362,6 +362,16 @@ class MLXBackend(Backend):
     def state_bytes(self, state: MLXState) -> int:
         return sum(a.nbytes for layer in state.arrays for a in layer)
 
+    def state_arrays(self, state: MLXState) -> list[np.ndarray]:
+        """Host copies of every layer's arrays, layer by layer."""
+        return [np.array(a) for layer in state.arrays for a in layer]
+
+    def load_state_arrays(self, state: MLXState, arrays: list[np.ndarray]) -> None:
+        """Replace every layer's arrays by `arrays` (as `state_arrays` orders them), on the device."""
+        host = iter(arrays)
+        state.arrays[:] = [[mx.array(next(host)) for _ in layer] for layer in state.arrays]
+        mx.eval(state.arrays)
+
     def close(self) -> None:
         mx.clear_cache()
 
