@@ -115,7 +115,7 @@ def write_state(path: Path, cache_: KVCache, identity: Identity) -> int:
             f.write(MAGIC)
             for array in arrays:
                 offset, digest, packer = f.tell(), hashlib.sha256(), zlib.compressobj(LEVEL)
-                raw = memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))  # (nbytes,)
+                raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data  # (nbytes,)
                 for lo in range(0, len(raw), CHUNK):
                     block = packer.compress(raw[lo : lo + CHUNK])
                     digest.update(block)
@@ -208,7 +208,7 @@ def _read_blob(f: Any, entry: dict) -> Any:
 
 def _inflate_into(f: Any, entry: dict, array: np.ndarray) -> None:
     """Decompress one array straight into `array`'s memory: exactly its size, or StateFileError."""
-    out = memoryview(array.reshape(-1).view(np.uint8))  # (nbytes,), a view: written in place
+    out = array.reshape(-1).view(np.uint8).data  # (nbytes,), a view: written in place
     inflater, at = zlib.decompressobj(), 0
     try:
         for block in _read_blob(f, entry):
@@ -298,8 +298,8 @@ class SavedStates:
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             size = write_state(self.path(key), cache_, identity)
-        except OSError as exc:
-            log.warning("the conversation's state was not saved: %s", exc)
+        except (OSError, MemoryError) as exc:
+            log.warning("the conversation's state was not saved: %s", exc or type(exc).__name__)
             return False
         log.info("saved %d tokens of state for %s (%.1f MB)", cache_.n_used, key, size / 1e6)
         self.evict()
