@@ -44,7 +44,7 @@ CASES = {
 def converter_rope_freqs(llama_cpp: Path, rope: dict) -> list[float]:
     """The `rope_freqs.weight` llama.cpp's converter writes for a Llama 3 config."""
     sys.path[:0] = [str(llama_cpp), str(llama_cpp / "gguf-py")]
-    from conversion.llama import LlamaModel  # noqa: PLC0415  # llama.cpp's tree, found at run time
+    from conversion.llama import LlamaModel  # llama.cpp's tree, found at run time
 
     converter = SimpleNamespace(
         rope_parameters=rope,
