@@ -3,6 +3,7 @@ when it answers again, so that only the new turn is read."""
 
 import logging
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -68,4 +69,15 @@ def test_deleting_a_conversation_deletes_its_state(qtbot, window):
     controller.open_conversation(None)
     qtbot.waitUntil(lambda: state_file(window, first).exists(), timeout=ANSWER_TIMEOUT_MS)
     controller.delete_conversation(first)
+    assert not state_file(window, first).exists()
+
+
+@pytest.mark.any_model
+def test_a_cap_of_nothing_keeps_nothing(qtbot, window):
+    controller = window.controller
+    controller.settings = replace(controller.settings, saved_states_mb=0)
+    answer(qtbot, window, lambda: controller.send("Tell me about rivers."))
+    first = controller.conversation.id
+    controller.open_conversation(None)
+    answer(qtbot, window, lambda: controller.send("Something else."))  # runs after any save the leaving queued
     assert not state_file(window, first).exists()
