@@ -7,21 +7,23 @@ valid for: the model file's fingerprint, the backend, the layout of the state's 
 conversation restores the file when those match the prompt's first tokens (the rest is
 read as usual), and reads the whole text again otherwise.
 
-The arrays are whatever the backend holds the state in (`Backend.state_arrays`), written
-with zlib at level 1: the standard library's, fast enough to keep up with a disk (lzma
-compresses float data a little better at a tenth of the speed), and it squeezes the
-unused, zeroed positions of the context to almost nothing. NumPy's `savez_compressed`
-is zlib too, but `np.load` allocates whatever shape a file declares before reading it.
+The arrays are whatever the backend holds the state in (`Backend.state_arrays`), cut into
+pieces of 4 MiB, each compressed with zlib at level 1 on a thread of its own (zlib lets go
+of the GIL): the standard library's, fast enough to keep up with a disk (lzma compresses
+float data a little better at a tenth of the speed), and it squeezes the unused, zeroed
+positions of the context to almost nothing. NumPy's `savez_compressed` is zlib too, but
+`np.load` allocates whatever shape a file declares before reading it, and inflates on one
+core.
 
 A file is
 
-    MAGIC | each array, zlib-compressed | header (JSON) | header length (u64) | header SHA-256 | END
+    MAGIC | the pieces of every array | header (JSON) | header length (u64) | header SHA-256 | END
 
 with the header at the end so that arrays stream to disk as they are compressed. Nothing
 in a file is trusted: a file is refused, with a note in the log, when it is truncated,
-its header's hash or an array's hash fails, its fingerprint, backend or layout differs
-from the live cache (declared shapes are compared, never allocated: arrays are inflated
-into the cache's own memory, at most their exact size), or its tokens are not the
+its header's hash or a piece's hash fails, its fingerprint, backend or layout differs
+from the live cache (declared shapes are compared, never allocated: pieces are inflated
+into the cache's own memory, at most their exact size, once every hash holds), or its tokens are not the
 prompt's. No pickle is ever read. The folder keeps under a size cap, dropping the least
 recently used files first.
 """
@@ -33,7 +35,9 @@ import os
 import struct
 import tempfile
 import zlib
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -50,7 +54,9 @@ END = b"SPRIGEND"
 SUFFIX = ".sprigkv"
 FORMAT = 1
 LEVEL = 1  # zlib: fastest; the KV values compress little at any level
-CHUNK = 16 << 20  # bytes compressed, hashed or read at a time
+CHUNK = 4 << 20  # the raw bytes of one piece: pieces are compressed and inflated one per core at a time
+MAX_CHUNK = 1 << 30
+WORKERS = os.cpu_count() or 1
 MAX_HEADER = 64 << 20  # a header holds the token ids: ~10 bytes each, far below this at any context
 _TRAILER = struct.Struct("<Q32s8s")  # header length, header SHA-256, END
 FINGERPRINT_HEAD = 16 << 20  # the GGUF header (metadata, vocabulary, tensor infos) lies in here
@@ -104,26 +110,43 @@ def identity_of(path: Path, model: Any) -> Identity:
     return Identity(fingerprint, model.backend.name)
 
 
+def _pieces(array: np.ndarray) -> list[memoryview]:
+    """The array's bytes in CHUNK-sized views (its own memory where it is contiguous)."""
+    raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data  # (nbytes,)
+    return [raw[lo : lo + CHUNK] for lo in range(0, len(raw), CHUNK)]
+
+
+def _pack(piece: memoryview) -> tuple[bytes, str]:
+    block = zlib.compress(piece, LEVEL)
+    return block, hashlib.sha256(block).hexdigest()
+
+
+def _in_order(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: list) -> Iterator[Any]:
+    """`fn` of each item on `pool`, in order, with at most two per worker under way."""
+    pending: deque[Future] = deque()
+    for item in items:
+        pending.append(pool.submit(fn, item))
+        if len(pending) >= 2 * WORKERS:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
+
+
 def write_state(path: Path, cache_: KVCache, identity: Identity) -> int:
     """Write `cache_`'s state and tokens to `path` (atomically: a temporary file, then a
-    rename); return the file's size."""
+    rename); return the file's size. The arrays go in pieces of CHUNK bytes, compressed
+    one per core at a time."""
     arrays = cache_.backend.state_arrays(cache_.storage)
-    entries = []
+    pieces = [(i, piece) for i, array in enumerate(arrays) for piece in _pieces(array)]
+    chunks: list[list] = [[] for _ in arrays]
     handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".part")
     try:
-        with os.fdopen(handle, "wb") as f:
+        with os.fdopen(handle, "wb") as f, ThreadPoolExecutor(WORKERS) as pool:
             f.write(MAGIC)
-            for array in arrays:
-                offset, digest, packer = f.tell(), hashlib.sha256(), zlib.compressobj(LEVEL)
-                raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data  # (nbytes,)
-                for lo in range(0, len(raw), CHUNK):
-                    block = packer.compress(raw[lo : lo + CHUNK])
-                    digest.update(block)
-                    f.write(block)
-                block = packer.flush()
-                digest.update(block)
+            packed = _in_order(pool, _pack, [piece for _, piece in pieces])
+            for (i, _), (block, digest) in zip(pieces, packed, strict=True):
+                chunks[i].append([f.tell(), len(block), digest])
                 f.write(block)
-                entries.append({"offset": offset, "length": f.tell() - offset, "sha256": digest.hexdigest()})
             header = {
                 "format": FORMAT,
                 "fingerprint": identity.fingerprint,
@@ -131,7 +154,8 @@ def write_state(path: Path, cache_: KVCache, identity: Identity) -> int:
                 "kv_dtypes": sorted({a.dtype.name for a in arrays}),
                 "n_ctx": cache_.n_ctx,
                 "tokens": list(cache_.tokens),
-                "arrays": [{**e, **layout} for e, layout in zip(entries, _layout(arrays), strict=True)],
+                "chunk_bytes": CHUNK,
+                "arrays": [{**layout, "chunks": c} for layout, c in zip(_layout(arrays), chunks, strict=True)],
             }
             data = json.dumps(header, separators=(",", ":")).encode()
             f.write(data)
@@ -178,51 +202,57 @@ def _check_header(header: Any, data_end: int) -> None:
     """Types and bounds of every field a restore uses (a hash only proves the writer wrote it)."""
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise StateFileError("its header is not of this version")
-    tokens, arrays = header.get("tokens"), header.get("arrays")
+    tokens, arrays, chunk_bytes = header.get("tokens"), header.get("arrays"), header.get("chunk_bytes")
     if not isinstance(tokens, list) or not all(type(t) is int and t >= 0 for t in tokens):
         raise StateFileError("its token ids are malformed")
-    if not isinstance(arrays, list):
+    if type(chunk_bytes) is not int or not 0 < chunk_bytes <= MAX_CHUNK:
+        raise StateFileError("its piece size is malformed")
+    if not isinstance(arrays, list) or not all(
+        isinstance(e, dict) and isinstance(e.get("chunks"), list) for e in arrays
+    ):
         raise StateFileError("its array list is malformed")
     end = len(MAGIC)
-    for entry in arrays:
-        fields = ("offset", "length", "sha256", "dtype", "shape")
-        if not isinstance(entry, dict) or any(name not in entry for name in fields):
-            raise StateFileError("an array entry is malformed")
-        offset, length = entry["offset"], entry["length"]
+    for chunk in (chunk for entry in arrays for chunk in entry["chunks"]):
+        if not isinstance(chunk, list) or len(chunk) != 3 or not isinstance(chunk[2], str):
+            raise StateFileError("an array's piece is malformed")
+        offset, length = chunk[0], chunk[1]
         if type(offset) is not int or type(length) is not int or not end <= offset <= data_end - length:
             raise StateFileError("an array lies outside the file")
         end = offset + length
 
 
-def _read_blob(f: Any, entry: dict) -> Any:
-    """The compressed bytes of one array, in chunks."""
-    f.seek(entry["offset"])
-    left = entry["length"]
-    while left:
-        block = f.read(min(CHUNK, left))
-        if not block:
+class _Pieces:
+    """Reads the compressed pieces of an open state file, from any thread (`os.pread`)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def read(self, chunk: list) -> bytes:
+        """The compressed bytes of one piece; StateFileError if the file ends first."""
+        data = os.pread(self.fd, chunk[1], chunk[0])
+        if len(data) != chunk[1]:
             raise StateFileError("it is truncated")
-        left -= len(block)
-        yield block
+        return data
 
+    def verify(self, chunk: list) -> None:
+        """StateFileError unless the piece's SHA-256 is the header's."""
+        if hashlib.sha256(self.read(chunk)).hexdigest() != chunk[2]:
+            raise StateFileError("an array is corrupt")
 
-def _inflate_into(f: Any, entry: dict, array: np.ndarray) -> None:
-    """Decompress one array straight into `array`'s memory: exactly its size, or StateFileError."""
-    out = array.reshape(-1).view(np.uint8).data  # (nbytes,), a view: written in place
-    inflater, at = zlib.decompressobj(), 0
-    try:
-        for block in _read_blob(f, entry):
-            while block:
-                if at == len(out):
-                    raise StateFileError("an array holds more data than its shape")
-                piece = inflater.decompress(block, len(out) - at)
-                out[at : at + len(piece)] = piece
-                at += len(piece)
-                block = inflater.unconsumed_tail
-        if at != len(out) or not inflater.eof:
+    def inflate(self, job: tuple[list, memoryview]) -> None:
+        """Decompress one piece straight into `out`: exactly its size, or StateFileError."""
+        chunk, out = job
+        inflater = zlib.decompressobj()
+        try:
+            data = inflater.decompress(self.read(chunk), len(out))
+            extra = b"" if inflater.eof else inflater.decompress(inflater.unconsumed_tail, 1)
+        except zlib.error as exc:
+            raise StateFileError(f"an array is corrupt ({exc})") from exc
+        if extra or inflater.unused_data:
+            raise StateFileError("an array holds more data than its shape")
+        if not inflater.eof or len(data) != len(out):
             raise StateFileError("an array holds less data than its shape")
-    except zlib.error as exc:
-        raise StateFileError(f"an array is corrupt ({exc})") from exc
+        out[:] = data
 
 
 def matching_tokens(saved: Sequence[int], prompt: Sequence[int]) -> int:
@@ -256,23 +286,31 @@ def restore_state(path: Path, cache_: KVCache, prompt: Sequence[int], identity: 
     if kept <= min(cache_.common_prefix(prompt), last):
         return 0  # the cache already holds as much
     arrays = cache_.backend.state_arrays(cache_.storage)
-    if [{"dtype": e["dtype"], "shape": e["shape"]} for e in header["arrays"]] != _layout(arrays):
+    if [{"dtype": e.get("dtype"), "shape": e.get("shape")} for e in header["arrays"]] != _layout(arrays):
         raise StateFileError("its arrays are not this cache's (another context length or KV type)")
     if not all(a.flags.c_contiguous for a in arrays):
         raise StateFileError(f"the {identity.backend} backend's state cannot be written in place")
-    with open(path, "rb") as f:
-        for entry in header["arrays"]:  # every hash first, so a damaged file leaves the cache alone
-            digest = hashlib.sha256()
-            for block in _read_blob(f, entry):
-                digest.update(block)
-            if digest.hexdigest() != entry["sha256"]:
-                raise StateFileError("an array is corrupt")
-        try:
-            for entry, array in zip(header["arrays"], arrays, strict=True):
-                _inflate_into(f, entry, array)
-        except BaseException:
-            cache_.reset()
-            raise
+    step = header["chunk_bytes"]
+    outs = [a.reshape(-1).view(np.uint8).data for a in arrays]  # (nbytes,) each, views: written in place
+    jobs = []
+    for entry, out in zip(header["arrays"], outs, strict=True):
+        if len(entry["chunks"]) != -(-len(out) // step):
+            raise StateFileError("an array's pieces do not cover its shape")
+        jobs += [(chunk, out[i * step : (i + 1) * step]) for i, chunk in enumerate(entry["chunks"])]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        pieces = _Pieces(fd)
+        with ThreadPoolExecutor(WORKERS) as pool:
+            list(
+                pool.map(pieces.verify, [chunk for chunk, _ in jobs])
+            )  # every hash first: a damaged file is not loaded
+            try:
+                list(pool.map(pieces.inflate, jobs))
+            except BaseException:
+                cache_.reset()
+                raise
+    finally:
+        os.close(fd)
     cache_.backend.load_state_arrays(cache_.storage, arrays)
     cache_.adopt(tokens)
     cache_.truncate(kept)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import engine.models.attention
+import engine.saved_state
 from backends.base import AttentionState, RecurrentState
 from backends.numpy_backend import NumpyBackend
 from engine.chat_session import ChatSession
@@ -59,7 +60,9 @@ def saved_cache(loaded, tokens, tmp_path) -> tuple[SavedStates, Identity]:
     return states, identity
 
 
-def test_a_restored_cache_gives_the_logits_of_the_text_read_again(loaded, tmp_path):
+@pytest.mark.parametrize("chunk", [4 << 20, 3000])
+def test_a_restored_cache_gives_the_logits_of_the_text_read_again(loaded, tmp_path, monkeypatch, chunk):
+    monkeypatch.setattr(engine.saved_state, "CHUNK", chunk)  # one piece per array, or many
     tokens = prompt_tokens(60)
     states, identity = saved_cache(loaded, tokens[:50], tmp_path)
     reread = loaded.new_cache(N_CTX)
@@ -90,7 +93,9 @@ def test_a_prefix_is_restored_and_the_rest_forgotten(loaded, tmp_path):
     np.testing.assert_allclose(got, reread, rtol=0, atol=1e-4)
 
 
-def test_rings_and_recurrent_arrays_come_back_bit_for_bit(tmp_path):
+def test_rings_and_recurrent_arrays_come_back_bit_for_bit(tmp_path, monkeypatch):
+    monkeypatch.setattr(engine.saved_state, "CHUNK", 100)  # many pieces per array, the last one short
+
     class Layers:  # what KVCache needs of a model: its backend and each layer's state
         backend = NumpyBackend()
 
@@ -220,7 +225,7 @@ def test_hostile_files_are_refused_before_anything_is_allocated(loaded, tmp_path
     refused(states, loaded, tokens, identity, caplog, "not this cache's")
 
     def outside(header):
-        header["arrays"][0]["length"] = 1 << 50
+        header["arrays"][0]["chunks"][0][1] = 1 << 50
         return header
 
     path.write_bytes(good)
@@ -249,16 +254,16 @@ def test_an_array_longer_than_its_shape_is_refused_and_the_cache_emptied(loaded,
     states, identity = saved_cache(loaded, tokens[:30], tmp_path)
     path = states.path("c1")
     header = read_header(path)
-    arrays = loaded.backend.state_arrays(loaded.new_cache(N_CTX).storage)
-    blob = zlib.compress(b"\x01" * (arrays[0].nbytes + 100))
+    blob = zlib.compress(b"\x01" * (header["chunk_bytes"] + 100))
 
-    def longer(h):
-        h["arrays"][0].update(offset=len(MAGIC), length=len(blob), sha256=hashlib.sha256(blob).hexdigest())
-        for entry in h["arrays"][1:]:
-            entry.update(offset=len(MAGIC) + len(blob), length=0, sha256=hashlib.sha256(b"").hexdigest())
-        return h
+    def longer(h):  # every piece of every array: the same block, one piece's size and a bit more
+        chunks = [chunk for entry in h["arrays"] for chunk in entry["chunks"]]
+        for i, chunk in enumerate(chunks):
+            chunk[:] = [len(MAGIC) + i * len(blob), len(blob), hashlib.sha256(blob).hexdigest()]
+        return h, len(chunks)
 
-    forge(path, blob, longer(header))
+    header, n = longer(header)
+    forge(path, blob * n, header)
     cache = loaded.new_cache(N_CTX)
     cache.feed(loaded.model, tokens[:3])
     with caplog.at_level(logging.WARNING, logger="engine.saved_state"):
