@@ -43,8 +43,15 @@ class ConversationStates:
             session.saved = None
             return
         key = conversation_key(conversation_id)
-        if session.saved is None or session.saved.key != key:
-            session.saved = ConversationState(self.states, key, identity_of(session.loaded.path, session.loaded.model))
+        if session.saved is not None and session.saved.key == key:
+            return
+        try:
+            identity = identity_of(session.loaded.path, session.loaded.model)
+        except OSError as exc:  # the model file went away after loading: nothing to check a state against
+            log.warning("conversation states are not saved: the model file cannot be read (%s)", exc)
+            session.saved = None
+            return
+        session.saved = ConversationState(self.states, key, identity)
 
     def leave(self, session: ChatSession | None, worker: Worker) -> None:
         """GUI thread, on leaving a conversation: save what `session` holds of it on the engine thread."""

@@ -81,3 +81,12 @@ def test_a_cap_of_nothing_keeps_nothing(qtbot, window):
     controller.open_conversation(None)
     answer(qtbot, window, lambda: controller.send("Something else."))  # runs after any save the leaving queued
     assert not state_file(window, first).exists()
+
+
+@pytest.mark.any_model
+def test_a_model_file_gone_after_loading_still_answers(qtbot, window, caplog):
+    controller = window.controller
+    controller._session.loaded.path.rename(controller._session.loaded.path.with_suffix(".moved"))
+    with caplog.at_level(logging.WARNING, logger="app.conversation_states"):
+        _, state = answer(qtbot, window, lambda: controller.send("Tell me about rivers."))
+    assert state == "complete" and "the model file cannot be read" in caplog.text
