@@ -23,8 +23,8 @@ with the header at the end so that arrays stream to disk as they are compressed.
 in a file is trusted: a file is refused, with a note in the log, when it is truncated,
 its header's hash or a piece's hash fails, its fingerprint, backend or layout differs
 from the live cache (declared shapes are compared, never allocated: pieces are inflated
-into the cache's own memory, at most their exact size, once every hash holds), or its tokens are not the
-prompt's. No pickle is ever read. The folder keeps under a size cap, dropping the least
+into the cache's own memory, at most their exact size, once every hash holds), or its
+tokens are not the prompt's. No pickle is ever read. The folder keeps under a size cap, dropping the least
 recently used files first.
 """
 
@@ -401,7 +401,12 @@ class ConversationState:
         return saved
 
     def restore(self, cache_: KVCache, prompt: Sequence[int]) -> int:
-        """Restore this conversation's saved state for `prompt` where it serves (see `SavedStates.restore`)."""
+        """Restore this conversation's saved state for `prompt` where it serves (see
+        `SavedStates.restore`); the file is not even read when what it was saved with shows
+        that the cache holds as much of the prompt already (every later turn)."""
+        last = max(len(prompt) - 1, 0)
+        if self.written and min(matching_tokens(self.written, prompt), last) <= min(cache_.common_prefix(prompt), last):
+            return 0
         kept = self.states.restore(self.key, cache_, prompt, self.identity)
         if kept:
             self.written = cache_.tokens

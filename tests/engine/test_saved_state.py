@@ -298,6 +298,12 @@ def test_a_session_answers_the_same_from_a_restored_or_refused_state(loaded, tmp
     with caplog.at_level(logging.WARNING, logger="engine.saved_state"):
         text, prefill = answer(ConversationState(states, "c1", identity))
     assert (text, prefill) == (reread_text, reread_prefill) and "corrupt" in caplog.text
+    damaged[-60] ^= 0x01  # the header too: any reading of the file would say so
+    states.path("c1").write_bytes(bytes(damaged))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="engine.saved_state"):
+        list(first.send("and then?"))  # the session that saved it holds it all: the file is not read
+    assert not caplog.text
 
 
 # -- the cap --------------------------------------------------------------------------
