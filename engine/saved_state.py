@@ -366,7 +366,9 @@ class SavedStates:
 
     def evict(self) -> None:
         """Delete the least recently used files (saved or restored last longest ago) until
-        the folder is within the cap."""
+        the folder is within the cap, and what a save cut short (a crash) left behind."""
+        for leftover in self.folder.glob("*.part"):
+            leftover.unlink(missing_ok=True)
         files = []
         for path in self.folder.glob(f"*{SUFFIX}"):
             try:

@@ -322,9 +322,11 @@ def test_the_cap_drops_the_least_recently_used(loaded, tmp_path):
     states.cap_bytes = 3 * size + size // 2
     states.save("d", cache, identity)
     assert [states.path(k).exists() for k in "abcd"] == [True, False, True, True]
+    (states.folder / "tmp123.part").write_bytes(b"half a file")  # a save cut short
     states.cap_bytes = size // 2  # smaller than any one file: nothing is kept
     states.save("e", cache, identity)
     assert not any(states.path(k).exists() for k in "abcde")
+    assert not list(states.folder.iterdir())
 
 
 def test_fingerprints_tell_model_files_apart(model_paths, tmp_path):
