@@ -265,6 +265,23 @@ def matching_tokens(saved: Sequence[int], prompt: Sequence[int]) -> int:
     return n
 
 
+def _inflate_jobs(header: dict, arrays: list[np.ndarray], backend: str) -> list[tuple[list, memoryview]]:
+    """Each piece of the file with the part of the live arrays it fills; StateFileError
+    unless the file's arrays have the live ones' dtypes and shapes, piece for piece."""
+    if [{"dtype": e.get("dtype"), "shape": e.get("shape")} for e in header["arrays"]] != _layout(arrays):
+        raise StateFileError("its arrays are not this cache's (another context length or KV type)")
+    if not all(a.flags.c_contiguous for a in arrays):
+        raise StateFileError(f"the {backend} backend's state cannot be written in place")
+    step = header["chunk_bytes"]
+    jobs = []
+    for entry, array in zip(header["arrays"], arrays, strict=True):
+        out = array.reshape(-1).view(np.uint8).data  # (nbytes,), a view: written in place
+        if len(entry["chunks"]) != -(-len(out) // step):
+            raise StateFileError("an array's pieces do not cover its shape")
+        jobs += [(chunk, out[i * step : (i + 1) * step]) for i, chunk in enumerate(entry["chunks"])]
+    return jobs
+
+
 def restore_state(path: Path, cache_: KVCache, prompt: Sequence[int], identity: Identity) -> int:
     """Load the state file at `path` into `cache_` when it serves `prompt` better than what
     the cache holds; return how many of the prompt's tokens the cache then holds, 0 if it
@@ -286,24 +303,13 @@ def restore_state(path: Path, cache_: KVCache, prompt: Sequence[int], identity: 
     if kept <= min(cache_.common_prefix(prompt), last):
         return 0  # the cache already holds as much
     arrays = cache_.backend.state_arrays(cache_.storage)
-    if [{"dtype": e.get("dtype"), "shape": e.get("shape")} for e in header["arrays"]] != _layout(arrays):
-        raise StateFileError("its arrays are not this cache's (another context length or KV type)")
-    if not all(a.flags.c_contiguous for a in arrays):
-        raise StateFileError(f"the {identity.backend} backend's state cannot be written in place")
-    step = header["chunk_bytes"]
-    outs = [a.reshape(-1).view(np.uint8).data for a in arrays]  # (nbytes,) each, views: written in place
-    jobs = []
-    for entry, out in zip(header["arrays"], outs, strict=True):
-        if len(entry["chunks"]) != -(-len(out) // step):
-            raise StateFileError("an array's pieces do not cover its shape")
-        jobs += [(chunk, out[i * step : (i + 1) * step]) for i, chunk in enumerate(entry["chunks"])]
+    jobs = _inflate_jobs(header, arrays, identity.backend)
     fd = os.open(path, os.O_RDONLY)
     try:
         pieces = _Pieces(fd)
         with ThreadPoolExecutor(WORKERS) as pool:
-            list(
-                pool.map(pieces.verify, [chunk for chunk, _ in jobs])
-            )  # every hash first: a damaged file is not loaded
+            # every hash first, so that nothing of a damaged file is loaded
+            list(pool.map(pieces.verify, [chunk for chunk, _ in jobs]))
             try:
                 list(pool.map(pieces.inflate, jobs))
             except BaseException:
@@ -352,7 +358,7 @@ class SavedStates:
             return 0
         try:
             kept = restore_state(path, cache_, prompt, identity)
-        except StateFileError as exc:
+        except (StateFileError, OSError) as exc:
             log.warning("the saved state of %s was not used, the text is read again: %s", key, exc)
             return 0
         if kept:
