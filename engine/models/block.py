@@ -131,8 +131,12 @@ class LayerReader:
         blocks = info.data.reshape(n_experts, rows, -1)  # (E, 2F, bytes per row)
         gate, up = (
             self.backend.prepare_weight(
-                WeightSpec(f"{name}[{part}]", np.ascontiguousarray(blocks[:, first : first + half]).reshape(-1),
-                           info.ggml_type, (n_experts, half, cols))
+                WeightSpec(
+                    f"{name}[{part}]",
+                    np.ascontiguousarray(blocks[:, first : first + half]).reshape(-1),
+                    info.ggml_type,
+                    (n_experts, half, cols),
+                )
             )
             for part, first in (("gate", 0), ("up", half))
         )

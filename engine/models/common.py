@@ -80,6 +80,11 @@ class Transformer:
         with settings of its own per layer reads those too). Raises ModelFileError."""
         return ModelConfig.from_gguf(f, cls.family)
 
+    @property
+    def load_notes(self) -> list[str]:
+        """What the model left out of the file that the user should hear of (none here)."""
+        return []
+
     def read_globals(self, reader: LayerReader) -> None:
         """Prepare the tensors outside the layers that this architecture adds (none here)."""
 

@@ -22,8 +22,9 @@ As transformers' Gemma4ForCausalLM and llama.cpp's `gemma4` graph (src/models/ge
   layer adds proj(gelu(gate(x)) * its P columns), normed.
 - Embeddings scaled by sqrt(d_model), final logits soft-capped (`final_logit_softcapping`).
 
-Files from `Gemma4ForConditionalGeneration` hold only the text model; llama.cpp writes the
-vision and audio towers into a separate mmproj file, which Sprig does not read.
+llama.cpp writes a `Gemma4ForConditionalGeneration`'s vision and audio towers into a separate
+mmproj file, which Sprig does not read; a file that holds them anyway loads with a note that
+they are left unread (`load_notes`).
 """
 
 import copy
@@ -44,6 +45,7 @@ from engine.models.mlp import DenseMLP
 
 GGML_F32 = 0
 PER_LAYER_INPUT = ("inp_gate.weight", "proj.weight", "post_norm.weight")
+TOWERS = ("v.", "a.", "mm.")  # llama.cpp's names of the vision and audio towers' tensors
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,9 @@ def _per_layer_ints(f: GGUFFile, suffix: str, n_layers: int) -> tuple[int, ...]:
     value = f.arch_key(suffix)
     values = value if isinstance(value, list) else [value] * n_layers
     if len(values) != n_layers or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in values):
-        bad_file(f, f"{f.architecture}.{suffix} should be a positive whole number or one per layer, not {str(value)[:60]}")
+        bad_file(
+            f, f"{f.architecture}.{suffix} should be a positive whole number or one per layer, not {str(value)[:60]}"
+        )
     return tuple(values)
 
 
@@ -139,19 +143,24 @@ class Gemma4Attention(Block):
         slots = window + RING_SLACK - 1 if ring and window is not None else n_ctx
         return AttentionState(cfg.n_kv_heads, cfg.head_dim, cfg.head_dim, slots, window if ring else None, n_ctx)
 
-    def __call__(self, h: Any, p: PassInput, shared: dict[str, tuple[Any, Any]]) -> Any:
+    def __call__(self, h: Any, p: PassInput, shared: dict[str, tuple[Any, Any]] | None = None) -> Any:
         """Attend `h` (T, D) over the state, writing the new keys and values; `shared` holds
         each kind's keys and values of this pass for the KV-sharing layers: (T, D)."""
         be, cfg, n = self.backend, self.config, len(p.positions)
+        shared = {} if shared is None else shared
         outs = be.linear_fused(h, self.projections, (None,) * len(self.linears))
         outs = [linear.adapt(h, y) for linear, y in zip(self.linears, outs, strict=True)]  # LoRA
         q = outs[0].reshape(n, cfg.n_heads, cfg.head_dim)  # (T, H, Dh)
-        q = be.rope(norm(be, cfg, q, self.q_norm), p.positions, self.rope.base, cfg.rope_dim, True, self.rope.freq_factors)
+        q = be.rope(
+            norm(be, cfg, q, self.q_norm), p.positions, self.rope.base, cfg.rope_dim, True, self.rope.freq_factors
+        )
         if self.wk is not None:
             k = outs[1].reshape(n, cfg.n_kv_heads, cfg.head_dim)  # (T, Hkv, Dh)
             v = outs[2].reshape(n, cfg.n_kv_heads, cfg.head_dim) if self.wv is not None else k  # (T, Hkv, Dh)
             v = be.rms_norm(v, self.v_norm, cfg.norm_eps)
-            k = be.rope(norm(be, cfg, k, self.k_norm), p.positions, self.rope.base, cfg.rope_dim, True, self.rope.freq_factors)
+            k = be.rope(
+                norm(be, cfg, k, self.k_norm), p.positions, self.rope.base, cfg.rope_dim, True, self.rope.freq_factors
+            )
             shared[self.kind] = (k, v)
         else:  # a KV-sharing layer: the keys and values its source layer made in this pass
             k, v = shared[self.kind]
@@ -203,7 +212,9 @@ class Gemma4MoE(Gemma4MLP):
         TensorSpec("ffn_down_exps.scale", "expert_scale", lambda c: (c.n_experts,), optional=True, host=True),
         TensorSpec("ffn_gate_exps.weight", "gate_exps", _experts, optional=True),
         TensorSpec("ffn_up_exps.weight", "up_exps", _experts, optional=True),
-        TensorSpec("ffn_gate_up_exps.weight", "gate_up", lambda c: (c.n_experts, 2 * c.d_expert, c.d_model), optional=True),
+        TensorSpec(
+            "ffn_gate_up_exps.weight", "gate_up", lambda c: (c.n_experts, 2 * c.d_expert, c.d_model), optional=True
+        ),
     )
     FUSED = "ffn_gate_up_exps.weight"  # read as its two halves (`LayerReader.expert_halves`)
     post_mlp_norm: Any
@@ -246,6 +257,11 @@ class Gemma4MoE(Gemma4MLP):
         return be.add(mlp, norm(be, cfg, moe, self.post_moe_norm))
 
 
+def _per_layer_input(c: ModelConfig) -> int:
+    assert isinstance(c, Gemma4Config)
+    return c.per_layer_input
+
+
 class Gemma4Layer(DecoderLayer):
     """x + post(attention(norm(x))), then + post(feed-forward(x)), then + the per-layer input's
     branch where the file has them, all times the layer's scalar."""
@@ -255,8 +271,8 @@ class Gemma4Layer(DecoderLayer):
         TensorSpec("post_attention_norm.weight", "post_attn_norm", lambda c: (c.d_model,)),
         TensorSpec("post_ffw_norm.weight", "post_ffw_norm", lambda c: (c.d_model,)),
         TensorSpec("layer_output_scale.weight", "output_scale", lambda c: (1,), optional=True, host=True),
-        TensorSpec("inp_gate.weight", "input_gate", lambda c: (c.per_layer_input, c.d_model), optional=True),
-        TensorSpec("proj.weight", "input_proj", lambda c: (c.d_model, c.per_layer_input), optional=True),
+        TensorSpec("inp_gate.weight", "input_gate", lambda c: (_per_layer_input(c), c.d_model), optional=True),
+        TensorSpec("proj.weight", "input_proj", lambda c: (c.d_model, _per_layer_input(c)), optional=True),
         TensorSpec("post_norm.weight", "input_norm", lambda c: (c.d_model,), optional=True),
     )
     output_scale: np.ndarray | None
@@ -272,8 +288,12 @@ class Gemma4Layer(DecoderLayer):
             self.gate = reader.linear("inp_gate.weight", self.input_gate)
             self.proj = reader.linear("proj.weight", self.input_proj)
 
-    def __call__(self, x: Any, p: PassInput, shared: dict[str, tuple[Any, Any]], extra: Any = None) -> Any:
-        """The residual stream `x` (T, D) after this layer, `extra` its per-layer input (T, P): (T, D)."""
+    def __call__(
+        self, x: Any, p: PassInput, shared: dict[str, tuple[Any, Any]] | None = None, extra: Any = None
+    ) -> Any:
+        """The residual stream `x` (T, D) after this layer: (T, D). `shared` carries each kind's
+        keys and values of this pass to the KV-sharing layers; `extra` is the layer's per-layer
+        input (T, P), where the file has them."""
         be, cfg = self.backend, self.config
         h = self.mixer(norm(be, cfg, x, self.attn_norm), p, shared)
         x = be.add(x, norm(be, cfg, h, self.post_attn_norm))
@@ -336,7 +356,10 @@ class Model(Transformer):
         )
         config = replace(config, rope_base_local=float(f.arch_key("rope.freq_base_swa", config.rope_base)))
         for i in range(n_layers):
-            if config.n_heads % kv_heads[i] or not 0 < config.layer_config(i).rope_dim <= config.layer_config(i).head_dim:
+            if (
+                config.n_heads % kv_heads[i]
+                or not 0 < config.layer_config(i).rope_dim <= config.layer_config(i).head_dim
+            ):
                 bad_file(f, f"layer {i}'s heads, key/value heads and RoPE width do not fit together")
         first_shared = n_layers - shared_layers
         if shared_layers and any(s not in sliding[:first_shared] for s in sliding[first_shared:]):
@@ -378,13 +401,27 @@ class Model(Transformer):
                 ("per_layer_proj_norm.weight", (config.per_layer_input,)),
             ):
                 if required_tensor(f, name).shape != shape:
-                    bad_file(f, f"the tensor {name!r} has shape {f.tensors[name].shape}, but the metadata implies {shape}")
+                    bad_file(
+                        f, f"the tensor {name!r} has shape {f.tensors[name].shape}, but the metadata implies {shape}"
+                    )
 
     def read_globals(self, reader: LayerReader) -> None:
         """The per-layer input embedding, its projection and norm, where the file has them."""
         self.per_layer_embd = reader.optional_weight("per_layer_token_embd.weight")
         self.per_layer_proj = reader.optional_weight("per_layer_model_proj.weight")
         self.per_layer_norm = reader.optional_weight("per_layer_proj_norm.weight")
+
+    @property
+    def load_notes(self) -> list[str]:
+        """A note where the file also holds a vision or audio tower (llama.cpp's names for them
+        start with "v.", "a." or "mm."), which Sprig leaves unread."""
+        towers = [name for name in self._file.tensors if name.startswith(TOWERS)]
+        if not towers:
+            return []
+        return [
+            f"This file also holds Gemma 4's image or audio encoder ({len(towers)} tensors); "
+            "Sprig reads the text model only, so the model answers text and leaves those tensors unread."
+        ]
 
     def layer_attention(self, i: int) -> LayerAttention:
         """Unscaled queries (their norm sets their size), the window on sliding layers, no soft-cap."""

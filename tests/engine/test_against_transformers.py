@@ -149,8 +149,9 @@ def decode_q1_0(blocks: np.ndarray, n_cols: int) -> np.ndarray:
     return (d * (bits.astype(np.float32) * 2 - 1)).reshape(rows, n_cols)  # (rows, n_cols)
 
 
-def write_f32_twin(source: Path, target: Path) -> None:
-    """Copy a GGUF file's metadata and tensors to `target`, Q1_0 tensors decoded to F32."""
+def write_f32_twin(source: Path, target: Path, extra: dict[str, np.ndarray] | None = None) -> None:
+    """Copy a GGUF file's metadata and tensors to `target`, Q1_0 tensors decoded to F32, and
+    the `extra` tensors after them."""
     reader = GGUFReader(source)
     arch = reader.fields["general.architecture"].contents()
     writer = GGUFWriter(target, arch)
@@ -165,6 +166,8 @@ def write_f32_twin(source: Path, target: Path) -> None:
             writer.add_tensor(tensor.name, decode_q1_0(np.asarray(tensor.data), int(tensor.shape[0])))
         else:
             writer.add_tensor(tensor.name, np.asarray(tensor.data))
+    for name, array in (extra or {}).items():
+        writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
