@@ -147,7 +147,7 @@ def test_columns_and_per_expert_routing_scales_by_hand(backend_class):
 def test_a_vision_tower_in_the_file_is_left_unread_with_a_note(tmp_path):
     ref, _ = reference("gemma4-moe")
     path = tmp_path / "with-tower.gguf"
-    towers = {"v.patch_embd.weight": np.ones((16, 8), np.float32), "mm.input_projection.weight": np.ones((8, 4), np.float32)}
+    towers = {"v.patch_embd.weight": np.ones((16, 8), np.float32), "mm.input_proj.weight": np.ones((8, 4), np.float32)}
     write_f32_twin(FIXTURES / "models" / "tiny-gemma4-moe-f32.gguf", path, towers)
     loaded = load_model(path, backend="numpy")
     try:
