@@ -26,10 +26,8 @@ tests/fixtures/ppl_text.txt with Gemma 4's special tokens. The chat template is 
 llama.cpp's models/templates/).
 """
 
-import argparse
 import math
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -164,19 +162,11 @@ def expected_gguf_tensors(family: dense.Family, model, sd: dict[str, np.ndarray]
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="+", choices=sorted(FAMILIES))
-    parser.add_argument("--keep", help="keep the HF models in this folder (default: a temporary one)")
-    args = parser.parse_args(argv)
-    torch.manual_seed(0)
-    torch.set_num_threads(2)
+    """make_dense_fixtures' command line and `record`, on the Gemma 4 families and parts."""
+    dense.FAMILIES = FAMILIES
     dense.build_tokenizer, dense.init_weights = build_tokenizer, init_weights
     dense.expected_gguf_tensors = expected_gguf_tensors
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(args.keep or tmp)
-        for key in args.only or FAMILIES:
-            print(f"== tiny-{key}", flush=True)
-            dense.record(FAMILIES[key], work)
+    dense.main(argv)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ import numpy as np
 from backends.base import AttentionState, Backend, ExpertWeights, LayerAttention, PassInput, Routing, WeightSpec
 from engine.config import Family, ModelConfig, bad_file, required_tensor
 from engine.gguf_file import GGUFFile
-from engine.models.attention import RING_SLACK, LayerRope
+from engine.models.attention import LayerRope, attend, kv_state
 from engine.models.block import Block, LayerReader, TensorSpec, check_layer_tensors
 from engine.models.common import Transformer
 from engine.models.layer import DecoderLayer, norm
@@ -136,12 +136,8 @@ class Gemma4Attention(Block):
         )
 
     def state(self, n_ctx: int) -> AttentionState:
-        """The keys and values of its source layer's shape: all positions, or a ring of the
-        window and RING_SLACK more for a window smaller than the context."""
-        cfg, window = self.source, self.settings.window
-        ring = window is not None and window + RING_SLACK - 1 < n_ctx
-        slots = window + RING_SLACK - 1 if ring and window is not None else n_ctx
-        return AttentionState(cfg.n_kv_heads, cfg.head_dim, cfg.head_dim, slots, window if ring else None, n_ctx)
+        """The keys and values of its source layer's shape (`kv_state`)."""
+        return kv_state(self.source, self.settings.window, n_ctx)
 
     def __call__(self, h: Any, p: PassInput, shared: dict[str, tuple[Any, Any]] | None = None) -> Any:
         """Attend `h` (T, D) over the state, writing the new keys and values; `shared` holds
@@ -164,13 +160,7 @@ class Gemma4Attention(Block):
             shared[self.kind] = (k, v)
         else:  # a KV-sharing layer: the keys and values its source layer made in this pass
             k, v = shared[self.kind]
-        if len(p.segments) == 1:
-            segment = p.segments[0]
-            out = be.attention(q, k, v, segment.state, self.index, segment.start, self.settings)  # (T, H * Dh)
-        else:  # one token of each sequence, each over its own state
-            states, starts = [s.state for s in p.segments], [s.start for s in p.segments]
-            out = be.attention_batch(q, k, v, states, self.index, starts, self.settings)  # (B, H * Dh)
-        return self.o(out)
+        return self.o(attend(be, q, k, v, p, self.index, self.settings))  # (T, H * Dh) -> (T, D)
 
 
 class SharedKVAttention(Gemma4Attention):
