@@ -12,13 +12,14 @@ to the HF weight it came from, quantized by `llama_model_quantize` (Q8_0, Q4_K_M
 float32 references into tests/fixtures/reference/tiny-<name>.{npz,json}, and llama.cpp's
 agreement on every file (on F32 it must match transformers).
 
-- `gemma4` (the E2B/E4B layout, shrunk): sliding and global layers [S, F, S, F], the global ones
-  with their own head size (64 against 32), one key/value head whose keys are its values
-  (`attention_k_eq_v`) and proportional RoPE (a quarter of the head rotates, base 1e6); the last
+- `gemma4` (the E2B/E4B layout, shrunk; hidden 256, 2 query heads and 1 key/value head, vocabulary
+  384, window 8): sliding and global layers [S, F, S, F], the global ones with their own head
+  size (64 against 32), their keys used as values (`attention_k_eq_v`) and proportional RoPE (a quarter of the head rotates, base 1e6); the last
   two layers reuse the keys and values of the first two (`num_kv_shared_layers` 2) and their MLP is
   twice as wide (`use_double_wide_mlp`); per-layer input embeddings of width 32; final soft-cap 30.
-- `gemma4-moe` (the 26B-A4B layout, shrunk): [S, F], each feed-forward block a dense MLP beside a
-  mixture of 4 experts (top 2; the router's own norm and scale, a scale per expert).
+- `gemma4-moe` (the 26B-A4B layout, shrunk as above): [S, F], each feed-forward block a dense MLP
+  beside a mixture of 4 experts (top 2, width 64; the router's own norm and scale, a scale per
+  expert; gate and up fused in one tensor, as the converter writes them).
 
 The tokenizer is Gemma 4's kind (`tokenizer.ggml.model` "gemma4"): a BPE over raw UTF-8 with
 spaces written as U+2581, byte fallback to <0xXX> tokens, text cut only at newlines; trained on
@@ -46,7 +47,7 @@ BYTES = tuple(f"<0x{b:02X}>" for b in range(256))
 TEMPLATE = "file:google-gemma-4-31B-it.jinja"
 TEMPLATE_SOURCE = "google/gemma-4-31B-it (llama.cpp models/templates/google-gemma-4-31B-it.jinja)"
 
-COMMON = dict(vocab_size=512, vocab_size_per_layer_input=512, hidden_size=256, num_attention_heads=4,
+COMMON = dict(vocab_size=384, vocab_size_per_layer_input=384, hidden_size=256, num_attention_heads=2,
               hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6, tie_word_embeddings=True,
               max_position_embeddings=256, sliding_window=8, final_logit_softcapping=30.0,
               pad_token_id=0, eos_token_id=1, bos_token_id=2,
@@ -58,7 +59,7 @@ FAMILIES = {f.name: f for f in (
     dense.Family(
         name="gemma4", arch="gemma4", hf_class="Gemma4ForCausalLM", config_class="Gemma4TextConfig", pre="gemma4",
         splits=(), specials=SPECIALS, bos="<bos>", eos="<turn|>", seed=11,
-        config=dict(COMMON, num_hidden_layers=4, intermediate_size=128, num_key_value_heads=2, head_dim=32,
+        config=dict(COMMON, num_hidden_layers=4, intermediate_size=64, num_key_value_heads=1, head_dim=32,
                     global_head_dim=64, num_global_key_value_heads=1, attention_k_eq_v=True,
                     layer_types=["sliding_attention", "full_attention"] * 2, num_kv_shared_layers=2,
                     use_double_wide_mlp=True, hidden_size_per_layer_input=32),
@@ -67,7 +68,7 @@ FAMILIES = {f.name: f for f in (
     dense.Family(
         name="gemma4-moe", arch="gemma4", hf_class="Gemma4ForCausalLM", config_class="Gemma4TextConfig",
         pre="gemma4", splits=(), specials=SPECIALS, bos="<bos>", eos="<turn|>", seed=12,
-        config=dict(COMMON, num_hidden_layers=2, intermediate_size=128, num_key_value_heads=2, head_dim=32,
+        config=dict(COMMON, num_hidden_layers=2, intermediate_size=64, num_key_value_heads=1, head_dim=32,
                     global_head_dim=64, num_global_key_value_heads=1, attention_k_eq_v=True,
                     layer_types=["sliding_attention", "full_attention"], hidden_size_per_layer_input=0,
                     enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=64),
