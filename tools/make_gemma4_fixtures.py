@@ -155,7 +155,7 @@ def expected_gguf_tensors(family: dense.Family, model, sd: dict[str, np.ndarray]
                 name += ".weight"  # layer_scalar, the experts' 3-D parameters
         out[name] = (hf, value, lambda x: x)
     full = config.rope_parameters["full_attention"]
-    head_dim = config.global_head_dim
+    head_dim = family.config["global_head_dim"]
     rotated = int(head_dim * full["partial_rotary_factor"] / 2)
     freqs = np.array([1.0] * rotated + [1e30] * (head_dim // 2 - rotated), dtype=np.float32)
     out["rope_freqs.weight"] = (None, freqs, None)

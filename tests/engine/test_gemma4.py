@@ -92,8 +92,10 @@ def test_the_files_per_layer_settings_are_transformers_config():
     config = read_config(open_gguf(FIXTURES / "models" / "tiny-gemma4-q8_0.gguf"))
     assert config.sliding == tuple(t == "sliding_attention" for t in hf["layer_types"])
     shapes = [config.layer_config(i) for i in range(config.n_layers)]
-    assert [c.head_dim for c in shapes] == [hf["head_dim"], hf["global_head_dim"]] * 2
-    assert [c.n_kv_heads for c in shapes] == [hf["num_key_value_heads"], hf["num_global_key_value_heads"]] * 2
+    own = [{"head_dim": hf["head_dim"], "num_key_value_heads": hf["num_key_value_heads"],
+            **hf["per_layer_config"].get(str(i), {})} for i in range(4)]  # transformers' settings per layer
+    assert [c.head_dim for c in shapes] == [o["head_dim"] for o in own] == [32, 64, 32, 64]
+    assert [c.n_kv_heads for c in shapes] == [o["num_key_value_heads"] for o in own]
     assert [c.d_ff for c in shapes] == [hf["intermediate_size"]] * 2 + [2 * hf["intermediate_size"]] * 2
     assert [config.kv_source(i) for i in range(4)] == [0, 1, 0, 1]  # the last two reuse the first two's
     rope = hf["rope_parameters"]
