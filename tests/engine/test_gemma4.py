@@ -18,6 +18,7 @@ import pytest
 from backends.base import Routing
 from backends.cpu_backend import CpuBackend
 from backends.numpy_backend import NumpyBackend
+from engine.errors import ModelFileError
 from engine.gguf_file import open_gguf
 from engine.loader import load_model
 from engine.models import read_config
@@ -158,3 +159,23 @@ def test_a_vision_tower_in_the_file_is_left_unread_with_a_note(tmp_path):
         np.testing.assert_allclose(logits, ref["logits"][0], rtol=0, atol=1e-3 * np.ptp(ref["logits"][0]))
     finally:
         loaded.close()
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"omit": ("blk.1.ffn_gate_up_exps.weight",)}, r"blk\.1\.ffn_gate_up_exps\.weight"),
+        ({"metadata": {"gemma4.attention.sliding_window_pattern": [True]}}, "sliding_window_pattern"),
+        ({"metadata": {"gemma4.attention.head_count_kv": 3}}, "key/value heads"),
+        ({"metadata": {"gemma4.attention.key_length_swa": 48}}, "key and value sizes"),
+        (
+            {"metadata": {"gemma4.attention.key_length_swa": 48, "gemma4.attention.value_length_swa": 48}},
+            r"blk\.0\.attn_q\.weight.*\(64, 256\).*\(96, 256\)",
+        ),
+    ],
+)
+def test_a_broken_file_is_refused_naming_what_is_wrong(tmp_path, change, named):
+    path = tmp_path / "broken.gguf"
+    write_f32_twin(FIXTURES / "models" / "tiny-gemma4-moe-f32.gguf", path, **change)
+    with pytest.raises(ModelFileError, match=named):
+        read_config(open_gguf(path))
