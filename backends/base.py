@@ -23,7 +23,7 @@ same numbers. `argmax` and `device_tokens` let greedy decoding keep tokens on a 
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -76,12 +76,15 @@ class Routing:
     `n_used` largest probabilities, divided by their sum where `normalize` is set.
     "top_k_softmax" (gpt-oss): the `n_used` largest logits, then a softmax over those.
     Ties go to the lower expert number; the chosen experts are in falling order of weight.
+    `expert_scale` (n_experts,) float32, when set, multiplies each chosen expert's weight last
+    (Gemma 4's per-expert scale).
     """
 
     n_experts: int
     n_used: int
     order: str = "softmax_top_k"
     normalize: bool = True
+    expert_scale: np.ndarray | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -374,6 +377,11 @@ class Backend(ABC):
         `act` as in `gated_activation`. Returns (T, D). Only the chosen experts' weights
         are read.
         """
+
+    def columns(self, x: Tensor, start: int, count: int) -> Tensor:
+        """Columns start .. start + count - 1 of x (T, n): (T, count) (Gemma 4's per-layer
+        inputs, cut from one product for all layers). By default a NumPy-style slice."""
+        return x[:, start : start + count]
 
     @abstractmethod
     def add(self, a: Tensor, b: Tensor) -> Tensor:

@@ -441,7 +441,7 @@ class CpuBackend(Backend):
         out = self._new((n_tokens, 2 * routing.n_used))  # (T, 2k): experts, then weights
         self._emit(
             "route",
-            _bufs(a=logits, out=out),
+            _bufs(a=logits, b=routing.expert_scale, out=out),
             tokens=n_tokens,
             experts=routing.n_experts,
             used=routing.n_used,
@@ -468,6 +468,13 @@ class CpuBackend(Backend):
             ffn=gate.rows_per_expert,
             activation=_ACTIVATIONS[activation],
         )
+        return out
+
+    def columns(self, x: Any, start: int, count: int) -> Any:
+        x = _contiguous(x)
+        rows, cols = x.shape
+        out = self._new((rows, count))
+        self._emit("columns", _bufs(a=x, out=out), rows=rows, cols=cols, start=start, count=count)
         return out
 
     def add(self, a: Any, b: Any) -> Any:

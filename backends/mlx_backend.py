@@ -328,6 +328,8 @@ class MLXBackend(Backend):
                 weights = weights / weights.sum(axis=-1, keepdims=True)
         else:
             raise ValueError(f"unknown routing order {routing.order!r}")
+        if routing.expert_scale is not None:
+            weights = weights * mx.array(routing.expert_scale)[chosen]
         return mx.concatenate([chosen.astype(ACTIVATIONS), weights], axis=-1)  # (T, 2k)
 
     def experts(self, x: mx.array, choice: mx.array, weights: ExpertWeights, activation: str) -> mx.array:
