@@ -32,7 +32,7 @@ class LoadedModel:
     backend: Backend
     model: Transformer
     backend_notes: list[str] = field(default_factory=list)  # why the other backends were passed over
-    load_notes: list[str] = field(default_factory=list)  # what the backend changed (a type converted at load)
+    load_notes: list[str] = field(default_factory=list)  # what loading changed or left out (a type converted)
 
     def new_cache(self, n_ctx: int | None = None) -> KVCache:
         """A KV cache of `n_ctx` positions (default: 4096, capped at the model's own limit)."""
@@ -108,10 +108,14 @@ def load_model(
             chosen.close()
         model_file.close()
         raise
-    load_notes = list(chosen.load_notes)
-    if config.unused_layers:
-        load_notes.append(
-            f"The file's {config.unused_layers} multi-token-prediction layer(s) are not run "
-            "(Sprig drafts with prompt lookup or a draft model)."
-        )
-    return LoadedModel(model_file.path, model_file, config, tokenizer, template, chosen, model, notes, load_notes)
+    return LoadedModel(
+        model_file.path,
+        model_file,
+        config,
+        tokenizer,
+        template,
+        chosen,
+        model,
+        notes,
+        [*chosen.load_notes, *model.load_notes],
+    )

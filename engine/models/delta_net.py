@@ -115,7 +115,7 @@ class GatedAttention(Attention):
         """Attend `h` (T, D) over the state, each head's output gated: (T, D)."""
         be = self.backend
         q, gate, k, v = be.linear_fused(h, self.qgkv, (None, None, self.bk, self.bv))  # (T, H * Dh) ...
-        out = be.gated_activation(gate, self.attend(q, k, v, p), "sigmoid")  # (T, H * Dv)
+        out = be.gated_activation(gate, self.attend_projections(q, k, v, p), "sigmoid")  # (T, H * Dv)
         return self.o(out, self.bo)
 
 

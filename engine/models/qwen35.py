@@ -31,6 +31,16 @@ class Model(Transformer):
         """A Gated DeltaNet or gated attention, as the file marks the layer; the feed-forward block."""
         return (GatedDeltaNet if config.recurrent_layers[i] else GatedAttention), cls.feed_forward
 
+    @property
+    def load_notes(self) -> list[str]:
+        """The multi-token-prediction layers of the file, which are not run."""
+        if not self.config.unused_layers:
+            return []
+        return [
+            f"The file's {self.config.unused_layers} multi-token-prediction layer(s) are not run "
+            "(Sprig drafts with prompt lookup or a draft model)."
+        ]
+
     @classmethod
     def check_tensors(cls, f: GGUFFile, config: ModelConfig) -> None:
         """As every model, once the file is known to say which layers are recurrent."""

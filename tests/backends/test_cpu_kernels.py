@@ -291,10 +291,11 @@ def test_ops_take_their_slots_by_the_names_the_kernels_export():
     assert ops["experts"] == (10, ("tokens", "experts", "used", "ffn", "activation"), ())
     assert ops["layer_norm"] == (11, ("rows", "dim"), ("eps",))
     assert ops["scale"] == (12, ("elements",), ("factor",))
-    assert ops["short_conv"] == (13, ("tokens", "channels", "kernel"), ())
-    assert ops["delta_net"] == (14, ("tokens", "k_heads", "v_heads", "head_dim"), ("eps",))
-    assert ops["sigmoid_gate"] == (15, ("rows", "dim", "gate_dim"), ())
-    assert len({code for code, _, _ in ops.values()}) == len(ops) == 15
+    assert ops["columns"] == (13, ("rows", "cols", "start", "count"), ())
+    assert ops["short_conv"] == (14, ("tokens", "channels", "kernel"), ())
+    assert ops["delta_net"] == (15, ("tokens", "k_heads", "v_heads", "head_dim"), ("eps",))
+    assert ops["sigmoid_gate"] == (16, ("rows", "dim", "gate_dim"), ())
+    assert len({code for code, _, _ in ops.values()}) == len(ops) == 16
     x = np.arange(8, dtype=np.float32)
     out = np.full(8, -1.0, dtype=np.float32)
     with pytest.raises(ValueError, match=r"missing \['elements'\], unknown \[\]"):

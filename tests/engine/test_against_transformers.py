@@ -25,14 +25,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 
 from engine.bundled import bundled_model
 from engine.generation import FINISH_LENGTH, FINISH_STOP_TOKEN, generate
 from engine.loader import LoadedModel, load_model
 from engine.perplexity import perplexity
 from engine.sampling import SamplingParams
-from tests.gguf_factory import copy_gguf
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 REFERENCE = FIXTURES / "reference"
@@ -150,15 +149,39 @@ def decode_q1_0(blocks: np.ndarray, n_cols: int) -> np.ndarray:
     return (d * (bits.astype(np.float32) * 2 - 1)).reshape(rows, n_cols)  # (rows, n_cols)
 
 
-def write_f32_twin(source: Path, target: Path) -> None:
-    """Copy a GGUF file's metadata and tensors to `target`, Q1_0 tensors decoded to F32."""
-
-    def decoded(tensor) -> np.ndarray:
+def write_f32_twin(
+    source: Path,
+    target: Path,
+    extra: dict[str, np.ndarray] | None = None,
+    omit: tuple[str, ...] = (),
+    metadata: dict | None = None,
+) -> None:
+    """Copy a GGUF file's metadata and tensors to `target`, Q1_0 tensors decoded to F32, and
+    the `extra` tensors after them; without the `omit` tensors, with `metadata`'s values in
+    place of the file's (same types)."""
+    reader = GGUFReader(source)
+    arch = reader.fields["general.architecture"].contents()
+    writer = GGUFWriter(target, arch)
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue  # the writer writes these itself
+        value_type = GGUFValueType(field.types[0])
+        sub_type = GGUFValueType(field.types[-1]) if value_type == GGUFValueType.ARRAY else None
+        value = (metadata or {}).get(name, field.contents())
+        writer.add_key_value(name, value, value_type, sub_type=sub_type)
+    for tensor in reader.tensors:
+        if tensor.name in omit:
+            continue
         if tensor.tensor_type == GGMLQuantizationType.Q1_0:
-            return decode_q1_0(np.asarray(tensor.data), int(tensor.shape[0]))
-        return np.asarray(tensor.data)
-
-    copy_gguf(source, target, tensor=decoded)
+            writer.add_tensor(tensor.name, decode_q1_0(np.asarray(tensor.data), int(tensor.shape[0])))
+        else:
+            writer.add_tensor(tensor.name, np.asarray(tensor.data))
+    for name, array in (extra or {}).items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
 
 
 def test_decode_q1_0_by_hand():
