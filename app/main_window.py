@@ -150,7 +150,7 @@ class MainWindow(QMainWindow):
     # -- wiring --------------------------------------------------------------------
 
     def _connect(self) -> None:
-        c = self.controller
+        c, m = self.controller, self.controller.models
         self.input.submitted.connect(self.send)
         self.send_button.clicked.connect(self._send_or_stop)
         self.sidebar.new_requested.connect(self.new_conversation)
@@ -167,7 +167,7 @@ class MainWindow(QMainWindow):
         self.chat_view.version_requested.connect(c.show_version)
         self.model_bar.model_button.clicked.connect(self.open_model_picker)
         self.model_bar.cancel_button.clicked.connect(c.cancel)
-        self.model_bar.unload_button.clicked.connect(c.unload)
+        self.model_bar.unload_button.clicked.connect(m.unload)
         self.model_bar.settings_button.clicked.connect(self.open_settings)
         self.model_bar.metrics_button.toggled.connect(self.metrics.setVisible)
         self.model_bar.download_button.clicked.connect(self.open_get_models)
@@ -177,14 +177,14 @@ class MainWindow(QMainWindow):
         if pending := self.hub.pending():  # paused, or cut short by closing the app: it resumes from Get models
             self.model_bar.set_download("⏸ Paused", f"{pending[0].label}: paused; resume it in Get models")
 
-        c.model_loading.connect(self._on_model_loading)
-        c.load_progress.connect(self._on_load_progress)
-        c.model_loaded.connect(self._on_model_loaded)
-        c.remote_model_chosen.connect(self._on_remote_model_chosen)
-        c.model_unloaded.connect(self._on_model_unloaded)
-        c.backend_changed.connect(self._on_backend_changed)
+        m.model_loading.connect(self._on_model_loading)
+        m.load_progress.connect(self._on_load_progress)
+        m.model_loaded.connect(self._on_model_loaded)
+        m.remote_model_chosen.connect(self._on_remote_model_chosen)
+        m.model_unloaded.connect(self._on_model_unloaded)
+        m.backend_changed.connect(self._on_backend_changed)
         c.busy_changed.connect(self._set_busy)
-        c.context_changed.connect(self.model_bar.set_context)
+        m.context_changed.connect(self.model_bar.set_context)
         c.conversations_changed.connect(self.refresh_conversations)
         c.conversation_opened.connect(self._on_conversation_opened)
         c.messages_truncated.connect(self.chat_view.truncate_from)
@@ -376,14 +376,14 @@ class MainWindow(QMainWindow):
             draft_target=vocabulary_metadata(loaded.file.metadata) if loaded else None,
             downloads={m.path: m for m in cached_models(self.hub.hub().cache_dir)},
         )
-        picker.load_requested.connect(self.controller.load)
+        picker.load_requested.connect(self.controller.models.load)
         picker.add_requested.connect(self.add_model)
         picker.remove_requested.connect(self.store.remove_model)
         picker.delete_download_requested.connect(self.delete_download)
         picker.get_models_requested.connect(self.open_get_models)
         picker.settings_requested.connect(self.open_model_settings)
         remote = RemoteModels(self.store.endpoints(), picker)
-        remote.chosen.connect(self.controller.use_remote)
+        remote.chosen.connect(self.controller.models.use_remote)
 
         def add_server() -> None:
             if self.add_server():
@@ -422,7 +422,7 @@ class MainWindow(QMainWindow):
 
     def _keep_model_settings(self, path: Path, model_settings: ModelSettings) -> None:
         try:
-            self.controller.set_model_settings(path, model_settings)
+            self.controller.models.set_model_settings(path, model_settings)
         except StorageError as exc:
             self.error_banner.show_text(str(exc))
 
@@ -430,7 +430,7 @@ class MainWindow(QMainWindow):
         """Show the Get models view (non-modal): find, download and load models from Hugging Face."""
         settings = self.controller.settings
         view = GetModelsView(self.hub, settings.context_length, planned_backend(settings.backend), self)
-        view.load_requested.connect(self.controller.load)
+        view.load_requested.connect(self.controller.models.load)
         view.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         view.show()
         return view
@@ -483,7 +483,7 @@ class MainWindow(QMainWindow):
             return
         self.error_banner.hide()
         known = {entry.path.resolve(): entry.name for entry in self.library() if entry.path.exists()}
-        self.controller.load(file, known.get(file.resolve()))
+        self.controller.models.load(file, known.get(file.resolve()))
 
     def _on_model_loading(self, name: str) -> None:
         self.info_banner.hide()  # what it said was about the model before

@@ -74,7 +74,7 @@ def build_menu_bar(window: "MainWindow") -> dict[str, QAction]:
     actions["choose_model"] = add_action(model_menu, "&Choose model…", window.open_model_picker, "Ctrl+L")
     actions["get_models"] = add_action(model_menu, "&Get models…", window.open_get_models, "Ctrl+Shift+L")
     actions["model_settings"] = add_action(model_menu, "Model &settings…", window.open_model_settings)
-    actions["unload"] = add_action(model_menu, "&Unload", window.controller.unload)
+    actions["unload"] = add_action(model_menu, "&Unload", window.controller.models.unload)
     actions["local_server"] = add_action(model_menu, "Local &server", window.toggle_local_server)
     actions["local_server"].setCheckable(True)
 

@@ -63,7 +63,7 @@ def test_add_a_server_then_a_streamed_answer_from_it(qtbot, window, sprig_url, m
     assert group.text(0) == f"Box — {sprig_url}"
     qtbot.waitUntil(lambda: group.child(0).data(0, MODEL) is not None, timeout=20_000)
     group.child(0).setSelected(True)
-    with qtbot.waitSignal(window.controller.remote_model_chosen):
+    with qtbot.waitSignal(window.controller.models.remote_model_chosen):
         remote.use_button.click()
     picker.close()
 
@@ -79,14 +79,14 @@ def test_add_a_server_then_a_streamed_answer_from_it(qtbot, window, sprig_url, m
 def test_a_cut_stream_keeps_the_partial_answer_marked_and_the_app_usable(qtbot, window, sprig_url):
     faulty = FaultyServer()
     try:
-        window.controller.use_remote(Endpoint("Flaky", faulty.url("cut")), "m")
+        window.controller.models.use_remote(Endpoint("Flaky", faulty.url("cut")), "m")
         metrics, state = answer(qtbot, window, lambda: window.controller.send("Hello"))
         assert state == "error"
         assert metrics["error"] == "Flaky closed the connection in the middle of the answer."
         assert window.error_banner.isVisibleTo(window) and "Flaky closed" in window.error_banner.text()
         [_, reply] = window.store.messages(window.controller.conversation.id)
         assert (reply.content, reply.state) == ("Half an answer", "error")
-        window.controller.use_remote(Endpoint("Box", sprig_url), "tiny")
+        window.controller.models.use_remote(Endpoint("Box", sprig_url), "tiny")
         assert answer(qtbot, window, lambda: window.controller.send("Again"))[1] == "complete"
     finally:
         faulty.close()
