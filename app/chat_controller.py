@@ -27,6 +27,7 @@ from engine.chat_engine import ChatEngine, LocalChatEngine
 from engine.errors import ContextFullError
 from engine.generation import FINISH_CANCELLED, GenerationEvent
 from engine.loader import LoadedModel
+from engine.model_uri import parse_model_uri
 
 TITLE_LENGTH = 48
 SUMMARY_REQUEST = (
@@ -321,9 +322,24 @@ class ChatController(QObject):
             self.error.emit("Sprig is still busy with the last request; stop it or wait.")
             return False
         if self.chat_engine is None:
-            self.error.emit("No model is loaded. Choose one in the model picker, or drop a .gguf file here.")
+            self.error.emit(self._why_no_model())
             return False
         return True
+
+    def _why_no_model(self) -> str:
+        """Why nothing can answer: the open chat's server was removed, or no model is chosen."""
+        uri = self.conversation.model_uri if self.conversation else None
+        try:
+            ref = parse_model_uri(uri) if uri else None
+        except ValueError:
+            ref = None
+        if ref is not None and ref.is_remote and ref.base_url not in {e.base_url for e in self.store.endpoints()}:
+            return (
+                f"This chat's model, {ref.model_id}, was on a server that has been removed ({ref.base_url}). "
+                "To continue the chat, choose another model with the model button, or add the server again "
+                "(Settings → Models)."
+            )
+        return "No model is loaded. Choose one in the model picker, or drop a .gguf file here."
 
     def _model_name(self) -> str:
         chat = self.chat_engine

@@ -10,7 +10,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QCloseEvent, QDragEnterEvent, QDropEvent, QGuiApplication, QShowEvent
 from PySide6.QtWidgets import (
     QApplication,
@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QMainWindow,
+    QMessageBox,
     QPushButton,
     QSplitter,
     QVBoxLayout,
@@ -56,6 +57,7 @@ from engine.errors import SprigError
 from engine.hub.cache import cached_models, delete_download, find_cached
 from engine.hub.download import Progress, Pull
 from engine.remote import keys
+from engine.remote.endpoints import Endpoint
 
 # After the first show, when to compare the frame with the screen: the window manager
 # decorates the window a moment after it is mapped.
@@ -64,6 +66,8 @@ FRAME_CHECKS_MS = (0, 250, 1000)
 
 class MainWindow(QMainWindow):
     """Sprig's window."""
+
+    servers_changed = Signal(list)  # the remote servers (Endpoints), after one was added, edited or removed
 
     def __init__(self, store: Store, settings: Settings, settings_path: Path | None = None):
         super().__init__()
@@ -384,12 +388,8 @@ class MainWindow(QMainWindow):
         picker.settings_requested.connect(self.open_model_settings)
         remote = RemoteModels(self.store.endpoints(), picker)
         remote.chosen.connect(self.controller.models.use_remote)
-
-        def add_server() -> None:
-            if self.add_server():
-                remote.set_endpoints(self.store.endpoints())
-
-        remote.add_requested.connect(add_server)
+        remote.add_requested.connect(self.add_server)
+        self.servers_changed.connect(remote.set_endpoints)  # added, edited or removed: its models follow
         layout = picker.layout()
         assert layout is not None  # the picker lays itself out
         layout.addWidget(remote)  # each server's models, in a group of their own, under the files
@@ -528,25 +528,66 @@ class MainWindow(QMainWindow):
     # -- settings ------------------------------------------------------------------------
 
     def open_settings(self) -> None:
-        """The settings dialog; changes apply at once and are saved."""
+        """The settings dialog; changes apply at once and are saved. Servers are added, edited and removed
+        as the dialog's list asks, at once."""
         reasons = list(self.controller.loaded.backend_notes) if self.controller.loaded else []
-        dialog = SettingsDialog(self.controller.settings, reasons, self)
-        dialog.add_server.clicked.connect(self.add_server)
+        dialog = SettingsDialog(self.controller.settings, reasons, self, self.store.endpoints())
+        self.servers_changed.connect(dialog.servers.set_endpoints)
+        dialog.servers.add_requested.connect(self.add_server)
+        dialog.servers.edit_requested.connect(self.edit_server)
+        dialog.servers.remove_requested.connect(self.remove_server)
         if dialog.exec():
             self.apply_settings(dialog.settings())
 
     def add_server(self) -> bool:
         """Settings → Models → Add a server: keep the server (its key in the keyring); True if one was added."""
-        dialog = AddServerDialog(self)
+        return self._keep_server(AddServerDialog(self))
+
+    def edit_server(self, endpoint: Endpoint) -> bool:
+        """Settings → Models → Edit…: change a server's name, address, key or certificate choice; True if changed.
+
+        Its chats follow a new address; if its model answers now, it answers from the server as edited.
+        """
+        return self._keep_server(AddServerDialog(self, endpoint, keys.api_key(endpoint.base_url)), endpoint)
+
+    def _keep_server(self, dialog: AddServerDialog, editing: Endpoint | None = None) -> bool:
         if not dialog.exec():
             return False
         endpoint = dialog.endpoint()
         try:
             keys.save_api_key(endpoint.base_url, dialog.api_key())
-            self.store.save_endpoint(endpoint)
+            self.store.save_endpoint(endpoint, editing)
+            if editing is not None and editing.base_url != endpoint.base_url:
+                keys.save_api_key(editing.base_url, None)  # the key now lives under the new address
         except (SprigError, ValueError) as exc:
             self.error_banner.show_text(str(exc))
             return False
+        if editing is not None:
+            self.controller.models.server_changed(editing, endpoint)
+        self.servers_changed.emit(self.store.endpoints())
+        return True
+
+    def remove_server(self, endpoint: Endpoint) -> bool:
+        """Settings → Models → Remove: forget a server, delete its key from the keyring; True if removed.
+
+        Its models leave the picker; its chats stay, and say their server is gone when continued.
+        """
+        buttons = QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No
+        question = (
+            f"Remove “{endpoint.name}” ({endpoint.base_url})? Its API key is deleted from the keyring. "
+            "Chats with its models stay, to read."
+        )
+        box = QMessageBox(QMessageBox.Icon.Question, "Remove the server", question, buttons, self)
+        if box.exec() != QMessageBox.StandardButton.Yes:
+            return False
+        try:
+            keys.save_api_key(endpoint.base_url, None)
+        except SprigError as exc:
+            self.error_banner.show_text(str(exc))
+            return False
+        self.store.remove_endpoint(endpoint.name)
+        self.controller.models.server_changed(endpoint, None)
+        self.servers_changed.emit(self.store.endpoints())
         return True
 
     def apply_settings(self, settings: Settings) -> None:

@@ -130,11 +130,18 @@ class ModelHost(QObject):
         self.remote_model_chosen.emit(self.remote.describe())
         return True
 
-    def forget_server(self, endpoint: Endpoint) -> None:
-        """The server `endpoint` was removed or changed: if its model answers now, it no longer does."""
-        if self.remote is not None and self.remote.endpoint.base_url == endpoint.base_url:
-            self._drop_remote()
+    def server_changed(self, old: Endpoint, new: Endpoint | None) -> None:
+        """The server `old` was edited into `new`, or removed (None): a model of it that answers now
+        answers from the server as edited, or no longer."""
+        if self.remote is None or self.remote.endpoint != old:
+            return
+        model_id = self.remote.model
+        self._drop_remote()
+        if new is None:
             self.model_unloaded.emit()
+            return
+        self.remote = RemoteChat(new, model_id, keys.api_key(new.base_url))
+        self.remote_model_chosen.emit(self.remote.describe())
 
     def _drop_remote(self) -> None:
         if self.remote is not None:
