@@ -21,7 +21,8 @@ class ServerList(QWidget):
 
     def __init__(self, endpoints: list[Endpoint], parent: QWidget | None = None):
         super().__init__(parent)
-        self.list = QListWidget(objectName="ServerList")
+        self.list = QListWidget()
+        self.list.setObjectName("ServerList")
         self.list.setAccessibleName("Servers")
         self.add_button = QPushButton("Add a server…", autoDefault=False)
         self.add_button.setToolTip("Chat with the models of an OpenAI-compatible server (llama.cpp, vLLM, Ollama, …)")
