@@ -83,6 +83,8 @@ class ChatController(QObject):
     answer_text = Signal(str)  # the whole answer so far
     answer_metrics = Signal(dict)  # Metrics.as_dict() of the answer so far
     answer_finished = Signal(dict, str)  # final metrics, state
+    completion_text = Signal(str)  # the model's next words, for the completion view (base models)
+    completion_finished = Signal(dict, str)  # the completion's final metrics, state
     notice = Signal(str)  # something the user should know about the chat (dropped turns)
     model_notice = Signal(str)  # something to know about the model (the host's) or a job under way
     error = Signal(str)  # something went wrong (here or in the host); the engine's message, intact
@@ -316,6 +318,43 @@ class ChatController(QObject):
             f"This chat continues “{source.title}” from its summary (kept as this chat's system prompt, "
             f"in Chat settings): {summary}"
         )
+
+    def complete(self, text: str) -> bool:
+        """Let the loaded model go on with `text` as it stands, with no chat template (the completion view,
+        for base models), with the usual sampling settings and answer length. False (with an error) if that
+        cannot start."""
+        chat = self.chat_engine
+        if self.busy:
+            self.error.emit("Sprig is still busy with the last request; stop it or wait.")
+            return False
+        if not isinstance(chat, LocalChatEngine):
+            self.error.emit(
+                "Only a model loaded on this computer continues text here; choose one with the model button."
+            )
+            return False
+        settings = effective_sampling(self.models.effective_settings, {})
+        outcome: dict = {"metrics": {}, "state": MessageState.COMPLETE}
+
+        def yielded(events: list[GenerationEvent]) -> None:
+            outcome["metrics"] = events[-1].metrics.as_dict()
+            if any(event.finish_reason == FINISH_CANCELLED for event in events):
+                outcome["state"] = MessageState.CANCELLED
+            if text := "".join(event.text for event in events):
+                self.completion_text.emit(text)
+            self.answer_metrics.emit(outcome["metrics"])
+
+        def failed(message: str) -> None:
+            outcome["state"] = MessageState.ERROR
+            self.error.emit(message)
+
+        def run(cancel: threading.Event) -> Iterator[GenerationEvent]:
+            return chat.complete(text, sampling_params(settings), settings.max_tokens, cancel)
+
+        def finished(_result: object) -> None:
+            self.completion_finished.emit(outcome["metrics"], outcome["state"])
+
+        self.jobs.start(Job(run, "completion"), Handlers(finished, failed, yielded))
+        return True
 
     def _can_answer(self) -> bool:
         if self.busy:

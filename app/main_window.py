@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QPushButton,
     QSplitter,
+    QStackedWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -39,6 +40,7 @@ from app.theme import app_icon, apply_theme
 from app.transcript import TranscriptError, import_json, read_json_file, to_json, to_markdown
 from app.widgets.banner import Banner
 from app.widgets.chat_view import ChatView
+from app.widgets.completion_view import CompletionView
 from app.widgets.conversation_list import ConversationList
 from app.widgets.get_models_view import GetModelsView, progress_text
 from app.widgets.message_input import MessageInput
@@ -99,6 +101,7 @@ class MainWindow(QMainWindow):
         self.input.setAccessibleName("Message")
         self.chat_view.setAccessibleName("Conversation")
         self.metrics = MetricsPanel()
+        self.completion = CompletionView()
 
         input_row = QHBoxLayout()
         input_row.setContentsMargins(16, 8, 16, 16)
@@ -113,8 +116,16 @@ class MainWindow(QMainWindow):
         center_layout.addWidget(self.info_banner)
         center_layout.addWidget(self.server_panel)
         center_layout.addWidget(self.loading_label)
-        center_layout.addWidget(self.chat_view, 1)
-        center_layout.addLayout(input_row)
+        self.chat_page = QWidget()
+        chat_layout = QVBoxLayout(self.chat_page)
+        chat_layout.setContentsMargins(0, 0, 0, 0)
+        chat_layout.setSpacing(0)
+        chat_layout.addWidget(self.chat_view, 1)
+        chat_layout.addLayout(input_row)
+        self.pages = QStackedWidget()  # the chat, or the completion view for a base model
+        self.pages.addWidget(self.chat_page)
+        self.pages.addWidget(self.completion)
+        center_layout.addWidget(self.pages, 1)
         splitter = QSplitter()
         splitter.addWidget(self.sidebar)
         splitter.addWidget(center)
@@ -198,6 +209,12 @@ class MainWindow(QMainWindow):
         c.answer_metrics.connect(self.metrics.update_metrics)
         c.answer_finished.connect(self._on_answer_finished)
         c.notice.connect(self._on_notice)
+        c.completion_text.connect(self.completion.add_text)
+        c.completion_finished.connect(self._on_completion_finished)
+        self.completion.continue_requested.connect(self.complete)
+        self.completion.stop_requested.connect(c.cancel)
+        self.completion.chat_requested.connect(lambda: self.show_completion(False))
+        self.completion.get_models_requested.connect(self.open_get_models)
         c.model_notice.connect(self.info_banner.add_text)
         c.error.connect(self.error_banner.show_text)
         self.server_panel.toggled.connect(self.local_server.set_running)
@@ -273,6 +290,23 @@ class MainWindow(QMainWindow):
     def _on_answer_finished(self, metrics: dict, state: str) -> None:
         self.chat_view.finish_streaming(metrics, state)
         self.metrics.finish_answer(metrics)
+
+    def complete(self, text: str) -> None:
+        """The completion view's Continue: the loaded model goes on with the text."""
+        self.error_banner.hide()
+        if self.controller.complete(text):
+            self.completion.set_running(True)
+            self.metrics.start_answer()
+
+    def _on_completion_finished(self, metrics: dict, _state: str) -> None:
+        self.completion.set_running(False)
+        self.metrics.finish_answer(metrics)
+
+    def show_completion(self, on: bool) -> None:
+        """Show the completion view (a local model continues text) or the chat (View → Completion view)."""
+        on = on and self.controller.loaded is not None and self.controller.chat_engine is not None
+        self.pages.setCurrentWidget(self.completion if on else self.chat_page)
+        self.menu_actions["completion"].setChecked(on)
 
     def _on_notice(self, text: str) -> None:
         self.info_banner.show_text(text)
@@ -510,9 +544,12 @@ class MainWindow(QMainWindow):
         self.model_bar.set_model(info)
         self._save_settings()
         self._show_empty_state()
+        self.completion.set_model_name(info.name)
+        self.show_completion(info.base_model)  # a base model continues text; Chat anyway opens the chat
 
     def _on_remote_model_chosen(self, description) -> None:
         """A model on a server answers now: name it and its server in the model bar."""
+        self.show_completion(False)
         self.metrics.clear()
         self.model_bar.set_model_text(
             f"{description.name} — {description.where}", f"{description.uri}\nChoose, add or remove models (Ctrl+L)"
@@ -520,6 +557,7 @@ class MainWindow(QMainWindow):
         self._show_empty_state()
 
     def _on_model_unloaded(self) -> None:
+        self.show_completion(False)
         self.model_bar.set_loading(False)
         self.model_bar.set_model(None)
         self._on_backend_changed("none", "no model loaded", [])
