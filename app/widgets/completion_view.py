@@ -53,9 +53,8 @@ class CompletionView(QWidget):
     def set_model_name(self, name: str) -> None:
         """Say which model the view is for."""
         self.explanation.setText(
-            f"<b>{name}</b> is a base model: it continues text rather than answering questions, which suits "
-            "drafting, autocompletion and trying prompts. For a model that chats, get an instruction-tuned one "
-            f'(names ending in “Instruct” or “-it”) in <a href="{GET_MODELS_LINK}">Get models</a>.'
+            f"<b>{name}</b> is a base model: it continues your text (drafts, autocompletion) rather than chat. "
+            f'For chat, get an instruction-tuned model in <a href="{GET_MODELS_LINK}">Get models</a>.'
         )
 
     def set_running(self, running: bool) -> None:
