@@ -12,8 +12,9 @@ from engine.keyring_store import SERVICE
 from engine.model_uri import parse_model_uri
 from engine.remote import keys
 from engine.remote.endpoints import Endpoint
-from tests.app.conftest import answer, close_window, make_window, quick_settings
+from tests.app.conftest import answer, close_window, load, make_window, quick_settings
 from tests.engine.remote.faulty_server import FaultyServer
+from tests.gguf_factory import write_tiny_model
 
 
 @pytest.fixture
@@ -165,3 +166,14 @@ def test_a_removal_not_confirmed_keeps_the_server(qtbot, window, faulty, memory_
     in_settings(window, remove)
     assert window.store.endpoints() == [endpoint]
     assert memory_keyring.saved == {(SERVICE, f"server:{endpoint.base_url}"): "sk-box"}
+
+
+def test_choosing_a_remote_model_lets_the_local_one_go(qtbot, window, faulty, tmp_path):
+    load(qtbot, window, write_tiny_model(tmp_path / "tiny.gguf"))
+    assert window.controller.loaded is not None
+    with qtbot.waitSignal(window.controller.busy_changed, check_params_cb=lambda busy: not busy, timeout=20_000):
+        assert window.controller.models.use_remote(Endpoint("Box", faulty.url("think")), "m")
+    assert window.controller.loaded is None and window.controller.models.scheduler is None  # released
+    assert window.controller.chat_engine.describe().where == "Box"
+    assert window.model_bar.model_button.full_text().startswith("m — Box")
+    assert answer(qtbot, window, lambda: window.controller.send("What is 2 + 2?"))[1] == "complete"
