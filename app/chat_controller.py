@@ -17,6 +17,7 @@ from dataclasses import replace
 
 from PySide6.QtCore import QObject, Signal
 
+from app.conversation_states import ConversationStates
 from app.header_reader import HeaderReader
 from app.model_host import ModelHost
 from app.model_library import ModelInfo
@@ -101,6 +102,7 @@ class ChatController(QObject):
         self.models.model_loaded.connect(self._remember_model)
         self.headers = HeaderReader(self)  # the model picker's, on a thread of its own
         self.conversation: Conversation | None = None
+        self.saved_states = ConversationStates(store.path, lambda: self.settings.saved_states_mb)
         self._answer: dict | None = None  # the streaming answer: message id, text, metrics, saver
         self._told_overflow: set[int] = set()  # conversations already told that old turns were left out
         self._summary_of: Conversation | None = None  # the chat being summarized for a new one
@@ -151,6 +153,7 @@ class ChatController(QObject):
     def shutdown(self) -> None:
         """Stop the current job, save what streamed, end the engine thread and release the model."""
         self.jobs.stop()
+        self.saved_states.save_now(self.models.session)
         self.headers.stop()
         if self._answer is not None:
             self._answer["saver"].flush(self._answer["metrics"], MessageState.CANCELLED)
@@ -167,6 +170,7 @@ class ChatController(QObject):
             self.error.emit("Stop the current answer before switching conversations.")
             return
         self.settings = replace(self.settings, last_conversation=conversation_id)
+        self.saved_states.leave(self.models.session, self.jobs.engine.worker)
         if conversation_id is None:
             self.conversation = None
             self.conversation_opened.emit(None, [])
@@ -188,6 +192,7 @@ class ChatController(QObject):
                 return
             self.open_conversation(None)
         self.store.delete_conversation(conversation_id)
+        self.saved_states.discard(conversation_id, self.models.session)
         self.conversations_changed.emit()
 
     def set_overrides(self, overrides: dict) -> None:
@@ -417,6 +422,8 @@ class ChatController(QObject):
         self.store.set_model_uri(conversation.id, chat.describe().uri)
 
         def run(cancel: threading.Event):
+            if isinstance(chat, LocalChatEngine):
+                self.saved_states.attach(chat.session, conversation.id)
             events = chat.stream(messages, sampling_params(settings), settings.max_tokens, cancel, continuing)
             return explain_no_room(events) if continuing else events
 

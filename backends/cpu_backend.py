@@ -441,7 +441,7 @@ class CpuBackend(Backend):
         out = self._new((n_tokens, 2 * routing.n_used))  # (T, 2k): experts, then weights
         self._emit(
             "route",
-            _bufs(a=logits, out=out),
+            _bufs(a=logits, b=routing.expert_scale, out=out),
             tokens=n_tokens,
             experts=routing.n_experts,
             used=routing.n_used,
@@ -470,6 +470,13 @@ class CpuBackend(Backend):
         )
         return out
 
+    def columns(self, x: Any, start: int, count: int) -> Any:
+        x = _contiguous(x)
+        rows, cols = x.shape
+        out = self._new((rows, count))
+        self._emit("columns", _bufs(a=x, out=out), rows=rows, cols=cols, start=start, count=count)
+        return out
+
     def add(self, a: Any, b: Any) -> Any:
         out = self._new(a.shape)
         self._emit("add", _bufs(a=_contiguous(a), b=_contiguous(b), out=out), elements=int(np.prod(a.shape)))
@@ -490,6 +497,10 @@ class CpuBackend(Backend):
 
     def state_bytes(self, state: CpuState) -> int:
         return state.arena.nbytes
+
+    def state_arrays(self, state: CpuState) -> list[np.ndarray]:
+        """The arena, which every layer's arrays are views of."""
+        return [state.arena]
 
     def forget(self, state: CpuState, start: int, end: int) -> None:
         """Zero positions start .. end-1 of every attention layer: a ring's rows p % slots and
