@@ -4,7 +4,7 @@ It listens on 127.0.0.1, or on every interface ("reachable from this network", o
 API key), on the settings' port, with their CORS origins; the key comes from the keyring
 (app/server_key.py) when the server starts.
 
-The server shares the chat controller's scheduler, so the chat and the server's requests
+The server shares the model host's scheduler, so the chat and the server's requests
 take turns on the one model (the chat first), each with its own KV cache. While a model
 loads or after it is unloaded the server stays up and answers 503. No widgets here: the
 window connects `ServerPanel` to these signals.
@@ -63,9 +63,11 @@ class LocalServer(QObject):
         self._counts = (-1, -1)
         self._timer = QTimer(self, interval=POLL_MS)
         self._timer.timeout.connect(self._poll)
-        controller.model_loading.connect(self._detach)
-        controller.model_unloaded.connect(self._detach)
-        controller.model_loaded.connect(self._attach)
+        models = controller.models
+        models.model_loading.connect(self._detach)
+        models.model_unloaded.connect(self._detach)
+        models.remote_model_chosen.connect(self._detach)  # the local model is let go
+        models.model_loaded.connect(self._attach)
 
     @property
     def running(self) -> bool:
@@ -127,10 +129,10 @@ class LocalServer(QObject):
         self._poll()
 
     def _attach(self, *_info) -> None:
-        c = self.controller
-        if self.state is not None and c.loaded is not None and c.scheduler is not None:
-            context = c.effective_settings.context_length
-            self.state.served = ServedModel(c.loaded, c.scheduler, c.loaded.path.stem, context)
+        m = self.controller.models
+        if self.state is not None and m.loaded is not None and m.scheduler is not None:
+            context = m.effective_settings.context_length
+            self.state.served = ServedModel(m.loaded, m.scheduler, m.loaded.path.stem, context)
             self.served_changed.emit()
 
     def _detach(self, *_args) -> None:

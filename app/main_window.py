@@ -10,7 +10,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QCloseEvent, QDragEnterEvent, QDropEvent, QGuiApplication, QShowEvent
 from PySide6.QtWidgets import (
     QApplication,
@@ -18,8 +18,10 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QMainWindow,
+    QMessageBox,
     QPushButton,
     QSplitter,
+    QStackedWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -38,6 +40,7 @@ from app.theme import app_icon, apply_theme
 from app.transcript import TranscriptError, import_json, read_json_file, to_json, to_markdown
 from app.widgets.banner import Banner
 from app.widgets.chat_view import ChatView
+from app.widgets.completion_view import CompletionView
 from app.widgets.conversation_list import ConversationList
 from app.widgets.get_models_view import GetModelsView, progress_text
 from app.widgets.message_input import MessageInput
@@ -56,6 +59,7 @@ from engine.errors import SprigError
 from engine.hub.cache import cached_models, delete_download, find_cached
 from engine.hub.download import Progress, Pull
 from engine.remote import keys
+from engine.remote.endpoints import Endpoint
 
 # After the first show, when to compare the frame with the screen: the window manager
 # decorates the window a moment after it is mapped.
@@ -64,6 +68,8 @@ FRAME_CHECKS_MS = (0, 250, 1000)
 
 class MainWindow(QMainWindow):
     """Sprig's window."""
+
+    servers_changed = Signal(list)  # the remote servers (Endpoints), after one was added, edited or removed
 
     def __init__(self, store: Store, settings: Settings, settings_path: Path | None = None):
         super().__init__()
@@ -95,6 +101,7 @@ class MainWindow(QMainWindow):
         self.input.setAccessibleName("Message")
         self.chat_view.setAccessibleName("Conversation")
         self.metrics = MetricsPanel()
+        self.completion = CompletionView()
 
         input_row = QHBoxLayout()
         input_row.setContentsMargins(16, 8, 16, 16)
@@ -109,8 +116,16 @@ class MainWindow(QMainWindow):
         center_layout.addWidget(self.info_banner)
         center_layout.addWidget(self.server_panel)
         center_layout.addWidget(self.loading_label)
-        center_layout.addWidget(self.chat_view, 1)
-        center_layout.addLayout(input_row)
+        self.chat_page = QWidget()
+        chat_layout = QVBoxLayout(self.chat_page)
+        chat_layout.setContentsMargins(0, 0, 0, 0)
+        chat_layout.setSpacing(0)
+        chat_layout.addWidget(self.chat_view, 1)
+        chat_layout.addLayout(input_row)
+        self.pages = QStackedWidget()  # the chat, or the completion view for a base model
+        self.pages.addWidget(self.chat_page)
+        self.pages.addWidget(self.completion)
+        center_layout.addWidget(self.pages, 1)
         splitter = QSplitter()
         splitter.addWidget(self.sidebar)
         splitter.addWidget(center)
@@ -150,7 +165,7 @@ class MainWindow(QMainWindow):
     # -- wiring --------------------------------------------------------------------
 
     def _connect(self) -> None:
-        c = self.controller
+        c, m = self.controller, self.controller.models
         self.input.submitted.connect(self.send)
         self.send_button.clicked.connect(self._send_or_stop)
         self.sidebar.new_requested.connect(self.new_conversation)
@@ -167,7 +182,7 @@ class MainWindow(QMainWindow):
         self.chat_view.version_requested.connect(c.show_version)
         self.model_bar.model_button.clicked.connect(self.open_model_picker)
         self.model_bar.cancel_button.clicked.connect(c.cancel)
-        self.model_bar.unload_button.clicked.connect(c.unload)
+        self.model_bar.unload_button.clicked.connect(m.unload)
         self.model_bar.settings_button.clicked.connect(self.open_settings)
         self.model_bar.metrics_button.toggled.connect(self.metrics.setVisible)
         self.model_bar.download_button.clicked.connect(self.open_get_models)
@@ -177,14 +192,14 @@ class MainWindow(QMainWindow):
         if pending := self.hub.pending():  # paused, or cut short by closing the app: it resumes from Get models
             self.model_bar.set_download("⏸ Paused", f"{pending[0].label}: paused; resume it in Get models")
 
-        c.model_loading.connect(self._on_model_loading)
-        c.load_progress.connect(self._on_load_progress)
-        c.model_loaded.connect(self._on_model_loaded)
-        c.remote_model_chosen.connect(self._on_remote_model_chosen)
-        c.model_unloaded.connect(self._on_model_unloaded)
-        c.backend_changed.connect(self._on_backend_changed)
+        m.model_loading.connect(self._on_model_loading)
+        m.load_progress.connect(self._on_load_progress)
+        m.model_loaded.connect(self._on_model_loaded)
+        m.remote_model_chosen.connect(self._on_remote_model_chosen)
+        m.model_unloaded.connect(self._on_model_unloaded)
+        m.backend_changed.connect(self._on_backend_changed)
         c.busy_changed.connect(self._set_busy)
-        c.context_changed.connect(self.model_bar.set_context)
+        m.context_changed.connect(self.model_bar.set_context)
         c.conversations_changed.connect(self.refresh_conversations)
         c.conversation_opened.connect(self._on_conversation_opened)
         c.messages_truncated.connect(self.chat_view.truncate_from)
@@ -194,6 +209,12 @@ class MainWindow(QMainWindow):
         c.answer_metrics.connect(self.metrics.update_metrics)
         c.answer_finished.connect(self._on_answer_finished)
         c.notice.connect(self._on_notice)
+        c.completion_text.connect(self.completion.add_text)
+        c.completion_finished.connect(self._on_completion_finished)
+        self.completion.continue_requested.connect(self.complete)
+        self.completion.stop_requested.connect(c.cancel)
+        self.completion.chat_requested.connect(lambda: self.show_completion(False))
+        self.completion.get_models_requested.connect(self.open_get_models)
         c.model_notice.connect(self.info_banner.add_text)
         c.error.connect(self.error_banner.show_text)
         self.server_panel.toggled.connect(self.local_server.set_running)
@@ -269,6 +290,23 @@ class MainWindow(QMainWindow):
     def _on_answer_finished(self, metrics: dict, state: str) -> None:
         self.chat_view.finish_streaming(metrics, state)
         self.metrics.finish_answer(metrics)
+
+    def complete(self, text: str) -> None:
+        """The completion view's Continue: the loaded model goes on with the text."""
+        self.error_banner.hide()
+        if self.controller.complete(text):
+            self.completion.set_running(True)
+            self.metrics.start_answer()
+
+    def _on_completion_finished(self, metrics: dict, _state: str) -> None:
+        self.completion.set_running(False)
+        self.metrics.finish_answer(metrics)
+
+    def show_completion(self, on: bool) -> None:
+        """Show the completion view (a local model continues text) or the chat (View → Completion view)."""
+        on = on and self.controller.loaded is not None and self.controller.chat_engine is not None
+        self.pages.setCurrentWidget(self.completion if on else self.chat_page)
+        self.menu_actions["completion"].setChecked(on)
 
     def _on_notice(self, text: str) -> None:
         self.info_banner.show_text(text)
@@ -376,20 +414,16 @@ class MainWindow(QMainWindow):
             draft_target=vocabulary_metadata(loaded.file.metadata) if loaded else None,
             downloads={m.path: m for m in cached_models(self.hub.hub().cache_dir)},
         )
-        picker.load_requested.connect(self.controller.load)
+        picker.load_requested.connect(self.controller.models.load)
         picker.add_requested.connect(self.add_model)
         picker.remove_requested.connect(self.store.remove_model)
         picker.delete_download_requested.connect(self.delete_download)
         picker.get_models_requested.connect(self.open_get_models)
         picker.settings_requested.connect(self.open_model_settings)
         remote = RemoteModels(self.store.endpoints(), picker)
-        remote.chosen.connect(self.controller.use_remote)
-
-        def add_server() -> None:
-            if self.add_server():
-                remote.set_endpoints(self.store.endpoints())
-
-        remote.add_requested.connect(add_server)
+        remote.chosen.connect(self.controller.models.use_remote)
+        remote.add_requested.connect(self.add_server)
+        self.servers_changed.connect(remote.set_endpoints)  # added, edited or removed: its models follow
         layout = picker.layout()
         assert layout is not None  # the picker lays itself out
         layout.addWidget(remote)  # each server's models, in a group of their own, under the files
@@ -422,7 +456,7 @@ class MainWindow(QMainWindow):
 
     def _keep_model_settings(self, path: Path, model_settings: ModelSettings) -> None:
         try:
-            self.controller.set_model_settings(path, model_settings)
+            self.controller.models.set_model_settings(path, model_settings)
         except StorageError as exc:
             self.error_banner.show_text(str(exc))
 
@@ -430,7 +464,7 @@ class MainWindow(QMainWindow):
         """Show the Get models view (non-modal): find, download and load models from Hugging Face."""
         settings = self.controller.settings
         view = GetModelsView(self.hub, settings.context_length, planned_backend(settings.backend), self)
-        view.load_requested.connect(self.controller.load)
+        view.load_requested.connect(self.controller.models.load)
         view.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         view.show()
         return view
@@ -483,7 +517,7 @@ class MainWindow(QMainWindow):
             return
         self.error_banner.hide()
         known = {entry.path.resolve(): entry.name for entry in self.library() if entry.path.exists()}
-        self.controller.load(file, known.get(file.resolve()))
+        self.controller.models.load(file, known.get(file.resolve()))
 
     def _on_model_loading(self, name: str) -> None:
         self.info_banner.hide()  # what it said was about the model before
@@ -510,9 +544,12 @@ class MainWindow(QMainWindow):
         self.model_bar.set_model(info)
         self._save_settings()
         self._show_empty_state()
+        self.completion.set_model_name(info.name)
+        self.show_completion(info.base_model)  # a base model continues text; Chat anyway opens the chat
 
     def _on_remote_model_chosen(self, description) -> None:
         """A model on a server answers now: name it and its server in the model bar."""
+        self.show_completion(False)
         self.metrics.clear()
         self.model_bar.set_model_text(
             f"{description.name} — {description.where}", f"{description.uri}\nChoose, add or remove models (Ctrl+L)"
@@ -520,6 +557,7 @@ class MainWindow(QMainWindow):
         self._show_empty_state()
 
     def _on_model_unloaded(self) -> None:
+        self.show_completion(False)
         self.model_bar.set_loading(False)
         self.model_bar.set_model(None)
         self._on_backend_changed("none", "no model loaded", [])
@@ -528,25 +566,66 @@ class MainWindow(QMainWindow):
     # -- settings ------------------------------------------------------------------------
 
     def open_settings(self) -> None:
-        """The settings dialog; changes apply at once and are saved."""
+        """The settings dialog; changes apply at once and are saved. Servers are added, edited and removed
+        as the dialog's list asks, at once."""
         reasons = list(self.controller.loaded.backend_notes) if self.controller.loaded else []
-        dialog = SettingsDialog(self.controller.settings, reasons, self)
-        dialog.add_server.clicked.connect(self.add_server)
+        dialog = SettingsDialog(self.controller.settings, reasons, self, self.store.endpoints())
+        self.servers_changed.connect(dialog.servers.set_endpoints)
+        dialog.servers.add_requested.connect(self.add_server)
+        dialog.servers.edit_requested.connect(self.edit_server)
+        dialog.servers.remove_requested.connect(self.remove_server)
         if dialog.exec():
             self.apply_settings(dialog.settings())
 
     def add_server(self) -> bool:
         """Settings → Models → Add a server: keep the server (its key in the keyring); True if one was added."""
-        dialog = AddServerDialog(self)
+        return self._keep_server(AddServerDialog(self))
+
+    def edit_server(self, endpoint: Endpoint) -> bool:
+        """Settings → Models → Edit…: change a server's name, address, key or certificate choice; True if changed.
+
+        Its chats follow a new address; if its model answers now, it answers from the server as edited.
+        """
+        return self._keep_server(AddServerDialog(self, endpoint, keys.api_key(endpoint.base_url)), endpoint)
+
+    def _keep_server(self, dialog: AddServerDialog, editing: Endpoint | None = None) -> bool:
         if not dialog.exec():
             return False
         endpoint = dialog.endpoint()
         try:
             keys.save_api_key(endpoint.base_url, dialog.api_key())
-            self.store.save_endpoint(endpoint)
+            self.store.save_endpoint(endpoint, editing)
+            if editing is not None and editing.base_url != endpoint.base_url:
+                keys.save_api_key(editing.base_url, None)  # the key now lives under the new address
         except (SprigError, ValueError) as exc:
             self.error_banner.show_text(str(exc))
             return False
+        if editing is not None:
+            self.controller.models.server_changed(editing, endpoint)
+        self.servers_changed.emit(self.store.endpoints())
+        return True
+
+    def remove_server(self, endpoint: Endpoint) -> bool:
+        """Settings → Models → Remove: forget a server, delete its key from the keyring; True if removed.
+
+        Its models leave the picker; its chats stay, and say their server is gone when continued.
+        """
+        buttons = QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No
+        question = (
+            f"Remove “{endpoint.name}” ({endpoint.base_url})? Its API key is deleted from the keyring. "
+            "Chats with its models stay, to read."
+        )
+        box = QMessageBox(QMessageBox.Icon.Question, "Remove the server", question, buttons, self)
+        if box.exec() != QMessageBox.StandardButton.Yes:
+            return False
+        try:
+            keys.save_api_key(endpoint.base_url, None)
+        except SprigError as exc:
+            self.error_banner.show_text(str(exc))
+            return False
+        self.store.remove_endpoint(endpoint.name)
+        self.controller.models.server_changed(endpoint, None)
+        self.servers_changed.emit(self.store.endpoints())
         return True
 
     def apply_settings(self, settings: Settings) -> None:

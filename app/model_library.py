@@ -18,6 +18,7 @@ import gguf
 
 from backends.memory import Footprint, available_memory_bytes
 from backends.selection import entry
+from engine.builtin_templates import is_base_model
 from engine.bundled import bundled_models
 from engine.config import ModelConfig
 from engine.gguf_file import GGUFFile, TensorInfo, open_gguf
@@ -47,6 +48,7 @@ class ModelInfo:
     weight_bytes_f32: int  # what the NumPy backend's float32 cache holds once loaded
     kv_bytes_per_token: int  # float32 keys and values of every layer, for one position
     active_parameters: int | None = None  # those one token reads, for a mixture of experts
+    base_model: bool = False  # not tuned to chat (engine.builtin_templates.is_base_model): opened for completion
     vocabulary: dict = field(default_factory=dict, compare=False, repr=False)  # its tokenizer.ggml.* metadata
 
     @property
@@ -143,6 +145,7 @@ def describe_model(model_file: GGUFFile, name: str | None = None) -> ModelInfo:
         weight_bytes_f32=4 * sum(t.n_elements for t in matrices),
         kv_bytes_per_token=kv_per_token,
         vocabulary=vocabulary_metadata(model_file.metadata),
+        base_model=is_base_model(model_file.metadata, model_file.path.name),
     )
 
 

@@ -19,7 +19,7 @@ import platformdirs
 
 from app.model_settings import ModelSettings, file_fingerprint
 from engine.errors import SprigError
-from engine.model_uri import local_uri
+from engine.model_uri import local_uri, remote_uri
 from engine.remote.endpoints import Endpoint
 
 DEFAULT_DB_NAME = "sprig.sqlite3"
@@ -555,11 +555,21 @@ class Store:
         )
         return [Endpoint(r["name"], r["base_url"], bool(r["verify_tls"]), bool(r["extended_sampling"])) for r in rows]
 
-    def save_endpoint(self, endpoint: Endpoint, replacing: str | None = None) -> None:
-        """Add a server, or change the one called `replacing`; ValueError if another has its name."""
+    def save_endpoint(self, endpoint: Endpoint, replacing: Endpoint | None = None) -> None:
+        """Add a server, or put it in place of `replacing` (edited); ValueError if another has its name.
+
+        An edited server's new address goes into the chats that name its models, so they still do.
+        """
         with self.transaction():
             if replacing is not None:
-                self._db.execute("DELETE FROM endpoints WHERE name = ?", (replacing,))
+                self._db.execute("DELETE FROM endpoints WHERE name = ?", (replacing.name,))
+                if replacing.base_url != endpoint.base_url:
+                    old, new = remote_uri(replacing.base_url, ""), remote_uri(endpoint.base_url, "")
+                    self._db.execute(
+                        "UPDATE conversations SET model_uri = ? || substr(model_uri, ?) "
+                        "WHERE substr(model_uri, 1, ?) = ?",
+                        (new, len(old) + 1, len(old), old),
+                    )
             try:
                 self._db.execute(
                     "INSERT INTO endpoints (name, base_url, verify_tls, extended_sampling, added_at) "
@@ -570,7 +580,7 @@ class Store:
                 raise ValueError(f"A server called “{endpoint.name}” exists; give this one another name.") from None
 
     def remove_endpoint(self, name: str) -> None:
-        """Forget a server (its key is the keyring's business)."""
+        """Forget a server (its key is the keyring's business). Chats with its models keep their URIs."""
         self._db.execute("DELETE FROM endpoints WHERE name = ?", (name,))
 
     def touch_model(self, path: str) -> None:

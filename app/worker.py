@@ -5,6 +5,10 @@ the function returns a generator, its items are streamed back. The worker lives 
 QThread and emits typed signals (`started`, `yielded`, `errored`, `finished`) that Qt
 queues to the GUI thread, where slots touch widgets. Items are batched so the GUI
 repaints at most about 30 times a second however fast the engine goes.
+
+`JobRunner` is the engine thread as its users see it: one job at a time, each started
+with its own handlers, which are called on the GUI thread. The model host (loads, unloads)
+and the chat controller (answers) share one, so their work never overlaps.
 """
 
 import threading
@@ -13,7 +17,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import count
-from typing import Any
+from typing import Any, NamedTuple
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
@@ -107,3 +111,69 @@ class EngineThread:
             current.cancel.set()
         self.thread.quit()
         self.thread.wait()
+
+
+class Handlers(NamedTuple):
+    """What to call, on the GUI thread, when a job yields items, fails, and ends (always)."""
+
+    finished: Callable[[Any], None]
+    errored: Callable[[str], None]
+    yielded: Callable[[list], None] | None = None
+
+
+class JobRunner(QObject):
+    """The engine thread's jobs, one at a time. `busy_changed` says when it takes one and when it is free;
+    `idle` follows the second, for work that waited for it."""
+
+    busy_changed = Signal(bool)
+    idle = Signal()
+
+    def __init__(self, parent: QObject | None = None):
+        super().__init__(parent)
+        self.engine = EngineThread()
+        self.job: Job | None = None
+        self._handlers: Handlers | None = None
+        self.engine.worker.yielded.connect(self._on_yielded)
+        self.engine.worker.errored.connect(self._on_errored)
+        self.engine.worker.finished.connect(self._on_finished)
+
+    @property
+    def busy(self) -> bool:
+        """True while a job runs (or waits to) on the engine thread."""
+        return self.job is not None
+
+    def kind(self) -> str | None:
+        """The running job's kind, or None."""
+        return self.job.kind if self.job is not None else None
+
+    def start(self, job: Job, handlers: Handlers) -> None:
+        """Run `job` on the engine thread; `handlers` hear from it on the GUI thread."""
+        self.job, self._handlers = job, handlers
+        self.busy_changed.emit(True)
+        self.engine.worker.submit(job)
+
+    def cancel(self) -> None:
+        """Cancel the running job; it stops within one step."""
+        if self.job is not None:
+            self.job.cancel.set()
+
+    def stop(self) -> None:
+        """Cancel the running job and end the engine thread (when the app closes)."""
+        self.engine.stop(self.job)
+
+    def _on_yielded(self, job: Job, items: list) -> None:
+        if job is self.job and self._handlers is not None and self._handlers.yielded is not None:
+            self._handlers.yielded(items)
+
+    def _on_errored(self, job: Job, message: str) -> None:
+        if job is self.job and self._handlers is not None:
+            self._handlers.errored(message)
+
+    def _on_finished(self, job: Job, result: object) -> None:
+        if job is not self.job or self._handlers is None:
+            return
+        handlers, self.job, self._handlers = self._handlers, None, None
+        handlers.finished(result)
+        if self.job is None:  # a handler may have started the next job
+            self.busy_changed.emit(False)
+            self.idle.emit()

@@ -15,6 +15,7 @@ family, as llama.cpp's template detection would for a file that names its format
 The sources are Jinja and render in the same sandbox as a file's own template.
 """
 
+import re
 from dataclasses import dataclass
 
 # Turn text is written by expressions only: the `-` markers of the tags strip the
@@ -169,3 +170,17 @@ def looks_like_base_model(metadata: dict, file_name: str) -> bool:
     words = " ".join(str(metadata.get(key, "")) for key in ("general.name", "general.finetune"))
     text = f" {words} {file_name} ".lower()
     return not any(word in text for word in _INSTRUCT_WORDS)
+
+
+def is_base_model(metadata: dict, file_name: str) -> bool:
+    """Whether a file holds a base model (pre-trained, not tuned to chat), which the app opens for completion.
+
+    The rule: its name, fine-tune label, tags or file name say "base" (Qwen3-0.6B-Base, whose
+    file carries a chat template all the same); or it has no chat template and nothing in its
+    names says it was instruction-tuned (`looks_like_base_model`), as the Gemma-3-270M file.
+    """
+    tags = " ".join(str(tag) for tag in metadata.get("general.tags") or [])
+    words = " ".join(str(metadata.get(key, "")) for key in ("general.name", "general.finetune"))
+    if re.search(r"(?<![a-z])base(?![a-z])", f"{words} {tags} {file_name}".lower()):
+        return True
+    return not metadata.get("tokenizer.chat_template") and looks_like_base_model(metadata, file_name)

@@ -92,3 +92,15 @@ class LocalChatEngine:
             return session.send(messages[-1]["content"], cancel)
 
         return self.scheduler.stream(answer, cancel, APP)
+
+    def complete(
+        self, text: str, params: SamplingParams, max_tokens: int, cancel: threading.Event
+    ) -> Iterator[GenerationEvent]:
+        """Wait for the model's turn, then stream its continuation of `text` (no chat template)."""
+        session = self.session
+
+        def continuation(cancel: threading.Event) -> Iterator[GenerationEvent]:
+            session.params, session.max_tokens = params, max_tokens
+            return session.complete(text, cancel)
+
+        return self.scheduler.stream(continuation, cancel, APP)

@@ -89,6 +89,20 @@ class ChatSession:
             raise ValueError("there is no answer to continue")
         return self._answer(cancel, continuing=True)
 
+    def complete(self, text: str, cancel: threading.Event | None = None) -> Iterator[GenerationEvent]:
+        """Continue `text` as it stands, with no chat template (what a base model is for); the
+        conversation is left as it was. Raises ContextFullError for text that leaves no room."""
+        tokens = self.loaded.tokenizer.encode(text)
+        if len(tokens) >= self.cache.n_ctx:
+            raise ContextFullError(
+                f"The text is {len(tokens)} tokens long and the context holds {self.cache.n_ctx}: shorten it, "
+                "or raise the context length, to leave room for the model to go on."
+            )
+        return generate(
+            self.loaded.model, self.loaded.tokenizer, self.cache, tokens, self.params, max_tokens=self.max_tokens,
+            cancel=cancel,
+        )  # fmt: skip
+
     def edit(self, index: int, text: str, cancel: threading.Event | None = None) -> Iterator[GenerationEvent]:
         """Replace user message `index`, forget everything after it, and answer again."""
         if self.messages[index]["role"] != "user":

@@ -7,7 +7,7 @@
 files without a suffix) and on a 1366×768 one. It opens the real MainWindow on the bundled
 default model at the size it picks for itself, with its chats and settings in a temporary
 folder, and drives it through: empty, streaming, a finished answer with code, the model
-picker, the settings, an error, and the dark theme. Each state is saved as a PNG of the
+picker, the settings, an error, the dark theme, and a base model's completion view. Each state is saved as a PNG of the
 screen's pixels under the window (or dialog), its title bar included, and the script
 fails if the window's frame does not fit the screen.
 """
@@ -26,7 +26,7 @@ from app.main_window import MainWindow
 from app.settings import Settings
 from app.storage import Store
 from app.theme import apply_theme
-from engine.bundled import default_model
+from engine.bundled import bundled_model, default_model
 
 CODE_QUESTION = "Write a Python function that reverses a string, in a code block."
 
@@ -121,6 +121,14 @@ def main(folder: Path, suffix: str) -> int:
     window.error_banner.hide()
     window.apply_settings(replace(controller.settings, theme="dark"))
     shoot(window, folder, "7-dark" + suffix)
+    window.apply_settings(replace(controller.settings, theme=settings.theme))
+
+    window.add_model(str(bundled_model("gemma3").path))  # a base model: the completion view
+    wait_until(lambda: controller.model_info is not None and controller.model_info.base_model and not controller.busy)
+    window.completion.editor.setPlainText("The three most useful tools in a small kitchen are")
+    window.completion.run_button.click()
+    wait_until(lambda: not controller.busy)
+    shoot(window, folder, "11-completion" + suffix)
 
     QTimer.singleShot(0, window.close)
     window.close()

@@ -4,6 +4,7 @@ Each server's list is asked for (GET /v1/models) on a thread of its own; a serve
 cannot be reached shows why, in its group. Double-click or "Use" picks a model.
 """
 
+import contextlib
 import threading
 
 from PySide6.QtCore import Qt, Signal
@@ -22,7 +23,7 @@ class RemoteModels(QWidget):
 
     chosen = Signal(object, str)
     add_requested = Signal()
-    _listed = Signal(int, object)  # group index, list of model ids or an error message
+    _listed = Signal(int, int, object)  # listing round, group index, list of model ids or an error message
 
     def __init__(self, endpoints: list[Endpoint], parent: QWidget | None = None):
         super().__init__(parent)
@@ -35,6 +36,7 @@ class RemoteModels(QWidget):
         self.use_button.clicked.connect(self._use)
         add.clicked.connect(self.add_requested)
         self._listed.connect(self._fill)
+        self._round = 0  # each `set_endpoints` starts a round; a slower answer from an earlier one is dropped
         buttons = QHBoxLayout()
         buttons.addWidget(QLabel("Models on servers"), 1)
         buttons.addWidget(add)
@@ -49,22 +51,25 @@ class RemoteModels(QWidget):
         """Show these servers, asking each for its models."""
         self.tree.clear()
         self._endpoints = list(endpoints)
+        self._round += 1
         for index, endpoint in enumerate(self._endpoints):
             group = QTreeWidgetItem([f"{endpoint.name} — {endpoint.base_url}"])
             group.addChild(QTreeWidgetItem(["Asking for its models…"]))
             self.tree.addTopLevelItem(group)
             group.setExpanded(True)
-            threading.Thread(target=self._list, args=(index, endpoint), daemon=True).start()
+            threading.Thread(target=self._list, args=(self._round, index, endpoint), daemon=True).start()
 
-    def _list(self, index: int, endpoint: Endpoint) -> None:
+    def _list(self, round_: int, index: int, endpoint: Endpoint) -> None:
         try:
-            self._listed.emit(index, list_models(endpoint, keys.api_key(endpoint.base_url)))
+            found: list[str] | str = list_models(endpoint, keys.api_key(endpoint.base_url))
         except SprigError as exc:
-            self._listed.emit(index, str(exc))
+            found = str(exc)
+        with contextlib.suppress(RuntimeError):  # the picker was closed meanwhile
+            self._listed.emit(round_, index, found)
 
-    def _fill(self, index: int, found: object) -> None:
+    def _fill(self, round_: int, index: int, found: object) -> None:
         group = self.tree.topLevelItem(index)
-        if group is None:
+        if group is None or round_ != self._round:
             return
         group.takeChildren()
         if isinstance(found, str):

@@ -1,9 +1,10 @@
-"""Settings → Models → "Add a server": a remote OpenAI-compatible server's address, key and name.
+"""Settings → Models → "Add a server" (and "Edit…"): a remote OpenAI-compatible server's address, key and name.
 
 Presets fill in the usual base URL of each kind of server, to edit. "Test" asks the
 server for its models (GET /v1/models) on a thread of its own and says what it found or
 exactly what went wrong. The key goes to the keyring when the dialog is accepted (by the
-window), never to the database.
+window), never to the database. Editing a server starts from what it was, its key
+included (read from the keyring, shown as dots).
 """
 
 import threading
@@ -27,13 +28,14 @@ from engine.remote.endpoints import PRESETS, Endpoint, normalize_base_url
 
 
 class AddServerDialog(QDialog):
-    """The form. After `exec()`, `endpoint()` and `api_key()` are what the user entered."""
+    """The form; given a server (`editing`) and its key, it edits that one. After `exec()`, `endpoint()`
+    and `api_key()` are what the user entered."""
 
     tested = Signal(str)  # the Test button's verdict, from its thread
 
-    def __init__(self, parent: QWidget | None = None):
+    def __init__(self, parent: QWidget | None = None, editing: Endpoint | None = None, key: str | None = None):
         super().__init__(parent)
-        self.setWindowTitle("Add a server")
+        self.setWindowTitle("Add a server" if editing is None else f"Edit “{editing.name}”")
         self.preset = QComboBox()
         for preset in PRESETS:
             self.preset.addItem(preset.name, preset)
@@ -59,7 +61,10 @@ class AddServerDialog(QDialog):
         form.addRow(self.self_signed)
         form.addRow(self.test_button, self.verdict)
         form.addRow(buttons)
-        self._use_preset()
+        if editing is None:
+            self._use_preset()
+        else:
+            self._show(editing, key)
 
     def endpoint(self) -> Endpoint:
         """The server as entered; RemoteError for an address that cannot be one."""
@@ -98,6 +103,20 @@ class AddServerDialog(QDialog):
     def _show_verdict(self, text: str) -> None:
         self.verdict.setText(text)
         self.test_button.setEnabled(True)
+
+    def _show(self, endpoint: Endpoint, key: str | None) -> None:
+        """Fill the form with `endpoint`: the kind whose address it has, else the first that samples as it does."""
+        kinds = [p for p in PRESETS if p.base_url == endpoint.base_url] + [
+            p for p in PRESETS if p.extended_sampling == endpoint.extended_sampling
+        ]
+        self.preset.blockSignals(True)  # the kind's usual address must not replace the server's
+        self.preset.setCurrentIndex(PRESETS.index(kinds[0]))
+        self.preset.blockSignals(False)
+        self.name.setPlaceholderText(kinds[0].name)
+        self.base_url.setText(endpoint.base_url)
+        self.name.setText(endpoint.name)
+        self.key.setText(key or "")
+        self.self_signed.setChecked(not endpoint.verify_tls)
 
     def _use_preset(self) -> None:
         preset = self.preset.currentData()

@@ -37,6 +37,8 @@ from app.settings import (
     effective_sampling,
     merge_settings,
 )
+from app.widgets.server_list import ServerList
+from engine.remote.endpoints import Endpoint
 
 # field: (label, tooltip, decimals or None for whole numbers, step)
 _SAMPLING_SPECS: dict[str, tuple[str, str, int | None, float]] = {
@@ -224,14 +226,21 @@ def _tab(*rows: tuple[str, QWidget] | QWidget) -> QWidget:
 
 
 class SettingsDialog(QDialog):
-    """The app's settings, in tabs: Chat, Sampling, Engine, Appearance, Models.
+    """The app's settings, in tabs: Chat, Sampling, Engine, Appearance, Models (with the remote servers,
+    `endpoints`, which the window adds, edits and removes as `servers` asks).
 
     `backend_reasons` (from backends.select: why each backend was passed over) is shown
     under the backend choice. After `exec()`, `settings()` is the edited copy; fields
     the dialog does not show (last_model) keep their value from `settings`.
     """
 
-    def __init__(self, settings: Settings, backend_reasons: list[str], parent: QWidget | None = None):
+    def __init__(
+        self,
+        settings: Settings,
+        backend_reasons: list[str],
+        parent: QWidget | None = None,
+        endpoints: list[Endpoint] | None = None,
+    ):
         super().__init__(parent)
         self.setWindowTitle("Settings")
         self._original = settings
@@ -294,9 +303,8 @@ class SettingsDialog(QDialog):
         )
         self.tabs.addTab(_tab(("Theme", self.theme)), "Appearance")
         hint = QLabel("Where Sprig looks for .gguf model files.", objectName="SettingsHint")
-        self.add_server = QPushButton("Add a server…", autoDefault=False)
-        self.add_server.setToolTip("Chat with the models of an OpenAI-compatible server (llama.cpp, vLLM, Ollama, …)")
-        self.tabs.addTab(_tab(("Models folder", folder), hint, self.hub_offline, self.add_server), "Models")
+        self.servers = ServerList(endpoints or [])
+        self.tabs.addTab(_tab(("Models folder", folder), hint, self.hub_offline, ("Servers", self.servers)), "Models")
 
         layout = QVBoxLayout(self)
         layout.addWidget(self.tabs)

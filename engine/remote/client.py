@@ -105,11 +105,22 @@ class RemoteChat:
                 presence_penalty=params.presence_penalty,
                 frequency_penalty=params.frequency_penalty,
                 seed=openai.omit if params.seed is None else params.seed,
-                extra_body=extended_sampling(params) if self.endpoint.extended_sampling else None,
+                extra_body=self._extra_fields(params, continuing),
             )
         except Exception as exc:
             raise explain(exc, self.endpoint.name, self.model) from None
         return self._events(stream, started, cancel)
+
+    def _extra_fields(self, params: SamplingParams, continuing: bool) -> dict | None:
+        """Fields beyond OpenAI's, for servers that take them: sampling, and going on with the last answer
+        (vLLM's and SGLang's names, which Sprig's server takes; llama.cpp's goes on with a last assistant
+        message by itself). Elsewhere a last assistant message is sent as it is."""
+        if not self.endpoint.extended_sampling:
+            return None
+        fields = extended_sampling(params)
+        if continuing:
+            fields |= {"continue_final_message": True, "add_generation_prompt": False}
+        return fields
 
     def _events(self, stream, started: float, cancel: threading.Event) -> Iterator[GenerationEvent]:
         watcher = threading.Thread(target=_close_on_cancel, args=(stream, cancel), daemon=True)

@@ -32,7 +32,8 @@ class Endpoint:
     """A server the user added. Its API key is not here: it lives in the keyring (`engine.remote.keys`).
 
     `verify_tls` False accepts a self-signed certificate, for this server only, when the user said so.
-    `extended_sampling` sends top_k, min_p and repeat_penalty too (servers that take them).
+    `extended_sampling` sends top_k, min_p and repeat_penalty too, and vLLM's continue_final_message to go
+    on with an answer (servers that take them).
     """
 
     name: str

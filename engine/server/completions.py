@@ -243,8 +243,18 @@ def plan_chat(served: ServedModel, request: ChatCompletionRequest) -> Plan:
         if request.tools and request.tool_choice != "none"
         else None
     )
+    messages, answer_start = [_template_message(m) for m in request.messages], ""
+    if request.continue_final_message:
+        if request.add_generation_prompt or messages[-1]["role"] != "assistant":
+            raise APIError(
+                400,
+                "continue_final_message goes on with a last message from the assistant, and needs "
+                "add_generation_prompt set to false.",
+                param="continue_final_message",
+            )
+        answer_start = messages.pop()["content"]
     try:
-        prompt = chat_prompt_tokens(loaded, [_template_message(m) for m in request.messages], tools=tools)
+        prompt = chat_prompt_tokens(loaded, messages, answer_start, tools=tools)
         grammar, parse_tools = _grammar(served, request)
         if grammar is not None:
             check_grammar(grammar, loaded.tokenizer, served.stop_ids)

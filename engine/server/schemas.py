@@ -135,6 +135,9 @@ class GenerationRequest(Strict):
 
 class ChatCompletionRequest(GenerationRequest):
     messages: Annotated[list[Message], Field(min_length=1, max_length=4096)]
+    # vLLM's names: go on with the last message, an assistant's answer, instead of starting a new one
+    continue_final_message: bool = False
+    add_generation_prompt: bool = True
     max_completion_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT)] | None = None
     response_format: ResponseFormat | None = None
     tools: Annotated[list[Tool], Field(max_length=128)] | None = None

@@ -29,7 +29,7 @@ def main(data: Path) -> int:
     window.show()
     controller = window.controller
     controller.answer_text.connect(lambda text: print(f"{time.monotonic():.3f} {len(text)}", flush=True))
-    controller.model_loaded.connect(
+    controller.models.model_loaded.connect(
         lambda _info: controller.send("Write a very long story about a dragon who learns to cook."))
     window.add_model(str(default_model().path))
     return app.exec()

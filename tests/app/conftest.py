@@ -42,7 +42,7 @@ def close_window(window: MainWindow) -> None:
 
 def load(qtbot, window: MainWindow, path: Path | str) -> None:
     """Load `path` through the window and wait until it is ready."""
-    with qtbot.waitSignal(window.controller.model_loaded, timeout=LOAD_TIMEOUT_MS):
+    with qtbot.waitSignal(window.controller.models.model_loaded, timeout=LOAD_TIMEOUT_MS):
         window.add_model(str(path))
 
 

@@ -64,8 +64,8 @@ def test_converted_tensors_give_one_notice_line_over_the_chat(qtbot, window, tmp
 
     path = write_tiny_model(tmp_path / "nvfp4.gguf", arch="qwen3", d_model=256, n_heads=4, head_dim=64, d_ff=256,
                             tensor_type=GGMLQuantizationType.NVFP4, quantize=nvfp4_blocks)
-    with qtbot.waitSignal(window.controller.model_loaded, timeout=LOAD_TIMEOUT_MS):
-        window.controller.load(path)
+    with qtbot.waitSignal(window.controller.models.model_loaded, timeout=LOAD_TIMEOUT_MS):
+        window.controller.models.load(path)
     info = window.info_banner
     qtbot.waitUntil(info.isVisible)
     assert "tensors were converted at load" in info.label.text()

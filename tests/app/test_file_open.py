@@ -43,7 +43,7 @@ def test_a_gguf_opened_from_finder_loads_in_the_window(qapp, qtbot, tmp_path):
     opened.deliver_to(window.open_from_launch)
     try:
         model = bundled_model("smollm2").path
-        with qtbot.waitSignal(window.controller.model_loaded, timeout=LOAD_TIMEOUT_MS) as loaded:
+        with qtbot.waitSignal(window.controller.models.model_loaded, timeout=LOAD_TIMEOUT_MS) as loaded:
             post_open(qapp, str(model))
         assert loaded.args[0].path == model
         post_open(qapp, str(tmp_path / "notes.txt"))

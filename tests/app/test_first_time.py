@@ -49,7 +49,7 @@ def test_the_window_fits_a_laptop_screen(qtbot, window):
         window.resize(width, height)
         qtbot.wait(50)
         window.model_bar.set_model(info)
-        window.controller.backend_changed.emit("numpy", "CPU, " + "a long device description " * 6, [])
+        window.controller.models.backend_changed.emit("numpy", "CPU, " + "a long device description " * 6, [])
         window.model_bar.set_loading(True)
         qtbot.wait(50)
         assert window.size().width() == width and window.size().height() == height  # nothing grew it
@@ -78,7 +78,7 @@ def test_loading_tells_one_story_and_cancel_is_not_an_error(qtbot, tmp_path):
     window = make_window(qtbot, tmp_path / "data", quick_settings(tmp_path))
     try:
         gemma = bundled_model("gemma3").path
-        with qtbot.waitSignal(window.controller.load_progress, timeout=LOAD_TIMEOUT_MS,
+        with qtbot.waitSignal(window.controller.models.load_progress, timeout=LOAD_TIMEOUT_MS,
                               check_params_cb=lambda fraction, _stage: fraction > 0.2):
             window.add_model(str(gemma))
         bar = window.model_bar.progress
@@ -88,7 +88,7 @@ def test_loading_tells_one_story_and_cancel_is_not_an_error(qtbot, tmp_path):
         assert not [text for text in visible_texts(window) if "No model loaded" in text]
         assert bar.alignment() & Qt.AlignmentFlag.AlignHCenter  # the percentage sits inside the bar
         assert not window.model_bar.unload_button.isEnabled()
-        with qtbot.waitSignal(window.controller.model_unloaded, timeout=LOAD_TIMEOUT_MS):
+        with qtbot.waitSignal(window.controller.models.model_unloaded, timeout=LOAD_TIMEOUT_MS):
             window.model_bar.cancel_button.click()
         assert not window.error_banner.isVisible()
         assert window.info_banner.isVisible() and "cancelled" in window.info_banner.text()
@@ -98,11 +98,11 @@ def test_loading_tells_one_story_and_cancel_is_not_an_error(qtbot, tmp_path):
 
 def test_loading_over_a_chat_says_so_above_it(qtbot, window):
     answer(qtbot, window, lambda: window.controller.send("Hi"))
-    with qtbot.waitSignal(window.controller.load_progress, timeout=LOAD_TIMEOUT_MS,
+    with qtbot.waitSignal(window.controller.models.load_progress, timeout=LOAD_TIMEOUT_MS,
                           check_params_cb=lambda fraction, _stage: fraction > 0.2):
         window.add_model(str(bundled_model("gemma3").path))
     assert window.loading_label.isVisible() and "gemma-3-270m" in window.loading_label.text()
-    with qtbot.waitSignal(window.controller.model_loaded, timeout=LOAD_TIMEOUT_MS):  # the model in use stays
+    with qtbot.waitSignal(window.controller.models.model_loaded, timeout=LOAD_TIMEOUT_MS):  # the model in use stays
         window.controller.cancel()
     assert not window.loading_label.isVisible()
 
@@ -111,13 +111,13 @@ def test_backend_notes_warn_only_when_a_gpu_idles(qtbot, window):
     reasons = list(window.controller.loaded.backend_notes)
     assert reasons  # the other backends' stories are there to tell
     window._gpu = None  # a PC without a GPU
-    window.controller.backend_changed.emit("numpy", "CPU", reasons)
+    window.controller.models.backend_changed.emit("numpy", "CPU", reasons)
     label = window.model_bar.backend_label
     assert "⚠" not in label.text() and not label.property("warning")
     assert all(reason in label.toolTip() for reason in reasons)
     assert window.metrics.notes.isHidden()
     window._gpu = "an NVIDIA GPU"
-    window.controller.backend_changed.emit("numpy", "CPU", reasons)
+    window.controller.models.backend_changed.emit("numpy", "CPU", reasons)
     assert label.text().startswith("⚠") and label.property("warning")
     assert "NVIDIA GPU" in label.toolTip() and not window.metrics.notes.isHidden()
 
@@ -305,10 +305,10 @@ def test_a_conversation_can_have_its_own_system_prompt(qtbot, window):
     assert "system_prompt" not in dialog.overrides()
     window.controller.set_overrides({"system_prompt": "Answer in French."})
     answer(qtbot, window, lambda: window.controller.send("Hello"))
-    assert window.controller._session.messages[0] == {"role": "system", "content": "Answer in French."}
+    assert window.controller.models.session.messages[0] == {"role": "system", "content": "Answer in French."}
     window.new_conversation()
     answer(qtbot, window, lambda: window.controller.send("Hello"))
-    assert window.controller._session.messages[0]["content"] == window.controller.settings.system_prompt
+    assert window.controller.models.session.messages[0]["content"] == window.controller.settings.system_prompt
 
 
 def test_the_theme_can_follow_the_system(qtbot, window, monkeypatch):

@@ -81,7 +81,7 @@ def test_from_search_to_a_loaded_model_and_an_answer(qtbot, window, cache, fake_
     assert "downloaded and verified" in view.status.text()
     assert view.load_button.isEnabled()
 
-    with qtbot.waitSignal(window.controller.model_loaded, timeout=LOAD_TIMEOUT_MS):
+    with qtbot.waitSignal(window.controller.models.model_loaded, timeout=LOAD_TIMEOUT_MS):
         qtbot.mouseClick(view.load_button, Qt.MouseButton.LeftButton)
     assert window.controller.loaded.path == path
     _metrics, state = answer(qtbot, window, lambda: window.send("Hello"))
@@ -109,7 +109,7 @@ def test_offline_lists_what_is_downloaded_and_says_search_needs_a_network(qtbot,
     qtbot.mouseClick(view.search_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: "Offline mode is on" in view.notice.text(), timeout=WAIT_MS)
     view.files.selectRow(0)
-    with qtbot.waitSignal(window.controller.model_loaded, timeout=LOAD_TIMEOUT_MS):
+    with qtbot.waitSignal(window.controller.models.model_loaded, timeout=LOAD_TIMEOUT_MS):
         qtbot.mouseClick(view.load_button, Qt.MouseButton.LeftButton)
 
 

@@ -94,7 +94,7 @@ def test_chat_and_server_share_the_model_without_mixing_their_state(qtbot, serve
 
 def test_a_chat_answer_stopped_while_it_waits_for_the_model_is_cancelled(qtbot, served_window):
     window, _model = served_window
-    scheduler = window.controller.scheduler
+    scheduler = window.controller.models.scheduler
     release, holding = threading.Event(), threading.Event()
 
     def hold(cancel):  # holds the model in its turn (as a long prefill does) until released

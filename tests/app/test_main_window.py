@@ -112,7 +112,7 @@ def drop_file(window, path) -> None:
 
 
 def test_dropping_a_valid_model_loads_it_and_adds_it_to_the_library(qtbot, window):
-    with qtbot.waitSignal(window.controller.model_loaded, timeout=LOAD_TIMEOUT_MS) as loaded:
+    with qtbot.waitSignal(window.controller.models.model_loaded, timeout=LOAD_TIMEOUT_MS) as loaded:
         drop_file(window, TINY_QWEN3)
     assert loaded.args[0].architecture == "qwen3"
     assert window.controller.loaded.path.name == "tiny-qwen3-f32.gguf"
@@ -246,10 +246,10 @@ def test_a_message_longer_than_the_context_is_an_error_not_a_crash(qtbot, window
 
 
 def test_a_model_too_large_for_memory_is_refused_with_a_message(qtbot, window, monkeypatch):
-    import app.chat_controller
-    with qtbot.waitSignal(window.controller.model_unloaded, timeout=LOAD_TIMEOUT_MS):
-        window.controller.unload()  # otherwise its own memory would count as available
-    monkeypatch.setattr(app.chat_controller, "available_memory", lambda: 50_000_000)  # 50 MB free
+    import app.model_host
+    with qtbot.waitSignal(window.controller.models.model_unloaded, timeout=LOAD_TIMEOUT_MS):
+        window.controller.models.unload()  # otherwise its own memory would count as available
+    monkeypatch.setattr(app.model_host, "available_memory", lambda: 50_000_000)  # 50 MB free
     with qtbot.waitSignal(window.controller.error, timeout=LOAD_TIMEOUT_MS) as error:
         window.add_model(str(bundled_model("smollm2").path))
     assert "will not fit" in error.args[0] and "available" in error.args[0]
@@ -258,11 +258,11 @@ def test_a_model_too_large_for_memory_is_refused_with_a_message(qtbot, window, m
 
 
 def test_loading_can_be_cancelled(qtbot, window):
-    with qtbot.waitSignal(window.controller.load_progress, timeout=LOAD_TIMEOUT_MS):
+    with qtbot.waitSignal(window.controller.models.load_progress, timeout=LOAD_TIMEOUT_MS):
         window.add_model(str(bundled_model("gemma3").path))
     assert window.model_bar.progress.isVisible()
     previous = window.controller.model_info
-    with qtbot.waitSignal(window.controller.model_loaded, timeout=LOAD_TIMEOUT_MS) as kept:
+    with qtbot.waitSignal(window.controller.models.model_loaded, timeout=LOAD_TIMEOUT_MS) as kept:
         window.model_bar.cancel_button.click()
     assert "cancelled" in window.info_banner.text() and not window.error_banner.isVisible()
     assert kept.args == [previous]  # the model in use stayed (issue 28)
@@ -273,26 +273,26 @@ def test_load_reports_reach_listeners_on_the_gui_thread(qtbot, window, monkeypat
     """Progress and notices from a load on the engine thread are emitted on the GUI thread,
     so any listener (a widget, a lambda, a test's signal spy) is safe."""
     import threading
-    import app.chat_controller
+    import app.model_host
     from app.model_library import read_model_info
-    with qtbot.waitSignal(window.controller.model_unloaded, timeout=LOAD_TIMEOUT_MS):
-        window.controller.unload()
+    with qtbot.waitSignal(window.controller.models.model_unloaded, timeout=LOAD_TIMEOUT_MS):
+        window.controller.models.unload()
     # NumPy's float32 copy is what can make a load "run, but slowly" (the notice heard below)
     window.controller.apply_settings(replace(window.controller.settings, backend="numpy"))
     info = read_model_info(TINY_QWEN3)
     n_ctx = window.controller.settings.context_length
     fits_uncached = max(info.file_size, info.weight_bytes_f32) + info.kv_bytes_per_token * min(n_ctx, info.context_length)
-    monkeypatch.setattr(app.chat_controller, "available_memory", lambda: fits_uncached)  # runs, but slowly
+    monkeypatch.setattr(app.model_host, "available_memory", lambda: fits_uncached)  # runs, but slowly
     threads: list[tuple[str, bool]] = []
 
     def record(name):
         return lambda *_args: threads.append((name, threading.current_thread() is threading.main_thread()))
 
     direct = Qt.ConnectionType.DirectConnection  # runs in whichever thread emits
-    window.controller.load_progress.connect(record("progress"), direct)
+    window.controller.models.load_progress.connect(record("progress"), direct)
     window.controller.model_notice.connect(record("notice"), direct)
-    with qtbot.waitSignal(window.controller.model_loaded, timeout=LOAD_TIMEOUT_MS):
-        window.controller.load(TINY_QWEN3)
+    with qtbot.waitSignal(window.controller.models.model_loaded, timeout=LOAD_TIMEOUT_MS):
+        window.controller.models.load(TINY_QWEN3)
     names = {name for name, _ in threads}
     assert names == {"progress", "notice"}  # both kinds were heard
     assert all(on_gui_thread for _, on_gui_thread in threads)
@@ -300,7 +300,7 @@ def test_load_reports_reach_listeners_on_the_gui_thread(qtbot, window, monkeypat
 
 
 def test_unload_releases_the_model(qtbot, window):
-    with qtbot.waitSignal(window.controller.model_unloaded, timeout=LOAD_TIMEOUT_MS):
+    with qtbot.waitSignal(window.controller.models.model_unloaded, timeout=LOAD_TIMEOUT_MS):
         window.model_bar.unload_button.click()
     assert window.controller.loaded is None
     assert window.controller.send("Hi") is False
@@ -347,7 +347,7 @@ def test_rename_and_delete_conversations(qtbot, window):
 
 def test_the_backend_can_be_chosen_in_the_settings(qtbot, window):
     pytest.importorskip("mlx.core", reason="the mlx package is not installed, so MLX cannot be chosen")
-    with qtbot.waitSignal(window.controller.model_loaded, timeout=LOAD_TIMEOUT_MS):
+    with qtbot.waitSignal(window.controller.models.model_loaded, timeout=LOAD_TIMEOUT_MS):
         window.apply_settings(replace(window.controller.settings, backend="mlx"))
     assert window.controller.loaded.backend.name == "mlx"
     assert window.model_bar.backend_label.text().startswith("mlx")
@@ -371,6 +371,6 @@ def test_a_type_converted_at_load_is_told(qtbot, window, tmp_path):
                             tensor_type=GGMLQuantizationType.NVFP4, quantize=nvfp4_blocks)
     notices: list[str] = []
     window.controller.model_notice.connect(notices.append)
-    with qtbot.waitSignal(window.controller.model_loaded, timeout=LOAD_TIMEOUT_MS):
-        window.controller.load(path)
+    with qtbot.waitSignal(window.controller.models.model_loaded, timeout=LOAD_TIMEOUT_MS):
+        window.controller.models.load(path)
     assert any("is NVFP4" in n and "converted to Q8_0 at load" in n for n in notices), notices

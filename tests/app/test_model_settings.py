@@ -87,21 +87,21 @@ def tiny_window(qtbot, tmp_path):
 def test_context_and_system_prompt_apply_at_once_and_the_chat_prompt_wins(qtbot, tiny_window):
     window, model = tiny_window
     controller = window.controller
-    with qtbot.waitSignal(controller.context_changed, timeout=LOAD_TIMEOUT_MS) as changed:
-        controller.set_model_settings(model, ModelSettings(context_length=512, system_prompt="Model prompt."))
+    with qtbot.waitSignal(controller.models.context_changed, timeout=LOAD_TIMEOUT_MS) as changed:
+        controller.models.set_model_settings(model, ModelSettings(context_length=512, system_prompt="Model prompt."))
     assert changed.args == [512]
     answer(qtbot, window, lambda: controller.send("Hi"))
-    assert controller._session.messages[0] == {"role": "system", "content": "Model prompt."}
+    assert controller.models.session.messages[0] == {"role": "system", "content": "Model prompt."}
 
     controller.set_overrides({"system_prompt": "Chat prompt."})
     answer(qtbot, window, controller.regenerate)
-    assert controller._session.messages[0] == {"role": "system", "content": "Chat prompt."}
+    assert controller.models.session.messages[0] == {"role": "system", "content": "Chat prompt."}
 
 
 def test_a_template_override_reloads_the_model_and_is_used(qtbot, tiny_window):
     window, model = tiny_window
-    with qtbot.waitSignal(window.controller.model_loaded, timeout=LOAD_TIMEOUT_MS):
-        window.controller.set_model_settings(model, ModelSettings(template=CHATML))
+    with qtbot.waitSignal(window.controller.models.model_loaded, timeout=LOAD_TIMEOUT_MS):
+        window.controller.models.set_model_settings(model, ModelSettings(template=CHATML))
     rendered = window.controller.loaded.template.render([{"role": "user", "content": "Hi"}])
     assert rendered == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
 
@@ -110,23 +110,23 @@ def test_a_draft_model_from_the_library_drafts_and_a_wrong_one_is_explained(qtbo
     window, model = tiny_window
     controller = window.controller
     draft = write_tiny_model(tmp_path / "draft.gguf", n_layers=1, seed=1)
-    with qtbot.waitSignal(controller.model_loaded, timeout=LOAD_TIMEOUT_MS):
-        controller.set_model_settings(model, ModelSettings(speculative="draft", draft_model=str(draft)))
-    assert controller._draft is not None and controller._draft.path == draft
-    assert controller._session.speculation.mode == "draft"
+    with qtbot.waitSignal(controller.models.model_loaded, timeout=LOAD_TIMEOUT_MS):
+        controller.models.set_model_settings(model, ModelSettings(speculative="draft", draft_model=str(draft)))
+    assert controller.models.draft is not None and controller.models.draft.path == draft
+    assert controller.models.session.speculation.mode == "draft"
     _metrics, state = answer(qtbot, window, lambda: controller.send("Hi"))
     assert state == "complete"
-    assert controller._session.speculation._draft_drafter.model is controller._draft.model  # it drafted the answer
+    assert controller.models.session.speculation._draft_drafter.model is controller.models.draft.model  # it drafted the answer
 
     tokens, _ = tiny_vocab(288)
     wrong = write_tiny_model(
         tmp_path / "wrong.gguf", seed=2, **{"tokenizer.ggml.tokens": [*tokens[:270], "renamed", *tokens[271:]]}
     )
     with qtbot.waitSignal(controller.model_notice, timeout=LOAD_TIMEOUT_MS) as notice:
-        controller.set_model_settings(model, ModelSettings(speculative="draft", draft_model=str(wrong)))
+        controller.models.set_model_settings(model, ModelSettings(speculative="draft", draft_model=str(wrong)))
     assert "answers without its draft model" in notice.args[0] and "token 270 differs" in notice.args[0]
     qtbot.waitUntil(lambda: not controller.busy, timeout=LOAD_TIMEOUT_MS)
-    assert controller._draft is None and controller._session.speculation.mode == "auto"
+    assert controller.models.draft is None and controller.models.session.speculation.mode == "auto"
 
 
 def test_the_dialog_offers_only_drafts_that_share_the_vocabulary_and_refuses_a_broken_template(

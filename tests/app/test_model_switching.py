@@ -14,10 +14,10 @@ from tests.gguf_factory import write_tiny_model
 def cancel_at_first_progress(qtbot, window, path) -> None:
     """Start loading `path` and cancel it as soon as it reports progress; wait until it has ended."""
     controller = window.controller
-    controller.load_progress.connect(lambda *_: controller.cancel())
+    controller.models.load_progress.connect(lambda *_: controller.cancel())
     with qtbot.waitSignal(controller.busy_changed, check_params_cb=lambda busy: not busy, timeout=LOAD_TIMEOUT_MS):
-        assert controller.load(path)
-    controller.load_progress.disconnect()
+        assert controller.models.load(path)
+    controller.models.load_progress.disconnect()
 
 
 @pytest.mark.any_model
@@ -37,7 +37,7 @@ def test_where_both_do_not_fit_the_previous_goes_first_and_a_cancel_says_so(qtbo
     settings = window.controller.settings
     info = read_model_info(smollm2)
     needed = info.memory_needed(settings.context_length, planned_backend(settings.backend))
-    monkeypatch.setattr("app.chat_controller.available_memory", lambda: needed - 1)  # room for one model only
+    monkeypatch.setattr("app.model_host.available_memory", lambda: needed - 1)  # room for one model only
     previous = window.controller.model_info.name
     cancel_at_first_progress(qtbot, window, smollm2)
     assert window.controller.loaded is None and window.controller.model_info is None

@@ -21,7 +21,7 @@ def test_leaving_saves_the_state_and_reopening_restores_it(qtbot, window, caplog
     controller = window.controller
     asked, _ = answer(qtbot, window, lambda: controller.send("Tell me about rivers."))
     first = controller.conversation.id
-    held = controller._session.cache.tokens
+    held = controller.models.session.cache.tokens
     controller.open_conversation(None)  # left: saved on the engine thread
     qtbot.waitUntil(lambda: state_file(window, first).exists(), timeout=ANSWER_TIMEOUT_MS)
     assert read_header(state_file(window, first))["tokens"] == list(held)
@@ -37,7 +37,7 @@ def test_leaving_saves_the_state_and_reopening_restores_it(qtbot, window, caplog
     restored = re.search(rf"restored (\d+) tokens of state for {conversation_key(first)}", caplog.text)
     assert restored and int(restored[1]) >= asked["prefill_tokens"]  # at least the whole first question
     assert metrics["prefill_tokens"] + int(restored[1]) + metrics["decode_tokens"] == metrics["context_used"]
-    after = controller._session.cache.tokens
+    after = controller.models.session.cache.tokens
 
     window.close()  # closing saves the conversation it holds
     assert read_header(state_file(window, first))["tokens"] == list(after)
@@ -86,7 +86,7 @@ def test_a_cap_of_nothing_keeps_nothing(qtbot, window):
 @pytest.mark.any_model
 def test_a_model_file_gone_after_loading_still_answers(qtbot, window, caplog):
     controller = window.controller
-    controller._session.loaded.path.rename(controller._session.loaded.path.with_suffix(".moved"))
+    controller.models.session.loaded.path.rename(controller.models.session.loaded.path.with_suffix(".moved"))
     with caplog.at_level(logging.WARNING, logger="app.conversation_states"):
         _, state = answer(qtbot, window, lambda: controller.send("Tell me about rivers."))
     assert state == "complete" and "the model file cannot be read" in caplog.text

@@ -57,6 +57,8 @@ def assert_clean(reply, status=400):
     {"max_tokens": 2},
     {**GOOD, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
     {**GOOD, "tools": [{"type": "function", "function": {"name": "bad name!"}}]},
+    {**GOOD, "continue_final_message": True, "add_generation_prompt": False},  # the last message is the user's
+    {**GOOD, "messages": [{"role": "assistant", "content": "Once"}], "continue_final_message": True},
     [1, 2, 3],
 ])
 def test_bad_fields_get_400(base, body):
