@@ -95,7 +95,8 @@ static inline u8x32 nibbles32(const uint8_t *qs) {
 int type_block(int type, int *weights, int *bytes) {
 #define BLOCK_CASE(name, number, w, b, ...) \
     case number: *weights = w; *bytes = b; return 1;
-    switch (type == T_Q1_0_TILES ? T_Q1_0 : type) { /* tiles hold the same blocks, regrouped */
+    /* Q1_0 tiles hold the same blocks, regrouped; ternary tiles take 66 bytes per 256 weights, as TQ2_0 */
+    switch (type == T_Q1_0_TILES ? T_Q1_0 : type == T_TQ_TILES ? T_TQ2_0 : type) {
         QUANT_TYPES(BLOCK_CASE)
     default: return 0;
     }
