@@ -2,7 +2,8 @@
 
 Run from the repository root with the app's venv (`--check` needs a venv with llama-cpp-python too):
 
-    .venv/bin/python -m tools.make_dense_shape --shape qwen3-4b --mix Q3_K_M --out /work/models/qwen3-4b-shape-q3_k_m.gguf
+    .venv/bin/python -m tools.make_dense_shape --shape qwen3-4b --mix Q3_K_M \
+        --out /work/models/qwen3-4b-shape-q3_k_m.gguf
     .venv/bin/python -m tools.make_dense_shape --all --dir /work/models
 
 `--all` writes the benchmark set of docs/benchmarks.md: the "Qwen3-4B shape" in Q3_K_M, Q2_K,
@@ -35,11 +36,23 @@ DENSE_SHAPES = {
 }
 # byte offsets of each block's fp16 scale fields (d, and dmin where there is one)
 FP16_FIELDS = {
-    T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,), T.IQ4_XS: (0,),
-    T.IQ2_XXS: (0,), T.TQ2_0: (64,),
+    T.Q2_K: (80, 82),
+    T.Q3_K: (108,),
+    T.Q4_K: (0, 2),
+    T.Q5_K: (0, 2),
+    T.Q6_K: (208,),
+    T.IQ4_XS: (0,),
+    T.IQ2_XXS: (0,),
+    T.TQ2_0: (64,),
 }
-BENCHMARK_SET = [("qwen3-4b", "Q3_K_M"), ("qwen3-4b", "Q2_K"), ("qwen3-4b", "IQ4_XS"), ("qwen3-4b", "IQ2_XXS"),
-                 ("qwen3-4b", "TQ2_0"), ("bonsai-8b", "TQ2_0")]
+BENCHMARK_SET = [
+    ("qwen3-4b", "Q3_K_M"),
+    ("qwen3-4b", "Q2_K"),
+    ("qwen3-4b", "IQ4_XS"),
+    ("qwen3-4b", "IQ2_XXS"),
+    ("qwen3-4b", "TQ2_0"),
+    ("bonsai-8b", "TQ2_0"),
+]
 BASE_TYPE = {"Q3_K_M": T.Q3_K, "Q2_K": T.Q2_K, "IQ4_XS": T.IQ4_XS, "IQ2_XXS": T.IQ2_XXS, "TQ2_0": T.TQ2_0}
 
 
@@ -52,8 +65,9 @@ def mix_type(mix: str, name: str, layer: int, n_layers: int, tied: bool) -> T:
         return {T.IQ2_XXS: T.Q2_K, T.TQ2_0: T.Q4_K}.get(base, base)
     role = name.rsplit(".", 2)[-2]  # blk.3.attn_v.weight -> attn_v
     if role == "attn_v":
-        return {"Q3_K_M": T.Q5_K if layer < 2 else T.Q4_K, "Q2_K": T.Q4_K, "IQ4_XS": T.Q5_K,
-                "IQ2_XXS": T.Q4_K}.get(mix, base)
+        return {"Q3_K_M": T.Q5_K if layer < 2 else T.Q4_K, "Q2_K": T.Q4_K, "IQ4_XS": T.Q5_K, "IQ2_XXS": T.Q4_K}.get(
+            mix, base
+        )
     if role == "ffn_down":
         if mix == "Q3_K_M":
             return T.Q5_K if layer < n_layers // 16 else T.Q4_K
@@ -68,7 +82,7 @@ def mix_type(mix: str, name: str, layer: int, n_layers: int, tied: bool) -> T:
 
 def block_scale(qtype: T, cols: int, rng: np.random.Generator) -> float:
     """The fp16 scale that gives random blocks of `qtype` a root mean square of 1/sqrt(cols)."""
-    weights, nbytes = GGML_QUANT_SIZES[qtype]
+    nbytes = GGML_QUANT_SIZES[qtype][1]
     sample = np.frombuffer(rng.bytes(64 * nbytes), dtype=np.uint8).reshape(64, nbytes).copy()
     for at in FP16_FIELDS[qtype]:
         sample[:, at : at + 2] = np.full((64, 1), 1.0, dtype=np.float16).view(np.uint8)
@@ -104,8 +118,9 @@ def write_dense_shape(path: str | Path, shape: BonsaiShape, mix: str, seed: int 
         else:
             weights, nbytes = GGML_QUANT_SIZES[qtype]
             byte_shape = (dims[0], dims[1] // weights * nbytes)
-            writer.add_tensor_info(tensor_name, byte_shape, np.dtype(np.uint8), byte_shape[0] * byte_shape[1],
-                                   raw_dtype=qtype)
+            writer.add_tensor_info(
+                tensor_name, byte_shape, np.dtype(np.uint8), byte_shape[0] * byte_shape[1], raw_dtype=qtype
+            )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()

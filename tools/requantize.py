@@ -37,7 +37,7 @@ def quantize(src: str, out: str, ftype_name: str, imatrix_path: str | None = Non
     if imatrix_path:
         matrices = np.load(imatrix_path)
         entries = (llama_cpp.llama_model_imatrix_data * (len(matrices.files) + 1))()  # NULL-name terminated
-        for entry, name in zip(entries, matrices.files):
+        for entry, name in zip(entries[:-1], matrices.files, strict=True):
             values = np.ascontiguousarray(matrices[name], dtype=np.float32)
             keep.append(values)
             entry.name = name.encode()
@@ -81,7 +81,7 @@ def main() -> None:
     parser.add_argument("ftype", nargs="?")
     parser.add_argument("--imatrix")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--perplexity", help="a JSON file: {\"tokens\": [...], \"bos\": id or null}")
+    parser.add_argument("--perplexity", help='a JSON file: {"tokens": [...], "bos": id or null}')
     parser.add_argument("--ctx", type=int, default=128)
     parser.add_argument("--windows", type=int, default=2)
     args = parser.parse_args()

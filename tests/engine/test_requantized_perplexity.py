@@ -35,9 +35,19 @@ PEER_PYTHONS = (os.environ.get("SPRIG_PEER_PYTHON"), ROOT / ".venv-peer/bin/pyth
 CTX, WINDOWS = 128, 2
 # llama.cpp file type -> the tensor type it writes where the rows allow
 SMOLLM2_TYPES = {
-    "Q2_K": T.Q2_K, "Q3_K_S": T.Q3_K, "IQ4_NL": T.IQ4_NL, "IQ4_XS": T.IQ4_XS, "IQ3_XXS": T.IQ3_XXS,
-    "IQ3_S": T.IQ3_S, "IQ2_XXS": T.IQ2_XXS, "IQ2_XS": T.IQ2_XS, "IQ2_S": T.IQ2_S, "IQ1_S": T.IQ1_S,
-    "IQ1_M": T.IQ1_M, "TQ1_0": T.TQ1_0, "TQ2_0": T.TQ2_0,
+    "Q2_K": T.Q2_K,
+    "Q3_K_S": T.Q3_K,
+    "IQ4_NL": T.IQ4_NL,
+    "IQ4_XS": T.IQ4_XS,
+    "IQ3_XXS": T.IQ3_XXS,
+    "IQ3_S": T.IQ3_S,
+    "IQ2_XXS": T.IQ2_XXS,
+    "IQ2_XS": T.IQ2_XS,
+    "IQ2_S": T.IQ2_S,
+    "IQ1_S": T.IQ1_S,
+    "IQ1_M": T.IQ1_M,
+    "TQ1_0": T.TQ1_0,
+    "TQ2_0": T.TQ2_0,
 }
 GEMMA_TYPES = ("Q3_K_S", "IQ4_XS", "IQ2_XXS", "TQ2_0")
 CASES = [("smollm2", f) for f in SMOLLM2_TYPES] + [("gemma3", f) for f in GEMMA_TYPES]
@@ -46,9 +56,10 @@ CASES = [("smollm2", f) for f in SMOLLM2_TYPES] + [("gemma3", f) for f in GEMMA_
 def peer_python() -> str | None:
     """A Python with llama-cpp-python installed, or None."""
     for candidate in PEER_PYTHONS:
-        if candidate and Path(candidate).exists():
-            if subprocess.run([str(candidate), "-c", "import llama_cpp"], capture_output=True).returncode == 0:
-                return str(candidate)
+        if not candidate or not Path(candidate).exists():
+            continue
+        if subprocess.run([str(candidate), "-c", "import llama_cpp"], capture_output=True).returncode == 0:
+            return str(candidate)
     return None
 
 
@@ -82,8 +93,11 @@ def imatrices(tmp_path_factory):
 def test_requantized_model_matches_numpy_and_llama_cpp(key, ftype, peer, imatrices, tmp_path):
     source = resolve_model_path(key)
     path = tmp_path / f"{key}-{ftype}.gguf"
-    subprocess.run([peer, str(ROOT / "tools" / "requantize.py"), str(source), str(path), ftype,
-                    "--imatrix", str(imatrices(key))], check=True, capture_output=True)
+    subprocess.run(
+        [peer, str(ROOT / "tools" / "requantize.py"), str(source), str(path), ftype, "--imatrix", str(imatrices(key))],
+        check=True,
+        capture_output=True,
+    )
     cpu, numpy = load_model(path, "cpu"), load_model(path, "numpy")
     try:
         types = {info.ggml_type for info in cpu.file.tensors.values()}
@@ -98,8 +112,22 @@ def test_requantized_model_matches_numpy_and_llama_cpp(key, ftype, peer, imatric
         numpy.close()
     request = tmp_path / "tokens.json"
     request.write_text(json.dumps({"tokens": tokens, "bos": bos}))
-    result = subprocess.run([peer, str(ROOT / "tools" / "requantize.py"), str(path), "--perplexity", str(request),
-                             "--ctx", str(CTX), "--windows", str(WINDOWS)], check=True, capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            peer,
+            str(ROOT / "tools" / "requantize.py"),
+            str(path),
+            "--perplexity",
+            str(request),
+            "--ctx",
+            str(CTX),
+            "--windows",
+            str(WINDOWS),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     llama = json.loads(result.stdout.strip().splitlines()[-1])["ppl"]
     print(f"{key} {ftype}: cpu {ours:.4f}, numpy {reference:.4f}, llama.cpp {llama:.4f}")
     assert abs(ours / reference - 1.0) <= 0.01, (ours, reference)
