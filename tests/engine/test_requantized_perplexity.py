@@ -7,7 +7,8 @@ by tools/make_imatrix.py. Then, over 2 windows of 128 tokens of tests/fixtures/p
 
 - the file holds tensors of the type (llama.cpp falls back to another type where a row does
   not split into its blocks: both models' hidden sizes, 576 and 640, are no multiple of 256,
-  so the 256-weight types are in ffn_down and the others fall back);
+  so the 256-weight types are in ffn_down and the others fall back; Q2_K comes from the
+  Q2_K_S mix, Q3_K from Q3_K_S, as llama.cpp's Q2_K and Q3_K_M mixes give ffn_down more bits);
 - the cpu backend loads it without converting anything (no load note);
 - its perplexity is within 1% of NumPy's on the same file and within 2% of llama.cpp's.
 
@@ -35,7 +36,7 @@ PEER_PYTHONS = (os.environ.get("SPRIG_PEER_PYTHON"), ROOT / ".venv-peer/bin/pyth
 CTX, WINDOWS = 128, 2
 # llama.cpp file type -> the tensor type it writes where the rows allow
 SMOLLM2_TYPES = {
-    "Q2_K": T.Q2_K,
+    "Q2_K_S": T.Q2_K,
     "Q3_K_S": T.Q3_K,
     "IQ4_NL": T.IQ4_NL,
     "IQ4_XS": T.IQ4_XS,
