@@ -3,9 +3,10 @@
 Weights are never copied to float: each matrix stays a view of the memory-mapped model
 file, and the kernels (`backends/cpu_kernels/`) unpack each block as they go; Q1_0 blocks
 are regrouped once at load, byte for byte, into tiles of 32 rows for the table-lookup
-product. Activations are float32 NumPy arrays; before a matrix product each row is
-quantized in groups of 32 (once, shared by q/k/v and by gate/up): to int16 codes, or for
-Q1_0 to 12-bit codes and their lookup tables. The kernels read the llama.cpp block formats
+product, and so are the ternary TQ1_0 and TQ2_0 (as 2-bit codes, 66 bytes per 256 weights).
+Activations are float32 NumPy arrays; before a matrix product each row is quantized in
+groups of 32 (once, shared by q/k/v and by gate/up): to int16 codes, or for Q1_0 to 12-bit
+codes and their lookup tables (ternary: 11-bit codes, a table per pair). The kernels read the llama.cpp block formats
 in place (legacy, K-quants, ternary TQ, IQ: the table in cpu_kernels/kernels.h); types
 without a kernel are converted once at load to Q8_0 and the load notes say so.
 
@@ -46,6 +47,8 @@ from backends.errors import TensorDataError
 _ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}
 _ROUTING_ORDERS = {"softmax_top_k": 0, "top_k_softmax": 1}
 _Q8_0 = GGMLQuantizationType.Q8_0
+# the types multiplied from tiles of 32 rows by table lookup (cpu_kernels/q1_tiles.c, tq_tiles.c)
+_TILED_TYPES = frozenset({GGMLQuantizationType.Q1_0, GGMLQuantizationType.TQ1_0, GGMLQuantizationType.TQ2_0})
 
 
 def _bufs(a=None, b=None, c=None, out=None, ids=None, pos=None, table=None, kcache=None, vcache=None, d=None) -> tuple:
@@ -72,9 +75,9 @@ def op_tuple(ops: dict[str, tuple], name: str, bufs: tuple, mats: tuple, slots: 
 class CpuMatrix:
     """A weight matrix as GGUF blocks: `raw` holds `rows` rows of `cols` weights of `ggml_type`.
 
-    A Q1_0 matrix also keeps its blocks regrouped into tiles of 32 rows (`tiles`, made by
-    the kernels when the backend first needs them), which the matrix product reads by table
-    lookup; embedding lookups read `raw`.
+    A Q1_0, TQ1_0 or TQ2_0 matrix also keeps its blocks regrouped into tiles of 32 rows
+    (`tiles`, made by the kernels when the backend first needs them), which the matrix
+    product reads by table lookup; embedding lookups read `raw`.
     """
 
     def __init__(self, name: str, raw: np.ndarray, ggml_type: int, rows: int, cols: int):
@@ -205,7 +208,7 @@ class CpuBackend(Backend):
                 f"{spec.name} has {bad} blocks whose scale is infinite or not a number: the model file is damaged"
             )
         matrix = CpuMatrix(spec.name, raw, ggml_type, rows, cols)
-        if ggml_type == GGMLQuantizationType.Q1_0 and not spec.name.endswith("token_embd.weight"):
+        if ggml_type in _TILED_TYPES and not spec.name.endswith("token_embd.weight"):
             self._tiles(matrix)  # now, not at the first token (the embedding only if the output uses it)
         return matrix
 
@@ -254,14 +257,18 @@ class CpuBackend(Backend):
 
     def _product_entry(self, matrix: CpuMatrix, out: Any, bias: Any = None) -> tuple:
         """`matrix` in a matrix-product op's tuple, writing `out` and adding `bias`."""
-        if matrix.ggml_type != GGMLQuantizationType.Q1_0:
+        if matrix.ggml_type not in _TILED_TYPES:
             return (matrix.raw, matrix.ggml_type, matrix.rows, matrix.cols, out, bias)
-        return (self._tiles(matrix), self.native.Q1_0_TILES, matrix.rows, matrix.cols, out, bias)
+        tiled_type = self.native.Q1_0_TILES if matrix.ggml_type == GGMLQuantizationType.Q1_0 else self.native.TQ_TILES
+        return (self._tiles(matrix), tiled_type, matrix.rows, matrix.cols, out, bias)
 
     def _tiles(self, matrix: CpuMatrix) -> bytes:
-        """A Q1_0 matrix's blocks regrouped for the table-lookup product, made once."""
+        """A Q1_0 or ternary matrix's blocks regrouped for the table-lookup product, made once."""
         if matrix.tiles is None:
-            matrix.tiles = self.native.tile_q1_0(matrix.raw, matrix.rows, matrix.cols)
+            if matrix.ggml_type == GGMLQuantizationType.Q1_0:
+                matrix.tiles = self.native.tile_q1_0(matrix.raw, matrix.rows, matrix.cols)
+            else:
+                matrix.tiles = self.native.tile_tq(matrix.raw, matrix.ggml_type, matrix.rows, matrix.cols)
         return matrix.tiles
 
     # -- running ops ------------------------------------------------------------------

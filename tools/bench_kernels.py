@@ -28,6 +28,10 @@ def random_blocks(qtype: GGMLQuantizationType, rows: int, cols: int, rng: np.ran
         GGMLQuantizationType.Q5_1: (0, 2),
         GGMLQuantizationType.Q4_K: (0, 2),
         GGMLQuantizationType.Q5_K: (0, 2),
+        GGMLQuantizationType.Q2_K: (80, 82),
+        GGMLQuantizationType.Q3_K: (108,),
+        GGMLQuantizationType.TQ2_0: (64,),
+        GGMLQuantizationType.TQ1_0: (52,),
     }.get(qtype, (0,))
     for offset in offsets:
         scales = (0.05 * rng.standard_normal(n_blocks)).astype(np.float16)

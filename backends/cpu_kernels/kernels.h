@@ -20,7 +20,8 @@
  * a time to float and takes the float activations as they are, summing with fused
  * multiply-adds in 8 lanes (fma8, the same rounding in every tier; float_product in quants.c).
  * The float types take the float activations as they are. Q1_0 is multiplied by table
- * lookup, its rows regrouped at load into tiles of 32 (q1_tiles.c).
+ * lookup, its rows regrouped at load into tiles of 32 (q1_tiles.c); so are TQ1_0 and TQ2_0
+ * (tq_tiles.c).
  */
 #ifndef SPRIG_KERNELS_H
 #define SPRIG_KERNELS_H
@@ -82,6 +83,7 @@
 enum {
     QUANT_TYPES(TYPE_ENUM)
     T_Q1_0_TILES = 1041, /* Sprig's own: Q1_0 regrouped in tiles of Q1_TILE rows (q1_tiles.c) */
+    T_TQ_TILES = 1042,   /* Sprig's own: TQ1_0 or TQ2_0 as 2-bit codes in tiles of Q1_TILE rows (tq_tiles.c) */
 };
 #undef TYPE_ENUM
 
@@ -156,6 +158,17 @@ void q1_tables(const float *x, int64_t K, uint8_t *tables, float *xscale);
 /* rows of tile `tile` of a tiled matrix times one token's tables, into out[row] */
 void q1_tile_rows(const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, const uint8_t *tables,
                   const float *xscale, float *out);
+
+/* tq_tiles.c: TQ1_0 and TQ2_0 by table lookup, in tiles of Q1_TILE rows of 66 bytes per 256 weights */
+#define TQ_TOKENS 4 /* tokens one pass over a tile serves */
+void tq_tiles_init(void);
+int64_t tq_tiled_bytes(int64_t rows, int64_t K);
+int tq_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, uint8_t *tiles); /* -1: not TQ, or no memory */
+int64_t tq_table_bytes(int64_t K); /* one token's tables */
+void tq_tables(const float *x, int64_t K, uint8_t *tables, float *xscale);
+/* rows of tile `tile` of a tiled matrix times n (1 .. TQ_TOKENS) tokens' tables, token j into out[j][row] */
+void tq_tile_rows(const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, const uint8_t *const *tables,
+                  const float *const *xscale, int n, float *const *out);
 
 /* pool.c */
 /* A task's chunk `chunk` of `chunks`, run by thread `thread` (which owns scratch slot `thread`). */

@@ -79,7 +79,8 @@ static int parse_matrix(PyObject *item, Matrix *m, Buf *out, Buf *bias) {
     m->rows = rows;
     m->cols = cols;
     m->row_bytes = (size_t)(cols / weights * bytes);
-    int64_t stored_rows = m->type == T_Q1_0_TILES ? (rows + Q1_TILE - 1) / Q1_TILE * Q1_TILE : rows;
+    int tiled = m->type == T_Q1_0_TILES || m->type == T_TQ_TILES;
+    int64_t stored_rows = tiled ? (rows + Q1_TILE - 1) / Q1_TILE * Q1_TILE : rows;
     if (need(&data, stored_rows * (int64_t)m->row_bytes, 1, "weight blocks") != 0) return -1;
     m->data = data.ptr;
     if (get_buf(out_obj, 1, 4, out, "matrix output") != 0 || get_buf(bias_obj, 0, 4, bias, "bias") != 0) return -1;
@@ -169,7 +170,7 @@ static int parse_op(PyObject *tuple, Op *op) {
     switch (op->code) {
     case OP_EMBED: {
         int64_t tokens = op->ints.embed.tokens;
-        if (op->n_mats != 1 || op->mats[0].type == T_Q1_0_TILES) break;
+        if (op->n_mats != 1 || op->mats[0].type == T_Q1_0_TILES || op->mats[0].type == T_TQ_TILES) break;
         return need(&ids, tokens, 8, "ids") || need(&out, tokens * op->mats[0].cols, 4, "out");
     }
     case OP_LINEAR: {
@@ -498,6 +499,37 @@ static PyObject *py_tile_q1_0(PyObject *self, PyObject *args) {
     return tiles;
 }
 
+/* A TQ1_0 or TQ2_0 matrix regrouped into tiles of 2-bit codes for the table-lookup product
+ * (tq_tiles.c), as a new bytes object; the file's pages are reclaimable, as for Q1_0. */
+static PyObject *py_tile_tq(PyObject *self, PyObject *args) {
+    PyObject *raw;
+    int type, weights, bytes;
+    long long rows, cols;
+    if (!PyArg_ParseTuple(args, "OiLL", &raw, &type, &rows, &cols)) return NULL;
+    if ((type != T_TQ1_0 && type != T_TQ2_0) || !type_block(type, &weights, &bytes) || rows <= 0 || cols <= 0 ||
+        cols % weights)
+        return PyErr_Format(PyExc_ValueError, "a %lld x %lld matrix of GGML type %d is not ternary blocks", rows, cols, type);
+    Buf data;
+    int64_t size = rows * (cols / weights) * bytes;
+    if (get_buf(raw, 0, 1, &data, "blocks") != 0 || need(&data, size, 1, "blocks") != 0) return NULL;
+    PyObject *tiles = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)tq_tiled_bytes(rows, cols));
+    if (!tiles) return NULL;
+    int failed;
+    Py_BEGIN_ALLOW_THREADS
+    failed = tq_tile_matrix(type, data.ptr, rows, cols, (uint8_t *)PyBytes_AS_STRING(tiles));
+#ifdef MADV_PAGEOUT
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), start = ((uintptr_t)data.ptr + page - 1) / page * page,
+              end = ((uintptr_t)data.ptr + (uintptr_t)size) / page * page;
+    if (!failed && end > start) madvise((void *)start, end - start, MADV_PAGEOUT);
+#endif
+    Py_END_ALLOW_THREADS
+    if (failed) {
+        Py_DECREF(tiles);
+        return PyErr_NoMemory();
+    }
+    return tiles;
+}
+
 /* Whether this CPU has a feature; asked of the scalar module before loading a faster tier. */
 static PyObject *py_cpu_has(PyObject *self, PyObject *args) {
     const char *name;
@@ -545,6 +577,7 @@ static PyMethodDef methods[] = {
     {"set_threads", py_set_threads, METH_VARARGS, "Use n threads, the caller included; returns the count."},
     {"threads", py_threads, METH_NOARGS, "Threads in use, the caller included."},
     {"tile_q1_0", py_tile_q1_0, METH_VARARGS, "Q1_0 blocks (rows, cols) regrouped for the product, as bytes."},
+    {"tile_tq", py_tile_tq, METH_VARARGS, "TQ1_0 or TQ2_0 blocks (type, rows, cols) as 2-bit code tiles, as bytes."},
     {"count_bad_scales", py_count_bad_scales, METH_VARARGS, "Blocks of a tensor with an inf or nan scale."},
     {"exp", py_exp, METH_VARARGS, "exp of float32 values (the kernels' vectorized exp), as bytes."},
     {"cpu_has", py_cpu_has, METH_VARARGS, "Whether the CPU has an instruction-set feature."},
@@ -598,6 +631,7 @@ static PyObject *ops_dict(void) {
 
 PyMODINIT_FUNC CAT(PyInit_, SPRIG_MODULE)(void) {
     q1_tiles_init();
+    tq_tiles_init();
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     PyObject *types = native_types(), *ops = ops_dict();
@@ -612,7 +646,8 @@ PyMODINIT_FUNC CAT(PyInit_, SPRIG_MODULE)(void) {
         Py_DECREF(m);
         return NULL;
     }
-    if (PyModule_AddStringConstant(m, "TIER", SPRIG_TIER) != 0 || PyModule_AddIntConstant(m, "Q1_0_TILES", T_Q1_0_TILES) != 0) {
+    if (PyModule_AddStringConstant(m, "TIER", SPRIG_TIER) != 0 || PyModule_AddIntConstant(m, "Q1_0_TILES", T_Q1_0_TILES) != 0 ||
+        PyModule_AddIntConstant(m, "TQ_TILES", T_TQ_TILES) != 0) {
         Py_DECREF(m);
         return NULL;
     }

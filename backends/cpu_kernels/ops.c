@@ -20,6 +20,9 @@ static struct {
     uint8_t *tables; /* Q1_0's lookup tables, and their groups' scales */
     float *tscale;
     int64_t table_capacity;
+    uint8_t *tq_tables; /* TQ1_0 / TQ2_0's pair tables, and their groups' scales */
+    float *tq_scale;
+    int64_t tq_capacity;
 } acts;
 
 static int grow(void **p, size_t bytes) {
@@ -28,7 +31,7 @@ static int grow(void **p, size_t bytes) {
     return q ? 0 : -1;
 }
 
-static int reserve_acts(int64_t elements, int codes, int tables) {
+static int reserve_acts(int64_t elements, int codes, int tables, int tq_tables) {
     size_t groups = (size_t)(elements / GROUP + 1);
     if (codes && elements > acts.capacity) {
         if (grow((void **)&acts.q, sizeof(int16_t) * (size_t)elements) || grow((void **)&acts.d, sizeof(float) * groups) ||
@@ -41,13 +44,18 @@ static int reserve_acts(int64_t elements, int codes, int tables) {
             return -1;
         acts.table_capacity = elements;
     }
+    if (tq_tables && elements > acts.tq_capacity) {
+        if (grow((void **)&acts.tq_tables, (size_t)tq_table_bytes(elements)) || grow((void **)&acts.tq_scale, sizeof(float) * groups))
+            return -1;
+        acts.tq_capacity = elements;
+    }
     return 0;
 }
 
 typedef struct {
     const Op *op;
     int64_t T, K, total_rows;
-    int codes, tables; /* which forms of the activations the matrices take */
+    int codes, tables, tq_tables; /* which forms of the activations the matrices take */
     int dequantize;    /* quantized rows to float for FLOAT_TOKENS or more tokens */
 } LinearCtx;
 
@@ -59,6 +67,7 @@ static void quantize_task(void *vctx, int chunk, int chunks, int thread) {
         const float *x = c->op->a + t * K;
         if (c->codes) quantize_row(x, K, acts.q + t * K, acts.d + t * G, acts.xsum + t * G, acts.xhalf + t * HALVES * G);
         if (c->tables) q1_tables(x, K, acts.tables + t * q1_table_bytes(K), acts.tscale + t * G);
+        if (c->tq_tables) tq_tables(x, K, acts.tq_tables + t * tq_table_bytes(K), acts.tq_scale + t * G);
     }
 }
 
@@ -68,6 +77,24 @@ static void tiles_product(const Matrix *w, int64_t K, int64_t r0, int64_t r1, in
         for (int64_t t = t0; t < t1; t++)
             q1_tile_rows(w->data, w->rows, K, tile, acts.tables + t * q1_table_bytes(K), acts.tscale + t * (K / GROUP),
                          out + t * w->rows);
+}
+
+/* The tiles of a ternary matrix whose first row lies in [r0, r1), times tokens t0 .. t1 - 1,
+ * TQ_TOKENS tokens per pass over a tile. */
+static void tq_tiles_product(const Matrix *w, int64_t K, int64_t r0, int64_t r1, int64_t t0, int64_t t1, float *out) {
+    const uint8_t *tables[TQ_TOKENS];
+    const float *scales[TQ_TOKENS];
+    float *outs[TQ_TOKENS];
+    for (int64_t tile = (r0 + Q1_TILE - 1) / Q1_TILE; tile * Q1_TILE < r1; tile++)
+        for (int64_t t = t0; t < t1; t += TQ_TOKENS) {
+            int n = t1 - t < TQ_TOKENS ? (int)(t1 - t) : TQ_TOKENS;
+            for (int j = 0; j < n; j++) {
+                tables[j] = acts.tq_tables + (t + j) * tq_table_bytes(K);
+                scales[j] = acts.tq_scale + (t + j) * (K / GROUP);
+                outs[j] = out + (t + j) * w->rows;
+            }
+            tq_tile_rows(w->data, w->rows, K, tile, tables, scales, n, outs);
+        }
 }
 
 /* One token reads each row once, in order: ask for a row a few rows ahead of the one being
@@ -94,6 +121,8 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
             int64_t r0 = lo > base ? lo - base : 0, r1 = hi - base < w->rows ? hi - base : w->rows;
             if (w->type == T_Q1_0_TILES) {
                 tiles_product(w, K, r0, r1, t0, t1, op->outs[m]);
+            } else if (w->type == T_TQ_TILES) {
+                tq_tiles_product(w, K, r0, r1, t0, t1, op->outs[m]);
             } else if (c->dequantize && type_takes_codes(w->type)) {
                 for (int64_t r = r0; r < r1; r += FLOAT_ROWS) {
                     int n = r1 - r < FLOAT_ROWS ? (int)(r1 - r) : FLOAT_ROWS;
@@ -123,17 +152,19 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
 }
 
 static int linear(const Op *op, const char **error) {
-    LinearCtx c = {op, op->ints.linear.tokens, op->mats[0].cols, 0, 0, 0, op->ints.linear.tokens >= FLOAT_TOKENS};
+    LinearCtx c = {.op = op, .T = op->ints.linear.tokens, .K = op->mats[0].cols,
+                   .dequantize = op->ints.linear.tokens >= FLOAT_TOKENS};
     for (int m = 0; m < op->n_mats; m++) {
         c.total_rows += op->mats[m].rows;
         c.codes |= type_takes_codes(op->mats[m].type) && !c.dequantize;
         c.tables |= op->mats[m].type == T_Q1_0_TILES;
+        c.tq_tables |= op->mats[m].type == T_TQ_TILES;
     }
-    if (scratch_reserve(c.K, 0) != 0 || reserve_acts(c.T * c.K, c.codes, c.tables) != 0) {
+    if (scratch_reserve(c.K, 0) != 0 || reserve_acts(c.T * c.K, c.codes, c.tables, c.tq_tables) != 0) {
         *error = "out of memory for the matrix product's buffers";
         return -1;
     }
-    if (c.codes || c.tables) {
+    if (c.codes || c.tables || c.tq_tables) {
         if (c.T > 1) pool_run(quantize_task, &c);
         else quantize_task(&c, 0, 1, 0);
     }
@@ -817,7 +848,7 @@ static int experts(const Op *op, const char **error) {
          moe_grow(15, (void **)&moe.hs, sizeof(float) * (size_t)(rows * H + 1)) ||
          moe_grow(18, (void **)&moe.hh, sizeof(float) * (size_t)(rows * HALVES * H + 1))))
         goto out_of_memory;
-    if (scratch_reserve(D > F ? D : F, 0) != 0 || reserve_acts(T * D, codes, 0) != 0) goto out_of_memory;
+    if (scratch_reserve(D > F ? D : F, 0) != 0 || reserve_acts(T * D, codes, 0, 0) != 0) goto out_of_memory;
     /* x quantized once per token, then gathered */
     LinearCtx q = {op, T, D, 0, codes, 0, 0};
     if (codes) {

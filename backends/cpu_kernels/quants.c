@@ -65,21 +65,41 @@ static inline uint32_t u32(const uint8_t *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 
+#if !defined(__AVX2__)
+/* BYTE_MASKS[b]: the 8 bytes whose byte j (in memory order, little-endian) is 0xff where
+ * bit j of b is set: a byte of bits spread in one load (the scalar and NEON tiers). */
+#define BYTE_MASK(b)                                                                                   \
+    ((((b) >> 0 & 1) * 0xffull) | (((b) >> 1 & 1) * 0xff00ull) | (((b) >> 2 & 1) * 0xff0000ull) |     \
+     (((b) >> 3 & 1) * 0xff000000ull) | (((b) >> 4 & 1) * 0xff00000000ull) |                          \
+     (((b) >> 5 & 1) * 0xff0000000000ull) | (((b) >> 6 & 1) * 0xff000000000000ull) |                  \
+     (((b) >> 7 & 1) * 0xff00000000000000ull))
+#define MASKS4(b) BYTE_MASK(b), BYTE_MASK((b) + 1), BYTE_MASK((b) + 2), BYTE_MASK((b) + 3)
+#define MASKS16(b) MASKS4(b), MASKS4((b) + 4), MASKS4((b) + 8), MASKS4((b) + 12)
+#define MASKS64(b) MASKS16(b), MASKS16((b) + 16), MASKS16((b) + 32), MASKS16((b) + 48)
+static const uint64_t BYTE_MASKS[256] = {MASKS64(0), MASKS64(64), MASKS64(128), MASKS64(192)};
+#undef MASKS64
+#undef MASKS16
+#undef MASKS4
+#undef BYTE_MASK
+#endif
+
 /* Bit j of `bits` (LSB first) as byte j: 0xff if set, else 0. */
 static inline i8x32 bit_mask(uint32_t bits) {
+#if defined(__AVX2__)
     const u8x32 select = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128,
                           1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
-#if defined(__AVX2__)
     /* byte k of the 4 to the 8 positions 8k .. 8k+7, in one in-lane shuffle of a broadcast */
     const __m256i spread_index = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                                                   2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
     u8x32 spread = (u8x32)_mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread_index);
-#else
-    uint8_t b0 = (uint8_t)bits, b1 = (uint8_t)(bits >> 8), b2 = (uint8_t)(bits >> 16), b3 = (uint8_t)(bits >> 24);
-    u8x32 spread = {b0, b0, b0, b0, b0, b0, b0, b0, b1, b1, b1, b1, b1, b1, b1, b1,
-                    b2, b2, b2, b2, b2, b2, b2, b2, b3, b3, b3, b3, b3, b3, b3, b3};
-#endif
     return (i8x32)((spread & select) == select);
+#else
+    const uint64_t masks[4] = {BYTE_MASKS[bits & 255], BYTE_MASKS[(bits >> 8) & 255], BYTE_MASKS[(bits >> 16) & 255],
+                               BYTE_MASKS[bits >> 24]};
+    i8x32 out;
+    memcpy(&out, masks, 32);
+    return out;
+#endif
 }
 
 /* Bit j of `bits` (LSB first) as byte j, 0 or 1. */
@@ -95,7 +115,8 @@ static inline u8x32 nibbles32(const uint8_t *qs) {
 int type_block(int type, int *weights, int *bytes) {
 #define BLOCK_CASE(name, number, w, b, ...) \
     case number: *weights = w; *bytes = b; return 1;
-    switch (type == T_Q1_0_TILES ? T_Q1_0 : type) { /* tiles hold the same blocks, regrouped */
+    /* Q1_0 tiles hold the same blocks, regrouped; ternary tiles take 66 bytes per 256 weights, as TQ2_0 */
+    switch (type == T_Q1_0_TILES ? T_Q1_0 : type == T_TQ_TILES ? T_TQ2_0 : type) {
         QUANT_TYPES(BLOCK_CASE)
     default: return 0;
     }

@@ -10,9 +10,10 @@
   and blocks with every bit set.
 - A product is x @ W.T within the error that quantizing x in groups of 32 allows (a bound
   worked out per element from the data), W dequantized by gguf-py: codes up to 32767 for
-  the integer kernels, up to 2047 for Q1_0's lookup tables. The float types take float
-  activations: within float rounding. So do the quantized types (Q1_0 aside) in products
-  over 32 tokens or more (prefill), whose rows are dequantized to float.
+  the integer kernels, up to 2047 for Q1_0's lookup tables, up to 1023 for the ternary
+  types' (TQ1_0, TQ2_0). The float types take float activations: within float rounding.
+  So do the quantized types (the table-lookup ones aside) in products over 32 tokens or
+  more (prefill), whose rows are dequantized to float.
 """
 
 import numpy as np
@@ -40,7 +41,9 @@ E8M0_TYPES = (T.MXFP4,)
 E8M0_EXTREMES = np.array([0, 1, 2, 127, 128, 253, 254, 255], dtype=np.uint8)
 QUANT_TYPES = sorted([*SCALE_OFFSETS, *E8M0_TYPES], key=int)
 FLOAT_TYPES = [T.F32, T.F16, T.BF16]
-CODE_MAX = {t: 2047 if t == T.Q1_0 else 32767 for t in QUANT_TYPES}  # Q1_0's tables sum 12-bit codes
+# Q1_0's tables sum 12-bit codes, the ternary types' tables 11-bit codes
+CODE_MAX = {t: {T.Q1_0: 2047, T.TQ1_0: 1023, T.TQ2_0: 1023}.get(t, 32767) for t in QUANT_TYPES}
+TABLE_TYPES = (T.Q1_0, T.TQ1_0, T.TQ2_0)  # multiplied by table lookup, from tiles of 32 rows
 GGUF_PY_QUANTIZES = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.TQ1_0, T.TQ2_0}  # gguf.quants.quantize
 EXTREME_SCALES = np.array([65504.0, -65504.0, 6e-8, 0.0, 1.0, -0.5], dtype=np.float16)
 TIERS = cpu_native.runnable_tiers()
@@ -191,7 +194,7 @@ def test_products_are_within_the_activation_quantization_bound(qtype, threads):
 
 
 @pytest.mark.parametrize("threads", [1, 3])
-@pytest.mark.parametrize("qtype", [t for t in QUANT_TYPES if t != T.Q1_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [t for t in QUANT_TYPES if t not in TABLE_TYPES], ids=lambda t: t.name)
 def test_products_over_32_tokens_or_more_take_float_activations(qtype, threads):
     rng = np.random.default_rng(300 + int(qtype))
     rows, cols = 14, 512  # 14: blocks of 3 rows and a remainder

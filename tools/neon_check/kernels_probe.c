@@ -45,6 +45,39 @@ static void print(const float *v, int64_t n) {
     }
 }
 
+/* TQ1_0 and TQ2_0 by table lookup (tq_tiles.c): 45 rows of K columns, T tokens in passes
+ * of TQ_TOKENS and the rest. */
+static void probe_tq_tiles(const float *x, int64_t K, int T) {
+    enum { ROWS = 45 };
+    static const int types[2][3] = {{T_TQ1_0, 54, 52}, {T_TQ2_0, 66, 64}}; /* type, bytes per block, d at */
+    uint8_t *tables = malloc((size_t)(tq_table_bytes(K) * T)), *tiles = malloc((size_t)tq_tiled_bytes(ROWS, K));
+    float *xscale = malloc(sizeof(float) * (size_t)(K / GROUP * T)), *out = malloc(sizeof(float) * (size_t)(ROWS * T));
+    for (int t = 0; t < T; t++) tq_tables(x + t * K, K, tables + t * tq_table_bytes(K), xscale + t * (K / GROUP));
+    for (int k = 0; k < 2; k++) {
+        int64_t n_blocks = ROWS * K / 256;
+        uint8_t *raw = malloc((size_t)(n_blocks * types[k][1]));
+        for (int64_t i = 0; i < n_blocks * types[k][1]; i++) raw[i] = (uint8_t)next();
+        for (int64_t b = 0; b < n_blocks; b++) put_scale(raw + b * types[k][1] + types[k][2]);
+        tq_tile_matrix(types[k][0], raw, ROWS, K, tiles);
+        for (int64_t tile = 0; tile * Q1_TILE < ROWS; tile++)
+            for (int t = 0; t < T; t += TQ_TOKENS) {
+                const uint8_t *tab[TQ_TOKENS];
+                const float *xs[TQ_TOKENS];
+                float *outs[TQ_TOKENS];
+                int n = T - t < TQ_TOKENS ? T - t : TQ_TOKENS;
+                for (int j = 0; j < n; j++) {
+                    tab[j] = tables + (t + j) * tq_table_bytes(K);
+                    xs[j] = xscale + (t + j) * (K / GROUP);
+                    outs[j] = out + (t + j) * ROWS;
+                }
+                tq_tile_rows(tiles, ROWS, K, tile, tab, xs, n, outs);
+            }
+        print(out, ROWS * T);
+        free(raw);
+    }
+    free(tables), free(tiles), free(xscale), free(out);
+}
+
 int main(void) {
     enum { K = 512, ROWS = 45, T = 5 };
     static float x[T * K];
@@ -119,6 +152,8 @@ int main(void) {
     for (int i = 0; i < 8 * 67; i++) keys[i] = uniform();
     v8f dots = dot_float8(x, keys, 67, 67);
     print((float *)&dots, 8);
+    tq_tiles_init();
+    probe_tq_tiles(x, K, T);
     free(tiles);
     free(tables);
     return 0;

@@ -1,0 +1,146 @@
+"""The bundled models re-quantized by llama.cpp into each quant type, read in place on cpu.
+
+For each type, llama.cpp's quantizer (llama-cpp-python's `llama_model_quantize`, through
+tools/requantize.py in the peer venv) writes SmolLM2 (and Gemma-3-270M, for a subset: its
+262k-token vocabulary makes each pass slow) in that type, with an importance matrix measured
+by tools/make_imatrix.py. Then, over 2 windows of 128 tokens of tests/fixtures/ppl_text.txt:
+
+- the file holds tensors of the type (llama.cpp falls back to another type where a row does
+  not split into its blocks: both models' hidden sizes, 576 and 640, are no multiple of 256,
+  so the 256-weight types are in ffn_down and the others fall back; Q2_K comes from the
+  Q2_K_S mix, Q3_K from Q3_K_S, as llama.cpp's Q2_K and Q3_K_M mixes give ffn_down more bits);
+- the cpu backend loads it without converting anything (no load note);
+- its perplexity is within 1% of NumPy's on the same file and within 2% of llama.cpp's.
+  Not for TQ1_0 and TQ2_0: these models were not trained ternary, and in ternary they are
+  noise (perplexity 4e5 for SmolLM2, 1e10 for Gemma), so sensitive that NumPy and llama.cpp
+  themselves differ by 8%. For them the mean log-likelihood per token must be within 0.03
+  of NumPy's (measured 0.020 and 0.027, from the 11-bit activation codes of their table
+  lookups) and within 0.1 of llama.cpp's (measured 0.068 and 0.031).
+
+MXFP4 is left out: llama.cpp writes it only for experts (MXFP4_MOE), and these are dense.
+Without a Python that has llama-cpp-python ($SPRIG_PEER_PYTHON, .venv-peer: `make peer-venv`)
+the tests skip, saying why.
+"""
+
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from engine.bundled import resolve_model_path
+from engine.loader import load_model
+from engine.perplexity import perplexity
+from tools.make_imatrix import importance_matrix
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+PPL_TEXT = (ROOT / "tests" / "fixtures" / "ppl_text.txt").read_text()
+PEER_PYTHONS = (os.environ.get("SPRIG_PEER_PYTHON"), ROOT / ".venv-peer/bin/python", "/work/refvenv/bin/python")
+CTX, WINDOWS = 128, 2
+# llama.cpp file type -> the tensor type it writes where the rows allow
+SMOLLM2_TYPES = {
+    "Q2_K_S": T.Q2_K,
+    "Q3_K_S": T.Q3_K,
+    "IQ4_NL": T.IQ4_NL,
+    "IQ4_XS": T.IQ4_XS,
+    "IQ3_XXS": T.IQ3_XXS,
+    "IQ3_S": T.IQ3_S,
+    "IQ2_XXS": T.IQ2_XXS,
+    "IQ2_XS": T.IQ2_XS,
+    "IQ2_S": T.IQ2_S,
+    "IQ1_S": T.IQ1_S,
+    "IQ1_M": T.IQ1_M,
+    "TQ1_0": T.TQ1_0,
+    "TQ2_0": T.TQ2_0,
+}
+TERNARY = ("TQ1_0", "TQ2_0")  # noise in these models: compared by log-likelihood (docstring)
+GEMMA_TYPES = ("Q3_K_S", "IQ4_XS", "IQ2_XXS", "TQ2_0")
+CASES = [("smollm2", f) for f in SMOLLM2_TYPES] + [("gemma3", f) for f in GEMMA_TYPES]
+
+
+def peer_python() -> str | None:
+    """A Python with llama-cpp-python installed, or None."""
+    for candidate in PEER_PYTHONS:
+        if not candidate or not Path(candidate).exists():
+            continue
+        if subprocess.run([str(candidate), "-c", "import llama_cpp"], capture_output=True).returncode == 0:
+            return str(candidate)
+    return None
+
+
+@pytest.fixture(scope="module")
+def peer():
+    python = peer_python()
+    if python is None:
+        reason = "no Python with llama-cpp-python: run `make peer-venv`, or set SPRIG_PEER_PYTHON"
+        print(f"skipping the re-quantized perplexity tests: {reason}")
+        pytest.skip(reason)
+    return python
+
+
+@pytest.fixture(scope="module")
+def imatrices(tmp_path_factory):
+    """{model key: .npz importance matrix}, measured once per model when first asked for."""
+    folder, made = tmp_path_factory.mktemp("imatrix"), {}
+
+    def get(key: str) -> Path:
+        if key not in made:
+            import numpy as np
+
+            made[key] = folder / f"{key}.npz"
+            np.savez(made[key], **importance_matrix(resolve_model_path(key), PPL_TEXT, CTX, WINDOWS))
+        return made[key]
+
+    return get
+
+
+@pytest.mark.parametrize(("key", "ftype"), CASES, ids=[f"{k}-{f}" for k, f in CASES])
+def test_requantized_model_matches_numpy_and_llama_cpp(key, ftype, peer, imatrices, tmp_path):
+    source = resolve_model_path(key)
+    path = tmp_path / f"{key}-{ftype}.gguf"
+    subprocess.run(
+        [peer, str(ROOT / "tools" / "requantize.py"), str(source), str(path), ftype, "--imatrix", str(imatrices(key))],
+        check=True,
+        capture_output=True,
+    )
+    cpu, numpy = load_model(path, "cpu"), load_model(path, "numpy")
+    try:
+        types = {info.ggml_type for info in cpu.file.tensors.values()}
+        assert int(SMOLLM2_TYPES[ftype]) in types, sorted(T(t).name for t in types)
+        assert cpu.load_notes == [], cpu.load_notes
+        ours = perplexity(cpu, PPL_TEXT, ctx=CTX, max_windows=WINDOWS).ppl
+        reference = perplexity(numpy, PPL_TEXT, ctx=CTX, max_windows=WINDOWS).ppl
+        tokens = cpu.tokenizer.encode(PPL_TEXT, add_bos=False)
+        bos = cpu.tokenizer.bos_id if cpu.tokenizer.add_bos else None
+    finally:
+        cpu.close()
+        numpy.close()
+    request = tmp_path / "tokens.json"
+    request.write_text(json.dumps({"tokens": tokens, "bos": bos}))
+    result = subprocess.run(
+        [
+            peer,
+            str(ROOT / "tools" / "requantize.py"),
+            str(path),
+            "--perplexity",
+            str(request),
+            "--ctx",
+            str(CTX),
+            "--windows",
+            str(WINDOWS),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    llama = json.loads(result.stdout.strip().splitlines()[-1])["ppl"]
+    print(f"{key} {ftype}: cpu {ours:.4f}, numpy {reference:.4f}, llama.cpp {llama:.4f}")
+    if ftype in TERNARY:
+        assert abs(math.log(ours / reference)) <= 0.03, (ours, reference)
+        assert abs(math.log(ours / llama)) <= 0.1, (ours, llama)
+    else:
+        assert abs(ours / reference - 1.0) <= 0.01, (ours, reference)
+        assert abs(ours / llama - 1.0) <= 0.02, (ours, llama)
