@@ -24,6 +24,7 @@ from app.model_settings import ModelSettings, load_draft, template_override, wit
 from app.settings import Settings, effective_sampling, sampling_params
 from app.storage import Conversation, Message, MessageState, Store, ThrottledSaver, ended_early
 from app.worker import EngineThread, Job
+from backends.kv_types import DEFAULT_KV_TYPE
 from backends.selection import planned_backend
 from engine.chat_engine import ChatEngine, LocalChatEngine, ModelDescription
 from engine.chat_session import ChatSession
@@ -46,7 +47,7 @@ SUMMARY_REQUEST = (
 SUMMARY_TOKENS = 256  # the most a summary may take (an eighth of the context, in small contexts)
 
 
-BuildKey = tuple[str, int, int, str | None, str | None]  # see ChatController._build_key
+BuildKey = tuple[str, int, int, str | None, str | None, str]  # see ChatController._build_key
 
 
 class OutOfMemory(SprigError):
@@ -239,13 +240,15 @@ class ChatController(QObject):
             try:
                 info = describe_model(model_file, name)
                 current, backend = self.model_info, planned_backend(settings.backend)
-                freed = current.memory_needed(settings.context_length, backend) if current and self.loaded else 0
+                kv_type, n_ctx = model_settings.kv_type or DEFAULT_KV_TYPE, settings.context_length
+                held = self.model_settings.kv_type or DEFAULT_KV_TYPE
+                freed = current.memory_needed(n_ctx, backend, held) if current and self.loaded else 0
                 free_now = available_memory()
-                fits, verdict = info.memory_verdict(settings.context_length, free_now + freed, backend)
-                if not info.can_run(settings.context_length, free_now + freed):
+                fits, verdict = info.memory_verdict(n_ctx, free_now + freed, backend, kv_type)
+                if not info.can_run(n_ctx, free_now + freed, kv_type):
                     raise OutOfMemory(f"{info.name} {verdict}.")
                 # The current model stays until the new one is ready, where both fit; otherwise it goes first.
-                keep_current = info.memory_verdict(settings.context_length, free_now, backend)[0]
+                keep_current = info.memory_verdict(n_ctx, free_now, backend, kv_type)[0]
             except BaseException:
                 model_file.close()
                 raise
@@ -260,6 +263,7 @@ class ChatController(QObject):
                 progress=self._engine_progress.emit,
                 cancel=cancel,
                 threads=settings.cpu_threads or None,
+                kv_type=kv_type,
             )
             if loaded.load_notes:
                 self._engine_notice.emit(load_notes_text(info.name, loaded.load_notes))
@@ -310,9 +314,11 @@ class ChatController(QObject):
 
     @staticmethod
     def _build_key(settings: Settings, model_settings: ModelSettings) -> BuildKey:
-        """What a load or session was built with: a change in the first two, the template or the draft reloads."""
+        """What a load or session was built with: a change in the first two, the template, the draft or the
+        KV type reloads."""
         draft = model_settings.draft_model if settings.speculative != "off" else None
-        return settings.backend, settings.cpu_threads, settings.context_length, model_settings.template, draft
+        kv_type = model_settings.kv_type or DEFAULT_KV_TYPE
+        return settings.backend, settings.cpu_threads, settings.context_length, model_settings.template, draft, kv_type
 
     def _apply_model_settings(self) -> None:
         settings = with_model_settings(self.settings, self.model_settings, self.model_settings.draft_model is not None)

@@ -153,7 +153,10 @@ def _layer_arrays(layer: LayerState) -> list[tuple[str, tuple[int, ...]]]:
     if isinstance(layer, RecurrentState):
         return [("f32", shape) for shape in layer.shapes]
     rows = 2 * layer.slots if layer.ring else layer.slots
-    return [(layer.kv_type, (layer.kv_heads, rows, layer.head_dim)), (layer.kv_type, (layer.kv_heads, rows, layer.value_dim))]
+    return [
+        (layer.kv_type, (layer.kv_heads, rows, layer.head_dim)),
+        (layer.kv_type, (layer.kv_heads, rows, layer.value_dim)),
+    ]
 
 
 class CpuBackend(Backend):
@@ -396,7 +399,14 @@ class CpuBackend(Backend):
         self._emit(
             "attention",
             _bufs(
-                a=q, b=k, c=v, out=out, pos=pos, kcache=cache.kernel_keys[layer], vcache=cache.kernel_values[layer], d=sinks
+                a=q,
+                b=k,
+                c=v,
+                out=out,
+                pos=pos,
+                kcache=cache.kernel_keys[layer],
+                vcache=cache.kernel_values[layer],
+                d=sinks,
             ),
             tokens=n_tokens,
             heads=heads,

@@ -122,7 +122,8 @@ class Transformer:
         states = [s for s in self.layer_states(1) if isinstance(s, AttentionState)]
         if any(s.kv_type != kv_type for s in states):
             dims = sorted({d for s in states for d in (s.head_dim, s.value_dim) if not fits_kv_type(kv_type, d)})
-            return f"heads of {', '.join(map(str, dims))} values do not split into Q8_0 blocks of 32: the KV cache is float16"
+            sizes = ", ".join(map(str, dims))
+            return f"heads of {sizes} values do not split into Q8_0 blocks of 32: the KV cache is float16"
         return ""
 
     def layer_states(self, n_ctx: int) -> list[LayerState]:
