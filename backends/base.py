@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from backends.kv_types import check_kv_type, kv_row_bytes
+from backends.kv_types import KV_TYPES, check_kv_type, kv_row_bytes
 from backends.memory import MAPPED_WEIGHTS, MemoryRule
 
 Tensor = Any
@@ -245,6 +245,9 @@ class Backend(ABC):
     backend without it (MLX) concurrent sequences take their own steps in turn."""
     min_decode_batch: int = 2
     """The fewest sequences worth one batched pass; fewer take their own decode steps in turn."""
+    kv_types: tuple[str, ...] = KV_TYPES
+    """The KV types (`backends.kv_types`) `allocate_state` stores; a model that asks for
+    another keeps float16, and its load notes say so."""
 
     @property
     @abstractmethod

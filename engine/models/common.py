@@ -116,9 +116,13 @@ class Transformer:
 
     def set_kv_type(self, kv_type: str) -> str:
         """Store the keys and values of caches made from now on as `kv_type`
-        (`backends.kv_types`). Returns a sentence for the load notes where a layer keeps
-        float16 instead (Q8_0 needs rows of whole blocks of 32), else ""."""
-        self.kv_type = check_kv_type(kv_type)
+        (`backends.kv_types`). Returns a sentence for the load notes where float16 is kept
+        instead (a backend without the type; Q8_0 needs rows of whole blocks of 32), else ""."""
+        check_kv_type(kv_type)
+        if kv_type not in self.backend.kv_types:
+            self.kv_type = DEFAULT_KV_TYPE
+            return f"the {self.backend.name} backend has no {kv_type} KV cache: it stores float16"
+        self.kv_type = kv_type
         states = [s for s in self.layer_states(1) if isinstance(s, AttentionState)]
         if any(s.kv_type != kv_type for s in states):
             dims = sorted({d for s in states for d in (s.head_dim, s.value_dim) if not fits_kv_type(kv_type, d)})
