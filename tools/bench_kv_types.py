@@ -37,18 +37,48 @@ def run_json(command: list[str]) -> dict:
 
 
 def ours(model: str, depth: int, kv_type: str, args: argparse.Namespace) -> dict:
-    return run_json([
-        sys.executable, "-m", "engine", "bench", "--model", model, "--backend", "cpu", "--threads", str(args.threads),
-        "--kv-type", kv_type, "--prompt-tokens", str(depth), "--gen-tokens", str(args.gen_tokens),
-        "--fill", args.fill, "--json",
-    ])
+    return run_json(
+        [
+            sys.executable,
+            "-m",
+            "engine",
+            "bench",
+            "--model",
+            model,
+            "--backend",
+            "cpu",
+            "--threads",
+            str(args.threads),
+            "--kv-type",
+            kv_type,
+            "--prompt-tokens",
+            str(depth),
+            "--gen-tokens",
+            str(args.gen_tokens),
+            "--fill",
+            args.fill,
+            "--json",
+        ]
+    )
 
 
 def peer(model: str, depth: int, kv_type: str, args: argparse.Namespace) -> dict:
-    return run_json([
-        args.peer_python, str(ROOT / "tools" / "bench_llama_cpp.py"), model, "--threads", str(args.threads),
-        "--kv-type", kv_type, "--prompt-tokens", str(depth), "--gen-tokens", str(args.gen_tokens), "--json",
-    ])
+    return run_json(
+        [
+            args.peer_python,
+            str(ROOT / "tools" / "bench_llama_cpp.py"),
+            model,
+            "--threads",
+            str(args.threads),
+            "--kv-type",
+            kv_type,
+            "--prompt-tokens",
+            str(depth),
+            "--gen-tokens",
+            str(args.gen_tokens),
+            "--json",
+        ]
+    )
 
 
 def row(model: str, depth: int, kv_type: str, mine: dict, theirs: dict | None) -> str:
@@ -56,10 +86,14 @@ def row(model: str, depth: int, kv_type: str, mine: dict, theirs: dict | None) -
     rss = mine["rss_bytes"]["after_run"] / 1e6
     cells = [Path(model).name, str(depth), kv_type, f"{mine['decode_tok_s']:.2f}", f"{rss:.0f}"]
     if theirs is None:
-        return "| " + " | ".join(cells + ["", "", "", ""]) + " |"
+        return "| " + " | ".join([*cells, "", "", "", ""]) + " |"
     peer_rss = theirs["rss_bytes"]["after_run"] / 1e6
-    cells += [f"{theirs['decode_tok_s']:.2f}", f"{mine['decode_tok_s'] / theirs['decode_tok_s']:.2f}x",
-              f"{peer_rss:.0f}", f"{rss / peer_rss:.2f}x"]
+    cells += [
+        f"{theirs['decode_tok_s']:.2f}",
+        f"{mine['decode_tok_s'] / theirs['decode_tok_s']:.2f}x",
+        f"{peer_rss:.0f}",
+        f"{rss / peer_rss:.2f}x",
+    ]
     return "| " + " | ".join(cells) + " |"
 
 
@@ -76,7 +110,9 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if not args.json:
-        print("| model | depth | KV | ours tok/s | ours RSS MB | llama.cpp tok/s | ratio | llama.cpp RSS MB | RSS ratio |")
+        print(
+            "| model | depth | KV | ours tok/s | ours RSS MB | llama.cpp tok/s | ratio | llama.cpp RSS MB | RSS ratio |"
+        )
         print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
     for model in [str(resolve_model_path(m)) for m in args.models]:  # "smollm2": the bundled file
         for depth in args.depths:
@@ -84,7 +120,9 @@ def main() -> None:
                 mine = ours(model, depth, kv_type, args)
                 theirs = None if args.skip_peer else peer(model, depth, kv_type, args)
                 if args.json:
-                    print(json.dumps({"model": model, "depth": depth, "kv_type": kv_type, "ours": mine, "peer": theirs}))
+                    print(
+                        json.dumps({"model": model, "depth": depth, "kv_type": kv_type, "ours": mine, "peer": theirs})
+                    )
                 else:
                     print(row(model, depth, kv_type, mine, theirs), flush=True)
 

@@ -130,7 +130,14 @@ def test_blocked_attention_equals_plain_attention_on_a_long_cache(kv_type, kind,
     out, cache, (q_all, _, _, start) = long_pass(kv_type, settings, n_new)
     keys, values = decode_rows(cache.keys[0]), decode_rows(cache.values[0])  # what the cache holds, (Hkv, N, D)
     expected = plain_attention(
-        q_all[start:], keys, values, range(start, LONG), settings.scale, settings.window, settings.softcap, settings.sinks
+        q_all[start:],
+        keys,
+        values,
+        range(start, LONG),
+        settings.scale,
+        settings.window,
+        settings.softcap,
+        settings.sinks,
     )
     # float32 sums of up to 3000 terms, each at most max|v|: within 1e-5 max|v| of float64 (a
     # position missed or counted twice moves the output by about max|v| / 3000)
@@ -195,7 +202,9 @@ def test_attention_over_a_rounded_cache_is_within_the_rounding_bound(kv_type):
         ds = np.where(np.tril(np.ones((n, n), bool)), ds, 0.0).max(axis=1)  # over the positions each query sees
         bound = dv[h // group].max() + np.expm1(2 * ds) * np.abs(values[h // group]).max()  # (T,)
         err = np.abs(out[:, h] - exact[:, h]).max(axis=1)
-        assert np.all(err <= bound + 1e-5), f"{kv_type} head {h}: {err.max():.3g} over {bound[np.argmax(err - bound)]:.3g}"
+        assert np.all(err <= bound + 1e-5), (
+            f"{kv_type} head {h}: {err.max():.3g} over {bound[np.argmax(err - bound)]:.3g}"
+        )
     if kv_type != "f32":
         assert np.abs(out - exact).max() > 1e-5  # the cache did round
 

@@ -16,6 +16,7 @@ import pytest
 
 from backends.kv_types import kv_row_bytes
 from backends.memory import MAPPED_WEIGHTS, RUNTIME_OVERHEAD, Footprint
+from engine.bench import bench
 from engine.cli import build_parser, main
 from engine.loader import load_model
 from tests.gguf_factory import write_tiny_model
@@ -102,3 +103,23 @@ def test_the_cli_refuses_an_unknown_kv_type_clearly(capsys):
         main(["bench", "--model", "smollm2", "--kv-type", "q4"])
     assert exit_info.value.code == 2
     assert "argument --kv-type: invalid choice: 'q4' (choose from 'f16', 'q8_0', 'f32')" in capsys.readouterr().err
+
+
+def test_bench_decodes_after_a_context_filled_at_random(tiny_path):
+    """`engine bench --fill random`: the prompt's positions hold random keys and values in the
+    cache's type (no prefill is timed), then decoding runs on from there."""
+    figures = {}
+    for kv_type in ("f32", "f16", "q8_0"):
+        loaded = load_model(tiny_path, backend="cpu", kv_type=kv_type)
+        try:
+            figures[kv_type] = bench(loaded, prompt_tokens=48, gen_tokens=3, fill="random")
+        finally:
+            loaded.close()
+    assert all(f["prefill_tok_s"] is None and f["decode_tok_s"] > 0 for f in figures.values())
+    assert [f["kv_type"] for f in figures.values()] == ["f32", "f16", "q8_0"]
+    # 4 arrays (2 layers' keys and values) of 2 heads x (48 + 3 + 1) positions x 32 values: 13,312
+    # bytes in float32, 6,656 in float16, 3,536 in Q8_0 (34 bytes a block), each rounded up to
+    # whole 64-byte cache lines in the cpu backend's arena (Q8_0's: 3,584)
+    assert [f["kv_bytes"] for f in figures.values()] == [4 * 13_312, 4 * 6_656, 4 * 3_584]
+    with pytest.raises(ValueError, match="fill is 'prefill' or 'random'"):
+        bench(load_model(tiny_path, backend="numpy"), prompt_tokens=8, gen_tokens=1, fill="zeros")
