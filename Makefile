@@ -45,14 +45,16 @@ test: check $(NATIVE_STAMP)
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q
 
 # llama.cpp's server for the remote-model tests, in a venv of its own (tests/requirements-peer.txt).
-# Without it those tests skip, saying why. Building llama-cpp-python takes about 10 minutes on 2 cores.
+# Without it those tests skip, saying why. Building llama-cpp-python takes about 10 minutes on 2 cores;
+# the multimodal library (LLAVA_BUILD) is left out, since the tests load text models only, and GGML_NATIVE
+# is off so the build runs on any x86-64 CI machine (its AMX repacking crashed on Sapphire Rapids).
 PEER_VENV := .venv-peer
 PEER_STAMP := $(PEER_VENV)/.installed
 
 $(PEER_STAMP): tests/requirements-peer.txt
 	$(PYTHON) -m venv $(PEER_VENV)
 	$(PEER_VENV)/bin/pip install --quiet --upgrade pip
-	$(PEER_VENV)/bin/pip install --quiet -r tests/requirements-peer.txt
+	CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF" $(PEER_VENV)/bin/pip install --quiet -r tests/requirements-peer.txt
 	touch $(PEER_STAMP)
 
 peer-venv: $(PEER_STAMP)

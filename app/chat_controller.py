@@ -17,6 +17,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Qt, Signal
 
+from app.conversation_states import ConversationStates
 from app.header_reader import HeaderReader
 from app.memory_release import release_freed_memory
 from app.model_library import ModelInfo, available_memory, describe_model
@@ -139,6 +140,7 @@ class ChatController(QObject):
         self.model_info: ModelInfo | None = None
         self.conversation: Conversation | None = None
         self._session: ChatSession | None = None
+        self.saved_states = ConversationStates(store.path, lambda: self.settings.saved_states_mb)
         self.remote: RemoteChat | None = None  # a remote model chosen in place of the local one
         # Owns the loaded model's turns: the chat's answers (first) and the local server's requests.
         self.scheduler: Scheduler | None = None
@@ -204,6 +206,7 @@ class ChatController(QObject):
         """Stop the current job, save what streamed, and end the engine thread."""
         job = self._job
         self.engine.stop(job)
+        self.saved_states.save_now(self._session)
         self.headers.stop()
         if self.scheduler is not None:
             self.scheduler.close()
@@ -380,6 +383,7 @@ class ChatController(QObject):
             self.error.emit("Stop the current answer before switching conversations.")
             return
         self.settings = replace(self.settings, last_conversation=conversation_id)
+        self.saved_states.leave(self._session, self.engine.worker)
         if conversation_id is None:
             self.conversation = None
             self.conversation_opened.emit(None, [])
@@ -401,6 +405,7 @@ class ChatController(QObject):
                 return
             self.open_conversation(None)
         self.store.delete_conversation(conversation_id)
+        self.saved_states.discard(conversation_id, self._session)
         self.conversations_changed.emit()
 
     def set_overrides(self, overrides: dict) -> None:
@@ -577,6 +582,8 @@ class ChatController(QObject):
         self.store.set_model_uri(conversation.id, chat.describe().uri)
 
         def run(cancel: threading.Event):
+            if isinstance(chat, LocalChatEngine):
+                self.saved_states.attach(chat.session, conversation.id)
             events = chat.stream(messages, sampling_params(settings), settings.max_tokens, cancel, continuing)
             return explain_no_room(events) if continuing else events
 

@@ -56,6 +56,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "cpu_threads": (0, 256),
     "text_scale": (70, 200),
     "server_port": (1, 65_535),
+    "saved_states_mb": (0, 1_048_576),
 }
 
 
@@ -71,7 +72,8 @@ class Settings:
     `last_conversation` the id of the chat open last, or None. The local server listens on
     `server_port`, lets web pages from `server_origins` (space or comma separated) call it, and
     with `server_network` binds every interface (only with an API key, kept in the keyring,
-    never here). `window_geometry` is the
+    never here). Conversations that are left keep their KV cache on disk up to `saved_states_mb`
+    in all (0: none kept), so that reopening one does not read it again. `window_geometry` is the
     window's size, place and maximised state at closing (Qt's saveGeometry, base64), or None.
     """
 
@@ -96,6 +98,7 @@ class Settings:
     server_port: int
     server_origins: str
     server_network: bool
+    saved_states_mb: int = 2048
     window_geometry: str | None = None
 
     @classmethod
@@ -192,6 +195,7 @@ _PARSERS: dict[str, Callable[[str, object], object]] = {
     "server_port": _number(int),
     "server_origins": _text,
     "server_network": _flag,
+    "saved_states_mb": _number(int),
     "window_geometry": _optional(_text),
 }
 

@@ -23,7 +23,7 @@ same numbers. `argmax` and `device_tokens` let greedy decoding keep tokens on a 
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -77,12 +77,15 @@ class Routing:
     `n_used` largest probabilities, divided by their sum where `normalize` is set.
     "top_k_softmax" (gpt-oss): the `n_used` largest logits, then a softmax over those.
     Ties go to the lower expert number; the chosen experts are in falling order of weight.
+    `expert_scale` (n_experts,) float32, when set, multiplies each chosen expert's weight last
+    (Gemma 4's per-expert scale).
     """
 
     n_experts: int
     n_used: int
     order: str = "softmax_top_k"
     normalize: bool = True
+    expert_scale: np.ndarray | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -394,6 +397,11 @@ class Backend(ABC):
         are read.
         """
 
+    def columns(self, x: Tensor, start: int, count: int) -> Tensor:
+        """Columns start .. start + count - 1 of x (T, n): (T, count) (Gemma 4's per-layer
+        inputs, cut from one product for all layers). By default a NumPy-style slice."""
+        return x[:, start : start + count]
+
     @abstractmethod
     def add(self, a: Tensor, b: Tensor) -> Tensor:
         """Elementwise a + b (the residual connection)."""
@@ -418,6 +426,30 @@ class Backend(ABC):
     @abstractmethod
     def state_bytes(self, state: Any) -> int:
         """Bytes the state occupies."""
+
+    def state_arrays(self, state: Any) -> list[np.ndarray]:
+        """The host arrays that hold `state`, in an order fixed by its layout: what saving a
+        conversation writes, and what restoring one writes back into before calling
+        `load_state_arrays`. By default every NumPy array among the state's attributes (and
+        in their lists and tuples), by attribute name: views of the state itself, whatever
+        their dtype. A backend whose arrays are views of one buffer returns the buffer; one
+        whose state lives on a device returns host copies."""
+        found: list[np.ndarray] = []
+
+        def collect(value: Any) -> None:
+            if isinstance(value, np.ndarray):
+                found.append(value)
+            elif isinstance(value, list | tuple):
+                for item in value:
+                    collect(item)
+
+        for name in sorted(vars(state)):
+            collect(vars(state)[name])
+        return found
+
+    def load_state_arrays(self, state: Any, arrays: list[np.ndarray]) -> None:  # noqa: B027  # views: written
+        """Make `state` hold `arrays` (from `state_arrays`, written by the caller). Nothing
+        to do by default: those arrays are the state's own memory."""
 
     def forget(self, state: Any, start: int, end: int) -> None:  # noqa: B027  # a no-op by default
         """Forget positions start .. end-1 of every attention layer (a rollback, as after a

@@ -467,7 +467,7 @@ class CpuBackend(Backend):
         out = self._new((n_tokens, 2 * routing.n_used))  # (T, 2k): experts, then weights
         self._emit(
             "route",
-            _bufs(a=logits, out=out),
+            _bufs(a=logits, b=routing.expert_scale, out=out),
             tokens=n_tokens,
             experts=routing.n_experts,
             used=routing.n_used,
@@ -496,6 +496,13 @@ class CpuBackend(Backend):
         )
         return out
 
+    def columns(self, x: Any, start: int, count: int) -> Any:
+        x = _contiguous(x)
+        rows, cols = x.shape
+        out = self._new((rows, count))
+        self._emit("columns", _bufs(a=x, out=out), rows=rows, cols=cols, start=start, count=count)
+        return out
+
     def add(self, a: Any, b: Any) -> Any:
         out = self._new(a.shape)
         self._emit("add", _bufs(a=_contiguous(a), b=_contiguous(b), out=out), elements=int(np.prod(a.shape)))
@@ -516,6 +523,17 @@ class CpuBackend(Backend):
 
     def state_bytes(self, state: CpuState) -> int:
         return state.arena.nbytes
+
+    def state_arrays(self, state: CpuState) -> list[np.ndarray]:
+        """Every layer's arrays, views of the arena as the layer stores them (keys and values
+        in their KV type, a recurrent layer's float32): their dtypes and shapes name the KV
+        type and the context, which the arena's length alone would not (a float32 cache of n
+        positions is as long as a float16 one of 2n)."""
+        return [
+            array
+            for keys, values, arrays in zip(state.keys, state.values, state.arrays, strict=True)
+            for array in (arrays if keys is None or values is None else (keys, values))
+        ]
 
     def forget(self, state: CpuState, start: int, end: int) -> None:
         """Zero positions start .. end-1 of every attention layer: a ring's rows p % slots and

@@ -336,6 +336,8 @@ class MLXBackend(Backend):
                 weights = weights / weights.sum(axis=-1, keepdims=True)
         else:
             raise ValueError(f"unknown routing order {routing.order!r}")
+        if routing.expert_scale is not None:
+            weights = weights * mx.array(routing.expert_scale)[chosen]
         return mx.concatenate([chosen.astype(ACTIVATIONS), weights], axis=-1)  # (T, 2k)
 
     def experts(self, x: mx.array, choice: mx.array, weights: ExpertWeights, activation: str) -> mx.array:
@@ -369,6 +371,16 @@ class MLXBackend(Backend):
 
     def state_bytes(self, state: MLXState) -> int:
         return sum(a.nbytes for layer in state.arrays for a in layer)
+
+    def state_arrays(self, state: MLXState) -> list[np.ndarray]:
+        """Host copies of every layer's arrays, layer by layer."""
+        return [np.array(a) for layer in state.arrays for a in layer]
+
+    def load_state_arrays(self, state: MLXState, arrays: list[np.ndarray]) -> None:
+        """Replace every layer's arrays by `arrays` (as `state_arrays` orders them), on the device."""
+        host = iter(arrays)
+        state.arrays[:] = [[mx.array(next(host)) for _ in layer] for layer in state.arrays]
+        mx.eval(state.arrays)
 
     def close(self) -> None:
         mx.clear_cache()

@@ -353,6 +353,8 @@ class NumpyBackend(Backend):
                 weights /= weights.sum(axis=-1, keepdims=True)
         else:
             raise ValueError(f"unknown routing order {routing.order!r}")
+        if routing.expert_scale is not None:
+            weights = weights * routing.expert_scale[chosen]
         return np.concatenate([chosen.astype(np.float32), weights.astype(np.float32)], axis=-1)  # (T, 2k)
 
     def experts(self, x: np.ndarray, choice: np.ndarray, weights: ExpertWeights, activation: str) -> np.ndarray:

@@ -14,6 +14,7 @@ from engine.errors import ContextFullError
 from engine.generation import GenerationEvent, generate
 from engine.loader import LoadedModel
 from engine.sampling import SamplingParams
+from engine.saved_state import ConversationState
 from engine.speculation import Speculation
 
 
@@ -63,6 +64,7 @@ class ChatSession:
         self.params = params
         self.max_tokens = max_tokens
         self.messages: list[dict[str, str]] = []
+        self.saved: ConversationState | None = None  # where the conversation's state is saved (the app's)
         if system_prompt:
             self.messages.append({"role": "system", "content": system_prompt})
 
@@ -94,6 +96,10 @@ class ChatSession:
         del self.messages[index + 1 :]
         self.messages[index] = {"role": "user", "content": text}
         return self._answer(cancel)
+
+    def save_state(self) -> bool:
+        """Save the cache as the conversation's state (`saved`), if it holds anything new."""
+        return self.saved is not None and self.saved.save(self.cache)
 
     # -- internals -----------------------------------------------------------------
 
@@ -128,6 +134,8 @@ class ChatSession:
 
     def _answer(self, cancel: threading.Event | None, continuing: bool = False) -> Iterator[GenerationEvent]:
         tokens, dropped = self._fit(continuing)
+        if self.saved is not None:
+            self.saved.restore(self.cache, tokens)
         if dropped:
             yield GenerationEvent(
                 notice=f"The conversation was longer than the context, so the {dropped} "

@@ -118,6 +118,19 @@ class KVCache:
         if kept:
             self.feed(self.model, kept)
 
+    def reset(self) -> None:
+        """Forget every position and start empty (the state as freshly allocated)."""
+        self.backend.forget(self.storage, 0, self.n_ctx)
+        self._tokens = []
+
+    def adopt(self, tokens: Sequence[int]) -> None:
+        """Hold `tokens`, whose state the caller has just written into the storage (a saved
+        state restored), computed under the model's adapters as they are now."""
+        if len(tokens) > self.n_ctx:
+            raise ValueError(f"{len(tokens)} tokens do not fit a cache of {self.n_ctx}")
+        self._tokens = [int(t) for t in tokens]
+        self._adapters = self._adapter_version()
+
     def trim(self, n: int) -> int:
         """Forget the last `n` positions (at most all of them); return how many were forgotten."""
         n = min(max(n, 0), len(self._tokens))

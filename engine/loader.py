@@ -33,7 +33,7 @@ class LoadedModel:
     backend: Backend
     model: Transformer
     backend_notes: list[str] = field(default_factory=list)  # why the other backends were passed over
-    load_notes: list[str] = field(default_factory=list)  # what the backend changed (a type converted at load)
+    load_notes: list[str] = field(default_factory=list)  # what loading changed or left out (a type converted)
 
     def new_cache(self, n_ctx: int | None = None) -> KVCache:
         """A KV cache of `n_ctx` positions (default: 4096, capped at the model's own limit)."""
@@ -113,5 +113,5 @@ def load_model(
             chosen.close()
         model_file.close()
         raise
-    load_notes = [*chosen.load_notes, *([kv_note] if kv_note else [])]
+    load_notes = [*chosen.load_notes, *model.load_notes, *([kv_note] if kv_note else [])]
     return LoadedModel(model_file.path, model_file, config, tokenizer, template, chosen, model, notes, load_notes)

@@ -1,6 +1,6 @@
 """The tokenizer, built from a GGUF file's vocabulary so that its ids equal llama.cpp's.
 
-A GGUF file names its vocabulary format in `tokenizer.ggml.model`. Two are supported:
+A GGUF file names its vocabulary format in `tokenizer.ggml.model`. Three are supported:
 
 - `gpt2`: byte-level BPE. The text is first cut into words by the regexes that llama.cpp
   uses for the file's `tokenizer.ggml.pre`; each word is mapped to GPT-2's printable byte
@@ -10,6 +10,10 @@ A GGUF file names its vocabulary format in `tokenizer.ggml.model`. Two are suppo
   token of the vocabulary; characters that no token covers become <0xXX> byte tokens. A BPE
   whose merge list holds every split of every token, ranked by that token's score, makes
   the same choices, so both formats run on the `tokenizers` library's BPE model.
+- `gemma4`: Gemma 4's BPE over raw UTF-8 (no byte mapping), spaces written as '▁', the text
+  cut only between runs of newlines and the rest, merged by the ranks in
+  `tokenizer.ggml.merges`; a character no token covers becomes its <0xXX> byte tokens. As
+  llama.cpp, a prompt always starts with BOS.
 
 Special tokens follow llama.cpp. Control and unknown tokens are cut out of the text only
 when `parse_special` is on; otherwise their text is tokenized like any other text.
@@ -261,9 +265,12 @@ class Tokenizer:
         vocab = _Vocabulary(metadata, source)
         if vocab.model == "gpt2":
             hf, add_bos_default = _byte_level_bpe(vocab, metadata, source)
+        elif vocab.model == "gemma4":
+            hf, add_bos_default = _gemma4_bpe(vocab, metadata, source), True
         else:
             hf, add_bos_default = _sentencepiece_bpe(vocab), True
         add_bos = _optional(metadata, "tokenizer.ggml.add_bos_token", bool, add_bos_default, source)
+        add_bos = add_bos or vocab.model == "gemma4"  # llama.cpp turns it on for Gemma 4 whatever the file says
         if add_bos and vocab.ids["bos"] is None:
             raise TokenizerError(
                 f"{source}: the vocabulary asks for a BOS token but names none. "
@@ -356,10 +363,10 @@ class _Vocabulary:
                 f"{source}: the file has no tokenizer (the key tokenizer.ggml.model is missing), "
                 "so Sprig cannot turn text into tokens for it. Use a GGUF file that includes its vocabulary."
             )
-        if model not in ("gpt2", "llama"):
+        if model not in ("gpt2", "llama", "gemma4"):
             raise TokenizerError(
                 f"{source}: its vocabulary is of type {model!r}, which Sprig does not support. "
-                "Sprig reads byte-level BPE ('gpt2') and SentencePiece ('llama') vocabularies."
+                "Sprig reads byte-level BPE ('gpt2'), SentencePiece ('llama') and Gemma 4 ('gemma4') vocabularies."
             )
         self.model = model
         self.tokens = _token_texts(metadata, source)
@@ -378,7 +385,7 @@ class _Vocabulary:
                     f"{source}: byte token {i} is {self.tokens[i]!r}, not <0xXX>; the file is damaged."
                 )
         # llama.cpp's defaults where the file names no special token; out-of-range ids are dropped
-        defaults = {"llama": {"bos": 1, "eos": 2, "unk": 0}, "gpt2": {"bos": 11, "eos": 11}}[model]
+        defaults = {"llama": {"bos": 1, "eos": 2, "unk": 0}, "gpt2": {"bos": 11, "eos": 11}, "gemma4": {}}[model]
         self.ids: dict[str, int | None] = {}
         for name in (
             "bos",
@@ -442,6 +449,16 @@ def _byte_level_bpe(vocab: _Vocabulary, metadata: dict, source: str) -> tuple[to
             f"so it cannot split text the way the model expects. Known types: {', '.join(sorted(_PRE_TYPES))}."
         )
     regexes, ignore_merges, add_bos_default = _PRE_TYPES[pre]
+    pairs = _merge_pairs(vocab, metadata, source)
+    hf = tokenizers.Tokenizer(models.BPE(vocab.token_ids, pairs, ignore_merges=ignore_merges))
+    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in _SPLIT_REGEXES[regexes]]
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    hf.pre_tokenizer = pre_tokenizers.Sequence([*splits, byte_level])
+    return hf, add_bos_default
+
+
+def _merge_pairs(vocab: _Vocabulary, metadata: dict, source: str) -> list[tuple[str, str]]:
+    """The file's BPE merges (`tokenizer.ggml.merges`, "left right" each), best first."""
     merges = _string_array(metadata, "tokenizer.ggml.merges", source)
     if merges is None:
         raise TokenizerError(
@@ -456,11 +473,16 @@ def _byte_level_bpe(vocab: _Vocabulary, metadata: dict, source: str) -> tuple[to
         # llama.cpp ignores malformed merges; a merge into a missing token can never emit it
         if cut > 0 and left in token_ids and right in token_ids and left + right in token_ids:
             pairs.append((left, right))
-    hf = tokenizers.Tokenizer(models.BPE(token_ids, pairs, ignore_merges=ignore_merges))
-    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in _SPLIT_REGEXES[regexes]]
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    hf.pre_tokenizer = pre_tokenizers.Sequence([*splits, byte_level])
-    return hf, add_bos_default
+    return pairs
+
+
+def _gemma4_bpe(vocab: _Vocabulary, metadata: dict, source: str) -> tokenizers.Tokenizer:
+    """Gemma 4's BPE: '▁' for spaces, runs of newlines cut from the rest, merges over raw
+    characters, <0xXX> byte tokens for what no token covers (llama.cpp's LLAMA_VOCAB_PRE_TYPE_GEMMA4)."""
+    hf = tokenizers.Tokenizer(models.BPE(vocab.token_ids, _merge_pairs(vocab, metadata, source), byte_fallback=True))
+    hf.normalizer = normalizers.Replace(" ", SPM_SPACE)
+    hf.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|[\n]+"), behavior="isolated")
+    return hf
 
 
 def _sentencepiece_bpe(vocab: _Vocabulary) -> tokenizers.Tokenizer:

@@ -126,6 +126,7 @@ def write_tiny_model(
     tie_embeddings: bool | None = None,
     omit_tensors: tuple[str, ...] = (),
     extra_tensors: dict[str, tuple[int, ...]] | None = None,
+    tensor_values: dict[str, np.ndarray] | None = None,
     split_max_tensors: int = 0,
     quantize: Callable[[np.ndarray, GGMLQuantizationType], np.ndarray] = quants.quantize,
     **extra_metadata: Any,
@@ -137,7 +138,8 @@ def write_tiny_model(
     gguf-py cannot quantize); norms and biases stay F32, as llama.cpp stores them. `extra_metadata`
     adds or overrides keys (pass them as `**{"qwen3.vocab_size": 1000}`); a value of
     None removes the key. `omit_tensors` leaves the named tensors out; `extra_tensors` adds
-F32 tensors of the given names and shapes (an optional tensor, or a misshaped one);
+F32 tensors of the given names and shapes (an optional tensor, or a misshaped one), random
+unless `tensor_values` gives their values;
 `split_max_tensors` splits the file as llama.cpp's gguf-split does, into parts named
 `{stem}-0000k-of-0000N.gguf` of at most that many tensors (`path` then names none of them). `tie_embeddings`
     (no output.weight) defaults to what llama.cpp expects: tied for the Gemmas (it
@@ -204,6 +206,8 @@ F32 tensors of the given names and shapes (an optional tensor, or a misshaped on
         if name in omit_tensors:
             continue
         values = _weight(rng, shape, kind)
+        if name in (tensor_values or {}):
+            values = np.asarray(tensor_values[name], dtype=np.float32).reshape(shape)
         if kind == "matrix" and tensor_type != F32:
             writer.add_tensor(name, quantize(values, tensor_type), raw_dtype=tensor_type)
         else:

@@ -241,6 +241,13 @@ class SettingsDialog(QDialog):
         self.context_length = int_box("context_length", 256)
         self.context_length.setSuffix(" tokens")
         self.context_length.setToolTip("How many tokens of the conversation the model can see at once.")
+        self.saved_states = int_box("saved_states_mb", 256)
+        self.saved_states.setSuffix(" MB")
+        self.saved_states.setSpecialValueText("Keep none")
+        self.saved_states.setToolTip(
+            "Disk space for the memory of conversations you leave, so that reopening one does not "
+            "read it all again; the least recently used go first."
+        )
         self.sampling = SamplingForm(settings)
         self.backend = _combo(BACKENDS, _BACKEND_LABELS)
         self.cpu_threads = int_box("cpu_threads", 1)
@@ -269,7 +276,12 @@ class SettingsDialog(QDialog):
         self.hub_offline.setToolTip("Get models then lists only the models already downloaded; search needs a network.")
 
         self.tabs = QTabWidget()
-        self.tabs.addTab(_tab(("System prompt", self.system_prompt), ("Context length", self.context_length)), "Chat")
+        chat = _tab(
+            ("System prompt", self.system_prompt),
+            ("Context length", self.context_length),
+            ("Saved conversations", self.saved_states),
+        )
+        self.tabs.addTab(chat, "Chat")
         self.tabs.addTab(self.sampling, "Sampling")
         self.tabs.addTab(
             _tab(
@@ -296,6 +308,7 @@ class SettingsDialog(QDialog):
         """Show `settings` in every editor."""
         self.system_prompt.setPlainText(settings.system_prompt)
         self.context_length.setValue(settings.context_length)
+        self.saved_states.setValue(settings.saved_states_mb)
         self.sampling.set_values(settings)
         _select(self.backend, settings.backend)
         self.cpu_threads.setValue(settings.cpu_threads)
@@ -309,6 +322,7 @@ class SettingsDialog(QDialog):
         edited = {
             "system_prompt": self.system_prompt.toPlainText(),
             "context_length": self.context_length.value(),
+            "saved_states_mb": self.saved_states.value(),
             **self.sampling.values(),
             "backend": self.backend.currentData(),
             "cpu_threads": self.cpu_threads.value(),

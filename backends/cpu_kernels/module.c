@@ -228,7 +228,14 @@ static int parse_op(PyObject *tuple, Op *op) {
     case OP_ROUTE: {
         int64_t T = op->ints.route.tokens, E = op->ints.route.experts, k = op->ints.route.used;
         if (E <= 0 || k <= 0 || k > E || (op->ints.route.order != 0 && op->ints.route.order != 1)) break;
-        return need(&a, T * E, 4, "router logits") || need(&out, T * 2 * k, 4, "out");
+        return need(&a, T * E, 4, "router logits") || need(&out, T * 2 * k, 4, "out") ||
+               (op->b && need(&b, E, 4, "expert scales"));
+    }
+    case OP_COLUMNS: {
+        int64_t rows = op->ints.columns.rows, cols = op->ints.columns.cols;
+        int64_t start = op->ints.columns.start, count = op->ints.columns.count;
+        if (start < 0 || count <= 0 || start + count > cols) break;
+        return need(&a, rows * cols, 4, "x") || need(&out, rows * count, 4, "out");
     }
     case OP_EXPERTS: {
         int64_t T = op->ints.experts.tokens, E = op->ints.experts.experts, k = op->ints.experts.used;

@@ -335,7 +335,8 @@ static void elementwise(const Op *op, int64_t elements) {
  * falling order, ties to the lower expert number (a logit replaces a kept one only when
  * strictly larger). Their weights, order 0 (Qwen3-MoE): a softmax over all the logits, then
  * the chosen ones' probabilities, divided by their sum with `normalize`; order 1 (gpt-oss): a
- * softmax over the chosen logits only. out (tokens, 2 * used): the experts' numbers (exact as
+ * softmax over the chosen logits only. Where b (one per expert) is given, each weight is then
+ * multiplied by its expert's b. out (tokens, 2 * used): the experts' numbers (exact as
  * floats), then their weights. exp is exp8, sums in double: the same bits in every tier. */
 
 static struct {
@@ -395,6 +396,8 @@ static int route(const Op *op, const char **error) {
             if (op->ints.route.normalize)
                 for (int64_t j = 0; j < k; j++) out[k + j] /= (float)chosen;
         }
+        if (op->b)
+            for (int64_t j = 0; j < k; j++) out[k + j] *= op->b[index[j]];
         for (int64_t j = 0; j < k; j++) out[j] = (float)index[j];
     }
     return 0;
@@ -662,6 +665,14 @@ out_of_memory:
     return -1;
 }
 
+/* -- columns: a part of each row (Gemma 4's per-layer inputs, cut from one product) -------- */
+
+static void columns(const Op *op) {
+    int64_t rows = op->ints.columns.rows, cols = op->ints.columns.cols;
+    int64_t start = op->ints.columns.start, count = op->ints.columns.count;
+    for (int64_t r = 0; r < rows; r++) memcpy(op->out + r * count, op->a + r * cols + start, sizeof(float) * (size_t)count);
+}
+
 int exec_op(const Op *op, const char **error) {
     switch (op->code) {
     case OP_EMBED: return embed(op, error);
@@ -681,6 +692,7 @@ int exec_op(const Op *op, const char **error) {
     case OP_SOFTCAP: elementwise(op, op->ints.softcap.elements); return 0;
     case OP_ROUTE: return route(op, error);
     case OP_EXPERTS: return experts(op, error);
+    case OP_COLUMNS: columns(op); return 0;
     default: *error = "unknown op"; return -1;
     }
 }

@@ -26,10 +26,12 @@
  *   SOFTCAP  cap * tanh(a / cap)
  *   ROUTE    router logits a (tokens, experts) -> out (tokens, 2 * used): each token's `used`
  *            experts (their numbers as floats, then their weights); order 0 softmax then top k
- *            (divided by their sum with normalize), 1 top k then softmax (see ops.c)
+ *            (divided by their sum with normalize), 1 top k then softmax (see ops.c); each
+ *            weight then times b[expert] where b (experts,) is given (Gemma 4's per-expert scale)
  *   EXPERTS  x a (tokens, dim) through the experts b (tokens, 2 * used) names, from ROUTE in the
  *            same pass: mats gate, up (experts * ffn, dim) and down (experts * dim, ffn), each
- *            expert's rows contiguous, their biases (or none) in bias[]; out (tokens, dim) */
+ *            expert's rows contiguous, their biases (or none) in bias[]; out (tokens, dim)
+ *   COLUMNS  a (rows, cols) -> out (rows, count): columns start .. start + count - 1 of each row */
 #define OPS(X)                                                                                                  \
     X(EMBED, embed, 1, INTS(tokens), FLOATS(scale))                                                             \
     X(LINEAR, linear, 2, INTS(tokens), FLOATS())                                                                \
@@ -43,7 +45,8 @@
     X(ROUTE, route, 9, INTS(tokens, experts, used, order, normalize), FLOATS())                                 \
     X(EXPERTS, experts, 10, INTS(tokens, experts, used, ffn, activation), FLOATS())                            \
     X(LAYERNORM, layer_norm, 11, INTS(rows, dim), FLOATS(eps))                                                  \
-    X(SCALE, scale, 12, INTS(elements), FLOATS(factor))
+    X(SCALE, scale, 12, INTS(elements), FLOATS(factor))                                                         \
+    X(COLUMNS, columns, 13, INTS(rows, cols, start, count), FLOATS())
 #define INTS(...) __VA_ARGS__
 #define FLOATS(...) __VA_ARGS__
 

@@ -17,6 +17,7 @@ from engine.models import (
     gemma,
     gemma2,
     gemma3,
+    gemma4,
     gpt_oss,
     granite,
     llama,
@@ -36,6 +37,7 @@ ARCHITECTURES: dict[str, type[Transformer]] = {
     "qwen3": qwen3.Model,
     "gemma2": gemma2.Model,
     "gemma3": gemma3.Model,
+    "gemma4": gemma4.Model,
     "qwen3moe": qwen3moe.Model,
     "gpt-oss": gpt_oss.Model,
     "gemma": gemma.Model,
@@ -63,7 +65,7 @@ def read_config(f: GGUFFile) -> ModelConfig:
             f'Supported architectures: {", ".join(SUPPORTED_ARCHITECTURES)} (the README\'s "Supported models" '
             "lists the models behind each)."
         )
-    config = ModelConfig.from_gguf(f, model_class.family)
+    config = model_class.read_config(f)
     model_class.check_tensors(f, config)
     return config
 

@@ -86,12 +86,8 @@ class Attention(Block):
         self.o = reader.linear("attn_output.weight", self.wo)
 
     def state(self, n_ctx: int) -> AttentionState:
-        """This layer's KV state for a context of `n_ctx` positions: all of them, or, for a
-        sliding window smaller than the context, a ring of the window and RING_SLACK more."""
-        cfg, window = self.config, self.settings.window
-        ring = window is not None and window + RING_SLACK - 1 < n_ctx
-        slots = window + RING_SLACK - 1 if ring and window is not None else n_ctx
-        return AttentionState(cfg.n_kv_heads, cfg.head_dim, cfg.value_head_dim, slots, window if ring else None, n_ctx)
+        """This layer's KV state for a context of `n_ctx` positions (`kv_state`)."""
+        return kv_state(self.config, self.settings.window, n_ctx)
 
     def pass_rope(self, p: PassInput) -> LayerRope | None:
         """How this pass rotates: the layer's RoPE (a family whose rotation depends on the
@@ -114,10 +110,22 @@ class Attention(Block):
         if rope is not None:
             q = be.rope(q, p.positions, rope.base, cfg.rope_dim, cfg.rope_neox, rope.freq_factors, rope.mscale)
             k = be.rope(k, p.positions, rope.base, cfg.rope_dim, cfg.rope_neox, rope.freq_factors, rope.mscale)
-        if len(p.segments) == 1:
-            segment = p.segments[0]
-            out = be.attention(q, k, v, segment.state, self.index, segment.start, self.settings)  # (T, H * Dv)
-        else:  # one token of each sequence, each over its own state
-            states, starts = [s.state for s in p.segments], [s.start for s in p.segments]
-            out = be.attention_batch(q, k, v, states, self.index, starts, self.settings)  # (B, H * Dv)
-        return self.o(out, self.bo)
+        return self.o(attend(be, q, k, v, p, self.index, self.settings), self.bo)
+
+
+def kv_state(cfg: ModelConfig, window: int | None, n_ctx: int) -> AttentionState:
+    """The KV state of a layer of `cfg`'s shape for a context of `n_ctx` positions: all of them,
+    or, for a sliding window smaller than the context, a ring of the window and RING_SLACK more."""
+    ring = window is not None and window + RING_SLACK - 1 < n_ctx
+    slots = window + RING_SLACK - 1 if ring and window is not None else n_ctx
+    return AttentionState(cfg.n_kv_heads, cfg.head_dim, cfg.value_head_dim, slots, window if ring else None, n_ctx)
+
+
+def attend(be: Backend, q: Any, k: Any, v: Any, p: PassInput, layer: int, settings: LayerAttention) -> Any:
+    """The attention of layer `layer` for the pass `p`, writing its new keys and values: over
+    one sequence's state, or one token of each sequence over its own (T, H * Dv)."""
+    if len(p.segments) == 1:
+        segment = p.segments[0]
+        return be.attention(q, k, v, segment.state, layer, segment.start, settings)  # (T, H * Dv)
+    states, starts = [s.state for s in p.segments], [s.start for s in p.segments]
+    return be.attention_batch(q, k, v, states, layer, starts, settings)  # (B, H * Dv)

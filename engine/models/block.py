@@ -119,6 +119,30 @@ class LayerReader:
         self._count()
         return parts
 
+    def expert_halves(self, suffix: str) -> tuple[Any, Any]:
+        """The experts' tensor `blk.{index}.{suffix}` (E, 2F, D) of fused gate and up matrices
+        (Gemma 4's ffn_gate_up_exps) as two prepared (E, F, D) weights: each expert's first F
+        rows, and its last F. Both are copies in memory (a half of every expert is not one run
+        of the file), so they cost their size in RAM besides the mapped file."""
+        name = f"blk.{self.index}.{suffix}"
+        info = self.file.tensors[name]
+        n_experts, rows, cols = info.shape
+        half = rows // 2
+        blocks = info.data.reshape(n_experts, rows, -1)  # (E, 2F, bytes per row)
+        gate, up = (
+            self.backend.prepare_weight(
+                WeightSpec(
+                    f"{name}[{part}]",
+                    np.ascontiguousarray(blocks[:, first : first + half]).reshape(-1),
+                    info.ggml_type,
+                    (n_experts, half, cols),
+                )
+            )
+            for part, first in (("gate", 0), ("up", half))
+        )
+        self._count()
+        return gate, up
+
     def linear(self, suffix: str, weight: Any) -> Linear:
         """The `Linear` of the prepared weight `blk.{index}.{suffix}`, registered under its
         name for adapters (`engine.lora`)."""
@@ -158,22 +182,28 @@ class LayerReader:
 
 
 def check_layer_tensors(
-    f: GGUFFile, config: ModelConfig, layer_blocks: Callable[[int], tuple[type[Block], ...]], required: tuple[str, ...]
+    f: GGUFFile,
+    config: ModelConfig,
+    layer_blocks: Callable[[int], tuple[type[Block], ...]],
+    required: tuple[str, ...],
+    layer_config: Callable[[int], ModelConfig] | None = None,
 ) -> None:
     """Check that every layer has each tensor its blocks need (`required` names the optional
-    ones this architecture needs too) with the shape `config` implies, and that the tensors
-    it has beyond those have theirs. Raises ModelFileError naming the first one that does not."""
+    ones this architecture needs too) with the shape `config` implies (or `layer_config(i)`,
+    where layers differ in shape: Gemma 4), and that the tensors it has beyond those have
+    theirs. Raises ModelFileError naming the first one that does not."""
     expected: dict[str, tuple[int, ...]] = {"output_norm.weight": (config.d_model,)}
     if not config.tie_embeddings:
         expected["output.weight"] = (config.vocab_size, config.d_model)
     for name, shape in expected.items():
         _check_shape(f, required_tensor(f, name), name, shape)
     for layer in range(config.n_layers):  # stops at the first missing tensor, however many layers are claimed
+        shapes = config if layer_config is None else layer_config(layer)
         for block in layer_blocks(layer):
             for spec in block.TENSORS:
                 name = f"blk.{layer}.{spec.suffix}"
                 if name in f.tensors or not spec.optional or spec.suffix in required:
-                    _check_shape(f, required_tensor(f, name), name, spec.shape(config))
+                    _check_shape(f, required_tensor(f, name), name, spec.shape(shapes))
 
 
 def _check_shape(f: GGUFFile, info: TensorInfo, name: str, shape: tuple[int, ...]) -> None:

@@ -63,6 +63,7 @@ class Transformer:
         self.output_norm_bias = reader.optional_weight("output_norm.bias")
         has_output = "output.weight" in model_file.tensors
         self.output = reader.global_weight("output.weight") if has_output else self.token_embd
+        self.read_globals(reader)
         self.layers = [self._layer(reader.at(i), i) for i in range(config.n_layers)]
         # the output head, by the name an adapter on it (lm_head) targets, tied or not
         self.output_linear = Linear(backend, "output.weight", self.output, (config.vocab_size, config.d_model))
@@ -75,6 +76,20 @@ class Transformer:
         return self.layer_class(reader, self.config, mixer(reader, self, i), feed_forward(reader, self, i))
 
     # -- what architectures override (asked once per layer, at load) -------------------
+
+    @classmethod
+    def read_config(cls, f: GGUFFile) -> ModelConfig:
+        """The config of `f`, read with this architecture's family settings (an architecture
+        with settings of its own per layer reads those too). Raises ModelFileError."""
+        return ModelConfig.from_gguf(f, cls.family)
+
+    @property
+    def load_notes(self) -> list[str]:
+        """What the model left out of the file that the user should hear of (none here)."""
+        return []
+
+    def read_globals(self, reader: LayerReader) -> None:
+        """Prepare the tensors outside the layers that this architecture adds (none here)."""
 
     @classmethod
     def layer_blocks(cls, config: ModelConfig, i: int) -> tuple[type[Any], type[Any]]:
@@ -187,6 +202,12 @@ class Transformer:
         x = be.embedding(self.token_embd, p.tokens, cfg.embedding_scale)  # (T, D)
         for layer in self.layers:
             x = layer(x, p)
+        return self.head(x, p)
+
+    def head(self, x: Any, p: PassInput) -> Any:
+        """The residual stream after the last layer (T, D) to what the pass returns: logits
+        (T, vocab) or (1, vocab), or the final normed hidden states (`p.hidden`)."""
+        be, cfg = self.backend, self.config
         if not p.all_logits:
             x = x[-1:]  # (1, D)
         x = norm(be, cfg, x, self.output_norm, self.output_norm_bias)

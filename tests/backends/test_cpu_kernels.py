@@ -291,7 +291,8 @@ def test_ops_take_their_slots_by_the_names_the_kernels_export():
     assert ops["experts"] == (10, ("tokens", "experts", "used", "ffn", "activation"), ())
     assert ops["layer_norm"] == (11, ("rows", "dim"), ("eps",))
     assert ops["scale"] == (12, ("elements",), ("factor",))
-    assert len({code for code, _, _ in ops.values()}) == len(ops) == 12
+    assert ops["columns"] == (13, ("rows", "cols", "start", "count"), ())
+    assert len({code for code, _, _ in ops.values()}) == len(ops) == 13
     x = np.arange(8, dtype=np.float32)
     out = np.full(8, -1.0, dtype=np.float32)
     with pytest.raises(ValueError, match=r"missing \['elements'\], unknown \[\]"):

@@ -245,6 +245,17 @@ def test_state_size(mlx_backend):
     assert mlx_backend.state_bytes(state) == 3 * 10 * 2 * (4 + 5) * 4 + (12 + 7) * 4
 
 
+def test_state_arrays_are_host_copies_that_load_back(mlx_backend):
+    state = mlx_backend.allocate_state([AttentionState(2, 4, 5, slots=10), RecurrentState(((3, 4), (7,)))])
+    arrays = mlx_backend.state_arrays(state)
+    assert [a.shape for a in arrays] == [(1, 2, 10, 4), (1, 2, 10, 5), (3, 4), (7,)]
+    rng = np.random.default_rng(14)
+    for array in arrays:
+        array[...] = rng.standard_normal(array.shape)
+    mlx_backend.load_state_arrays(state, arrays)
+    assert all(np.array_equal(a, b) for a, b in zip(mlx_backend.state_arrays(state), arrays, strict=True))
+
+
 def test_device_name_says_mlx_and_the_device(mlx_backend):
     expected = "Apple GPU" if mx.default_device().type == mx.gpu else "CPU"
     assert mlx_backend.device_name.startswith(expected) and "MLX" in mlx_backend.device_name

@@ -149,8 +149,16 @@ def decode_q1_0(blocks: np.ndarray, n_cols: int) -> np.ndarray:
     return (d * (bits.astype(np.float32) * 2 - 1)).reshape(rows, n_cols)  # (rows, n_cols)
 
 
-def write_f32_twin(source: Path, target: Path) -> None:
-    """Copy a GGUF file's metadata and tensors to `target`, Q1_0 tensors decoded to F32."""
+def write_f32_twin(
+    source: Path,
+    target: Path,
+    extra: dict[str, np.ndarray] | None = None,
+    omit: tuple[str, ...] = (),
+    metadata: dict | None = None,
+) -> None:
+    """Copy a GGUF file's metadata and tensors to `target`, Q1_0 tensors decoded to F32, and
+    the `extra` tensors after them; without the `omit` tensors, with `metadata`'s values in
+    place of the file's (same types)."""
     reader = GGUFReader(source)
     arch = reader.fields["general.architecture"].contents()
     writer = GGUFWriter(target, arch)
@@ -159,12 +167,17 @@ def write_f32_twin(source: Path, target: Path) -> None:
             continue  # the writer writes these itself
         value_type = GGUFValueType(field.types[0])
         sub_type = GGUFValueType(field.types[-1]) if value_type == GGUFValueType.ARRAY else None
-        writer.add_key_value(name, field.contents(), value_type, sub_type=sub_type)
+        value = (metadata or {}).get(name, field.contents())
+        writer.add_key_value(name, value, value_type, sub_type=sub_type)
     for tensor in reader.tensors:
+        if tensor.name in omit:
+            continue
         if tensor.tensor_type == GGMLQuantizationType.Q1_0:
             writer.add_tensor(tensor.name, decode_q1_0(np.asarray(tensor.data), int(tensor.shape[0])))
         else:
             writer.add_tensor(tensor.name, np.asarray(tensor.data))
+    for name, array in (extra or {}).items():
+        writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -1,0 +1,421 @@
+"""Saved conversation states: a KV cache written to a file, and read back instead of the text.
+
+A conversation that is left keeps its KV cache (every layer's state: attention keys and
+values, windowed rings, recurrent arrays) in one file of a folder, with what it is only
+valid for: the model file's fingerprint, the backend, the layout of the state's arrays
+(their dtypes, so the KV type, and shapes) and the token ids it holds. Reopening the
+conversation restores the file when those match the prompt's first tokens (the rest is
+read as usual), and reads the whole text again otherwise.
+
+The arrays are whatever the backend holds the state in (`Backend.state_arrays`), cut into
+pieces of 4 MiB, each compressed with zlib at level 1 on a thread of its own (zlib lets go
+of the GIL): the standard library's, fast enough to keep up with a disk (lzma compresses
+float data a little better at a tenth of the speed), and it squeezes the unused, zeroed
+positions of the context to almost nothing. NumPy's `savez_compressed` is zlib too, but
+`np.load` allocates whatever shape a file declares before reading it, and inflates on one
+core.
+
+A file is
+
+    MAGIC | the pieces of every array | header (JSON) | header length (u64) | header SHA-256 | END
+
+with the header at the end so that arrays stream to disk as they are compressed. Nothing
+in a file is trusted: a file is refused, with a note in the log, when it is truncated,
+its header's hash or a piece's hash fails, its fingerprint, backend or layout differs
+from the live cache (declared shapes are compared, never allocated: pieces are inflated
+into the cache's own memory, at most their exact size, once every hash holds), or its
+tokens are not the prompt's. No pickle is ever read. The folder keeps under a size cap, dropping the least
+recently used files first.
+"""
+
+import hashlib
+import json
+import logging
+import os
+import struct
+import tempfile
+import zlib
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.kv_cache import KVCache
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"SPRIGKV\x01"
+END = b"SPRIGEND"
+SUFFIX = ".sprigkv"
+FORMAT = 1
+LEVEL = 1  # zlib: fastest; the KV values compress little at any level
+CHUNK = 4 << 20  # the raw bytes of one piece: pieces are compressed and inflated one per core at a time
+MAX_CHUNK = 1 << 30
+WORKERS = os.cpu_count() or 1
+MAX_HEADER = 64 << 20  # a header holds the token ids: ~10 bytes each, far below this at any context
+_TRAILER = struct.Struct("<Q32s8s")  # header length, header SHA-256, END
+FINGERPRINT_HEAD = 16 << 20  # the GGUF header (metadata, vocabulary, tensor infos) lies in here
+FINGERPRINT_SAMPLES = 16  # and this many 1 MiB pieces of the weights, evenly spread
+DEFAULT_CAP_BYTES = 2 << 30
+
+
+class StateFileError(Exception):
+    """A saved state that cannot be used; the message says why, for the log."""
+
+
+@cache
+def _fingerprint(path: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        digest.update(f.read(FINGERPRINT_HEAD))
+        for i in range(FINGERPRINT_SAMPLES):
+            f.seek(size * i // FINGERPRINT_SAMPLES)
+            digest.update(f.read(1 << 20))
+    return digest.hexdigest()
+
+
+def model_fingerprint(path: Path) -> str:
+    """A SHA-256 that tells model files apart: over the size, the first 16 MiB (the whole
+    GGUF header in practice) and 16 pieces of the weights. Cached per path, size and
+    modification time, so it is read once per file."""
+    stat = os.stat(path)
+    return _fingerprint(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+def _layout(arrays: list[np.ndarray]) -> list[dict]:
+    return [{"dtype": a.dtype.str, "shape": list(a.shape)} for a in arrays]
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What a saved state is valid for: the model's fingerprint (its file's, and its LoRA
+    adapters' with their scales) and the backend."""
+
+    fingerprint: str
+    backend: str
+
+
+def identity_of(path: Path, model: Any) -> Identity:
+    """The identity of states computed by `model`, loaded from the file at `path`, as it runs now."""
+    adapters = getattr(model, "adapters", None)
+    parts = [model_fingerprint(path)]
+    for active in adapters.active if adapters is not None else ():
+        parts.append(f"{model_fingerprint(active.adapter.path)}*{active.scale!r}")
+    fingerprint = parts[0] if len(parts) == 1 else hashlib.sha256("+".join(parts).encode()).hexdigest()
+    return Identity(fingerprint, model.backend.name)
+
+
+def _pieces(array: np.ndarray) -> list[memoryview]:
+    """The array's bytes in CHUNK-sized views (its own memory where it is contiguous)."""
+    raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data  # (nbytes,)
+    return [raw[lo : lo + CHUNK] for lo in range(0, len(raw), CHUNK)]
+
+
+def _pack(piece: memoryview) -> tuple[bytes, str]:
+    block = zlib.compress(piece, LEVEL)
+    return block, hashlib.sha256(block).hexdigest()
+
+
+def _in_order(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: list) -> Iterator[Any]:
+    """`fn` of each item on `pool`, in order, with at most two per worker under way."""
+    pending: deque[Future] = deque()
+    for item in items:
+        pending.append(pool.submit(fn, item))
+        if len(pending) >= 2 * WORKERS:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
+
+
+def write_state(path: Path, cache_: KVCache, identity: Identity) -> int:
+    """Write `cache_`'s state and tokens to `path` (atomically: a temporary file, then a
+    rename); return the file's size. The arrays go in pieces of CHUNK bytes, compressed
+    one per core at a time."""
+    arrays = cache_.backend.state_arrays(cache_.storage)
+    pieces = [(i, piece) for i, array in enumerate(arrays) for piece in _pieces(array)]
+    chunks: list[list] = [[] for _ in arrays]
+    handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".part")
+    try:
+        with os.fdopen(handle, "wb") as f, ThreadPoolExecutor(WORKERS) as pool:
+            f.write(MAGIC)
+            packed = _in_order(pool, _pack, [piece for _, piece in pieces])
+            for (i, _), (block, digest) in zip(pieces, packed, strict=True):
+                chunks[i].append([f.tell(), len(block), digest])
+                f.write(block)
+            header = {
+                "format": FORMAT,
+                "fingerprint": identity.fingerprint,
+                "backend": identity.backend,
+                "kv_dtypes": sorted({a.dtype.name for a in arrays}),
+                "n_ctx": cache_.n_ctx,
+                "tokens": list(cache_.tokens),
+                "chunk_bytes": CHUNK,
+                "arrays": [{**layout, "chunks": c} for layout, c in zip(_layout(arrays), chunks, strict=True)],
+            }
+            data = json.dumps(header, separators=(",", ":")).encode()
+            f.write(data)
+            f.write(_TRAILER.pack(len(data), hashlib.sha256(data).digest(), END))
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return path.stat().st_size
+
+
+def read_header(path: Path) -> dict:
+    """The checked header of the state file at `path`; StateFileError saying what is wrong."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size < len(MAGIC) + _TRAILER.size:
+                raise StateFileError("it is too short to be a saved state")
+            f.seek(0)
+            if f.read(len(MAGIC)) != MAGIC:
+                raise StateFileError("it is not a saved state of this version")
+            f.seek(size - _TRAILER.size)
+            length, digest, end = _TRAILER.unpack(f.read(_TRAILER.size))
+            if end != END:
+                raise StateFileError("it is truncated")
+            start = size - _TRAILER.size - length
+            if length > MAX_HEADER or start < len(MAGIC):
+                raise StateFileError(f"its header claims {length} bytes")
+            f.seek(start)
+            data = f.read(length)
+    except OSError as exc:
+        raise StateFileError(f"it cannot be read ({exc.strerror or exc})") from exc
+    if hashlib.sha256(data).digest() != digest:
+        raise StateFileError("its header is corrupt")
+    try:
+        header = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise StateFileError("its header is not JSON") from exc
+    _check_header(header, start)
+    return header
+
+
+def _check_header(header: Any, data_end: int) -> None:
+    """Types and bounds of every field a restore uses (a hash only proves the writer wrote it)."""
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise StateFileError("its header is not of this version")
+    tokens, arrays, chunk_bytes = header.get("tokens"), header.get("arrays"), header.get("chunk_bytes")
+    if not isinstance(tokens, list) or not all(type(t) is int and t >= 0 for t in tokens):
+        raise StateFileError("its token ids are malformed")
+    if type(chunk_bytes) is not int or not 0 < chunk_bytes <= MAX_CHUNK:
+        raise StateFileError("its piece size is malformed")
+    if not isinstance(arrays, list) or not all(
+        isinstance(e, dict) and isinstance(e.get("chunks"), list) for e in arrays
+    ):
+        raise StateFileError("its array list is malformed")
+    end = len(MAGIC)
+    for chunk in (chunk for entry in arrays for chunk in entry["chunks"]):
+        if not isinstance(chunk, list) or len(chunk) != 3 or not isinstance(chunk[2], str):
+            raise StateFileError("an array's piece is malformed")
+        offset, length = chunk[0], chunk[1]
+        if type(offset) is not int or type(length) is not int or not end <= offset <= data_end - length:
+            raise StateFileError("an array lies outside the file")
+        end = offset + length
+
+
+class _Pieces:
+    """Reads the compressed pieces of an open state file, from any thread (`os.pread`)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def read(self, chunk: list) -> bytes:
+        """The compressed bytes of one piece; StateFileError if the file ends first."""
+        data = os.pread(self.fd, chunk[1], chunk[0])
+        if len(data) != chunk[1]:
+            raise StateFileError("it is truncated")
+        return data
+
+    def verify(self, chunk: list) -> None:
+        """StateFileError unless the piece's SHA-256 is the header's."""
+        if hashlib.sha256(self.read(chunk)).hexdigest() != chunk[2]:
+            raise StateFileError("an array is corrupt")
+
+    def inflate(self, job: tuple[list, memoryview]) -> None:
+        """Decompress one piece straight into `out`: exactly its size, or StateFileError."""
+        chunk, out = job
+        inflater = zlib.decompressobj()
+        try:
+            data = inflater.decompress(self.read(chunk), len(out))
+            extra = b"" if inflater.eof else inflater.decompress(inflater.unconsumed_tail, 1)
+        except zlib.error as exc:
+            raise StateFileError(f"an array is corrupt ({exc})") from exc
+        if extra or inflater.unused_data:
+            raise StateFileError("an array holds more data than its shape")
+        if not inflater.eof or len(data) != len(out):
+            raise StateFileError("an array holds less data than its shape")
+        out[:] = data
+
+
+def matching_tokens(saved: Sequence[int], prompt: Sequence[int]) -> int:
+    """How many leading tokens `saved` and `prompt` share."""
+    n = 0
+    for a, b in zip(saved, prompt, strict=False):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
+def _inflate_jobs(header: dict, arrays: list[np.ndarray], backend: str) -> list[tuple[list, memoryview]]:
+    """Each piece of the file with the part of the live arrays it fills; StateFileError
+    unless the file's arrays have the live ones' dtypes and shapes, piece for piece."""
+    if [{"dtype": e.get("dtype"), "shape": e.get("shape")} for e in header["arrays"]] != _layout(arrays):
+        raise StateFileError("its arrays are not this cache's (another context length or KV type)")
+    if not all(a.flags.c_contiguous for a in arrays):
+        raise StateFileError(f"the {backend} backend's state cannot be written in place")
+    step = header["chunk_bytes"]
+    jobs = []
+    for entry, array in zip(header["arrays"], arrays, strict=True):
+        out = array.reshape(-1).view(np.uint8).data  # (nbytes,), a view: written in place
+        if len(entry["chunks"]) != -(-len(out) // step):
+            raise StateFileError("an array's pieces do not cover its shape")
+        jobs += [(chunk, out[i * step : (i + 1) * step]) for i, chunk in enumerate(entry["chunks"])]
+    return jobs
+
+
+def restore_state(path: Path, cache_: KVCache, prompt: Sequence[int], identity: Identity) -> int:
+    """Load the state file at `path` into `cache_` when it serves `prompt` better than what
+    the cache holds; return how many of the prompt's tokens the cache then holds, 0 if it
+    was not used. StateFileError, with the cache as it was or emptied, when the file is not
+    this model's, this backend's or this layout's, does not hold the prompt's tokens, or
+    is damaged."""
+    header = read_header(path)
+    if header.get("fingerprint") != identity.fingerprint:
+        raise StateFileError("it was saved with another model file")
+    if header.get("backend") != identity.backend:
+        raise StateFileError(f"it was saved on the {header.get('backend')} backend")
+    tokens = header["tokens"]
+    if len(tokens) > cache_.n_ctx:
+        raise StateFileError(f"it holds {len(tokens)} tokens, more than the context of {cache_.n_ctx}")
+    last = max(len(prompt) - 1, 0)  # generation reads the last prompt token again for its logits
+    kept = min(matching_tokens(tokens, prompt), last)
+    if kept == 0 or len(tokens) - kept > cache_.rewind_limit:
+        raise StateFileError("its tokens are not this conversation's")
+    if kept <= min(cache_.common_prefix(prompt), last):
+        return 0  # the cache already holds as much
+    arrays = cache_.backend.state_arrays(cache_.storage)
+    jobs = _inflate_jobs(header, arrays, identity.backend)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        pieces = _Pieces(fd)
+        with ThreadPoolExecutor(WORKERS) as pool:
+            # every hash first, so that nothing of a damaged file is loaded
+            list(pool.map(pieces.verify, [chunk for chunk, _ in jobs]))
+            try:
+                list(pool.map(pieces.inflate, jobs))
+            except BaseException:
+                cache_.reset()
+                raise
+    finally:
+        os.close(fd)
+    cache_.backend.load_state_arrays(cache_.storage, arrays)
+    cache_.adopt(tokens)
+    cache_.truncate(kept)
+    return kept
+
+
+class SavedStates:
+    """A folder of saved conversation states, one file per key, under a size cap."""
+
+    def __init__(self, folder: Path, cap_bytes: int = DEFAULT_CAP_BYTES):
+        self.folder = Path(folder)
+        self.cap_bytes = cap_bytes
+
+    def path(self, key: str) -> Path:
+        """The file of `key`."""
+        return self.folder / f"{key}{SUFFIX}"
+
+    def save(self, key: str, cache_: KVCache, identity: Identity) -> bool:
+        """Write `cache_` as `key`'s state (nothing when it holds no tokens), then keep the
+        folder under the cap. False, with a note in the log, when it could not be written."""
+        if not cache_.n_used:
+            return False
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            size = write_state(self.path(key), cache_, identity)
+        except (OSError, MemoryError) as exc:
+            log.warning("the conversation's state was not saved: %s", exc or type(exc).__name__)
+            return False
+        log.info("saved %d tokens of state for %s (%.1f MB)", cache_.n_used, key, size / 1e6)
+        self.evict()
+        return self.path(key).exists()
+
+    def restore(self, key: str, cache_: KVCache, prompt: Sequence[int], identity: Identity) -> int:
+        """Restore `key`'s saved state into `cache_` for `prompt` where it fits (see
+        `restore_state`); return the prompt tokens it holds then, 0 if nothing was restored.
+        A file that cannot be used is noted in the log and left alone, never loaded."""
+        path = self.path(key)
+        if not path.exists():
+            return 0
+        try:
+            kept = restore_state(path, cache_, prompt, identity)
+        except (StateFileError, OSError) as exc:
+            log.warning("the saved state of %s was not used, the text is read again: %s", key, exc)
+            return 0
+        if kept:
+            os.utime(path)  # recently used: the last to be evicted
+            log.info("restored %d tokens of state for %s", kept, key)
+        return kept
+
+    def discard(self, key: str) -> None:
+        """Delete `key`'s saved state, if any."""
+        self.path(key).unlink(missing_ok=True)
+
+    def evict(self) -> None:
+        """Delete the least recently used files (saved or restored last longest ago) until
+        the folder is within the cap, and what a save cut short (a crash) left behind."""
+        for leftover in self.folder.glob("*.part"):
+            leftover.unlink(missing_ok=True)
+        files = []
+        for path in self.folder.glob(f"*{SUFFIX}"):
+            try:
+                stat = path.stat()
+            except OSError:
+                continue
+            files.append((stat.st_mtime_ns, stat.st_size, path))
+        total = sum(size for _, size, _ in files)
+        for _, size, path in sorted(files):
+            if total <= self.cap_bytes:
+                break
+            path.unlink(missing_ok=True)
+            total -= size
+            log.info("dropped the saved state %s to stay under %.1f GB", path.name, self.cap_bytes / 1e9)
+
+
+@dataclass
+class ConversationState:
+    """Where one conversation's state is saved, and what a saved file must match to be used."""
+
+    states: SavedStates
+    key: str
+    identity: Identity
+    written: tuple[int, ...] = ()  # the tokens of the last save, which need no second one
+
+    def save(self, cache_: KVCache) -> bool:
+        """Save `cache_` as this conversation's state, unless that was saved already."""
+        if cache_.tokens == self.written:
+            return False
+        saved = self.states.save(self.key, cache_, self.identity)
+        self.written = cache_.tokens if saved else ()
+        return saved
+
+    def restore(self, cache_: KVCache, prompt: Sequence[int]) -> int:
+        """Restore this conversation's saved state for `prompt` where it serves (see
+        `SavedStates.restore`); the file is not even read when what it was saved with shows
+        that the cache holds as much of the prompt already (every later turn)."""
+        last = max(len(prompt) - 1, 0)
+        if self.written and min(matching_tokens(self.written, prompt), last) <= min(cache_.common_prefix(prompt), last):
+            return 0
+        kept = self.states.restore(self.key, cache_, prompt, self.identity)
+        if kept:
+            self.written = cache_.tokens
+        return kept

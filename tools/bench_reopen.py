@@ -1,0 +1,85 @@
+"""How long reopening a long conversation takes: restoring its saved state against reading it again.
+
+    python -m tools.bench_reopen [--model smollm2] [--backend cpu] [--tokens 4096] [--context 8192]
+
+Fills a cache of `--context` positions with `--tokens` random tokens (seed 0), saves it as
+the app does when a conversation is left (`engine.saved_state`), then times, `--repeats`
+times each and interleaved: a fresh cache that restores the file and reads one new token,
+against a fresh cache that reads all `--tokens` and the new one (the re-read, in the
+passes `generate`'s prefill takes). Prints one JSON line: the file's size, the save time,
+and the best and median seconds of each way, with the load average.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from engine.bundled import resolve_model_path
+from engine.generation import prefill
+from engine.loader import load_model
+from engine.saved_state import SavedStates, identity_of
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--backend", default="cpu")
+    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--context", type=int, default=8192)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    loaded = load_model(resolve_model_path(args.model), args.backend, threads=args.threads)
+    vocab = loaded.config.vocab_size
+    conversation = [int(t) for t in np.random.default_rng(0).integers(0, vocab, size=args.tokens + 1)]
+    identity = identity_of(loaded.path, loaded.model)
+    with tempfile.TemporaryDirectory() as folder:
+        states = SavedStates(Path(folder), cap_bytes=1 << 40)
+        cache = loaded.new_cache(args.context)
+        prefill(loaded.model, cache, conversation[:-1])
+        started = time.perf_counter()
+        states.save("bench", cache, identity)
+        save_seconds = time.perf_counter() - started
+        size = states.path("bench").stat().st_size
+        del cache
+
+        def restore() -> float:
+            cache = loaded.new_cache(args.context)
+            started = time.perf_counter()
+            assert states.restore("bench", cache, conversation, identity) == args.tokens
+            prefill(loaded.model, cache, conversation[args.tokens :])
+            return time.perf_counter() - started
+
+        def reread() -> float:
+            cache = loaded.new_cache(args.context)
+            started = time.perf_counter()
+            prefill(loaded.model, cache, conversation)
+            return time.perf_counter() - started
+
+        times: dict[str, list[float]] = {"restore": [], "reread": []}
+        for _ in range(args.repeats):
+            times["restore"].append(restore())
+            times["reread"].append(reread())
+    result = {
+        "model": loaded.path.name,
+        "backend": loaded.backend.name,
+        "tokens": args.tokens,
+        "context": args.context,
+        "file_mb": round(size / 1e6, 1),
+        "save_s": round(save_seconds, 3),
+        **{f"{way}_best_s": round(min(t), 3) for way, t in times.items()},
+        **{f"{way}_median_s": round(statistics.median(t), 3) for way, t in times.items()},
+        "load_average": round(os.getloadavg()[0], 2),
+    }
+    print(json.dumps(result))
+    loaded.close()
+
+
+if __name__ == "__main__":
+    main()
