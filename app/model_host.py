@@ -24,6 +24,7 @@ from app.model_settings import ModelSettings, load_draft, template_override, wit
 from app.settings import Settings
 from app.storage import Store
 from app.worker import Handlers, Job, JobRunner
+from backends.kv_types import DEFAULT_KV_TYPE
 from backends.selection import planned_backend
 from engine.chat_engine import ChatEngine, LocalChatEngine, ModelDescription
 from engine.chat_session import ChatSession
@@ -37,7 +38,7 @@ from engine.remote.endpoints import Endpoint
 from engine.server.scheduler import Scheduler
 from engine.speculation import Speculation
 
-BuildKey = tuple[str, int, int, str | None, str | None]  # see ModelHost._build_key
+BuildKey = tuple[str, int, int, str | None, str | None, str]  # see ModelHost._build_key
 BUSY = "Wait for the current answer or load to finish, or stop it first."
 
 
@@ -172,13 +173,15 @@ class ModelHost(QObject):
             try:
                 info = describe_model(model_file, name)
                 current, backend = self.info, planned_backend(settings.backend)
-                freed = current.memory_needed(settings.context_length, backend) if current and self.loaded else 0
+                kv_type, n_ctx = model_settings.kv_type or DEFAULT_KV_TYPE, settings.context_length
+                held = self.model_settings.kv_type or DEFAULT_KV_TYPE
+                freed = current.memory_needed(n_ctx, backend, held) if current and self.loaded else 0
                 free_now = available_memory()
-                fits, verdict = info.memory_verdict(settings.context_length, free_now + freed, backend)
-                if not info.can_run(settings.context_length, free_now + freed):
+                fits, verdict = info.memory_verdict(n_ctx, free_now + freed, backend, kv_type)
+                if not info.can_run(n_ctx, free_now + freed, kv_type):
                     raise OutOfMemory(f"{info.name} {verdict}.")
                 # The current model stays until the new one is ready, where both fit; otherwise it goes first.
-                keep_current = info.memory_verdict(settings.context_length, free_now, backend)[0]
+                keep_current = info.memory_verdict(n_ctx, free_now, backend, kv_type)[0]
             except BaseException:
                 model_file.close()
                 raise
@@ -193,6 +196,7 @@ class ModelHost(QObject):
                 progress=self._engine_progress.emit,
                 cancel=cancel,
                 threads=settings.cpu_threads or None,
+                kv_type=kv_type,
             )
             if loaded.load_notes:
                 self._engine_notice.emit(load_notes_text(info.name, loaded.load_notes))
@@ -256,9 +260,11 @@ class ModelHost(QObject):
 
     @staticmethod
     def _build_key(settings: Settings, model_settings: ModelSettings) -> BuildKey:
-        """What a load or session was built with: a change in the first two, the template or the draft reloads."""
+        """What a load or session was built with: a change in the first two, the template, the draft or the
+        KV type reloads."""
         draft = model_settings.draft_model if settings.speculative != "off" else None
-        return settings.backend, settings.cpu_threads, settings.context_length, model_settings.template, draft
+        kv_type = model_settings.kv_type or DEFAULT_KV_TYPE
+        return settings.backend, settings.cpu_threads, settings.context_length, model_settings.template, draft, kv_type
 
     def _release_model(self) -> None:
         """Engine thread: stop the scheduler (ending any server request), drop the session, close the model,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import gguf
 
+from backends.kv_types import DEFAULT_KV_TYPE
 from backends.memory import Footprint, available_memory_bytes
 from backends.selection import entry
 from engine.builtin_templates import is_base_model
@@ -51,23 +52,24 @@ class ModelInfo:
     base_model: bool = False  # not tuned to chat (engine.builtin_templates.is_base_model): opened for completion
     vocabulary: dict = field(default_factory=dict, compare=False, repr=False)  # its tokenizer.ggml.* metadata
 
-    @property
-    def footprint(self) -> Footprint:
-        """The sizes a backend's memory rule works from."""
-        return Footprint(self.file_size, self.weight_bytes_f32, self.kv_bytes_per_token, self.context_length)
+    def footprint(self, kv_type: str = DEFAULT_KV_TYPE) -> Footprint:
+        """The sizes a backend's memory rule works from, with a KV cache of `kv_type`."""
+        return Footprint(self.file_size, self.weight_bytes_f32, self.kv_bytes_per_token, self.context_length, kv_type)
 
-    def memory_needed(self, n_ctx: int, backend: str = "numpy") -> int:
-        """Bytes a load on `backend` needs with a KV cache of `n_ctx` positions, by that
-        backend's memory rule (`backends.memory`)."""
-        return entry(backend).memory_rule.needed(self.footprint, n_ctx)
+    def memory_needed(self, n_ctx: int, backend: str = "numpy", kv_type: str = DEFAULT_KV_TYPE) -> int:
+        """Bytes a load on `backend` needs with a KV cache of `n_ctx` positions of `kv_type`,
+        by that backend's memory rule (`backends.memory`)."""
+        return entry(backend).memory_rule.needed(self.footprint(kv_type), n_ctx)
 
-    def can_run(self, n_ctx: int, available: int) -> bool:
+    def can_run(self, n_ctx: int, available: int, kv_type: str = DEFAULT_KV_TYPE) -> bool:
         """Whether the file's pages and the KV cache fit in `available` bytes at all."""
-        return self.file_size + self.footprint.kv_bytes(n_ctx) <= available
+        return self.file_size + self.footprint(kv_type).kv_bytes(n_ctx) <= available
 
-    def memory_verdict(self, n_ctx: int, available: int, backend: str = "numpy") -> tuple[bool, str]:
+    def memory_verdict(
+        self, n_ctx: int, available: int, backend: str = "numpy", kv_type: str = DEFAULT_KV_TYPE
+    ) -> tuple[bool, str]:
         """(fits, sentence) comparing the memory needed on `backend` with `available` bytes."""
-        plan = entry(backend).memory_rule.plan(self.footprint, n_ctx, available)
+        plan = entry(backend).memory_rule.plan(self.footprint(kv_type), n_ctx, available)
         text = f"needs {format_bytes(plan.needed)} of {format_bytes(available)} available"
         return plan.fits, f"{text}: {plan.caveat}" if plan.caveat else text
 

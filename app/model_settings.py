@@ -14,6 +14,8 @@ the model's. `with_model_settings` applies the model's layer.
 - `template`: Jinja source that replaces the file's chat template (a built-in format or
   one pasted); `check_template` renders it in the engine's sandbox before it is kept.
 - `draft_model`: the path of a model file that drafts for this one.
+- `kv_type`: what the KV cache stores keys and values as ("f16", "q8_0", "f32":
+  `backends.kv_types`); None: float16.
 """
 
 import json
@@ -21,12 +23,18 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from app.settings import RANGES, Settings
+from backends.kv_types import KV_TYPES
 from engine.chat_template import ChatTemplate
 from engine.errors import TemplateError
 from engine.loader import LoadedModel, load_model
 from engine.speculation import check_draft
 
 MODEL_SPECULATIVE = ("auto", "ngram", "draft", "off")  # "draft": the draft model drafts every round
+KV_TYPE_CHOICES = (
+    ("Float16 (default)", None),
+    ("8-bit, Q8_0 (about half of float16's memory)", "q8_0"),
+    ("Float32 (for checks: twice float16's memory)", "f32"),
+)
 CHECK_CONVERSATION = [
     {"role": "system", "content": "You are helpful."},
     {"role": "user", "content": "Hello!"},
@@ -45,6 +53,7 @@ class ModelSettings:
     system_prompt: str | None = None
     speculative: str | None = None
     draft_model: str | None = None
+    kv_type: str | None = None
 
     @property
     def empty(self) -> bool:
@@ -73,6 +82,8 @@ class ModelSettings:
                 ok = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
             elif f.name == "speculative":
                 ok = value in MODEL_SPECULATIVE
+            elif f.name == "kv_type":
+                ok = value in KV_TYPES
             else:
                 ok = isinstance(value, str)
             if ok:

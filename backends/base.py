@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from backends.kv_types import KV_TYPES, check_kv_type, kv_row_bytes
 from backends.memory import MAPPED_WEIGHTS, MemoryRule
 
 Tensor = Any
@@ -113,7 +114,12 @@ class AttentionState:
     at slot p % slots. A pass may write up to `pass_tokens` = `slots - window + 1` new
     positions: it then overwrites nothing its own queries read; the engine splits longer
     passes. A backend may store more than `slots` (the cpu backend mirrors its rings
-    so that every window is contiguous)."""
+    so that every window is contiguous).
+
+    `kv_type` is the number format the keys and values are stored in (`backends.kv_types`:
+    "f16", "q8_0" or "f32"): each backend stores the same rounded values, and attention
+    reads them as they are stored. A model's layers ask for its chosen type
+    (`Transformer.layer_states`, float16 by default); float32 here is for checks."""
 
     kv_heads: int
     head_dim: int
@@ -121,6 +127,16 @@ class AttentionState:
     slots: int
     window: int | None = None
     context: int = 0  # the positions of the sequence it serves (a ring's too; 0: not said)
+    kv_type: str = "f32"
+
+    def __post_init__(self) -> None:
+        kv_row_bytes(check_kv_type(self.kv_type), self.head_dim)  # refuses Q8_0 rows that are not whole blocks
+        kv_row_bytes(self.kv_type, self.value_dim)
+
+    @property
+    def bytes_per_position(self) -> int:
+        """Bytes one position's keys and values take, every KV head, as `kv_type` stores them."""
+        return self.kv_heads * (kv_row_bytes(self.kv_type, self.head_dim) + kv_row_bytes(self.kv_type, self.value_dim))
 
     @property
     def ring(self) -> bool:
@@ -251,6 +267,9 @@ class Backend(ABC):
     backend without it (MLX) concurrent sequences take their own steps in turn."""
     min_decode_batch: int = 2
     """The fewest sequences worth one batched pass; fewer take their own decode steps in turn."""
+    kv_types: tuple[str, ...] = KV_TYPES
+    """The KV types (`backends.kv_types`) `allocate_state` stores; a model that asks for
+    another keeps float16, and its load notes say so."""
 
     @property
     @abstractmethod

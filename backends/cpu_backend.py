@@ -43,12 +43,14 @@ from backends.cpu_runner import Recorder, RecordingRunner, Slot, StepInput, alig
 from backends.delta_rule import row_groups
 from backends.dequant import block_size, dequantize
 from backends.errors import TensorDataError
+from backends.kv_types import kv_storage
 
 _ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}
 _ROUTING_ORDERS = {"softmax_top_k": 0, "top_k_softmax": 1}
 _Q8_0 = GGMLQuantizationType.Q8_0
 # the types multiplied from tiles of 32 rows by table lookup (cpu_kernels/q1_tiles.c, tq_tiles.c)
 _TILED_TYPES = frozenset({GGMLQuantizationType.Q1_0, GGMLQuantizationType.TQ1_0, GGMLQuantizationType.TQ2_0})
+_KV_CODES = {"f32": 0, "f16": 1, "q8_0": 2}  # the KV types' codes in the kernels (ops.h: KV_F32, ...)
 
 
 def _bufs(a=None, b=None, c=None, out=None, ids=None, pos=None, table=None, kcache=None, vcache=None, d=None) -> tuple:
@@ -110,29 +112,39 @@ class CpuState:
     """One sequence's per-layer state in one float32 arena, 64-byte aligned.
 
     Attention layer i has keys (Hkv, rows, Dh) and values (Hkv, rows, Dv) in `keys[i]` and
-    `values[i]`, views of the arena: rows = slots for a full layer (position p at row p),
-    2 * slots for a windowed ring, which is mirrored (position p at rows p % slots and
-    p % slots + slots; ops.c draws it). A recurrent layer's arrays are `arrays[i]`, zeros to
-    start with. Each block starts on a cache line. `shape` (the layers' layouts) keys the
-    recorded passes: states alike in it share them.
+    `values[i]`, views of the arena stored as the layer's KV type (`backends.kv_types`:
+    float32, float16, or Q8_0 blocks whose last axis counts blocks of 32): rows = slots
+    for a full layer (position p at row p), 2 * slots for a windowed ring, which is mirrored
+    (position p at rows p % slots and p % slots + slots; attention.c draws it). The kernels
+    take each as the float32 stretch of the arena it lies in (`kernel_keys[i]`,
+    `kernel_values[i]`). A recurrent layer's arrays are `arrays[i]`, float32 zeros to start
+    with. Each block starts on a cache line. `shape` (the layers' layouts) keys the recorded
+    passes: states alike in it share them.
     """
 
     def __init__(self, layers: "list[LayerState]"):
         self.layers = tuple(layers)
-        sizes = [[int(np.prod(shape)) for shape in _layer_shapes(layer)] for layer in self.layers]
-        self.arena = aligned_zeros(sum(lines(n) for layer in sizes for n in layer))
+        blocks = [[kv_storage(kv_type, shape) for kv_type, shape in _layer_arrays(layer)] for layer in self.layers]
+        floats = [[-(-b.nbytes // 4) for b in layer] for layer in blocks]  # each array's bytes in whole floats
+        self.arena = aligned_zeros(sum(lines(n) for layer in floats for n in layer))
         self.keys: list[np.ndarray | None] = []
         self.values: list[np.ndarray | None] = []
+        self.kernel_keys: list[np.ndarray | None] = []
+        self.kernel_values: list[np.ndarray | None] = []
         self.arrays: list[tuple[np.ndarray, ...]] = []
         at = 0
-        for layer, counts in zip(self.layers, sizes, strict=True):
-            views = []
-            for shape, n in zip(_layer_shapes(layer), counts, strict=True):
-                views.append(self.arena[at : at + n].reshape(shape))
+        for layer, arrays, counts in zip(self.layers, blocks, floats, strict=True):
+            stretches, views = [], []
+            for array, n in zip(arrays, counts, strict=True):
+                stretch = self.arena[at : at + n]
+                stretches.append(stretch)
+                views.append(stretch.view(np.uint8)[: array.nbytes].view(array.dtype).reshape(array.shape))
                 at += lines(n)
             attention = isinstance(layer, AttentionState)
             self.keys.append(views[0] if attention else None)
             self.values.append(views[1] if attention else None)
+            self.kernel_keys.append(stretches[0] if attention else None)
+            self.kernel_values.append(stretches[1] if attention else None)
             self.arrays.append(() if attention else tuple(views))
 
     @property
@@ -141,12 +153,16 @@ class CpuState:
         return self.layers
 
 
-def _layer_shapes(layer: LayerState) -> tuple[tuple[int, ...], ...]:
-    """The arrays one layer keeps: (keys, values), a ring's mirrored, or a recurrent layer's."""
+def _layer_arrays(layer: LayerState) -> list[tuple[str, tuple[int, ...]]]:
+    """The arrays one layer keeps, each as (KV type, shape of its values): (keys, values), a
+    ring's mirrored, or a recurrent layer's (float32)."""
     if isinstance(layer, RecurrentState):
-        return layer.shapes
+        return [("f32", shape) for shape in layer.shapes]
     rows = 2 * layer.slots if layer.ring else layer.slots
-    return (layer.kv_heads, rows, layer.head_dim), (layer.kv_heads, rows, layer.value_dim)
+    return [
+        (layer.kv_type, (layer.kv_heads, rows, layer.head_dim)),
+        (layer.kv_type, (layer.kv_heads, rows, layer.value_dim)),
+    ]
 
 
 class CpuBackend(Backend):
@@ -393,7 +409,16 @@ class CpuBackend(Backend):
         sinks = None if settings.sinks is None else self._sinks(settings.sinks, heads)
         self._emit(
             "attention",
-            _bufs(a=q, b=k, c=v, out=out, pos=pos, kcache=cache.keys[layer], vcache=cache.values[layer], d=sinks),
+            _bufs(
+                a=q,
+                b=k,
+                c=v,
+                out=out,
+                pos=pos,
+                kcache=cache.kernel_keys[layer],
+                vcache=cache.kernel_values[layer],
+                d=sinks,
+            ),
             tokens=n_tokens,
             heads=heads,
             kv_heads=kv_heads,
@@ -402,6 +427,7 @@ class CpuBackend(Backend):
             slots=state.slots,
             window=settings.window or 0,
             ring=state.ring,
+            kv_type=_KV_CODES[state.kv_type],
             scale=settings.scale,
             softcap=settings.softcap or 0.0,
         )
@@ -572,8 +598,15 @@ class CpuBackend(Backend):
         return state.arena.nbytes
 
     def state_arrays(self, state: CpuState) -> list[np.ndarray]:
-        """The arena, which every layer's arrays are views of."""
-        return [state.arena]
+        """Every layer's arrays, views of the arena as the layer stores them (keys and values
+        in their KV type, a recurrent layer's float32): their dtypes and shapes name the KV
+        type and the context, which the arena's length alone would not (a float32 cache of n
+        positions is as long as a float16 one of 2n)."""
+        return [
+            array
+            for keys, values, arrays in zip(state.keys, state.values, state.arrays, strict=True)
+            for array in (arrays if keys is None or values is None else (keys, values))
+        ]
 
     def forget(self, state: CpuState, start: int, end: int) -> None:
         """Zero positions start .. end-1 of every attention layer: a ring's rows p % slots and
@@ -590,8 +623,8 @@ class CpuBackend(Backend):
             else:
                 held = np.unique(np.arange(start, min(end, start + layer.slots)) % layer.slots)
                 rows = np.concatenate([held, held + layer.slots])
-            keys[:, rows] = 0.0  # (Hkv, rows, Dh)
-            values[:, rows] = 0.0  # (Hkv, rows, Dv)
+            keys[:, rows] = np.zeros((), keys.dtype)  # (Hkv, rows, Dh or its Q8_0 blocks)
+            values[:, rows] = np.zeros((), values.dtype)  # (Hkv, rows, Dv or its Q8_0 blocks)
 
     def runner(self, forward: Forward) -> RecordingRunner:
         """Recorded passes where they pay (see `backends.cpu_runner`), the rest op by op."""

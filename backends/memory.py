@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from backends.kv_types import DEFAULT_KV_TYPE, kv_row_bytes
+
 RUNTIME_OVERHEAD = 256 * 1024 * 1024
 """Beyond weights and KV cache: tokenizer, Python, Qt and the kernels' buffers. Measured on
 Linux with SmolLM2 on the cpu backend: 315 MB resident over a bare `import engine` for a
@@ -30,16 +32,20 @@ def default_cache_budget(available: int) -> int:
 
 @dataclass(frozen=True)
 class Footprint:
-    """A model's size as its file's header tells it."""
+    """A model's size as its file's header tells it, and the KV type its cache will store."""
 
     file_bytes: int
     f32_weight_bytes: int  # every matrix as float32
     kv_bytes_per_position: int  # float32 keys and values of every layer, for one position
     context_length: int  # the most positions a KV cache holds
+    kv_type: str = DEFAULT_KV_TYPE  # what the cache stores them as (`backends.kv_types`)
 
     def kv_bytes(self, n_ctx: int) -> int:
-        """Bytes of a KV cache of `n_ctx` positions (at most the model's context)."""
-        return self.kv_bytes_per_position * min(n_ctx, self.context_length)
+        """Bytes of a KV cache of `n_ctx` positions (at most the model's context), as
+        `kv_type` stores them: float32's bytes times the type's bytes per 32 values over
+        128 (f16 64/128, Q8_0 34/128)."""
+        per_position = self.kv_bytes_per_position * kv_row_bytes(self.kv_type, 32) // kv_row_bytes("f32", 32)
+        return per_position * min(n_ctx, self.context_length)
 
 
 @dataclass(frozen=True)

@@ -137,7 +137,8 @@ class ExpertStack:
 
 class MLXState:
     """One sequence's per-layer state: `arrays[i]` holds attention layer i's keys
-    (1, Hkv, slots, Dh) and values (1, Hkv, slots, Dv), float32, or a recurrent layer's arrays.
+    (1, Hkv, slots, Dh) and values (1, Hkv, slots, Dv), float16 or float32 as the layer's KV
+    type says (`MLXBackend.kv_types`), or a recurrent layer's float32 arrays.
 
     A full layer holds position p at slot p. A windowed ring holds it at slot p % slots and
     attends over every slot, masked by the position each slot holds (`_ring_mask`): the
@@ -153,7 +154,8 @@ class MLXState:
         for layer in self.layers:
             if isinstance(layer, AttentionState):
                 dims = (layer.head_dim, layer.value_dim)
-                self.arrays.append([mx.zeros((1, layer.kv_heads, layer.slots, d), dtype=ACTIVATIONS) for d in dims])
+                stored = mx.float16 if layer.kv_type == "f16" else ACTIVATIONS
+                self.arrays.append([mx.zeros((1, layer.kv_heads, layer.slots, d), dtype=stored) for d in dims])
             else:
                 self.arrays.append([mx.zeros(shape, dtype=ACTIVATIONS) for shape in layer.shapes])
         mx.eval(self.arrays)
@@ -188,6 +190,9 @@ class MLXBackend(Backend):
     name = "mlx"
     device_tokens = True  # greedy tokens stay on the device (`argmax`) and feed the next step
     batched_decode = False  # fast RoPE counts on from one position: concurrent sequences step in turn
+    # mlx's 8-bit quantization is affine (a scale and a bias per group), not Q8_0's symmetric
+    # blocks, so it would not store the reference's values: Q8_0 is asked for, float16 is kept
+    kv_types = ("f16", "f32")
 
     def __init__(self):
         self.one_bit = _has_one_bit_kernels()
@@ -268,7 +273,9 @@ class MLXBackend(Backend):
         if not isinstance(state, AttentionState):
             raise ValueError(f"layer {layer} keeps a recurrent state, not keys and values")
         at = start.position if isinstance(start, StepStart) else mx.array([start], dtype=mx.int32)
-        new_keys, new_values = k.transpose(1, 0, 2)[None], v.transpose(1, 0, 2)[None]  # (1, Hkv, T, D)
+        stored = arrays[0].dtype  # float16 rounds to nearest even, as the NumPy reference does
+        new_keys = k.transpose(1, 0, 2)[None].astype(stored)  # (1, Hkv, T, Dh)
+        new_values = v.transpose(1, 0, 2)[None].astype(stored)  # (1, Hkv, T, Dv)
         if state.ring:
             if settings.window is None or settings.window + n_new - 1 > state.slots:
                 raise ValueError(
@@ -286,6 +293,7 @@ class MLXBackend(Backend):
             first, length, mask = _visible(start, n_new, settings.window)
             keys = _positions(arrays[0], first, length)  # (1, Hkv, S, Dh)
             values = _positions(arrays[1], first, length)  # (1, Hkv, S, Dv)
+        keys, values = keys.astype(ACTIVATIONS), values.astype(ACTIVATIONS)  # the visible ones, exact
         queries = q.transpose(1, 0, 2)[None]  # (1, H, T, Dh)
         if settings.softcap is None:
             sinks = None if settings.sinks is None else mx.array(settings.sinks, dtype=ACTIVATIONS)  # (H,)

@@ -17,9 +17,11 @@ import numpy as np
 from backends.base import AttentionState, Backend, ExpertWeights, LayerAttention, LayerState, Routing, WeightSpec
 from backends.delta_rule import HostDeltaNet
 from backends.dequant import dequantize, dequantize_rows
+from backends.kv_types import decode_rows, encode_rows, kv_storage
 from backends.memory import DEQUANTIZED_WEIGHTS, available_memory_bytes, default_cache_budget
 
 _STREAM_CHUNK_BYTES = 64 << 20  # float32 bytes dequantized at once for an uncached matrix
+_SCORE_FLOATS = 16 << 20  # attention scores made at once: a long prompt's pass takes its queries in turn
 SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0  # gpt-oss's clamped SwiGLU ("swiglu_oai")
 
 
@@ -114,8 +116,10 @@ class JoinedWeights:
 
 class NumpyState:
     """One sequence's per-layer state: attention layer i has keys (Hkv, slots, Dh) and
-    values (Hkv, slots, Dv) in `keys[i]` and `values[i]`, float32, position p at slot p, or
-    at slot p % slots for a windowed ring; a recurrent layer's arrays are `arrays[i]`."""
+    values (Hkv, slots, Dv) in `keys[i]` and `values[i]`, stored as the layer's KV type
+    (`backends.kv_types.kv_storage`: Q8_0's last axis counts blocks of 32), position p at
+    slot p, or at slot p % slots for a windowed ring; a recurrent layer's arrays are
+    `arrays[i]`, float32."""
 
     def __init__(self, layers: list[LayerState]):
         self.layers = tuple(layers)
@@ -124,8 +128,8 @@ class NumpyState:
         self.arrays: list[tuple[np.ndarray, ...]] = []
         for layer in self.layers:
             if isinstance(layer, AttentionState):
-                self.keys.append(np.zeros((layer.kv_heads, layer.slots, layer.head_dim), dtype=np.float32))
-                self.values.append(np.zeros((layer.kv_heads, layer.slots, layer.value_dim), dtype=np.float32))
+                self.keys.append(kv_storage(layer.kv_type, (layer.kv_heads, layer.slots, layer.head_dim)))
+                self.values.append(kv_storage(layer.kv_type, (layer.kv_heads, layer.slots, layer.value_dim)))
                 self.arrays.append(())
             else:
                 self.keys.append(None)
@@ -240,9 +244,7 @@ class NumpyBackend(HostDeltaNet, Backend):
     ) -> np.ndarray:
         """As the contract says. A ring layer's positions lie at slots p % slots: the new keys
         and values are written there, and the visible ones gathered from there in order."""
-        n_new, n_heads, head_dim = q.shape
-        n_kv_heads = k.shape[1]
-        group = n_heads // n_kv_heads
+        n_new, n_heads = q.shape[:2]
         end = start + n_new
         state, layer_keys, layer_values = cache.layers[layer], cache.keys[layer], cache.values[layer]
         if not isinstance(state, AttentionState) or layer_keys is None or layer_values is None:
@@ -257,11 +259,27 @@ class NumpyBackend(HostDeltaNet, Backend):
                     f"ring of {state.slots} slots: split it"
                 )
             where, visible = np.arange(start, end) % state.slots, np.arange(first, end) % state.slots
-        layer_keys[:, where] = k.transpose(1, 0, 2)  # (Hkv, T, Dh)
-        layer_values[:, where] = v.transpose(1, 0, 2)  # (Hkv, T, Dv)
-        keys = layer_keys[:, visible]  # (Hkv, S, Dh)
-        values = layer_values[:, visible]  # (Hkv, S, Dv)
+        layer_keys[:, where] = encode_rows(state.kv_type, k.transpose(1, 0, 2))  # (Hkv, T, Dh) as stored
+        layer_values[:, where] = encode_rows(state.kv_type, v.transpose(1, 0, 2))  # (Hkv, T, Dv) as stored
+        keys = decode_rows(layer_keys[:, visible])  # (Hkv, S, Dh)
+        values = decode_rows(layer_values[:, visible])  # (Hkv, S, Dv)
+        key_pos = np.arange(first, end)
+        rows = max(1, _SCORE_FLOATS // (n_heads * len(key_pos)))  # queries whose scores fit the budget at once
+        parts = [
+            self._attend_rows(q[lo : lo + rows], keys, values, start + lo, key_pos, settings)
+            for lo in range(0, n_new, rows)
+        ]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)  # (T, H * Dv)
 
+    @staticmethod
+    def _attend_rows(
+        q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: int, key_pos: np.ndarray, settings: LayerAttention
+    ) -> np.ndarray:
+        """Queries q (T, H, Dh) at positions start .. start+T-1 over `keys` (Hkv, S, Dh) and
+        `values` (Hkv, S, Dv) at positions `key_pos` (S,): (T, H * Dv)."""
+        n_new, n_heads, head_dim = q.shape
+        n_kv_heads = keys.shape[0]
+        group = n_heads // n_kv_heads
         # (T, H, Dh) -> (Hkv, group * T, Dh): the queries that share one KV head, stacked
         grouped: np.ndarray = q.reshape(n_new, n_kv_heads, group, head_dim).transpose(1, 2, 0, 3)
         grouped = grouped.reshape(n_kv_heads, group * n_new, head_dim)
@@ -269,11 +287,10 @@ class NumpyBackend(HostDeltaNet, Backend):
         if settings.softcap is not None:
             scores = np.float32(settings.softcap) * np.tanh(scores / np.float32(settings.softcap))
 
-        query_pos = np.arange(start, end)[:, None]  # (T, 1)
-        key_pos = np.arange(first, end)[None, :]  # (1, S)
-        allowed = key_pos <= query_pos  # (T, S)
+        query_pos = np.arange(start, start + n_new)[:, None]  # (T, 1)
+        allowed = key_pos[None, :] <= query_pos  # (T, S)
         if settings.window is not None:
-            allowed &= key_pos > query_pos - settings.window
+            allowed &= key_pos[None, :] > query_pos - settings.window
         scores = scores.reshape(n_kv_heads, group, n_new, -1)  # (Hkv, group, T, S)
         scores = np.where(allowed, scores, np.float32(-np.inf))
         if settings.sinks is None:
@@ -389,8 +406,8 @@ class NumpyBackend(HostDeltaNet, Backend):
                     array[:] = 0.0
                 continue
             rows = np.arange(start, end) % layer.slots if layer.ring else slice(start, end)
-            keys[:, rows] = 0.0  # (Hkv, end - start, Dh)
-            values[:, rows] = 0.0  # (Hkv, end - start, Dv)
+            keys[:, rows] = np.zeros((), keys.dtype)  # (Hkv, end - start, Dh or its Q8_0 blocks)
+            values[:, rows] = np.zeros((), values.dtype)  # (Hkv, end - start, Dv or its Q8_0 blocks)
 
     def close(self) -> None:
         self.cache.clear()

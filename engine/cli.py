@@ -17,6 +17,7 @@ import psutil
 
 from backends.dequant import dequantize
 from backends.errors import BackendError
+from backends.kv_types import DEFAULT_KV_TYPE, KV_TYPES
 from backends.selection import PREFERENCES as BACKENDS
 from engine.bench import bench
 from engine.bundled import resolve_model_path
@@ -132,7 +133,7 @@ def _sampling(args) -> SamplingParams:
 
 def _load(args) -> LoadedModel:
     """Load --model on --backend (with --threads), saying on stderr what the backend changed."""
-    loaded = load_model(resolve_model_path(args.model), args.backend, threads=args.threads)
+    loaded = load_model(resolve_model_path(args.model), args.backend, threads=args.threads, kv_type=args.kv_type)
     for note in loaded.load_notes:
         print(f"note: {note}", file=sys.stderr)
     for option in getattr(args, "lora", None) or []:
@@ -149,7 +150,9 @@ def _speculation(args, loaded: LoadedModel) -> Speculation:
     if args.draft_model is not None:
         if args.speculative not in ("draft", "auto"):
             raise UsageError(f"--draft-model needs --speculative draft or auto, not {args.speculative}")
-        draft = load_model(resolve_model_path(args.draft_model), args.backend, threads=args.threads)
+        draft = load_model(
+            resolve_model_path(args.draft_model), args.backend, threads=args.threads, kv_type=args.kv_type
+        )
         check_draft(loaded, draft)
     return Speculation(args.speculative, args.draft_tokens, draft)
 
@@ -287,15 +290,16 @@ def cmd_bench(args) -> None:
     started = time.perf_counter()
     loaded = _load(args)
     load_s, rss_after_load = time.perf_counter() - started, psutil.Process().memory_info().rss
-    figures = bench(loaded, args.prompt_tokens, args.gen_tokens, args.repeats, _speculation(args, loaded))
+    figures = bench(loaded, args.prompt_tokens, args.gen_tokens, args.repeats, _speculation(args, loaded), args.fill)
     figures.update(
         load_s=load_s, rss_bytes={"after_load": rss_after_load, "after_run": psutil.Process().memory_info().rss}
     )
     if args.json:
         _print_json(figures)
     else:
+        prefill = "random fill" if figures["prefill_tok_s"] is None else f"prefill {figures['prefill_tok_s']:.1f} tok/s"
         print(
-            f"prefill {figures['prefill_tok_s']:.1f} tok/s, decode {figures['decode_tok_s']:.1f} tok/s "
+            f"{prefill}, decode {figures['decode_tok_s']:.1f} tok/s, KV {figures['kv_type']} "
             f"({figures['backend']}, {figures['device']}, speculative {figures['speculative']})"
         )
 
@@ -354,6 +358,12 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--backend", choices=BACKENDS, default="auto")
             p.add_argument(
                 "--threads", type=int, default=None, help="threads of the cpu backend (default: the physical cores)"
+            )
+            p.add_argument(
+                "--kv-type",
+                choices=KV_TYPES,
+                default=DEFAULT_KV_TYPE,
+                help="what the KV cache stores keys and values as: f16 (default), q8_0 (8-bit blocks), f32 (checks)",
             )
         return p
 
@@ -458,6 +468,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--gen-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument(
+        "--fill",
+        choices=("prefill", "random"),
+        default="prefill",
+        help="put the prompt in the KV cache by a prefill, or with random keys and values (decode at depth, quickly)",
+    )
     speculative_options(p, "off")
     p.add_argument("--json", action="store_true")
     return parser

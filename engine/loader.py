@@ -7,6 +7,7 @@ from pathlib import Path
 
 from backends.base import Backend
 from backends.errors import BackendError, BackendUnavailable
+from backends.kv_types import DEFAULT_KV_TYPE, check_kv_type
 from backends.selection import select
 from engine.chat_template import ChatTemplate
 from engine.config import ModelConfig
@@ -55,13 +56,15 @@ def load_model(
     progress: ProgressCallback | None = None,
     cancel: threading.Event | None = None,
     threads: int | None = None,
+    kv_type: str = DEFAULT_KV_TYPE,
 ) -> LoadedModel:
     """Validate and open a GGUF file, build its tokenizer, template and model on a backend.
 
     `path` may also be a GGUFFile the caller opened already (its header is not read
     again); the loaded model then owns it, and closes it if loading fails.
 
-    `threads` sets the cpu backend's thread count (default: the physical cores).
+    `threads` sets the cpu backend's thread count (default: the physical cores); `kv_type`
+    the number format of the KV cache ("f16", "q8_0" or "f32": `backends.kv_types`).
     `progress(fraction, stage)` follows the load from 0 to 1; setting `cancel` stops it
     between steps with LoadCancelled, releasing everything opened so far.
     Raises ModelFileError (bad or unsupported file) or BackendFailure (backend unusable,
@@ -76,6 +79,7 @@ def load_model(
 
     if progress is not None:
         progress(0.0, "Reading the model file")
+    check_kv_type(kv_type)
     model_file = path if isinstance(path, GGUFFile) else open_gguf(path)
     chosen = None
     try:
@@ -102,20 +106,12 @@ def load_model(
             ) from exc
         except BackendError as exc:  # a tensor the backend cannot take: its bytes, its shape
             raise ModelFileError(f"Cannot load {model_file.path}: {exc}.") from exc
+        kv_note = model.set_kv_type(kv_type)
         step(1.0, "Ready")
     except BaseException:
         if chosen is not None:
             chosen.close()
         model_file.close()
         raise
-    return LoadedModel(
-        model_file.path,
-        model_file,
-        config,
-        tokenizer,
-        template,
-        chosen,
-        model,
-        notes,
-        [*chosen.load_notes, *model.load_notes],
-    )
+    load_notes = [*chosen.load_notes, *model.load_notes, *([kv_note] if kv_note else [])]
+    return LoadedModel(model_file.path, model_file, config, tokenizer, template, chosen, model, notes, load_notes)

@@ -10,6 +10,11 @@ file, build the vocabulary, allocate the context), and `rss_bytes`, the process'
 resident memory after that load and after the timed run. llama.cpp maps the file and
 prefetches it while loading, so the weights' pages count from the first figure on.
 
+`--kv-type f16|q8_0|f32` sets llama.cpp's `type_k` and `type_v` to that type, with flash
+attention on (llama.cpp stores a quantized V cache only with it; its own CLI turns it on by
+default on CPU); without it the context keeps this script's earlier settings (float16 KV,
+flash attention off). Prompts longer than 512 tokens are evaluated 512 at a time.
+
 `--plain-buffers` keeps llama.cpp's weights in plain CPU buffers: this build (0.3.36) crashes
 on the first evaluation of a quantized mixture-of-experts file when they go to its "extra"
 buffer types (weights repacked for its faster kernels), so the MoE rows of
@@ -24,6 +29,8 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 from llama_cpp import Llama
+
+KV_TYPES = {"f32": llama_cpp.GGML_TYPE_F32, "f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
 
 try:
     import psutil
@@ -49,6 +56,7 @@ def main() -> None:
     parser.add_argument("--gen-tokens", type=int, default=128)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--plain-buffers", action="store_true", help="no repacked (extra) weight buffers")
+    parser.add_argument("--kv-type", choices=sorted(KV_TYPES), default=None, help="type_k and type_v, flash attention on")
     args = parser.parse_args()
     if args.plain_buffers:
         defaults = llama_cpp.llama_cpp.llama_model_default_params  # what Llama() asks for its model's params
@@ -61,8 +69,11 @@ def main() -> None:
         llama_cpp.llama_cpp.llama_model_default_params = plain
 
     started = time.perf_counter()
-    llm = Llama(model_path=args.model, n_ctx=args.prompt_tokens + args.gen_tokens + 8, n_batch=args.prompt_tokens,
-                n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
+    kv = {} if args.kv_type is None else {"type_k": KV_TYPES[args.kv_type], "type_v": KV_TYPES[args.kv_type],
+                                          "flash_attn": True}
+    llm = Llama(model_path=args.model, n_ctx=args.prompt_tokens + args.gen_tokens + 8,
+                n_batch=min(args.prompt_tokens, 512), n_threads=args.threads, n_threads_batch=args.threads,
+                verbose=False, **kv)
     load_s = time.perf_counter() - started
     rss_after_load = rss_bytes()
     prompt = np.random.default_rng(0).integers(0, llm.n_vocab(), size=args.prompt_tokens).tolist()
@@ -79,7 +90,8 @@ def main() -> None:
 
     run_once(32, 4)
     prefill_s, decode_s = run_once(args.prompt_tokens, args.gen_tokens)
-    figures = {"peer": "llama.cpp (llama-cpp-python)", "threads": args.threads,
+    figures = {"peer": "llama.cpp (llama-cpp-python)", "threads": args.threads, "kv_type": args.kv_type,
+               "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens,
                "prefill_tok_s": args.prompt_tokens / prefill_s, "decode_tok_s": args.gen_tokens / decode_s,
                "load_s": load_s, "rss_bytes": {"after_load": rss_after_load, "after_run": rss_bytes()}}
     print(json.dumps(figures) if args.json else figures)

@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
 
 from app.header_reader import HeaderReader
 from app.model_library import LibraryEntry, ModelInfo
-from app.model_settings import MODEL_SPECULATIVE, ModelSettings, check_template
+from app.model_settings import KV_TYPE_CHOICES, MODEL_SPECULATIVE, ModelSettings, check_template
 from app.settings import Settings
 from app.widgets.settings_dialog import SPECULATIVE_LABELS, int_box
 from app.worker import Job
@@ -82,6 +82,10 @@ class ModelSettingsDialog(QDialog):
         self.speculative.addItem(f"App setting ({SPECULATIVE_LABELS[app_settings.speculative]})", None)
         for mode in MODEL_SPECULATIVE:
             self.speculative.addItem(SPECULATIVE_LABELS[mode], mode)
+        self.kv_type = QComboBox()
+        self.kv_type.setAccessibleName("KV cache type")
+        for label, kv_type in KV_TYPE_CHOICES:
+            self.kv_type.addItem(label, kv_type)
         self.draft = QComboBox()
         self.draft.setAccessibleName("Draft model")
         self.draft.addItem("None", None)
@@ -102,6 +106,7 @@ class ModelSettingsDialog(QDialog):
         form.addRow("Chat template", self.template_choice)
         form.addRow(self.template)
         form.addRow(self.template_error)
+        form.addRow("KV cache", self.kv_type)
         form.addRow("Speculative decoding", self.speculative)
         form.addRow("Draft model", self.draft)
         form.addRow(self.draft_note)
@@ -145,6 +150,7 @@ class ModelSettingsDialog(QDialog):
         self.template.setPlainText(source or "")
         self.template.setEnabled(source is not None)
         self.speculative.setCurrentIndex(self.speculative.findData(settings.speculative))
+        self.kv_type.setCurrentIndex(max(self.kv_type.findData(settings.kv_type), 0))
         index = self.draft.findData(settings.draft_model)
         if settings.draft_model is not None and index < 0:  # no longer in the library: kept, and said
             self.draft.addItem(f"{Path(settings.draft_model).name} (not in the library)", settings.draft_model)
@@ -165,6 +171,7 @@ class ModelSettingsDialog(QDialog):
             system_prompt=ticked("system_prompt", self.system_prompt.toPlainText()),
             speculative=self.speculative.currentData(),
             draft_model=self.draft.currentData(),
+            kv_type=self.kv_type.currentData(),
         )
 
     def accept(self) -> None:

@@ -199,10 +199,12 @@ static int parse_op(PyObject *tuple, Op *op) {
         int64_t T = op->ints.attention.tokens, H = op->ints.attention.heads, Hkv = op->ints.attention.kv_heads;
         int64_t Dh = op->ints.attention.head_dim, Dv = op->ints.attention.value_dim, slots = op->ints.attention.slots;
         if (H <= 0 || Hkv <= 0 || H % Hkv || slots <= 0) break;
-        int64_t rows = op->ints.attention.ring ? 2 * slots : slots; /* a ring is mirrored (ops.c) */
+        int64_t rows = op->ints.attention.ring ? 2 * slots : slots, type = op->ints.attention.kv_type; /* a ring is mirrored */
+        if (type < KV_F32 || type > KV_Q8_0) break;
+        int64_t key_floats = (Hkv * rows * kv_row_bytes(type, Dh) + 3) / 4, value_floats = (Hkv * rows * kv_row_bytes(type, Dv) + 3) / 4;
         return need(&a, T * H * Dh, 4, "q") || need(&b, T * Hkv * Dh, 4, "k") || need(&c, T * Hkv * Dv, 4, "v") ||
-               need(&out, T * H * Dv, 4, "out") || need(&kc, Hkv * rows * Dh, 4, "key cache") ||
-               need(&vc, Hkv * rows * Dv, 4, "value cache") || need(&pos, 1, 8, "pos") ||
+               need(&out, T * H * Dv, 4, "out") || need(&kc, key_floats, 4, "key cache") ||
+               need(&vc, value_floats, 4, "value cache") || need(&pos, 1, 8, "pos") ||
                (op->d && need(&d, H, 4, "sinks"));
     }
     case OP_GATED: {
@@ -432,8 +434,8 @@ static PyObject *py_graph_run(PyObject *self, PyObject *args) {
     memcpy(g->state, state.ptr, sizeof(int64_t) * (size_t)g->state_len);
     for (Py_ssize_t i = 0; i < g->n; i++) {
         if (g->arena_of[i] < 0) continue;
-        g->ops[i].kcache = (float *)((char *)arena[g->arena_of[i]].ptr + g->k_at[i]);
-        g->ops[i].vcache = (float *)((char *)arena[g->arena_of[i]].ptr + g->v_at[i]);
+        g->ops[i].kcache = (unsigned char *)arena[g->arena_of[i]].ptr + g->k_at[i];
+        g->ops[i].vcache = (unsigned char *)arena[g->arena_of[i]].ptr + g->v_at[i];
     }
     for (Py_ssize_t i = 0; i < g->n && status == 0; i++) status = exec_op(&g->ops[i], &error);
     if (status == 0) memcpy(out.ptr, g->output, sizeof(float) * (size_t)g->output_len);

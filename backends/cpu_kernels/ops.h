@@ -14,8 +14,9 @@
  *   ROPE     a (tokens, heads, dim), rotating the first rope_dim (neox: halves, else pairs),
  *            inverse frequencies `table` f64 (rope_dim / 2); positions pos[0] + t, or pos[t]
  *            with per_row (a batch of sequences); the rotated features times mscale
- *   ATTN     q, k, v -> out (tokens, heads * value_dim) over the layer's cache (see ops.c); d,
- *            when given, each head's sink logit (heads,), one more term of each softmax
+ *   ATTN     q, k, v -> out (tokens, heads * value_dim) over the layer's cache, stored as
+ *            kv_type (KV_F32, KV_F16, KV_Q8_0; see attention.c); d, when given, each head's
+ *            sink logit (heads,), one more term of each softmax
  *   GATED    act(a) * b, `elements` of them, activation 0 silu, 1 gelu_tanh, 2 swiglu_oai; without
  *            b, act(a) alone (silu, gelu_tanh: an ungated MLP)
  *   LAYERNORM a (rows, dim) less its mean, over its standard deviation, times b (dim), plus c
@@ -44,7 +45,7 @@
     X(LINEAR, linear, 2, INTS(tokens), FLOATS())                                                                \
     X(RMSNORM, rms_norm, 3, INTS(rows, dim), FLOATS(eps))                                                       \
     X(ROPE, rope, 4, INTS(tokens, heads, dim, rope_dim, neox, per_row), FLOATS(mscale))                         \
-    X(ATTN, attention, 5, INTS(tokens, heads, kv_heads, head_dim, value_dim, slots, window, ring),              \
+    X(ATTN, attention, 5, INTS(tokens, heads, kv_heads, head_dim, value_dim, slots, window, ring, kv_type),     \
       FLOATS(scale, softcap))                                                                                   \
     X(GATED, gated, 6, INTS(elements, activation), FLOATS())                                                    \
     X(ADD, add, 7, INTS(elements), FLOATS())                                                                    \
@@ -64,7 +65,7 @@
 enum { OPS(OP_CODE) };
 #undef OP_CODE
 
-#define MAX_INTS 8
+#define MAX_INTS 9
 #define MAX_FLOATS 4
 #define MAX_FUSED 4
 
@@ -96,7 +97,7 @@ typedef struct {
     const int64_t *ids;  /* token ids (EMBED) */
     const int64_t *pos;  /* position of the first token (ROPE, ATTN), or of each (ROPE with per_row) */
     const double *table; /* inverse frequencies (ROPE) */
-    float *kcache, *vcache; /* the layer's keys (Hkv, rows, Dh) and values (Hkv, rows, Dv) (ATTN; ops.c) */
+    unsigned char *kcache, *vcache; /* the layer's keys (Hkv, rows, Dh) and values (Hkv, rows, Dv) as kv_type (ATTN) */
     int n_mats;
     Matrix mats[MAX_FUSED];
     float *outs[MAX_FUSED];
@@ -105,6 +106,13 @@ typedef struct {
 
 #define MAX_CONV_KERNEL 16 /* SHORTCONV's widest kernel */
 #define MAX_DELTA_DIM 512  /* DELTANET's widest head */
+
+/* The KV cache's number formats (backends/kv_types.py), and the bytes of one row of dim values. */
+enum { KV_F32 = 0, KV_F16 = 1, KV_Q8_0 = 2 };
+int64_t kv_row_bytes(int64_t type, int64_t dim);
+
+/* attention.c: the ATTN op; returns 0, or -1 with a static message in *error. */
+int attention(const Op *op, const char **error);
 
 /* Runs one op with the pool; returns 0, or -1 with a static message in *error. */
 int exec_op(const Op *op, const char **error);

@@ -142,6 +142,7 @@ class LayerReader:
         )
         self._count()
         return gate, up
+
     def weight_interleaved(self, suffix: str, groups: int, sizes: list[int]) -> list[Any]:
         """The matrix `blk.{index}.{suffix}` whose rows form `groups` groups of consecutive
         parts of `sizes` rows each (Qwen3.5's joint query and gate: per head, its query rows then

@@ -13,11 +13,13 @@ Every pass goes through the backend's runner (`backends.base.Runner`), which cal
 """
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import numpy as np
 
-from backends.base import Backend, LayerAttention, LayerState, PassInput, Segment
+from backends.base import AttentionState, Backend, LayerAttention, LayerState, PassInput, Segment
+from backends.kv_types import DEFAULT_KV_TYPE, check_kv_type, fits_kv_type
 from engine.config import Family, ModelConfig
 from engine.gguf_file import GGUFFile
 from engine.models.attention import Attention, LayerRope
@@ -53,6 +55,7 @@ class Transformer:
         """
         self.config = config
         self.backend = backend
+        self.kv_type = DEFAULT_KV_TYPE  # what attention layers store keys and values as (`set_kv_type`)
         self._file = model_file
         reader = LayerReader(model_file, backend, on_weight)
         self.token_embd = reader.global_weight("token_embd.weight")
@@ -126,9 +129,32 @@ class Transformer:
             return LayerRope(base, divisors, yarn_mscale(factor))
         return LayerRope(base)
 
+    def set_kv_type(self, kv_type: str) -> str:
+        """Store the keys and values of caches made from now on as `kv_type`
+        (`backends.kv_types`). Returns a sentence for the load notes where float16 is kept
+        instead (a backend without the type; Q8_0 needs rows of whole blocks of 32), else ""."""
+        check_kv_type(kv_type)
+        if kv_type not in self.backend.kv_types:
+            self.kv_type = DEFAULT_KV_TYPE
+            return f"the {self.backend.name} backend has no {kv_type} KV cache: it stores float16"
+        self.kv_type = kv_type
+        states = [s for s in self.layer_states(1) if isinstance(s, AttentionState)]
+        if any(s.kv_type != kv_type for s in states):
+            dims = sorted({d for s in states for d in (s.head_dim, s.value_dim) if not fits_kv_type(kv_type, d)})
+            sizes = ", ".join(map(str, dims))
+            return f"heads of {sizes} values do not split into Q8_0 blocks of 32: the KV cache is float16"
+        return ""
+
     def layer_states(self, n_ctx: int) -> list[LayerState]:
-        """What each layer keeps between passes, for a context of `n_ctx` positions."""
-        return [layer.mixer.state(n_ctx) for layer in self.layers]
+        """What each layer keeps between passes, for a context of `n_ctx` positions; attention
+        layers store `kv_type` (float16 where Q8_0 does not fit their heads)."""
+        return [self._typed(layer.mixer.state(n_ctx)) for layer in self.layers]
+
+    def _typed(self, state: LayerState) -> LayerState:
+        if not isinstance(state, AttentionState):
+            return state
+        fits = fits_kv_type(self.kv_type, state.head_dim) and fits_kv_type(self.kv_type, state.value_dim)
+        return replace(state, kv_type=self.kv_type if fits else DEFAULT_KV_TYPE)
 
     # -- forward ---------------------------------------------------------------------
 

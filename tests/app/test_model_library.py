@@ -68,7 +68,7 @@ def made_up_info(file_size: int) -> ModelInfo:
     (300_000_000, False, "will not fit"),  # 250 MB file + 100 MB KV > 300 MB
 ])
 def test_memory_verdicts(available, fits, phrase):
-    got_fits, text = made_up_info(file_size=250_000_000).memory_verdict(1000, available)
+    got_fits, text = made_up_info(file_size=250_000_000).memory_verdict(1000, available, "numpy", "f32")
     assert got_fits == fits and phrase in text
 
 
@@ -78,14 +78,16 @@ def test_memory_verdicts(available, fits, phrase):
 ])
 def test_memory_verdict_of_the_cpu_backend_counts_the_file_not_float32_weights(available, fits):
     info = made_up_info(file_size=250_000_000)
-    assert info.memory_needed(1000, "cpu") == 250_000_000 + 1000 * 100_000 + RUNTIME_OVERHEAD
-    got_fits, text = info.memory_verdict(1000, available, "cpu")
+    assert info.memory_needed(1000, "cpu", "f32") == 250_000_000 + 1000 * 100_000 + RUNTIME_OVERHEAD
+    got_fits, text = info.memory_verdict(1000, available, "cpu", "f32")
     assert got_fits == fits and ("will not fit" in text) == (not fits) and "slowly" not in text
 
 
 def test_kv_is_counted_up_to_the_model_context_only():
     info = made_up_info(file_size=1)
-    assert info.memory_needed(100_000) == 1_000_000_000 + 2048 * 100_000
+    assert info.memory_needed(100_000, "numpy", "f32") == 1_000_000_000 + 2048 * 100_000
+    assert info.memory_needed(100_000) == 1_000_000_000 + 2048 * 50_000  # float16 by default: half the bytes
+    assert info.memory_needed(100_000, "numpy", "q8_0") == 1_000_000_000 + 2048 * (100_000 * 34 // 128)
 
 
 def test_library_lists_bundled_then_folder_then_added_once_each(tmp_path):

@@ -68,6 +68,21 @@ def test_model_settings_go_over_the_app_and_under_the_conversation():
     assert effective_sampling(merged, {"system_prompt": "Chat prompt."}).system_prompt == "Chat prompt."
 
 
+def test_a_kv_type_is_kept_and_an_unknown_one_follows_the_default():
+    assert ModelSettings.from_json(ModelSettings(kv_type="q8_0").to_json()) == ModelSettings(kv_type="q8_0")
+    assert ModelSettings.from_json('{"kv_type": "q4_0"}') == ModelSettings()
+
+
+def test_a_kv_type_setting_reloads_the_model_with_that_cache(qtbot, tiny_window):
+    window, model = tiny_window
+    assert window.controller.loaded.model.kv_type == "f16"  # the default
+    with qtbot.waitSignal(window.controller.model_loaded, timeout=LOAD_TIMEOUT_MS):
+        window.controller.set_model_settings(model, ModelSettings(kv_type="f32"))
+    assert window.controller.loaded.model.kv_type == "f32"
+    answer(qtbot, window, lambda: window.controller.send("Hi"))
+    assert window.controller._session.cache.storage.keys[0].dtype == "float32"
+
+
 def test_a_broken_template_is_refused_with_the_renderers_message():
     assert check_template(CHATML) is None
     assert "not valid Jinja" in check_template("{% for m in messages %}")

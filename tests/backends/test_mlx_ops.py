@@ -291,3 +291,19 @@ def test_mlx_asked_for_but_not_installed(monkeypatch):
         selection.select("mlx")
     backend, reasons = selection.select("auto")
     assert backend.name == "cpu" and any("mlx package is not installed" in r for r in reasons)
+
+
+def test_a_float16_cache_holds_the_numpy_rounding(mlx_backend, numpy_backend):
+    """Keys and values stored as float16 (rounded to nearest even on both), read exactly:
+    the outputs agree as float32 attention over the same values does."""
+    q, k, v = attention_inputs(15)
+    settings = LayerAttention(scale=0.3)
+    layers = [AttentionState(2, 8, 6, slots=16, kv_type="f16")]
+    ours_cache, reference_cache = mlx_backend.allocate_state(layers), numpy_backend.allocate_state(layers)
+    ours = mlx_backend.attention(mx.array(q), mx.array(k), mx.array(v), ours_cache, 0, 0, settings)
+    reference = numpy_backend.attention(q, k, v, reference_cache, 0, 0, settings)
+    np.testing.assert_allclose(host(ours), reference, rtol=1e-5, atol=1e-5)
+    stored = np.array(ours_cache.arrays[0][0][0])  # (Hkv, N, Dh)
+    assert stored.dtype == np.float16
+    np.testing.assert_array_equal(stored, reference_cache.keys[0])
+    assert "q8_0" not in mlx_backend.kv_types  # a model asking for it keeps float16, with a load note

@@ -25,9 +25,14 @@ def model_path(key: str, tmp_dir: Path) -> Path:
 
 
 def load_on_both(request, key: str, tmp_dir: Path, backend: str) -> dict[str, LoadedModel]:
-    """Model `key` loaded on NumPy and on `backend`, closed when the test's fixture ends."""
+    """Model `key` loaded on NumPy and on `backend`, closed when the test's fixture ends.
+
+    Their KV caches are float32: a float16 or Q8_0 cache rounds each backend's keys, which
+    differ in their last float32 bits, and a key on either side of a rounding boundary moves
+    by a whole float16 step (5e-5 of the logits' span measured on tiny Gemma). That the
+    backends store the same rounding is tested in tests/backends/test_kv_types.py."""
     path = model_path(key, tmp_dir)
-    loaded = {name: load_model(path, name) for name in ("numpy", backend)}
+    loaded = {name: load_model(path, name, kv_type="f32") for name in ("numpy", backend)}
     for model in loaded.values():
         request.addfinalizer(model.close)
     return loaded

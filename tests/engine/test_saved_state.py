@@ -9,6 +9,7 @@ import logging
 import os
 import struct
 import zlib
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -201,6 +202,25 @@ def test_truncated_corrupt_and_foreign_files_are_refused(loaded, model_paths, tm
     with caplog.at_level(logging.WARNING, logger="engine.saved_state"):
         assert states.restore("c1", bigger, tokens, identity) == 0
     assert "another context length or KV type" in caplog.text
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+def test_a_state_of_another_kv_type_is_refused_even_at_the_same_size(model_paths, tmp_path, caplog, backend):
+    """A float32 cache of N_CTX positions takes the bytes of a float16 one of 2 N_CTX: the
+    saved layout names the KV type, so neither is read as the other."""
+    tokens = prompt_tokens(40)
+    loaded = load_model(model_paths[0], backend=backend, kv_type="f32")
+    try:
+        states, identity = saved_cache(loaded, tokens[:30], tmp_path)
+        loaded.model.set_kv_type("f16")
+        other = loaded.new_cache(2 * N_CTX)
+        layers = [replace(s, slots=N_CTX, kv_type="f32") for s in loaded.model.layer_states(N_CTX)]
+        assert other.memory_bytes() == loaded.backend.state_bytes(loaded.backend.allocate_state(layers))
+        with caplog.at_level(logging.WARNING, logger="engine.saved_state"):
+            assert states.restore("c1", other, tokens, identity) == 0
+        assert "another context length or KV type" in caplog.text
+    finally:
+        loaded.close()
 
 
 def test_hostile_files_are_refused_before_anything_is_allocated(loaded, tmp_path, caplog):

@@ -136,8 +136,9 @@ def test_a_cache_that_rolled_back_drafts_holds_what_plain_decoding_wrote(tmp_pat
     for plain_array, spec_array in zip(plain_arrays, spec_arrays, strict=True):
         if backend == "cpu":  # a batch of positions equals feeding them one by one, bit for bit
             np.testing.assert_array_equal(plain_array, spec_array)
-        else:  # a batched float32 product may round differently from a one-row one
-            np.testing.assert_allclose(plain_array, spec_array, rtol=1e-5, atol=1e-6)
+        else:  # a batched float32 product may round differently from a one-row one, and then
+            # the float16 cache may keep the float16 value one step (2^-10) to either side
+            np.testing.assert_allclose(plain_array, spec_array, rtol=2.0**-10, atol=1e-6)
     used = spec_cache.n_used
     assert not any(array[:, used:].any() for array in spec_arrays)
     model.close()
