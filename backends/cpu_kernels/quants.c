@@ -39,7 +39,6 @@ static inline float f16(const uint8_t *p) { return fp16_to_float(u16(p)); }
 #endif
 
 /* Byte vectors (GCC/Clang vector extensions: one AVX2 or two SSE/NEON registers). */
-typedef uint8_t u8x8 __attribute__((vector_size(8)));
 typedef uint8_t u8x16 __attribute__((vector_size(16)));
 typedef int8_t i8x16 __attribute__((vector_size(16)));
 typedef uint8_t u8x32 __attribute__((vector_size(32)));
@@ -184,10 +183,8 @@ static inline void k_scales(const uint8_t *b, float *scale, float *min) {
     uint32_t a = u32(s), c = u32(s + 4), e = u32(s + 8);
     uint32_t packed[4] = {a & low6, (e & low4) | (((a >> 6) & low2) << 4), /* sc 0-3, 4-7 */
                           c & low6, ((e >> 4) & low4) | (((c >> 6) & low2) << 4)}; /* m 0-3, 4-7 */
-    u8x8 sc, m;
-    memcpy(&sc, packed, 8);
-    memcpy(&m, packed + 2, 8);
-    v8f ds = f16(b) * __builtin_convertvector(sc, v8f), mins = -(f16(b + 2) * __builtin_convertvector(m, v8f));
+    v8f ds = f16(b) * widen8u(packed[0] | (uint64_t)packed[1] << 32); /* d * sc */
+    v8f mins = -(f16(b + 2) * widen8u(packed[2] | (uint64_t)packed[3] << 32)); /* -(dmin * m) */
     v8f lo = __builtin_shufflevector(ds, ds, 0, 0, 1, 1, 2, 2, 3, 3), hi = __builtin_shufflevector(ds, ds, 4, 4, 5, 5, 6, 6, 7, 7);
     memcpy(scale, &lo, sizeof lo); /* both halves of group j: scale[2j], scale[2j + 1] */
     memcpy(scale + 8, &hi, sizeof hi);
