@@ -247,10 +247,10 @@ static inline INLINED void unpack_q6_k(const uint8_t *b, int8_t *q, float *scale
         memcpy(y + 64, &y2, 32);
         memcpy(y + 96, &y3, 32);
     }
-    for (int g = 0; g < 8; g++) {
-        set_scales(scale + HALVES * g, d * (float)sc[2 * g], d * (float)sc[2 * g + 1]);
-        min[g] = 0.0f;
-    }
+    v8f lo = d * widen8(sc), hi = d * widen8(sc + 8); /* scale[e / 16] = d * scales[e / 16]: halves in order */
+    memcpy(scale, &lo, sizeof lo);
+    memcpy(scale + 8, &hi, sizeof hi);
+    for (int g = 0; g < 8; g++) min[g] = 0.0f;
 }
 
 /* table[idx[j]] for 32 indices below 16 (one in-lane byte shuffle in AVX2 and NEON) */
