@@ -193,27 +193,23 @@ static inline INLINED void unpack_q1_0(const uint8_t *b, int8_t *q, float *scale
     }
 }
 
-/* The 6-bit scale and min of sub-block j of a Q4_K/Q5_K super-block (ggml's get_scale_min_k4). */
-static inline void scale_min_k4(int j, const uint8_t *s, int *sc, int *m) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *m = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-}
-
-/* The 8 sub-block scales (d * sc) and min terms (-dmin * m) of a Q4_K or Q5_K block. */
+/* The 8 sub-block scales (d * sc) and min terms (-dmin * m) of a Q4_K or Q5_K block. Its 12
+ * scale bytes hold 6-bit values (ggml's get_scale_min_k4): for j < 4, sc[j] and m[j] are the
+ * low 6 bits of bytes j and j + 4; for j >= 4, the low (sc) and high (m) nibble of byte j + 4,
+ * with bits 4-5 from the top 2 bits of bytes j - 4 (sc) and j (m). Unpacked 4 at a time in
+ * 32-bit words, as ggml's vec_dot does. */
 static inline void k_scales(const uint8_t *b, float *scale, float *min) {
-    float d = f16(b), dmin = f16(b + 2);
-    for (int j = 0; j < 8; j++) {
-        int sc, m;
-        scale_min_k4(j, b + 4, &sc, &m);
-        float ds = d * (float)sc;
-        set_scales(scale + HALVES * j, ds, ds);
-        min[j] = -(dmin * (float)m);
-    }
+    const uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, low2 = 0x03030303;
+    const uint8_t *s = b + 4;
+    uint32_t a = u32(s), c = u32(s + 4), e = u32(s + 8);
+    uint32_t packed[4] = {a & low6, (e & low4) | (((a >> 6) & low2) << 4), /* sc 0-3, 4-7 */
+                          c & low6, ((e >> 4) & low4) | (((c >> 6) & low2) << 4)}; /* m 0-3, 4-7 */
+    v8f ds = f16(b) * widen8u(packed[0] | (uint64_t)packed[1] << 32); /* d * sc */
+    v8f mins = -(f16(b + 2) * widen8u(packed[2] | (uint64_t)packed[3] << 32)); /* -(dmin * m) */
+    v8f lo = __builtin_shufflevector(ds, ds, 0, 0, 1, 1, 2, 2, 3, 3), hi = __builtin_shufflevector(ds, ds, 4, 4, 5, 5, 6, 6, 7, 7);
+    memcpy(scale, &lo, sizeof lo); /* both halves of group j: scale[2j], scale[2j + 1] */
+    memcpy(scale + 8, &hi, sizeof hi);
+    memcpy(min, &mins, sizeof mins);
 }
 
 /* Q4_K, 256 weights in 144 bytes:  | d: fp16 | dmin: fp16 | scales: 12 bytes | qs: 128 bytes |
@@ -272,10 +268,10 @@ static inline INLINED void unpack_q6_k(const uint8_t *b, int8_t *q, float *scale
         memcpy(y + 64, &y2, 32);
         memcpy(y + 96, &y3, 32);
     }
-    for (int g = 0; g < 8; g++) {
-        set_scales(scale + HALVES * g, d * (float)sc[2 * g], d * (float)sc[2 * g + 1]);
-        min[g] = 0.0f;
-    }
+    v8f lo = d * widen8(sc), hi = d * widen8(sc + 8); /* scale[e / 16] = d * scales[e / 16]: halves in order */
+    memcpy(scale, &lo, sizeof lo);
+    memcpy(scale + 8, &hi, sizeof hi);
+    for (int g = 0; g < 8; g++) min[g] = 0.0f;
 }
 
 /* table[idx[j]] for 32 indices below 16 (one in-lane byte shuffle in AVX2 and NEON) */

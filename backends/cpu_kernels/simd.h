@@ -2,7 +2,7 @@
  * weights with 32 int16 activation codes. It gives two vectors of 8 int32 lanes, one per half
  * group: lane l of half h sums weights 16h + 2l and 16h + 2l + 1. fma8: a * b + c in 8 float
  * lanes, rounded once (a fused multiply-add is exact before its one rounding in every tier).
- * widen8: 8 int8 codes as floats (exact). Integer sums are exact in
+ * widen8: 8 int8 codes as floats (exact); widen8u: the 8 bytes of a word, LSB first, as floats. Integer sums are exact in
  * every tier, so the tiers agree bit for bit. Weight codes lie in [-128, 127], activation
  * codes in [-32767, 32767]: a lane is at most 2 * 128 * 32767, far from overflowing. */
 #ifndef SPRIG_SIMD_H
@@ -23,6 +23,9 @@ static inline void dot32(const int8_t *w, const int16_t *x, v8i *lo, v8i *hi) {
     *hi = (v8i)_mm256_dpwssd_epi32(_mm256_setzero_si256(), w1, _mm256_loadu_si256((const __m256i *)(x + 16)));
 }
 static inline v8f fma8(v8f a, v8f b, v8f c) { return (v8f)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c); }
+static inline v8f widen8u(uint64_t bytes) {
+    return (v8f)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)bytes)));
+}
 static inline v8f widen8(const int8_t *q) {
     return (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
 }
@@ -36,6 +39,9 @@ static inline void dot32(const int8_t *w, const int16_t *x, v8i *lo, v8i *hi) {
     *hi = (v8i)_mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(x + 16)));
 }
 static inline v8f fma8(v8f a, v8f b, v8f c) { return (v8f)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c); }
+static inline v8f widen8u(uint64_t bytes) {
+    return (v8f)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)bytes)));
+}
 static inline v8f widen8(const int8_t *q) {
     return (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
 }
@@ -52,6 +58,13 @@ static inline void dot32(const int8_t *w, const int16_t *x, v8i *lo, v8i *hi) {
     vst1q_s32(l + 4, pair_sums(vld1_s8(w + 8), vld1q_s16(x + 8)));
     vst1q_s32(h, pair_sums(vld1_s8(w + 16), vld1q_s16(x + 16)));
     vst1q_s32(h + 4, pair_sums(vld1_s8(w + 24), vld1q_s16(x + 24)));
+}
+static inline v8f widen8u(uint64_t bytes) {
+    uint16x8_t q16 = vmovl_u8(vcreate_u8(bytes));
+    v8f out;
+    vst1q_f32((float *)&out, vcvtq_f32_u32(vmovl_u16(vget_low_u16(q16))));
+    vst1q_f32((float *)&out + 4, vcvtq_f32_u32(vmovl_high_u16(q16)));
+    return out;
 }
 static inline v8f fma8(v8f a, v8f b, v8f c) {
     float *pa = (float *)&a, *pb = (float *)&b, *pc = (float *)&c;
@@ -73,6 +86,11 @@ static inline void dot32(const int8_t *w, const int16_t *x, v8i *lo, v8i *hi) {
         (*lo)[l] = (int32_t)w[2 * l] * x[2 * l] + (int32_t)w[2 * l + 1] * x[2 * l + 1];
         (*hi)[l] = (int32_t)w[16 + 2 * l] * x[16 + 2 * l] + (int32_t)w[17 + 2 * l] * x[17 + 2 * l];
     }
+}
+static inline v8f widen8u(uint64_t bytes) {
+    v8f out;
+    for (int l = 0; l < 8; l++) out[l] = (float)(uint8_t)(bytes >> (8 * l));
+    return out;
 }
 #include <math.h>
 static inline v8f fma8(v8f a, v8f b, v8f c) {
