@@ -21,7 +21,7 @@ static void short_conv_task(void *vctx, int chunk, int chunks, int thread) {
     int64_t lo, hi;
     split_range(C, chunk, chunks, &lo, &hi);
     const float *x = op->a, *w = op->b;
-    float *window = op->kcache, *out = op->out; /* window (K - 1, C) */
+    float *window = (float *)op->kcache, *out = op->out; /* window (K - 1, C) */
     (void)thread;
     for (int64_t t = 0; t < T; t++) {
         for (int64_t c = lo; c < hi; c++) {
@@ -70,7 +70,7 @@ static void delta_net_task(void *vctx, int chunk, int chunks, int thread) {
     float q[MAX_DELTA_DIM], k[MAX_DELTA_DIM], delta[MAX_DELTA_DIM];
     for (int64_t h = lo; h < hi; h++) {
         int64_t kh = h % Hk; /* llama.cpp's tiled order of the value heads */
-        float *S = op->kcache + h * D * D; /* (Dk, Dv) */
+        float *S = (float *)op->kcache + h * D * D; /* (Dk, Dv) */
         float a = op->d[h], dt_bias = op->d[Hv + h];
         for (int64_t t = 0; t < T; t++) {
             const float *row = op->a + t * C;

@@ -97,7 +97,8 @@ typedef struct {
     const int64_t *ids;  /* token ids (EMBED) */
     const int64_t *pos;  /* position of the first token (ROPE, ATTN), or of each (ROPE with per_row) */
     const double *table; /* inverse frequencies (ROPE) */
-    unsigned char *kcache, *vcache; /* the layer's keys (Hkv, rows, Dh) and values (Hkv, rows, Dv) as kv_type (ATTN) */
+    unsigned char *kcache, *vcache; /* the layer's keys (Hkv, rows, Dh) and values (Hkv, rows, Dv) as kv_type (ATTN);
+                                     * float32 states for SHORTCONV and DELTANET */
     int n_mats;
     Matrix mats[MAX_FUSED];
     float *outs[MAX_FUSED];
