@@ -391,6 +391,7 @@ class CpuBackend(Backend):
             slots=state.slots,
             window=settings.window or 0,
             ring=state.ring,
+            causal=settings.causal,
             scale=settings.scale,
             softcap=settings.softcap or 0.0,
         )

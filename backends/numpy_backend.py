@@ -250,6 +250,8 @@ class NumpyBackend(Backend):
         where: slice | np.ndarray = slice(start, end)
         visible: slice | np.ndarray = slice(first, end)
         if state.ring:
+            if not settings.causal:
+                raise ValueError(f"layer {layer}'s bidirectional attention cannot run over a ring")
             if settings.window is None or settings.window + n_new - 1 > state.slots:
                 raise ValueError(
                     f"a pass of {n_new} tokens over a window of {settings.window} does not fit layer {layer}'s "
@@ -270,9 +272,11 @@ class NumpyBackend(Backend):
 
         query_pos = np.arange(start, end)[:, None]  # (T, 1)
         key_pos = np.arange(first, end)[None, :]  # (1, S)
-        allowed = key_pos <= query_pos  # (T, S)
+        allowed = key_pos <= query_pos if settings.causal else np.repeat(key_pos < end, n_new, axis=0)  # (T, S)
         if settings.window is not None:
             allowed &= key_pos > query_pos - settings.window
+            if not settings.causal:
+                allowed &= key_pos < query_pos + settings.window
         scores = scores.reshape(n_kv_heads, group, n_new, -1)  # (Hkv, group, T, S)
         scores = np.where(allowed, scores, np.float32(-np.inf))
         if settings.sinks is None:

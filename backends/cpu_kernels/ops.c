@@ -332,7 +332,9 @@ static void elementwise(const Op *op, int64_t elements) {
  * q (T, H, Dh), k (T, Hkv, Dh), v (T, Hkv, Dv) at positions pos .. pos+T-1 (T tokens, H
  * heads, Hkv kv_heads, Dh head_dim, Dv value_dim; window 0: none; softcap 0: none). Keys and
  * values are written into the layer's cache first; each (token, head) then attends to
- * positions max(0, p - window + 1) .. p; with sinks (d, one logit per query head) each softmax
+ * positions max(0, p - window + 1) .. p, or, not causal (an embedding model's bidirectional
+ * attention, never on a ring), to every position of the pass and before within the window on
+ * either side, max(0, p - window + 1) .. min(pos + T - 1, p + window - 1); with sinks (d, one logit per query head) each softmax
  * has one more term in its denominator (softmax_row).
  *
  * A full layer's cache holds position p at row p of each KV head: keys (Hkv, slots, Dh).
@@ -424,7 +426,7 @@ static void attention_task(void *vctx, int chunk, int chunks, int thread) {
     int64_t T = op->ints.attention.tokens, H = op->ints.attention.heads, Hkv = op->ints.attention.kv_heads;
     int64_t Dh = op->ints.attention.head_dim, Dv = op->ints.attention.value_dim, window = op->ints.attention.window;
     float scale = op->floats.attention.scale, cap = op->floats.attention.softcap;
-    int64_t N = cache_rows(op), base = ring_base(op);
+    int64_t N = cache_rows(op), base = ring_base(op), last_pos = *op->pos + T - 1;
     int64_t group = H / Hkv, per_kv = T * group, lo, hi;
     split_range(Hkv * per_kv, chunk, chunks, &lo, &hi);
     float *buffer = scratch_floats(thread);
@@ -441,7 +443,9 @@ static void attention_task(void *vctx, int chunk, int chunks, int thread) {
             row->out = op->out + (t * H + h) * Dv;
             row->scores = buffer + r * N;
             row->first = (window > 0 && p - window + 1 > 0 ? p - window + 1 : 0) - base;
-            row->last = p - base;
+            int64_t seen = op->ints.attention.causal ? p : last_pos; /* the last position it sees */
+            if (!op->ints.attention.causal && window > 0 && p + window - 1 < seen) seen = p + window - 1;
+            row->last = seen - base;
             from = row->first < from ? row->first : from;
             to = row->last > to ? row->last : to;
         }
@@ -477,6 +481,10 @@ static int attention(const Op *op, const char **error) {
     int64_t ring = op->ints.attention.ring, N = cache_rows(op), start = *op->pos;
     if (start < 0 || (!ring && start + T > slots)) {
         *error = "the KV cache has no room for these positions";
+        return -1;
+    }
+    if (ring && !op->ints.attention.causal) {
+        *error = "bidirectional attention cannot run over a windowed layer's ring";
         return -1;
     }
     if (ring && window <= 0) {

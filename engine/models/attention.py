@@ -87,9 +87,10 @@ class Attention(Block):
 
     def state(self, n_ctx: int) -> AttentionState:
         """This layer's KV state for a context of `n_ctx` positions: all of them, or, for a
-        sliding window smaller than the context, a ring of the window and RING_SLACK more."""
+        sliding window smaller than the context, a ring of the window and RING_SLACK more
+        (never for bidirectional attention, whose queries see later positions too)."""
         cfg, window = self.config, self.settings.window
-        ring = window is not None and window + RING_SLACK - 1 < n_ctx
+        ring = window is not None and self.settings.causal and window + RING_SLACK - 1 < n_ctx
         slots = window + RING_SLACK - 1 if ring and window is not None else n_ctx
         return AttentionState(cfg.n_kv_heads, cfg.head_dim, cfg.value_head_dim, slots, window if ring else None, n_ctx)
 
