@@ -28,6 +28,7 @@ Deterministically (fixed seeds), into tests/fixtures/models and tests/fixtures/r
    pooled and L2-normalised, float32.
 """
 
+import argparse
 import json
 import math
 import shutil
@@ -198,12 +199,86 @@ def make_embeddings(work: Path, tokenizer) -> None:
     print("embeddings:", {k: v.shape for k, v in out.items() if k.startswith("ids")})
 
 
-def main() -> None:
+GEMMA_CONFIG = dict(
+    vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, max_position_embeddings=512, rms_norm_eps=1e-6,
+    sliding_window=6, use_bidirectional_attention=True, bos_token_id=0, eos_token_id=2, pad_token_id=1,
+)
+
+
+def seeded(model: torch.nn.Module, seed: int, norm_centre: float) -> None:
+    """Norms norm_centre + 0.1 N, embeddings N, other matrices N / sqrt(fan_in), biases 0.1 N."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+            if "norm" in name.lower():
+                p.copy_(norm_centre + 0.1 * noise)
+            elif "embed" in name:
+                p.copy_(noise)
+            elif p.ndim == 1:
+                p.copy_(0.1 * noise)
+            else:
+                p.copy_(noise / math.sqrt(p.shape[1]))
+
+
+def sentence_transformer(hf_dir: Path, modules: list, out_dir: Path):
+    """A sentence-transformers model of the transformers model in `hf_dir` and `modules`
+    (pooling, dense, normalize), saved into `out_dir` as the converter reads it."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules.transformer import Transformer
+
+    model = SentenceTransformer(modules=[Transformer(str(hf_dir)), *modules], device="cpu")
+    model.save(str(out_dir))
+    return model
+
+
+def make_embedding_gemma(work: Path, tokenizer) -> None:
+    """EmbeddingGemma: a tiny `Gemma3TextModel` with bidirectional attention (a window of 6:
+    the long text crosses it), mean pooling and two dense projections (64 -> 96 -> 64), as
+    sentence-transformers saves it; converted with --sentence-transformers-dense-modules."""
+    from sentence_transformers.base.modules.dense import Dense
+    from sentence_transformers.base.modules.normalize import Normalize
+    from sentence_transformers.sentence_transformer.modules.pooling import Pooling
+    from transformers import Gemma3TextConfig, Gemma3TextModel
+
+    gemma_tok = tokenizer
+    gemma_tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<|endoftext|> $A <|im_end|>", special_tokens=[(t, gemma_tok.convert_tokens_to_ids(t))
+                                                              for t in ("<|endoftext|>", "<|im_end|>")])
+    gemma_tok.pad_token = SPECIAL_TOKENS[1]
+    hf_dir = work / "gemma-hf"
+    model = Gemma3TextModel(Gemma3TextConfig(**GEMMA_CONFIG)).to(torch.float32).eval()
+    seeded(model, 21, 0.0)
+    save_base(model, gemma_tok, hf_dir)
+    torch.manual_seed(22)
+    dense = [Dense(64, 96, bias=False, activation_function=torch.nn.Identity()),
+             Dense(96, 64, bias=False, activation_function=torch.nn.Identity())]
+    st_dir = work / "gemma-st"
+    st = sentence_transformer(hf_dir, [Pooling(64, pooling_mode="mean"), *dense, Normalize()], st_dir)
+    convert(FAMILY, st_dir, MODELS_DIR / "tiny-embeddinggemma-f32.gguf", ("--sentence-transformers-dense-modules",))
+    vectors = [st.encode([t], convert_to_numpy=True)[0].astype(np.float32) for t in TEXTS]  # one by one: no padding
+    out = {f"ids_{k}": np.array(gemma_tok(t)["input_ids"], dtype=np.int64) for k, t in enumerate(TEXTS)}
+    out.update({f"vector_{k}": v for k, v in enumerate(vectors)})
+    # without the dense projections (to show they matter)
+    pooling_only = type(st)(modules=[st[0], st[1]], device="cpu")
+    pooled = [pooling_only.encode([t], convert_to_numpy=True)[0] for t in TEXTS]
+    out.update({f"no_dense_{k}": (v / np.linalg.norm(v)).astype(np.float32) for k, v in enumerate(pooled)})
+    np.savez_compressed(OUT_DIR / "tiny-embeddinggemma.npz", **out)
+    print("embeddinggemma: ids", [len(out[f"ids_{k}"]) for k in range(len(TEXTS))])
+
+
+MAKERS = {"lora": make_lora, "embed": make_embeddings, "gemma": make_embedding_gemma}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="+", choices=sorted(MAKERS), default=sorted(MAKERS))
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        tokenizer = build_tokenizer(FAMILY, work / "tok")
-        make_lora(work, tokenizer)
-        make_embeddings(work, tokenizer)
+        for name in args.only:  # each on a fresh tokenizer: some change its post-processor
+            MAKERS[name](work / name, build_tokenizer(FAMILY, work / name / "tok"))
         shutil.rmtree(work, ignore_errors=True)
 
 

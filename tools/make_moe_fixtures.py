@@ -219,15 +219,16 @@ sys.path.insert(0, {src!r})
 sys.path.insert(0, {src!r} + "/gguf-py")
 import conversion.base
 conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: {pre!r}
-sys.argv = ["convert_hf_to_gguf.py", {hf!r}, "--outtype", "f32", "--outfile", {out!r}]
+sys.argv = ["convert_hf_to_gguf.py", {hf!r}, "--outtype", "f32", "--outfile", {out!r}, *{extra!r}]
 import runpy
 runpy.run_path({src!r} + "/convert_hf_to_gguf.py", run_name="__main__")
 """
 
 
-def convert(family: Family, hf_dir: Path, out: Path) -> None:
-    """llama.cpp's converter, run in its own process with its own gguf-py, F32 output."""
-    code = CONVERT.format(src=str(LLAMA_CPP), pre=family.pre, hf=str(hf_dir), out=str(out))
+def convert(family: Family, hf_dir: Path, out: Path, extra: tuple[str, ...] = ()) -> None:
+    """llama.cpp's converter, run in its own process with its own gguf-py, F32 output (`extra`:
+    more of its options)."""
+    code = CONVERT.format(src=str(LLAMA_CPP), pre=family.pre, hf=str(hf_dir), out=str(out), extra=list(extra))
     env = {**os.environ, "PYTHONPATH": str(LLAMA_CPP / "gguf-py")}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     if done.returncode:

@@ -39,6 +39,7 @@ class Transformer:
 
     family: ClassVar[Family]
     layer_class: ClassVar[type[DecoderLayer]] = DecoderLayer  # the norms around each layer's blocks
+    causal: ClassVar[bool] = True  # False: an embedding model whose tokens all see each other (one pass a text)
 
     def __init__(
         self,
@@ -61,6 +62,7 @@ class Transformer:
         has_output = "output.weight" in model_file.tensors
         self.output = reader.global_weight("output.weight") if has_output else self.token_embd
         self.layers = [self._layer(reader.at(i), i) for i in range(config.n_layers)]
+        self.read_extra(reader)
         # the output head, by the name an adapter on it (lm_head) targets, tied or not
         self.output_linear = Linear(backend, "output.weight", self.output, (config.vocab_size, config.d_model))
         self.linears = {**reader.linears, "output.weight": self.output_linear}  # what adapters may target
@@ -72,6 +74,14 @@ class Transformer:
         return self.layer_class(reader, self.config, mixer(reader, self, i), feed_forward(reader, self, i))
 
     # -- what architectures override (asked once per layer, at load) -------------------
+
+    def read_extra(self, reader: LayerReader) -> None:
+        """Prepare the tensors outside the layers that an architecture adds (none here)."""
+
+    def project_embedding(self, pooled: np.ndarray) -> np.ndarray:
+        """What an embedding model makes of its pooled hidden state (d_model,) before the L2
+        norm: here the state itself; EmbeddingGemma's dense projections."""
+        return pooled
 
     @classmethod
     def layer_blocks(cls, config: ModelConfig, i: int) -> tuple[type[Any], type[Any]]:

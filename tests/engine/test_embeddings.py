@@ -57,3 +57,40 @@ def test_embed_command(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["pooling"] == "mean" and len(out["embeddings"]) == 2
     assert float(np.asarray(out["embeddings"][1]) @ REFERENCE["mean_2"]) > 0.999
+
+
+GEMMA = FIXTURES / "models" / "tiny-embeddinggemma-f32.gguf"
+GEMMA_REFERENCE = np.load(FIXTURES / "reference" / "tiny-embeddinggemma.npz")
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+def test_embeddinggemma_matches_sentence_transformers(backend):
+    """Bidirectional attention with a symmetric window (the long text crosses it), mean
+    pooling and the two dense projections, against sentence-transformers."""
+    loaded = load_model(GEMMA, backend)
+    try:
+        assert pooling(loaded) == "mean" and not loaded.model.causal
+        for k, text in enumerate(TEXTS):
+            assert embedding_tokens(loaded, text) == GEMMA_REFERENCE[f"ids_{k}"].tolist()  # BOS and EOS
+        vectors, _ = embed(loaded, TEXTS)
+        for k, vector in enumerate(vectors):
+            assert float(vector @ GEMMA_REFERENCE[f"vector_{k}"]) > 0.999
+        # the projections matter: the pooled state alone is far from the reference
+        assert float(GEMMA_REFERENCE["no_dense_1"] @ GEMMA_REFERENCE["vector_1"]) < 0.9
+    finally:
+        loaded.close()
+
+
+def test_embeddinggemma_attention_is_bidirectional():
+    """The first token's state depends on the tokens after it (a causal model's would not)."""
+    loaded = load_model(GEMMA, "numpy")
+    try:
+        tokens = GEMMA_REFERENCE["ids_1"].tolist()
+        model = loaded.model
+
+        def first_state(ids):
+            return model.hidden_states(ids, 0, model.backend.allocate_state(model.layer_states(len(ids))))[0]
+
+        assert np.abs(first_state(tokens) - first_state(tokens[:3])).max() > 1e-3
+    finally:
+        loaded.close()
