@@ -1,5 +1,6 @@
 """LoRA adapters at run time against PEFT (tools/make_lora_embedding_fixtures.py): a tiny
-random Qwen3 base and two random PEFT adapters, all converted by llama.cpp's scripts."""
+random Qwen3 base and two random PEFT adapters, all converted by llama.cpp's scripts, on
+NumPy, cpu and MLX (where mlx is installed: its compiled one-token step carries them too)."""
 
 import dataclasses
 import json
@@ -18,11 +19,13 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 MODELS = FIXTURES / "models"
 BASE = MODELS / "tiny-lora-base-f32.gguf"
 REFERENCE = np.load(FIXTURES / "reference" / "tiny-lora.npz")
-TOLERANCE = {"numpy": 1e-3, "cpu": 5e-2}  # of the reference's logit range
+TOLERANCE = {"numpy": 1e-3, "cpu": 5e-2, "mlx": 5e-2}  # of the reference's logit range
 
 
-@pytest.fixture(scope="module", params=["numpy", "cpu"])
+@pytest.fixture(scope="module", params=["numpy", "cpu", "mlx"])
 def loaded(request):
+    if request.param == "mlx":
+        pytest.importorskip("mlx.core", reason="mlx is not installed (pip install 'sprig[mlx]')")
     loaded = load_model(BASE, request.param)
     yield loaded
     loaded.close()
