@@ -268,7 +268,39 @@ def make_embedding_gemma(work: Path, tokenizer) -> None:
     print("embeddinggemma: ids", [len(out[f"ids_{k}"]) for k in range(len(TEXTS))])
 
 
-MAKERS = {"lora": make_lora, "embed": make_embeddings, "gemma": make_embedding_gemma}
+def make_phi3_lora(work: Path, _tokenizer) -> None:
+    """LoRA on Phi-3's fused tensors: a PEFT adapter (r 4, alpha 8) on qkv_proj, gate_up_proj,
+    o_proj and down_proj of tools/make_dense_fixtures.py's tiny Phi-3 (rebuilt here, checked
+    bit-equal to tests/fixtures/models/tiny-phi3-f32.gguf), converted by llama.cpp
+    (tiny-lora-phi3.gguf); PEFT's logits (reference/tiny-lora-phi3.npz): `prompt_<k>`,
+    `base_<k>`, `lora_<k>`."""
+    import make_dense_fixtures as dense
+
+    family = dense.FAMILIES["phi3"]
+    hf_dir = work / "phi3"
+    encode = dense.build_tokenizer(family, hf_dir, dense.chat_template(family))
+    model = dense.build_model(family, hf_dir)
+    dense.check_same_weights(family, model, MODELS_DIR / "tiny-phi3-f32.gguf")
+    prompts = [encode(p) for p in PROMPTS]
+    out: dict[str, np.ndarray] = {f"prompt_{k}": np.array(ids, dtype=np.int64) for k, ids in enumerate(prompts)}
+    for k, ids in enumerate(prompts):
+        out[f"base_{k}"] = all_logits(model, ids)
+    torch.manual_seed(14)
+    targets = ["qkv_proj", "gate_up_proj", "o_proj", "down_proj"]
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False))
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.mul_(4.0)
+    peft_model.save_pretrained(work / "phi3-adapter")
+    convert_lora(work / "phi3-adapter", hf_dir, MODELS_DIR / "tiny-lora-phi3.gguf")
+    for k, ids in enumerate(prompts):
+        out[f"lora_{k}"] = all_logits(peft_model, ids)
+    np.savez_compressed(OUT_DIR / "tiny-lora-phi3.npz", **out)
+    print("phi3 lora: moves the logits by up to", float(np.abs(out["lora_0"] - out["base_0"]).max()))
+
+
+MAKERS = {"lora": make_lora, "embed": make_embeddings, "gemma": make_embedding_gemma, "phi3": make_phi3_lora}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -79,6 +79,10 @@ class Attention(Block):
         if self.sinks is not None:
             self.settings = replace(self.settings, sinks=self.sinks)
         self.qkv = self.backend.fuse_linear([self.wq, self.wk, self.wv])
+        self.read_linears(reader)
+
+    def read_linears(self, reader: LayerReader) -> None:
+        """The `Linear`s adapters reach: q, k, v (`qkv_linears`) and the output (`o`)."""
         suffixes = ("attn_q.weight", "attn_k.weight", "attn_v.weight")
         self.qkv_linears = tuple(
             reader.linear(s, w) for s, w in zip(suffixes, (self.wq, self.wk, self.wv), strict=True)

@@ -30,7 +30,7 @@ from backends.base import WeightSpec
 from backends.dequant import dequantize
 from engine.errors import SprigError
 from engine.gguf_file import open_gguf
-from engine.models.block import LowRank
+from engine.models.block import Linear, LowRank
 
 if TYPE_CHECKING:
     from engine.models.common import Transformer
@@ -140,7 +140,7 @@ class AdapterStack:
             if linear is None:
                 raise AdapterError(
                     f"{adapter.name} adapts {name!r}, which this model does not have as a matrix Sprig can adapt "
-                    f"(supported: attention and dense MLP projections, and the output head)."
+                    f"(supported: attention and dense MLP projections, fused ones too, and the output head)."
                 )
             n_out, n_in = linear.shape[0], linear.shape[-1]
             if a.shape[1] != n_in or b.shape[0] != n_out:
@@ -177,19 +177,22 @@ class AdapterStack:
     def _apply(self) -> None:
         model = self.model
         backend = model.backend
-        wanted: dict[str, list[LowRank]] = {}
+        wanted: dict[Linear, list[LowRank]] = {}
         for i, active in enumerate(self.active):
             adapter = active.adapter
             for name, (a, b) in adapter.factors.items():
                 rank = a.shape[0]
                 factor = active.scale * adapter.alpha / rank if adapter.alpha else active.scale
-                scaled = np.ascontiguousarray(b * np.float32(factor), dtype=np.float32)
+                scaled = b * np.float32(factor)
                 # names unique to this preparation: a backend may cache prepared weights by name
                 tag = f"{name}.lora.{self.version + 1}.{i}"
-                low_rank = LowRank(_prepare(backend, f"{tag}.a", a), _prepare(backend, f"{tag}.b", scaled))
-                wanted.setdefault(name, []).append(low_rank)
-        for name, linear in model.linears.items():
-            linear.adapters = tuple(wanted.get(name, ()))
+                prepared_a = _prepare(backend, f"{tag}.a", a)
+                for linear, rows in model.linears[name].parts():  # a fused tensor's parts: their rows of B
+                    low_rank = LowRank(prepared_a, _prepare(backend, f"{tag}.b[{rows.start}]", scaled[rows]))
+                    wanted.setdefault(linear, []).append(low_rank)
+        for target in model.linears.values():
+            for linear, _ in target.parts():
+                linear.adapters = tuple(wanted.get(linear, ()))
         self.version += 1
         model.runner.reset()
 
