@@ -29,6 +29,7 @@ Deterministically (fixed seeds), into tests/fixtures/models and tests/fixtures/r
 """
 
 import argparse
+import dataclasses
 import json
 import math
 import shutil
@@ -45,6 +46,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_moe_fixtures import (  # noqa: E402
+    CORPUS,
     LLAMA_CPP,
     MODELS_DIR,
     OUT_DIR,
@@ -300,7 +302,44 @@ def make_phi3_lora(work: Path, _tokenizer) -> None:
     print("phi3 lora: moves the logits by up to", float(np.abs(out["lora_0"] - out["base_0"]).max()))
 
 
-MAKERS = {"lora": make_lora, "embed": make_embeddings, "gemma": make_embedding_gemma, "phi3": make_phi3_lora}
+BERT_CONFIG = dict(vocab_size=400, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                   max_position_embeddings=64, type_vocab_size=2, hidden_act="gelu", layer_norm_eps=1e-12)
+
+
+def make_bert(work: Path, _tokenizer) -> None:
+    """BERT: a WordPiece vocabulary trained on the corpus (lowercased), a tiny `BertModel`
+    (GELU, post-norm layers, absolute positions, token types) as sentence-transformers saves
+    it with CLS and with mean pooling, each converted by llama.cpp (tiny-bert-<pooling>-f32.gguf);
+    sentence-transformers' vectors (reference/tiny-bert.npz): `ids_<k>`, `<pooling>_<k>`."""
+    from sentence_transformers.base.modules.normalize import Normalize
+    from sentence_transformers.sentence_transformer.modules.pooling import Pooling
+    from tokenizers import BertWordPieceTokenizer
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    tok_dir = work / "bert-tok"
+    tok_dir.mkdir(parents=True)
+    trainer = BertWordPieceTokenizer(lowercase=True)
+    trainer.train([str(CORPUS)], vocab_size=BERT_CONFIG["vocab_size"], show_progress=False)
+    trainer.save_model(str(tok_dir))
+    tokenizer = BertTokenizerFast.from_pretrained(tok_dir)
+    config = BertConfig(**{**BERT_CONFIG, "vocab_size": len(tokenizer)})
+    model = BertModel(config, add_pooling_layer=False).to(torch.float32).eval()
+    seeded(model, 31, 1.0)
+    hf_dir = work / "bert-hf"
+    save_base(model, tokenizer, hf_dir)
+    out: dict[str, np.ndarray] = {f"ids_{k}": np.array(tokenizer(t)["input_ids"], dtype=np.int64)
+                                  for k, t in enumerate(TEXTS)}
+    for short in ("cls", "mean"):
+        st = sentence_transformer(hf_dir, [Pooling(64, pooling_mode=short), Normalize()], work / f"bert-{short}")
+        convert(dataclasses.replace(FAMILY, pre="default"), work / f"bert-{short}",
+                MODELS_DIR / f"tiny-bert-{short}-f32.gguf")
+        out.update({f"{short}_{k}": st.encode([t], convert_to_numpy=True)[0].astype(np.float32)
+                    for k, t in enumerate(TEXTS)})
+    np.savez_compressed(OUT_DIR / "tiny-bert.npz", **out)
+    print("bert: vocab", len(tokenizer), "ids", [len(out[f"ids_{k}"]) for k in range(len(TEXTS))])
+
+
+MAKERS = {"lora": make_lora, "embed": make_embeddings, "gemma": make_embedding_gemma, "phi3": make_phi3_lora, "bert": make_bert}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,6 +12,7 @@ from engine.config import ModelConfig
 from engine.errors import UnsupportedModelError
 from engine.gguf_file import GGUFFile
 from engine.models import (
+    bert,
     cohere2,
     command_r,
     gemma,
@@ -48,6 +49,7 @@ ARCHITECTURES: dict[str, type[Transformer]] = {
     "starcoder2": starcoder2.Model,
     "command-r": command_r.Model,
     "cohere2": cohere2.Model,
+    "bert": bert.Model,
 }
 SUPPORTED_ARCHITECTURES = tuple(sorted(ARCHITECTURES))
 

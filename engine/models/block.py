@@ -188,12 +188,17 @@ class LayerReader:
 
 
 def check_layer_tensors(
-    f: GGUFFile, config: ModelConfig, layer_blocks: Callable[[int], tuple[type[Block], ...]], required: tuple[str, ...]
+    f: GGUFFile,
+    config: ModelConfig,
+    layer_blocks: Callable[[int], tuple[type[Block], ...]],
+    required: tuple[str, ...],
+    final_norm: bool = True,
 ) -> None:
     """Check that every layer has each tensor its blocks need (`required` names the optional
     ones this architecture needs too) with the shape `config` implies, and that the tensors
-    it has beyond those have theirs. Raises ModelFileError naming the first one that does not."""
-    expected: dict[str, tuple[int, ...]] = {"output_norm.weight": (config.d_model,)}
+    it has beyond those have theirs, and the final norm where the model has one. Raises
+    ModelFileError naming the first one that does not."""
+    expected: dict[str, tuple[int, ...]] = {"output_norm.weight": (config.d_model,)} if final_norm else {}
     if not config.tie_embeddings:
         expected["output.weight"] = (config.vocab_size, config.d_model)
     for name, shape in expected.items():

@@ -40,6 +40,7 @@ class Transformer:
     family: ClassVar[Family]
     layer_class: ClassVar[type[DecoderLayer]] = DecoderLayer  # the norms around each layer's blocks
     causal: ClassVar[bool] = True  # False: an embedding model whose tokens all see each other (one pass a text)
+    final_norm: ClassVar[bool] = True  # a norm after the last layer (BERT's layers end in theirs)
 
     def __init__(
         self,
@@ -57,7 +58,7 @@ class Transformer:
         self._file = model_file
         reader = LayerReader(model_file, backend, on_weight)
         self.token_embd = reader.global_weight("token_embd.weight")
-        self.output_norm = reader.global_weight("output_norm.weight")
+        self.output_norm = reader.global_weight("output_norm.weight") if self.final_norm else None
         self.output_norm_bias = reader.optional_weight("output_norm.bias")
         has_output = "output.weight" in model_file.tensors
         self.output = reader.global_weight("output.weight") if has_output else self.token_embd
@@ -78,6 +79,10 @@ class Transformer:
     def read_extra(self, reader: LayerReader) -> None:
         """Prepare the tensors outside the layers that an architecture adds (none here)."""
 
+    def embed(self, p: PassInput) -> Any:
+        """The rows entering the first layer: the tokens' embeddings (T, D), scaled as the family says."""
+        return self.backend.embedding(self.token_embd, p.tokens, self.config.embedding_scale)
+
     def project_embedding(self, pooled: np.ndarray) -> np.ndarray:
         """What an embedding model makes of its pooled hidden state (d_model,) before the L2
         norm: here the state itself; EmbeddingGemma's dense projections."""
@@ -97,7 +102,7 @@ class Transformer:
         def blocks(i: int) -> tuple[type[Block], ...]:
             return (cls.layer_class, *cls.layer_blocks(config, i))
 
-        check_layer_tensors(f, config, blocks, cls.family.layer_tensors)
+        check_layer_tensors(f, config, blocks, cls.family.layer_tensors, cls.final_norm)
 
     def layer_attention(self, i: int) -> LayerAttention:
         """Attention settings of layer i: scale, sliding window, soft-capping."""
@@ -168,12 +173,13 @@ class Transformer:
         `backends.base.Runner`).
         """
         be, cfg = self.backend, self.config
-        x = be.embedding(self.token_embd, p.tokens, cfg.embedding_scale)  # (T, D)
+        x = self.embed(p)  # (T, D)
         for layer in self.layers:
             x = layer(x, p)
         if not p.all_logits:
             x = x[-1:]  # (1, D)
-        x = norm(be, cfg, x, self.output_norm, self.output_norm_bias)
+        if self.output_norm is not None:
+            x = norm(be, cfg, x, self.output_norm, self.output_norm_bias)
         if p.hidden:
             return x  # (T, D): the states the output head would read
         logits = self.output_linear(x)  # (T or 1, vocab)

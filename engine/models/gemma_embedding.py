@@ -24,6 +24,7 @@ DENSE = ("dense_2.weight", "dense_3.weight")
 class Model(gemma3.Model):
     """An EmbeddingGemma model."""
 
+    family = gemma3.Model.family
     causal = False
 
     def layer_attention(self, i: int) -> LayerAttention:

@@ -94,3 +94,41 @@ def test_embeddinggemma_attention_is_bidirectional():
         assert np.abs(first_state(tokens) - first_state(tokens[:3])).max() > 1e-3
     finally:
         loaded.close()
+
+
+BERT_REFERENCE = np.load(FIXTURES / "reference" / "tiny-bert.npz")
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+@pytest.mark.parametrize("how", ["cls", "mean"])
+def test_bert_matches_sentence_transformers(how, backend):
+    """BERT's WordPiece ids ([CLS] ... [SEP]) and vectors, CLS or mean pooled as the file says."""
+    loaded = load_model(FIXTURES / "models" / f"tiny-bert-{how}-f32.gguf", backend)
+    try:
+        assert pooling(loaded) == how
+        for k, text in enumerate(TEXTS):
+            assert embedding_tokens(loaded, text) == BERT_REFERENCE[f"ids_{k}"].tolist()
+        vectors, _ = embed(loaded, TEXTS)
+        for k, vector in enumerate(vectors):
+            assert float(vector @ BERT_REFERENCE[f"{how}_{k}"]) > 0.999
+        other = {"cls": "mean", "mean": "cls"}[how]
+        assert float(vectors[1] @ BERT_REFERENCE[f"{other}_1"]) < 0.99
+    finally:
+        loaded.close()
+
+
+def test_bert_refuses_a_text_past_its_positions():
+    loaded = load_model(FIXTURES / "models" / "tiny-bert-cls-f32.gguf", "numpy")
+    try:
+        with pytest.raises(EmbeddingError, match="at most 64"):
+            embed(loaded, ["word " * 70])  # 64 rows of position_embd
+    finally:
+        loaded.close()
+
+
+def test_embed_command_with_bert(capsys):
+    assert cli.main(["embed", "--model", str(FIXTURES / "models" / "tiny-bert-mean-f32.gguf"), "--backend", "cpu",
+                     "--text", TEXTS[1], "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["pooling"] == "mean"
+    assert float(np.asarray(out["embeddings"][0]) @ BERT_REFERENCE["mean_1"]) > 0.999
