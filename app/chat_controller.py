@@ -17,6 +17,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Qt, Signal
 
+from app.adapter_library import conversation_adapters
 from app.header_reader import HeaderReader
 from app.memory_release import release_freed_memory
 from app.model_library import ModelInfo, available_memory, describe_model
@@ -568,6 +569,7 @@ class ChatController(QObject):
         messages = system + turns + ([{"role": "assistant", "content": assistant.content}] if continuing else [])
         if isinstance(chat, LocalChatEngine):
             chat.speculative = settings.speculative
+            chat.adapters = conversation_adapters(conversation.overrides)  # the engine refuses a misfit
         self.store.set_model_uri(conversation.id, chat.describe().uri)
 
         def run(cancel: threading.Event):

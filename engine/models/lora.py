@@ -20,6 +20,7 @@ recorded pass is never replayed, and a stale KV prefix never reused.
 """
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -167,6 +168,20 @@ class AdapterStack:
     def set_scale(self, index: int, scale: float) -> None:
         """Change the scale of adapter `index`."""
         self.active[index].scale = float(scale)
+        self._apply()
+
+    def use(self, wanted: Sequence[tuple[str | Path, float]]) -> None:
+        """Make the adapters in use exactly `wanted` (file, scale), in order (the app's
+        per-conversation adapters). Nothing changes where they already are; otherwise every
+        file is read and checked before any is applied, so an AdapterError leaves the adapters
+        as they were."""
+        target = [(Path(path), float(scale)) for path, scale in wanted]
+        if [(a.adapter.path, a.scale) for a in self.active] == target:
+            return
+        adapters = [read_adapter(path) for path, _ in target]
+        for adapter in adapters:
+            self.check(adapter)
+        self.active = [ActiveAdapter(adapter, scale) for adapter, (_, scale) in zip(adapters, target, strict=True)]
         self._apply()
 
     def clear(self) -> None:
