@@ -21,14 +21,10 @@ from engine.gguf_file import GGUFFile
 from engine.models.attention import Attention, LayerRope
 from engine.models.block import LayerReader, TensorSpec
 from engine.models.common import Transformer
-from engine.models.layer import DecoderLayer, norm
+from engine.models.layer import DecoderLayer, _d_model, norm
 from engine.models.mlp import PlainMLP
 
 EMBEDDING_NORM = ("token_embd_norm.weight", "token_embd_norm.bias")
-
-
-def _d_model(c: ModelConfig) -> tuple[int, ...]:
-    return (c.d_model,)
 
 
 class PostResidualNormLayer(DecoderLayer):
