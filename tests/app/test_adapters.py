@@ -20,7 +20,10 @@ from app.adapter_library import (
     find_adapters,
     with_adapters,
 )
+from app.header_reader import HeaderReader
+from app.model_library import LibraryEntry
 from app.widgets.adapters_dialog import AdaptersDialog
+from app.widgets.model_picker import ADAPTERS, ModelPicker
 from tests.app.conftest import answer, close_window, load, make_window, quick_settings
 
 MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
@@ -47,6 +50,21 @@ def test_adapters_are_listed_under_the_models_they_fit(models_folder):
     made_for = AdapterFile(Path("x.gguf"), "x", "qwen3", "Qwen3 8B")
     assert adapters_for("qwen3", ["Qwen3-8B"], [made_for]) == [made_for]
     assert adapters_for("qwen3", ["Base"], [made_for]) == []
+
+
+def test_the_model_picker_lists_the_adapters_under_each_model(qtbot, models_folder):
+    entries = [LibraryEntry(BASE, "base"), LibraryEntry(MODELS / "tiny-phi3-q4_k_m.gguf", "phi3")]
+    headers = HeaderReader()
+    picker = ModelPicker(entries, headers, 512, models_folder)
+    qtbot.addWidget(picker)
+    try:
+        picker.wait_for_headers()
+        cells = {picker.table.item(row, 0).text(): picker.table.item(row, ADAPTERS) for row in range(2)}
+        assert cells["base"].text() == "3" and "tiny-lora-a, tiny-lora-b, tiny-lora-other" in cells["base"].toolTip()
+        assert cells["phi3"].text() == "—" and "No LoRA adapter" in cells["phi3"].toolTip()
+    finally:
+        picker.close()
+        headers.stop()
 
 
 def test_a_conversations_adapters_round_trip_through_its_overrides():
