@@ -63,10 +63,16 @@ GEMMA = FIXTURES / "models" / "tiny-embeddinggemma-f32.gguf"
 GEMMA_REFERENCE = np.load(FIXTURES / "reference" / "tiny-embeddinggemma.npz")
 
 
-@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+def skip_without(backend: str) -> None:
+    if backend == "mlx":
+        pytest.importorskip("mlx.core", reason="mlx is not installed (pip install 'sprig[mlx]')")
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cpu", "mlx"])
 def test_embeddinggemma_matches_sentence_transformers(backend):
     """Bidirectional attention with a symmetric window (the long text crosses it), mean
     pooling and the two dense projections, against sentence-transformers."""
+    skip_without(backend)
     loaded = load_model(GEMMA, backend)
     try:
         assert pooling(loaded) == "mean" and not loaded.model.causal
@@ -99,10 +105,11 @@ def test_embeddinggemma_attention_is_bidirectional():
 BERT_REFERENCE = np.load(FIXTURES / "reference" / "tiny-bert.npz")
 
 
-@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+@pytest.mark.parametrize("backend", ["numpy", "cpu", "mlx"])
 @pytest.mark.parametrize("how", ["cls", "mean"])
 def test_bert_matches_sentence_transformers(how, backend):
     """BERT's WordPiece ids ([CLS] ... [SEP]) and vectors, CLS or mean pooled as the file says."""
+    skip_without(backend)
     loaded = load_model(FIXTURES / "models" / f"tiny-bert-{how}-f32.gguf", backend)
     try:
         assert pooling(loaded) == how
