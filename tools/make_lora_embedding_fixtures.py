@@ -4,7 +4,7 @@ transformers and PEFT.
 Run with the dev-only reference venv (torch CPU, transformers, peft, gguf-py), never the
 app's venv, from the repository root:
 
-    /work/refvenv/bin/python tools/make_lora_embedding_fixtures.py
+    /work/refvenv/bin/python tools/make_lora_embedding_fixtures.py [--only lora embed gemma phi3 bert]
 
 Deterministically (fixed seeds), into tests/fixtures/models and tests/fixtures/reference:
 
@@ -26,6 +26,14 @@ Deterministically (fixed seeds), into tests/fixtures/models and tests/fixtures/r
    (reference/tiny-embed.npz): `ids_<k>` (the tokenizer's ids, EOS included) and
    `<pooling>_<k>`: the final normed hidden states (`Qwen3Model`'s last_hidden_state)
    pooled and L2-normalised, float32.
+4. EmbeddingGemma (`make_embedding_gemma`): a tiny bidirectional `Gemma3TextModel` as
+   sentence-transformers saves it (mean pooling, two dense projections), converted with
+   `--sentence-transformers-dense-modules` (tiny-embeddinggemma-f32.gguf, architecture
+   `gemma-embedding`); sentence-transformers' vectors (reference/tiny-embeddinggemma.npz).
+5. LoRA on Phi-3's fused tensors (`make_phi3_lora`): a PEFT adapter on the tiny Phi-3 of
+   tools/make_dense_fixtures.py (tiny-lora-phi3.gguf, reference/tiny-lora-phi3.npz).
+6. BERT (`make_bert`): a tiny `BertModel` with a trained WordPiece vocabulary, CLS and mean
+   pooling (tiny-bert-<pooling>-f32.gguf, reference/tiny-bert.npz).
 """
 
 import argparse
