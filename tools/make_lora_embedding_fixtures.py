@@ -32,7 +32,7 @@ Deterministically (fixed seeds), into tests/fixtures/models and tests/fixtures/r
    `gemma-embedding`); sentence-transformers' vectors (reference/tiny-embeddinggemma.npz).
 5. LoRA on Phi-3's fused tensors (`make_phi3_lora`): a PEFT adapter on the tiny Phi-3 of
    tools/make_dense_fixtures.py (tiny-lora-phi3.gguf, reference/tiny-lora-phi3.npz).
-6. BERT (`make_bert`): a tiny `BertModel` with a trained WordPiece vocabulary, CLS and mean
+6. BERT (`make_bert`): a tiny `BertModel` with a WordPiece vocabulary of the corpus, CLS and mean
    pooling (tiny-bert-<pooling>-f32.gguf, reference/tiny-bert.npz).
 """
 
@@ -40,10 +40,12 @@ import argparse
 import dataclasses
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -314,6 +316,17 @@ BERT_CONFIG = dict(vocab_size=400, hidden_size=64, num_hidden_layers=2, num_atte
                    max_position_embeddings=64, type_vocab_size=2, hidden_act="gelu", layer_norm_eps=1e-12)
 
 
+def wordpiece_vocab(size: int) -> list[str]:
+    """A deterministic lowercase WordPiece vocabulary of the corpus: BERT's specials, every
+    character alone and as a continuation, then its most frequent words (ties by text)."""
+    words = re.findall(r"\w+|[^\w\s]", CORPUS.read_text(encoding="utf-8").lower())
+    chars = sorted(set("".join(words)))
+    base = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *("##" + c for c in chars if c.isalnum())]
+    counts = Counter(w for w in words if len(w) > 1)
+    frequent = [w for w, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0]))]
+    return base + frequent[: size - len(base)]
+
+
 def make_bert(work: Path, _tokenizer) -> None:
     """BERT: a WordPiece vocabulary trained on the corpus (lowercased), a tiny `BertModel`
     (GELU, post-norm layers, absolute positions, token types) as sentence-transformers saves
@@ -321,14 +334,11 @@ def make_bert(work: Path, _tokenizer) -> None:
     sentence-transformers' vectors (reference/tiny-bert.npz): `ids_<k>`, `<pooling>_<k>`."""
     from sentence_transformers.base.modules.normalize import Normalize
     from sentence_transformers.sentence_transformer.modules.pooling import Pooling
-    from tokenizers import BertWordPieceTokenizer
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
     tok_dir = work / "bert-tok"
     tok_dir.mkdir(parents=True)
-    trainer = BertWordPieceTokenizer(lowercase=True)
-    trainer.train([str(CORPUS)], vocab_size=BERT_CONFIG["vocab_size"], show_progress=False)
-    trainer.save_model(str(tok_dir))
+    (tok_dir / "vocab.txt").write_text("\n".join(wordpiece_vocab(BERT_CONFIG["vocab_size"])) + "\n")
     tokenizer = BertTokenizerFast.from_pretrained(tok_dir)
     config = BertConfig(**{**BERT_CONFIG, "vocab_size": len(tokenizer)})
     model = BertModel(config, add_pooling_layer=False).to(torch.float32).eval()
