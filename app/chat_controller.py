@@ -17,6 +17,7 @@ from dataclasses import replace
 
 from PySide6.QtCore import QObject, Signal
 
+from app.adapter_library import conversation_adapters
 from app.conversation_states import ConversationStates
 from app.header_reader import HeaderReader
 from app.model_host import ModelHost
@@ -419,6 +420,7 @@ class ChatController(QObject):
         messages = system + turns + ([{"role": "assistant", "content": assistant.content}] if continuing else [])
         if isinstance(chat, LocalChatEngine):
             chat.speculative = settings.speculative
+            chat.adapters = conversation_adapters(conversation.overrides)  # the engine refuses a misfit
         self.store.set_model_uri(conversation.id, chat.describe().uri)
 
         def run(cancel: threading.Event):

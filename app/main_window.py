@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.adapter_library import adapters_for, conversation_adapters, find_adapters, with_adapters
 from app.backend_status import backend_status, gpu_present
 from app.chat_controller import ChatController
 from app.hub_controller import HubController
@@ -38,6 +39,7 @@ from app.settings import RANGES, Settings, save_settings
 from app.storage import Conversation, StorageError, Store
 from app.theme import app_icon, apply_theme
 from app.transcript import TranscriptError, import_json, read_json_file, to_json, to_markdown
+from app.widgets.adapters_dialog import AdaptersDialog
 from app.widgets.banner import Banner
 from app.widgets.chat_view import ChatView
 from app.widgets.completion_view import CompletionView
@@ -660,6 +662,20 @@ class MainWindow(QMainWindow):
         dialog = ConversationSettingsDialog(self.controller.settings, overrides, self)
         if dialog.exec():
             self.controller.set_overrides(dialog.overrides())
+
+    def open_adapters(self) -> None:
+        """The LoRA adapters of the open conversation, among those listed under the loaded model."""
+        info = self.controller.model_info
+        if info is None or self.controller.loaded is None:
+            self.error_banner.show_text("Load a model first: adapters are listed under the model they fit.")
+            return
+        folder = Path(self.controller.settings.models_folder)
+        listed = adapters_for(info.architecture, [info.name, info.path.stem], find_adapters(folder))
+        conversation = self.controller.conversation
+        overrides = conversation.overrides if conversation else {}
+        dialog = AdaptersDialog(info.name, listed, conversation_adapters(overrides), folder, self)
+        if dialog.exec():
+            self.controller.set_overrides(with_adapters(overrides, dialog.chosen()))
 
     def _save_settings(self) -> None:
         try:

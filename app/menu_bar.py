@@ -80,6 +80,7 @@ def build_menu_bar(window: "MainWindow") -> dict[str, QAction]:
 
     chat_menu = bar.addMenu("&Chat")
     actions["chat_settings"] = add_action(chat_menu, "Chat &settings…", window.open_conversation_settings)
+    actions["adapters"] = add_action(chat_menu, "&Adapters…", window.open_adapters)
     actions["continue"] = add_action(
         chat_menu, "&Continue the answer", window.controller.continue_answer, "Ctrl+Shift+Return"
     )

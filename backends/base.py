@@ -60,12 +60,18 @@ class LayerAttention:
     float32, when set, are a learned logit per query head that joins each row's softmax
     and takes its share of the weight without a value (gpt-oss's attention sinks):
     p_j = exp(s_j) / (sum_i exp(s_i) + exp(sink_h)).
+
+    `causal` False (an embedding model's bidirectional attention: EmbeddingGemma, BERT): each
+    query attends to every position of its sequence written so far, its pass's later ones
+    included, and `window` is symmetric: positions less than `window` away on either side.
+    Such a layer keeps every position (no ring), and its text goes in one pass.
     """
 
     scale: float
     window: int | None = None
     softcap: float | None = None
     sinks: np.ndarray | None = None
+    causal: bool = True
 
 
 @dataclass(frozen=True)
@@ -358,7 +364,8 @@ class Backend(ABC):
         q (T, H, Dh), k (T, Hkv, Dh), v (T, Hkv, Dv) for positions start .. start+T-1.
         Writes k and v into entry `layer` of the state `cache` (from `allocate_state`; an
         `AttentionState`) at those positions (a ring's at p % slots), then attends each
-        query to positions 0 .. its own (within `settings.window`). Returns (T, H * Dv).
+        query to positions 0 .. its own (within `settings.window`), or with
+        `settings.causal` False to positions 0 .. start+T-1. Returns (T, H * Dv).
         A ring refuses a pass longer than its `pass_tokens`.
         """
 

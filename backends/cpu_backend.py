@@ -428,6 +428,7 @@ class CpuBackend(Backend):
             window=settings.window or 0,
             ring=state.ring,
             kv_type=_KV_CODES[state.kv_type],
+            causal=settings.causal,
             scale=settings.scale,
             softcap=settings.softcap or 0.0,
         )

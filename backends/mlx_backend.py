@@ -277,6 +277,8 @@ class MLXBackend(Backend):
         new_keys = k.transpose(1, 0, 2)[None].astype(stored)  # (1, Hkv, T, Dh)
         new_values = v.transpose(1, 0, 2)[None].astype(stored)  # (1, Hkv, T, Dv)
         if state.ring:
+            if not settings.causal:
+                raise ValueError(f"layer {layer}'s bidirectional attention cannot run over a ring")
             if settings.window is None or settings.window + n_new - 1 > state.slots:
                 raise ValueError(
                     f"a pass of {n_new} tokens over a window of {settings.window} does not fit layer {layer}'s "
@@ -290,7 +292,7 @@ class MLXBackend(Backend):
         else:
             arrays[0] = mx.slice_update(arrays[0], new_keys, at, axes=(2,))
             arrays[1] = mx.slice_update(arrays[1], new_values, at, axes=(2,))
-            first, length, mask = _visible(start, n_new, settings.window)
+            first, length, mask = _visible(start, n_new, settings.window, settings.causal)
             keys = _positions(arrays[0], first, length)  # (1, Hkv, S, Dh)
             values = _positions(arrays[1], first, length)  # (1, Hkv, S, Dv)
         keys, values = keys.astype(ACTIVATIONS), values.astype(ACTIVATIONS)  # the visible ones, exact
@@ -568,12 +570,14 @@ def _first_position(positions: Any) -> int | mx.array:
     return int(positions[0])
 
 
-def _visible(start: int | StepStart, n_new: int, window: int | None) -> tuple[Any, int, Any]:
+def _visible(start: int | StepStart, n_new: int, window: int | None, causal: bool = True) -> tuple[Any, int, Any]:
     """Which cache positions the queries at start .. start + n_new - 1 read.
 
     Returns (first, length, mask): positions first .. first + length - 1, and the mask for
     the fast attention kernel (None, "causal" or a boolean (T, S) array). A compiled step
     reads a fixed span and masks by position; a host `start` reads exactly what is visible.
+    Not `causal`, every query sees the whole pass too (a compiled step, of one token, sees
+    the same either way).
     """
     first: int | mx.array
     if isinstance(start, StepStart):
@@ -584,20 +588,22 @@ def _visible(start: int | StepStart, n_new: int, window: int | None) -> tuple[An
         return first, length, _mask(start.position, n_new, first, length, window)
     first = 0 if window is None else max(0, start - window + 1)
     length = start + n_new - first
-    if n_new == 1:
+    if n_new == 1 or (window is None and not causal):
         return first, length, None
     if window is None:
         return first, length, "causal"  # lower-right aligned: the last query sees the last key
-    return first, length, _mask(start, n_new, first, length, window)
+    return first, length, _mask(start, n_new, first, length, window, causal)
 
 
-def _mask(start: Any, n_new: int, first: Any, length: int, window: int | None) -> mx.array:
-    """Which keys each query may see, causally and within the window: (T, S) bool."""
+def _mask(start: Any, n_new: int, first: Any, length: int, window: int | None, causal: bool = True) -> mx.array:
+    """Which keys each query may see, causally (or not) and within the window: (T, S) bool."""
     query = start + mx.arange(n_new)[:, None]  # (T, 1) positions
     key = first + mx.arange(length)[None, :]  # (1, S) positions
-    allowed = key <= query
+    allowed = key <= (query if causal else start + n_new - 1)
     if window is not None:
         allowed = allowed & (key > query - window)
+        if not causal:
+            allowed = allowed & (key < query + window)
     return allowed
 
 

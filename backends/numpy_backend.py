@@ -253,6 +253,8 @@ class NumpyBackend(HostDeltaNet, Backend):
         where: slice | np.ndarray = slice(start, end)
         visible: slice | np.ndarray = slice(first, end)
         if state.ring:
+            if not settings.causal:
+                raise ValueError(f"layer {layer}'s bidirectional attention cannot run over a ring")
             if settings.window is None or settings.window + n_new - 1 > state.slots:
                 raise ValueError(
                     f"a pass of {n_new} tokens over a window of {settings.window} does not fit layer {layer}'s "
@@ -289,8 +291,12 @@ class NumpyBackend(HostDeltaNet, Backend):
 
         query_pos = np.arange(start, start + n_new)[:, None]  # (T, 1)
         allowed = key_pos[None, :] <= query_pos  # (T, S)
+        if not settings.causal:  # every key of the pass and before: key_pos ends at the pass's end
+            allowed = np.ones_like(allowed)
         if settings.window is not None:
             allowed &= key_pos[None, :] > query_pos - settings.window
+            if not settings.causal:
+                allowed &= key_pos[None, :] < query_pos + settings.window
         scores = scores.reshape(n_kv_heads, group, n_new, -1)  # (Hkv, group, T, S)
         scores = np.where(allowed, scores, np.float32(-np.inf))
         if settings.sinks is None:

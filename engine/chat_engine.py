@@ -62,6 +62,7 @@ class LocalChatEngine:
     def __init__(self, session: ChatSession, scheduler: Scheduler, description: ModelDescription):
         self.session, self.scheduler, self.description = session, scheduler, description
         self.speculative = session.speculation.mode if session.speculation else "off"  # the mode of the next answer
+        self.adapters: list[tuple[str, float]] | None = None  # the next answer's LoRA adapters (None: as they are)
 
     def describe(self) -> ModelDescription:
         """The loaded file's URI and name, and the session's context length."""
@@ -81,7 +82,11 @@ class LocalChatEngine:
         """Wait for the model's turn (ahead of the server's requests), then stream the session's answer."""
         session = self.session
 
+        adapters = self.adapters
+
         def answer(cancel: threading.Event) -> Iterator[GenerationEvent]:
+            if adapters is not None:  # in the model's turn: no other request runs while they change
+                session.loaded.model.adapters.use(adapters)
             session.params, session.max_tokens = params, max_tokens
             if session.speculation is not None and session.speculation.mode != self.speculative:
                 session.speculation = replace(session.speculation, mode=self.speculative)

@@ -9,10 +9,12 @@ are refused. The tokens are the text's, with BOS where the file adds it, and EOS
 file says `tokenizer.ggml.add_eos_token` (Qwen3-Embedding ends its inputs with
 <|endoftext|>).
 
-Each text runs as its own pass (in chunks of PREFILL_CHUNK), on a fresh state: the
+Each text runs as its own pass (in chunks of PREFILL_CHUNK; a bidirectional model's, whose
+tokens all see each other, in one), on a fresh state: the
 backends batch several sequences only one token each (`Backend.attention_batch`), so texts
 of different lengths cannot share a pass. The hidden states come from the model's one
-forward path, stopped before the output head (`PassInput.hidden`).
+forward path, stopped before the output head (`PassInput.hidden`); the pooled state goes
+through the model's `project_embedding` (EmbeddingGemma's dense projections) before the norm.
 """
 
 from collections.abc import Sequence
@@ -58,7 +60,9 @@ def embed_tokens(loaded: LoadedModel, tokens: Sequence[int], how: str) -> np.nda
     layers = model.layer_states(len(tokens))
     state = model.backend.allocate_state(layers)
     chunk = min([PREFILL_CHUNK, *(s.pass_tokens for s in layers if s.pass_tokens is not None)])
-    if how == "cls":
+    if not model.causal:  # every token sees every other: the text in one pass
+        chunks = [model.hidden_states(tokens, 0, state)]
+    elif how == "cls":  # a causal model's first state has read only the first token
         chunks = [model.hidden_states(tokens[:1], 0, state)]
     else:
         chunks = [model.hidden_states(tokens[lo : lo + chunk], lo, state) for lo in range(0, len(tokens), chunk)]
@@ -69,6 +73,7 @@ def embed_tokens(loaded: LoadedModel, tokens: Sequence[int], how: str) -> np.nda
         vector = hidden[0]
     else:
         vector = hidden[-1]
+    vector = model.project_embedding(vector)
     norm = np.linalg.norm(vector)
     return (vector / norm if norm > 0 else vector).astype(np.float32)
 

@@ -14,6 +14,10 @@ A GGUF file names its vocabulary format in `tokenizer.ggml.model`. Three are sup
   cut only between runs of newlines and the rest, merged by the ranks in
   `tokenizer.ggml.merges`; a character no token covers becomes its <0xXX> byte tokens. As
   llama.cpp, a prompt always starts with BOS.
+- `bert`: BERT's WordPiece (llama.cpp's WPM). The file stores a word's first piece with a
+  leading '▁' and its continuations bare; the `tokenizers` library's WordPiece model takes
+  them bare and with '##', after BERT's normalizer (lowercase, accents stripped, where the
+  file says `tokenizer.ggml.normalizer.lowercase`, as llama.cpp by default) and pre-tokenizer.
 
 Special tokens follow llama.cpp. Control and unknown tokens are cut out of the text only
 when `parse_special` is on; otherwise their text is tokenized like any other text.
@@ -273,6 +277,8 @@ class Tokenizer:
             hf, add_bos_default = _byte_level_bpe(vocab, metadata, source)
         elif vocab.model == "gemma4":
             hf, add_bos_default = _gemma4_bpe(vocab, metadata, source), True
+        elif vocab.model == "bert":
+            hf, add_bos_default = _wordpiece(vocab, metadata, source), True
         else:
             hf, add_bos_default = _sentencepiece_bpe(vocab), True
         add_bos = _optional(metadata, "tokenizer.ggml.add_bos_token", bool, add_bos_default, source)
@@ -369,10 +375,11 @@ class _Vocabulary:
                 f"{source}: the file has no tokenizer (the key tokenizer.ggml.model is missing), "
                 "so Sprig cannot turn text into tokens for it. Use a GGUF file that includes its vocabulary."
             )
-        if model not in ("gpt2", "llama", "gemma4"):
+        if model not in ("gpt2", "llama", "gemma4", "bert"):
             raise TokenizerError(
                 f"{source}: its vocabulary is of type {model!r}, which Sprig does not support. "
-                "Sprig reads byte-level BPE ('gpt2'), SentencePiece ('llama') and Gemma 4 ('gemma4') vocabularies."
+                "Sprig reads byte-level BPE ('gpt2'), SentencePiece ('llama'), Gemma 4 ('gemma4') and "
+                "WordPiece ('bert') vocabularies."
             )
         self.model = model
         self.tokens = _token_texts(metadata, source)
@@ -391,7 +398,12 @@ class _Vocabulary:
                     f"{source}: byte token {i} is {self.tokens[i]!r}, not <0xXX>; the file is damaged."
                 )
         # llama.cpp's defaults where the file names no special token; out-of-range ids are dropped
-        defaults = {"llama": {"bos": 1, "eos": 2, "unk": 0}, "gpt2": {"bos": 11, "eos": 11}, "gemma4": {}}[model]
+        defaults = {
+            "llama": {"bos": 1, "eos": 2, "unk": 0},
+            "gpt2": {"bos": 11, "eos": 11},
+            "gemma4": {},
+            "bert": {"bos": 101, "eos": 102, "unk": 100},
+        }[model]
         self.ids: dict[str, int | None] = {}
         for name in (
             "bos",
@@ -511,6 +523,25 @@ def _sentencepiece_bpe(vocab: _Vocabulary) -> tokenizers.Tokenizer:
     hf = tokenizers.Tokenizer(models.BPE(token_ids, pairs, unk_token=unk, byte_fallback=True))
     steps = [normalizers.Prepend(SPM_SPACE)] if vocab.add_space_prefix else []
     hf.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", SPM_SPACE)])
+    return hf
+
+
+def _wordpiece(vocab: _Vocabulary, metadata: dict, source: str) -> tokenizers.Tokenizer:
+    """BERT's WordPiece over the file's '▁'-marked vocabulary (see the module's docstring)."""
+    pieces: dict[str, int] = {}
+    for i, (text, kind) in enumerate(zip(vocab.tokens, vocab.types.tolist(), strict=True)):
+        if kind in (TYPE_CONTROL, TYPE_UNKNOWN, TYPE_USER_DEFINED):
+            piece = text
+        else:
+            piece = text[1:] if text.startswith(SPM_SPACE) else "##" + text
+        pieces.setdefault(piece, i)
+    unk = vocab.tokens[vocab.ids["unk"]] if vocab.ids["unk"] is not None else "[UNK]"
+    hf = tokenizers.Tokenizer(models.WordPiece(pieces, unk_token=unk, max_input_chars_per_word=100))
+    lowercase = _optional(metadata, "tokenizer.ggml.normalizer.lowercase", bool, True, source)
+    hf.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=lowercase, lowercase=lowercase
+    )
+    hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     return hf
 
 

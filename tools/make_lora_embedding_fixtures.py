@@ -4,7 +4,7 @@ transformers and PEFT.
 Run with the dev-only reference venv (torch CPU, transformers, peft, gguf-py), never the
 app's venv, from the repository root:
 
-    /work/refvenv/bin/python tools/make_lora_embedding_fixtures.py
+    /work/refvenv/bin/python tools/make_lora_embedding_fixtures.py [--only lora embed gemma phi3 bert]
 
 Deterministically (fixed seeds), into tests/fixtures/models and tests/fixtures/reference:
 
@@ -26,14 +26,26 @@ Deterministically (fixed seeds), into tests/fixtures/models and tests/fixtures/r
    (reference/tiny-embed.npz): `ids_<k>` (the tokenizer's ids, EOS included) and
    `<pooling>_<k>`: the final normed hidden states (`Qwen3Model`'s last_hidden_state)
    pooled and L2-normalised, float32.
+4. EmbeddingGemma (`make_embedding_gemma`): a tiny bidirectional `Gemma3TextModel` as
+   sentence-transformers saves it (mean pooling, two dense projections), converted with
+   `--sentence-transformers-dense-modules` (tiny-embeddinggemma-f32.gguf, architecture
+   `gemma-embedding`); sentence-transformers' vectors (reference/tiny-embeddinggemma.npz).
+5. LoRA on Phi-3's fused tensors (`make_phi3_lora`): a PEFT adapter on the tiny Phi-3 of
+   tools/make_dense_fixtures.py (tiny-lora-phi3.gguf, reference/tiny-lora-phi3.npz).
+6. BERT (`make_bert`): a tiny `BertModel` with a WordPiece vocabulary of the corpus, CLS and mean
+   pooling (tiny-bert-<pooling>-f32.gguf, reference/tiny-bert.npz).
 """
 
+import argparse
+import dataclasses
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +56,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_moe_fixtures import (  # noqa: E402
+    CORPUS,
     LLAMA_CPP,
     MODELS_DIR,
     OUT_DIR,
@@ -198,12 +211,163 @@ def make_embeddings(work: Path, tokenizer) -> None:
     print("embeddings:", {k: v.shape for k, v in out.items() if k.startswith("ids")})
 
 
-def main() -> None:
+GEMMA_CONFIG = dict(
+    vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, max_position_embeddings=512, rms_norm_eps=1e-6,
+    sliding_window=6, use_bidirectional_attention=True, bos_token_id=0, eos_token_id=2, pad_token_id=1,
+)
+
+
+def seeded(model: torch.nn.Module, seed: int, norm_centre: float) -> None:
+    """Norms norm_centre + 0.1 N, embeddings N, other matrices N / sqrt(fan_in), biases 0.1 N."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+            if "norm" in name.lower():
+                p.copy_(norm_centre + 0.1 * noise)
+            elif "embed" in name:
+                p.copy_(noise)
+            elif p.ndim == 1:
+                p.copy_(0.1 * noise)
+            else:
+                p.copy_(noise / math.sqrt(p.shape[1]))
+
+
+def sentence_transformer(hf_dir: Path, modules: list, out_dir: Path):
+    """A sentence-transformers model of the transformers model in `hf_dir` and `modules`
+    (pooling, dense, normalize), saved into `out_dir` as the converter reads it."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules.transformer import Transformer
+
+    model = SentenceTransformer(modules=[Transformer(str(hf_dir)), *modules], device="cpu")
+    model.save(str(out_dir))
+    return model
+
+
+def make_embedding_gemma(work: Path, tokenizer) -> None:
+    """EmbeddingGemma: a tiny `Gemma3TextModel` with bidirectional attention (a window of 6:
+    the long text crosses it), mean pooling and two dense projections (64 -> 96 -> 64), as
+    sentence-transformers saves it; converted with --sentence-transformers-dense-modules."""
+    from sentence_transformers.base.modules.dense import Dense
+    from sentence_transformers.base.modules.normalize import Normalize
+    from sentence_transformers.sentence_transformer.modules.pooling import Pooling
+    from transformers import Gemma3TextConfig, Gemma3TextModel
+
+    gemma_tok = tokenizer
+    gemma_tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<|endoftext|> $A <|im_end|>", special_tokens=[(t, gemma_tok.convert_tokens_to_ids(t))
+                                                              for t in ("<|endoftext|>", "<|im_end|>")])
+    gemma_tok.pad_token = SPECIAL_TOKENS[1]
+    hf_dir = work / "gemma-hf"
+    model = Gemma3TextModel(Gemma3TextConfig(**GEMMA_CONFIG)).to(torch.float32).eval()
+    seeded(model, 21, 0.0)
+    save_base(model, gemma_tok, hf_dir)
+    torch.manual_seed(22)
+    dense = [Dense(64, 96, bias=False, activation_function=torch.nn.Identity()),
+             Dense(96, 64, bias=False, activation_function=torch.nn.Identity())]
+    st_dir = work / "gemma-st"
+    st = sentence_transformer(hf_dir, [Pooling(64, pooling_mode="mean"), *dense, Normalize()], st_dir)
+    convert(FAMILY, st_dir, MODELS_DIR / "tiny-embeddinggemma-f32.gguf", ("--sentence-transformers-dense-modules",))
+    vectors = [st.encode([t], convert_to_numpy=True)[0].astype(np.float32) for t in TEXTS]  # one by one: no padding
+    out = {f"ids_{k}": np.array(gemma_tok(t)["input_ids"], dtype=np.int64) for k, t in enumerate(TEXTS)}
+    out.update({f"vector_{k}": v for k, v in enumerate(vectors)})
+    # without the dense projections (to show they matter)
+    pooling_only = type(st)(modules=[st[0], st[1]], device="cpu")
+    pooled = [pooling_only.encode([t], convert_to_numpy=True)[0] for t in TEXTS]
+    out.update({f"no_dense_{k}": (v / np.linalg.norm(v)).astype(np.float32) for k, v in enumerate(pooled)})
+    np.savez_compressed(OUT_DIR / "tiny-embeddinggemma.npz", **out)
+    print("embeddinggemma: ids", [len(out[f"ids_{k}"]) for k in range(len(TEXTS))])
+
+
+def make_phi3_lora(work: Path, _tokenizer) -> None:
+    """LoRA on Phi-3's fused tensors: a PEFT adapter (r 4, alpha 8) on qkv_proj, gate_up_proj,
+    o_proj and down_proj of tools/make_dense_fixtures.py's tiny Phi-3 (rebuilt here, checked
+    bit-equal to tests/fixtures/models/tiny-phi3-f32.gguf), converted by llama.cpp
+    (tiny-lora-phi3.gguf); PEFT's logits (reference/tiny-lora-phi3.npz): `prompt_<k>`,
+    `base_<k>`, `lora_<k>`."""
+    import make_dense_fixtures as dense
+
+    family = dense.FAMILIES["phi3"]
+    hf_dir = work / "phi3"
+    encode = dense.build_tokenizer(family, hf_dir, dense.chat_template(family))
+    model = dense.build_model(family, hf_dir)
+    dense.check_same_weights(family, model, MODELS_DIR / "tiny-phi3-f32.gguf")
+    prompts = [encode(p) for p in PROMPTS]
+    out: dict[str, np.ndarray] = {f"prompt_{k}": np.array(ids, dtype=np.int64) for k, ids in enumerate(prompts)}
+    for k, ids in enumerate(prompts):
+        out[f"base_{k}"] = all_logits(model, ids)
+    torch.manual_seed(14)
+    targets = ["qkv_proj", "gate_up_proj", "o_proj", "down_proj"]
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False))
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.mul_(4.0)
+    peft_model.save_pretrained(work / "phi3-adapter")
+    convert_lora(work / "phi3-adapter", hf_dir, MODELS_DIR / "tiny-lora-phi3.gguf")
+    for k, ids in enumerate(prompts):
+        out[f"lora_{k}"] = all_logits(peft_model, ids)
+    np.savez_compressed(OUT_DIR / "tiny-lora-phi3.npz", **out)
+    print("phi3 lora: moves the logits by up to", float(np.abs(out["lora_0"] - out["base_0"]).max()))
+
+
+BERT_CONFIG = dict(vocab_size=400, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                   max_position_embeddings=64, type_vocab_size=2, hidden_act="gelu", layer_norm_eps=1e-12)
+
+
+def wordpiece_vocab(size: int) -> list[str]:
+    """A deterministic lowercase WordPiece vocabulary of the corpus: BERT's specials, every
+    character alone and as a continuation, then its most frequent words (ties by text)."""
+    words = re.findall(r"\w+|[^\w\s]", CORPUS.read_text(encoding="utf-8").lower())
+    chars = sorted(set("".join(words)))
+    base = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *("##" + c for c in chars if c.isalnum())]
+    counts = Counter(w for w in words if len(w) > 1)
+    frequent = [w for w, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0]))]
+    return base + frequent[: size - len(base)]
+
+
+def make_bert(work: Path, _tokenizer) -> None:
+    """BERT: a WordPiece vocabulary trained on the corpus (lowercased), a tiny `BertModel`
+    (GELU, post-norm layers, absolute positions, token types) as sentence-transformers saves
+    it with CLS and with mean pooling, each converted by llama.cpp (tiny-bert-<pooling>-f32.gguf);
+    sentence-transformers' vectors (reference/tiny-bert.npz): `ids_<k>`, `<pooling>_<k>`."""
+    from sentence_transformers.base.modules.normalize import Normalize
+    from sentence_transformers.sentence_transformer.modules.pooling import Pooling
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    tok_dir = work / "bert-tok"
+    tok_dir.mkdir(parents=True)
+    (tok_dir / "vocab.txt").write_text("\n".join(wordpiece_vocab(BERT_CONFIG["vocab_size"])) + "\n")
+    tokenizer = BertTokenizerFast.from_pretrained(tok_dir)
+    config = BertConfig(**{**BERT_CONFIG, "vocab_size": len(tokenizer)})
+    model = BertModel(config, add_pooling_layer=False).to(torch.float32).eval()
+    seeded(model, 31, 1.0)
+    hf_dir = work / "bert-hf"
+    save_base(model, tokenizer, hf_dir)
+    out: dict[str, np.ndarray] = {f"ids_{k}": np.array(tokenizer(t)["input_ids"], dtype=np.int64)
+                                  for k, t in enumerate(TEXTS)}
+    for short in ("cls", "mean"):
+        st = sentence_transformer(hf_dir, [Pooling(64, pooling_mode=short), Normalize()], work / f"bert-{short}")
+        convert(dataclasses.replace(FAMILY, pre="default"), work / f"bert-{short}",
+                MODELS_DIR / f"tiny-bert-{short}-f32.gguf")
+        out.update({f"{short}_{k}": st.encode([t], convert_to_numpy=True)[0].astype(np.float32)
+                    for k, t in enumerate(TEXTS)})
+    np.savez_compressed(OUT_DIR / "tiny-bert.npz", **out)
+    print("bert: vocab", len(tokenizer), "ids", [len(out[f"ids_{k}"]) for k in range(len(TEXTS))])
+
+
+MAKERS = {"lora": make_lora, "embed": make_embeddings, "gemma": make_embedding_gemma, "phi3": make_phi3_lora, "bert": make_bert}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="+", choices=sorted(MAKERS), default=sorted(MAKERS))
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        tokenizer = build_tokenizer(FAMILY, work / "tok")
-        make_lora(work, tokenizer)
-        make_embeddings(work, tokenizer)
+        for name in args.only:  # each on a fresh tokenizer: some change its post-processor
+            MAKERS[name](work / name, build_tokenizer(FAMILY, work / name / "tok"))
         shutil.rmtree(work, ignore_errors=True)
 
 

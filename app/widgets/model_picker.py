@@ -26,14 +26,26 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.adapter_library import ADAPTERS_FOLDER, adapters_for, find_adapters
 from app.header_reader import HeaderReader
 from app.model_library import LibraryEntry, ModelInfo, available_memory, describe_parameters, format_bytes
 from app.worker import Job
 from engine.draft_model import draft_refusals
 from engine.hub.cache import CachedModel
 
-COLUMNS = ("Model", "File", "Architecture", "Parameters", "Quantization", "File size", "Context", "Memory", "Drafts")
-MODEL, FILE, ARCHITECTURE, PARAMETERS, QUANTIZATION, SIZE, CONTEXT, MEMORY, DRAFTS = range(len(COLUMNS))
+COLUMNS = (
+    "Model",
+    "File",
+    "Architecture",
+    "Parameters",
+    "Quantization",
+    "File size",
+    "Context",
+    "Memory",
+    "Drafts",
+    "Adapters",
+)
+MODEL, FILE, ARCHITECTURE, PARAMETERS, QUANTIZATION, SIZE, CONTEXT, MEMORY, DRAFTS, ADAPTERS = range(len(COLUMNS))
 NUMERIC = (PARAMETERS, SIZE, CONTEXT)
 PICKER_WIDTH = 1200  # room for every column on a screen that has it
 MAX_COLUMN_WIDTH = 320
@@ -97,6 +109,7 @@ class ModelPicker(QDialog):
         self._draft_target = draft_target
         self._infos: dict[int, ModelInfo | str] = {}
         self._downloads = downloads or {}
+        self._adapters = find_adapters(models_folder)  # small headers: read here
 
         self.table = QTableWidget(len(entries), len(COLUMNS))
         self.table.setHorizontalHeaderLabels(COLUMNS)
@@ -261,6 +274,7 @@ class ModelPicker(QDialog):
             self._set(row, CONTEXT, f"{value.context_length:,}", sort_key=value.context_length)
             self._set(row, MEMORY, ("" if fits else "⚠ ") + verdict, tooltip=verdict, warn=not fits)
             self._set(row, DRAFTS, *self._draft_verdict(value))
+            self._set(row, ADAPTERS, *self._adapters_cell(value))
         self._apply_filter(self.filter.text())
         self._update_buttons()
 
@@ -274,6 +288,14 @@ class ModelPicker(QDialog):
         if reasons:
             return "no", "Cannot draft for the loaded model: " + "; ".join(reasons) + "."
         return "yes", "Shares the loaded model's vocabulary: it can draft for it (speculative decoding)."
+
+    def _adapters_cell(self, info: ModelInfo) -> tuple[str, str]:
+        """The Adapters cell: how many LoRA adapters of the models folder fit `info`'s model, and which."""
+        fitting = adapters_for(info.architecture, [info.name, info.path.stem], self._adapters)
+        if not fitting:
+            return "—", f"No LoRA adapter in {self._models_folder / ADAPTERS_FOLDER} fits this model."
+        names = ", ".join(a.name for a in fitting)
+        return str(len(fitting)), f"{names}. Chat → Adapters… turns them on for a conversation."
 
     def _apply_filter(self, text: str) -> None:
         """Show only the rows whose name, file, architecture or quantization contain `text`."""

@@ -5,8 +5,10 @@
  * q (T, H, Dh), k (T, Hkv, Dh), v (T, Hkv, Dv) at positions pos .. pos+T-1 (T tokens, H
  * heads, Hkv kv_heads, Dh head_dim, Dv value_dim; window 0: none; softcap 0: none). Keys and
  * values are written into the layer's cache first, rounded to its type; each (token, head)
- * then attends to positions max(0, p - window + 1) .. p; with sinks (d, one logit per query
- * head) each softmax has one more term in its denominator.
+ * then attends to positions max(0, p - window + 1) .. p, or, not causal (an embedding model's
+ * bidirectional attention, never on a ring), to every position of the pass and before within
+ * the window on either side, max(0, p - window + 1) .. min(pos + T - 1, p + window - 1); with
+ * sinks (d, one logit per query head) each softmax has one more term in its denominator.
  *
  * A full layer's cache holds position p at row p of each KV head: keys (Hkv, slots) rows of
  * kv_row_bytes(Dh) bytes. A ring (a sliding-window layer that keeps only its window) is
@@ -176,6 +178,10 @@ static int group_rows(const AttnCtx *c, int64_t g, AttnRow *rows, int64_t *kv) {
         row->out = op->out + (t * c->H + h) * c->Dv;
         row->first = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
         row->last = p;
+        if (!op->ints.attention.causal) { /* every position of the pass, within the window on either side */
+            row->last = *op->pos + c->T - 1;
+            if (window > 0 && p + window - 1 < row->last) row->last = p + window - 1;
+        }
     }
     return (int)(hi - lo);
 }

@@ -45,7 +45,7 @@
     X(LINEAR, linear, 2, INTS(tokens), FLOATS())                                                                \
     X(RMSNORM, rms_norm, 3, INTS(rows, dim), FLOATS(eps))                                                       \
     X(ROPE, rope, 4, INTS(tokens, heads, dim, rope_dim, neox, per_row), FLOATS(mscale))                         \
-    X(ATTN, attention, 5, INTS(tokens, heads, kv_heads, head_dim, value_dim, slots, window, ring, kv_type),     \
+    X(ATTN, attention, 5, INTS(tokens, heads, kv_heads, head_dim, value_dim, slots, window, ring, kv_type, causal), \
       FLOATS(scale, softcap))                                                                                   \
     X(GATED, gated, 6, INTS(elements, activation), FLOATS())                                                    \
     X(ADD, add, 7, INTS(elements), FLOATS())                                                                    \
@@ -65,7 +65,7 @@
 enum { OPS(OP_CODE) };
 #undef OP_CODE
 
-#define MAX_INTS 9
+#define MAX_INTS 10
 #define MAX_FLOATS 4
 #define MAX_FUSED 4
 

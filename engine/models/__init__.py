@@ -12,12 +12,14 @@ from engine.config import ModelConfig
 from engine.errors import UnsupportedModelError
 from engine.gguf_file import GGUFFile
 from engine.models import (
+    bert,
     cohere2,
     command_r,
     gemma,
     gemma2,
     gemma3,
     gemma4,
+    gemma_embedding,
     gpt_oss,
     granite,
     llama,
@@ -40,6 +42,7 @@ ARCHITECTURES: dict[str, type[Transformer]] = {
     "gemma2": gemma2.Model,
     "gemma3": gemma3.Model,
     "gemma4": gemma4.Model,
+    "gemma-embedding": gemma_embedding.Model,
     "qwen3moe": qwen3moe.Model,
     "gpt-oss": gpt_oss.Model,
     "gemma": gemma.Model,
@@ -52,6 +55,7 @@ ARCHITECTURES: dict[str, type[Transformer]] = {
     "cohere2": cohere2.Model,
     "qwen35": qwen35.Model,
     "qwen35moe": qwen35moe.Model,
+    "bert": bert.Model,
 }
 SUPPORTED_ARCHITECTURES = tuple(sorted(ARCHITECTURES))
 

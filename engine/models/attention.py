@@ -85,6 +85,10 @@ class Attention(Block):
         """Join the matrices on the layer's input for one product (`Backend.fuse_linear`), and
         register each for adapters."""
         self.qkv = self.backend.fuse_linear([self.wq, self.wk, self.wv])
+        self.read_linears(reader)
+
+    def read_linears(self, reader: LayerReader) -> None:
+        """The `Linear`s adapters reach: q, k, v (`qkv_linears`) and the output (`o`)."""
         suffixes = ("attn_q.weight", "attn_k.weight", "attn_v.weight")
         self.qkv_linears = tuple(
             reader.linear(s, w) for s, w in zip(suffixes, (self.wq, self.wk, self.wv), strict=True)
@@ -92,7 +96,7 @@ class Attention(Block):
 
     def state(self, n_ctx: int) -> AttentionState:
         """This layer's KV state for a context of `n_ctx` positions (`kv_state`)."""
-        return kv_state(self.config, self.settings.window, n_ctx)
+        return kv_state(self.config, self.settings.window, n_ctx, self.settings.causal)
 
     def pass_rope(self, p: PassInput) -> LayerRope | None:
         """How this pass rotates: the layer's RoPE (a family whose rotation depends on the
@@ -123,10 +127,11 @@ class Attention(Block):
         return attend(be, q, k, v, p, self.index, self.settings)
 
 
-def kv_state(cfg: ModelConfig, window: int | None, n_ctx: int) -> AttentionState:
+def kv_state(cfg: ModelConfig, window: int | None, n_ctx: int, causal: bool = True) -> AttentionState:
     """The KV state of a layer of `cfg`'s shape for a context of `n_ctx` positions: all of them,
-    or, for a sliding window smaller than the context, a ring of the window and RING_SLACK more."""
-    ring = window is not None and window + RING_SLACK - 1 < n_ctx
+    or, for a sliding window smaller than the context, a ring of the window and RING_SLACK more
+    (never for bidirectional attention, whose queries see later positions too)."""
+    ring = window is not None and causal and window + RING_SLACK - 1 < n_ctx
     slots = window + RING_SLACK - 1 if ring and window is not None else n_ctx
     return AttentionState(cfg.n_kv_heads, cfg.head_dim, cfg.value_head_dim, slots, window if ring else None, n_ctx)
 

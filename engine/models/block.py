@@ -67,6 +67,24 @@ class Linear:
             y = be.add(y, be.linear(be.linear(x, factors.a), factors.b))  # (T, r) -> (T, n_out)
         return y
 
+    def parts(self) -> tuple[tuple["Linear", slice], ...]:
+        """The matrices an adapter on this weight adapts, each with its rows of the adapter's
+        B: this one, with all of them."""
+        return ((self, slice(0, self.shape[0])),)
+
+
+class FusedLinear:
+    """A fused tensor cut by rows into parts at load (Phi-3's attn_qkv, ffn_up), as adapters
+    see it: an adapter on the whole tensor adapts each part with that part's rows of B (A
+    is shared)."""
+
+    def __init__(self, name: str, shape: tuple[int, ...], parts: tuple[tuple[Linear, slice], ...]):
+        self.name, self.shape, self._parts = name, shape, parts
+
+    def parts(self) -> tuple[tuple[Linear, slice], ...]:
+        """Each part's `Linear` and its rows of the whole tensor."""
+        return self._parts
+
 
 class Block:
     """A part of a layer that owns its weights, read from its own tensors (`TENSORS`)."""
@@ -88,7 +106,7 @@ class LayerReader:
         self.file, self.backend, self.on_weight = model_file, backend, on_weight
         self.prepared = 0
         self.index = 0
-        self.linears: dict[str, Linear] = {}  # every matrix an adapter may target, by GGUF name
+        self.linears: dict[str, Linear | FusedLinear] = {}  # every matrix an adapter may target, by GGUF name
 
     def at(self, index: int) -> "LayerReader":
         """This reader, reading layer `index` from now on."""
@@ -168,13 +186,25 @@ class LayerReader:
 
     def global_linear(self, name: str, weight: Any) -> Linear:
         """The `Linear` of the prepared weight `name`, registered for adapters where the file has
-        a tensor of that name (a part of a fused tensor, Phi-3's q of its qkv, is not: no
-        adapter reaches it)."""
+        a tensor of that name (the parts of a fused tensor are registered by `linear_rows`)."""
         info = self.file.tensors.get(name)
         linear = Linear(self.backend, name, weight, info.shape if info is not None else ())
         if info is not None:
             self.linears[name] = linear
         return linear
+
+    def linear_rows(self, suffix: str, rows: list[int]) -> list[Linear]:
+        """The `Linear` of each part of the fused matrix `blk.{index}.{suffix}` cut by `rows`
+        (`weight_rows`); the whole is registered for adapters as a `FusedLinear`."""
+        name = f"blk.{self.index}.{suffix}"
+        n_rows, n_cols = self.file.tensors[name].shape
+        parts, first = [], 0
+        for weight, count in zip(self.weight_rows(suffix, rows), rows, strict=True):
+            linear = Linear(self.backend, f"{name}[{first}:{first + count}]", weight, (count, n_cols))
+            parts.append((linear, slice(first, first + count)))
+            first += count
+        self.linears[name] = FusedLinear(name, (n_rows, n_cols), tuple(parts))
+        return [linear for linear, _ in parts]
 
     def host_weight(self, suffix: str) -> np.ndarray | None:
         """The tensor `blk.{index}.{suffix}` as float32 on the host, or None if the file has none."""
@@ -206,12 +236,14 @@ def check_layer_tensors(
     layer_blocks: Callable[[int], tuple[type[Block], ...]],
     required: tuple[str, ...],
     layer_config: Callable[[int], ModelConfig] | None = None,
+    final_norm: bool = True,
 ) -> None:
     """Check that every layer has each tensor its blocks need (`required` names the optional
     ones this architecture needs too) with the shape `config` implies (or `layer_config(i)`,
-    where layers differ in shape: Gemma 4), and that the tensors it has beyond those have
-    theirs. Raises ModelFileError naming the first one that does not."""
-    expected: dict[str, tuple[int, ...]] = {"output_norm.weight": (config.d_model,)}
+    where layers differ in shape: Gemma 4), that the tensors it has beyond those have theirs,
+    and the final norm where the model has one. Raises ModelFileError naming the first one
+    that does not."""
+    expected: dict[str, tuple[int, ...]] = {"output_norm.weight": (config.d_model,)} if final_norm else {}
     if not config.tie_embeddings:
         expected["output.weight"] = (config.vocab_size, config.d_model)
     for name, shape in expected.items():

@@ -41,6 +41,8 @@ class Transformer:
 
     family: ClassVar[Family]
     layer_class: ClassVar[type[DecoderLayer]] = DecoderLayer  # the norms around each layer's blocks
+    causal: ClassVar[bool] = True  # False: an embedding model whose tokens all see each other (one pass a text)
+    final_norm: ClassVar[bool] = True  # a norm after the last layer (BERT's layers end in theirs)
 
     def __init__(
         self,
@@ -59,12 +61,13 @@ class Transformer:
         self._file = model_file
         reader = LayerReader(model_file, backend, on_weight)
         self.token_embd = reader.global_weight("token_embd.weight")
-        self.output_norm = reader.global_weight("output_norm.weight")
+        self.output_norm = reader.global_weight("output_norm.weight") if self.final_norm else None
         self.output_norm_bias = reader.optional_weight("output_norm.bias")
         has_output = "output.weight" in model_file.tensors
         self.output = reader.global_weight("output.weight") if has_output else self.token_embd
         self.read_globals(reader)
         self.layers = [self._layer(reader.at(i), i) for i in range(config.n_layers)]
+        self.read_extra(reader)
         # the output head, by the name an adapter on it (lm_head) targets, tied or not
         self.output_linear = Linear(backend, "output.weight", self.output, (config.vocab_size, config.d_model))
         self.linears = {**reader.linears, "output.weight": self.output_linear}  # what adapters may target
@@ -76,6 +79,18 @@ class Transformer:
         return self.layer_class(reader, self.config, mixer(reader, self, i), feed_forward(reader, self, i))
 
     # -- what architectures override (asked once per layer, at load) -------------------
+
+    def read_extra(self, reader: LayerReader) -> None:
+        """Prepare the tensors outside the layers that an architecture adds (none here)."""
+
+    def embed(self, p: PassInput) -> Any:
+        """The rows entering the first layer: the tokens' embeddings (T, D), scaled as the family says."""
+        return self.backend.embedding(self.token_embd, p.tokens, self.config.embedding_scale)
+
+    def project_embedding(self, pooled: np.ndarray) -> np.ndarray:
+        """What an embedding model makes of its pooled hidden state (d_model,) before the L2
+        norm: here the state itself; EmbeddingGemma's dense projections."""
+        return pooled
 
     @classmethod
     def read_config(cls, f: GGUFFile) -> ModelConfig:
@@ -105,7 +120,7 @@ class Transformer:
         def blocks(i: int) -> tuple[type[Block], ...]:
             return (cls.layer_class, *cls.layer_blocks(config, i))
 
-        check_layer_tensors(f, config, blocks, cls.family.layer_tensors)
+        check_layer_tensors(f, config, blocks, cls.family.layer_tensors, final_norm=cls.final_norm)
 
     def layer_attention(self, i: int) -> LayerAttention:
         """Attention settings of layer i: scale, sliding window, soft-capping."""
@@ -198,8 +213,7 @@ class Transformer:
         `p` holds host arrays, or the stand-ins a backend records or traces them as (see
         `backends.base.Runner`).
         """
-        be, cfg = self.backend, self.config
-        x = be.embedding(self.token_embd, p.tokens, cfg.embedding_scale)  # (T, D)
+        x = self.embed(p)  # (T, D)
         for layer in self.layers:
             x = layer(x, p)
         return self.head(x, p)
@@ -210,7 +224,8 @@ class Transformer:
         be, cfg = self.backend, self.config
         if not p.all_logits:
             x = x[-1:]  # (1, D)
-        x = norm(be, cfg, x, self.output_norm, self.output_norm_bias)
+        if self.output_norm is not None:
+            x = norm(be, cfg, x, self.output_norm, self.output_norm_bias)
         if p.hidden:
             return x  # (T, D): the states the output head would read
         logits = self.output_linear(x)  # (T or 1, vocab)

@@ -20,6 +20,7 @@ recorded pass is never replayed, and a stale KV prefix never reused.
 """
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,7 +31,7 @@ from backends.base import WeightSpec
 from backends.dequant import dequantize
 from engine.errors import SprigError
 from engine.gguf_file import open_gguf
-from engine.models.block import LowRank
+from engine.models.block import Linear, LowRank
 
 if TYPE_CHECKING:
     from engine.models.common import Transformer
@@ -140,7 +141,7 @@ class AdapterStack:
             if linear is None:
                 raise AdapterError(
                     f"{adapter.name} adapts {name!r}, which this model does not have as a matrix Sprig can adapt "
-                    f"(supported: attention and dense MLP projections, and the output head)."
+                    f"(supported: attention and dense MLP projections, fused ones too, and the output head)."
                 )
             n_out, n_in = linear.shape[0], linear.shape[-1]
             if a.shape[1] != n_in or b.shape[0] != n_out:
@@ -169,6 +170,20 @@ class AdapterStack:
         self.active[index].scale = float(scale)
         self._apply()
 
+    def use(self, wanted: Sequence[tuple[str | Path, float]]) -> None:
+        """Make the adapters in use exactly `wanted` (file, scale), in order (the app's
+        per-conversation adapters). Nothing changes where they already are; otherwise every
+        file is read and checked before any is applied, so an AdapterError leaves the adapters
+        as they were."""
+        target = [(Path(path), float(scale)) for path, scale in wanted]
+        if [(a.adapter.path, a.scale) for a in self.active] == target:
+            return
+        adapters = [read_adapter(path) for path, _ in target]
+        for adapter in adapters:
+            self.check(adapter)
+        self.active = [ActiveAdapter(adapter, scale) for adapter, (_, scale) in zip(adapters, target, strict=True)]
+        self._apply()
+
     def clear(self) -> None:
         """Remove every adapter: the model computes its base numbers again, bit for bit."""
         self.active.clear()
@@ -177,19 +192,22 @@ class AdapterStack:
     def _apply(self) -> None:
         model = self.model
         backend = model.backend
-        wanted: dict[str, list[LowRank]] = {}
+        wanted: dict[Linear, list[LowRank]] = {}
         for i, active in enumerate(self.active):
             adapter = active.adapter
             for name, (a, b) in adapter.factors.items():
                 rank = a.shape[0]
                 factor = active.scale * adapter.alpha / rank if adapter.alpha else active.scale
-                scaled = np.ascontiguousarray(b * np.float32(factor), dtype=np.float32)
+                scaled = b * np.float32(factor)
                 # names unique to this preparation: a backend may cache prepared weights by name
                 tag = f"{name}.lora.{self.version + 1}.{i}"
-                low_rank = LowRank(_prepare(backend, f"{tag}.a", a), _prepare(backend, f"{tag}.b", scaled))
-                wanted.setdefault(name, []).append(low_rank)
-        for name, linear in model.linears.items():
-            linear.adapters = tuple(wanted.get(name, ()))
+                prepared_a = _prepare(backend, f"{tag}.a", a)
+                for linear, rows in model.linears[name].parts():  # a fused tensor's parts: their rows of B
+                    low_rank = LowRank(prepared_a, _prepare(backend, f"{tag}.b[{rows.start}]", scaled[rows]))
+                    wanted.setdefault(linear, []).append(low_rank)
+        for target in model.linears.values():
+            for linear, _ in target.parts():
+                linear.adapters = tuple(wanted.get(linear, ()))
         self.version += 1
         model.runner.reset()
 

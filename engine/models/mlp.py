@@ -26,6 +26,10 @@ class DenseMLP(Block):
         self.activation = model.config.activation
         self.read_tensors(reader)
         self.gate_up = self.backend.fuse_linear([self.w_gate, self.w_up])
+        self.read_linears(reader)
+
+    def read_linears(self, reader: LayerReader) -> None:
+        """The `Linear`s adapters reach: gate, up and down."""
         self.gate = reader.linear("ffn_gate.weight", self.w_gate)
         self.up = reader.linear("ffn_up.weight", self.w_up)
         self.down = reader.linear("ffn_down.weight", self.w_down)

@@ -40,9 +40,15 @@ class FusedAttention(Attention):
         """q, k and v as parts of `attn_qkv`; no biases, norms or sinks."""
         cfg = self.config
         heads = (cfg.n_heads, cfg.n_kv_heads, cfg.n_kv_heads)
-        self.wq, self.wk, self.wv = reader.weight_rows("attn_qkv.weight", [h * cfg.head_dim for h in heads])
+        self.fused_qkv = reader.linear_rows("attn_qkv.weight", [h * cfg.head_dim for h in heads])
+        self.wq, self.wk, self.wv = (linear.weight for linear in self.fused_qkv)
         self.wo = reader.weight("attn_output.weight")
         self.bq = self.bk = self.bv = self.bo = self.q_norm = self.k_norm = self.sinks = None
+
+    def read_linears(self, reader: LayerReader) -> None:
+        """q, k and v adapted as parts of `attn_qkv` (an adapter on it reaches them)."""
+        self.qkv_linears = tuple(self.fused_qkv)
+        self.o = reader.linear("attn_output.weight", self.wo)
 
     def pass_rope(self, p: PassInput) -> LayerRope | None:
         """The short factors, or the long ones in a context longer than the original."""
@@ -65,8 +71,13 @@ class FusedMLP(DenseMLP):
 
     def read_tensors(self, reader: LayerReader) -> None:
         """Gate and up as the halves of `ffn_up`."""
-        self.w_gate, self.w_up = reader.weight_rows("ffn_up.weight", [self.d_ff, self.d_ff])
+        self.gate, self.up = reader.linear_rows("ffn_up.weight", [self.d_ff, self.d_ff])
+        self.w_gate, self.w_up = self.gate.weight, self.up.weight
         self.w_down = reader.weight("ffn_down.weight")
+
+    def read_linears(self, reader: LayerReader) -> None:
+        """Gate and up adapted as the halves of `ffn_up` (an adapter on it reaches them)."""
+        self.down = reader.linear("ffn_down.weight", self.w_down)
 
 
 class Model(Transformer):

@@ -82,6 +82,21 @@ def test_attention_matches_the_textbook_loops(heads, kv_heads, window, softcap, 
     be.close()
 
 
+@pytest.mark.parametrize("window", [None, 5])
+def test_bidirectional_attention_matches_the_textbook_loops(window):
+    rng = np.random.default_rng(7)
+    heads, kv_heads, dh, dv, total = 4, 2, 64, 48, 19
+    q = rng.standard_normal((total, heads, dh)).astype(np.float32)
+    k = rng.standard_normal((total, kv_heads, dh)).astype(np.float32)
+    v = rng.standard_normal((total, kv_heads, dv)).astype(np.float32)
+    be = CpuBackend(threads=2)
+    cache = be.allocate_state([AttentionState(kv_heads, dh, dv, slots=32)])
+    got = attention_pass(be, q, k, v, cache, 0, LayerAttention(scale=0.125, window=window, causal=False))
+    expected = naive_attention(q, k, v, range(total), 0.125, window, causal=False)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    be.close()
+
+
 @pytest.mark.parametrize("n_tokens", [2, 4, 16])
 def test_a_tokens_attention_does_not_depend_on_its_pass(n_tokens):
     """Verifying T drafted tokens in one pass gives each the bits it gets alone."""

@@ -165,6 +165,17 @@ def test_attention_prefill_then_decode_matches_numpy(window, softcap, mlx_backen
     np.testing.assert_array_equal(ours_keys, reference_keys)
 
 
+@pytest.mark.parametrize("window", [None, 3])
+def test_bidirectional_attention_matches_numpy(window, mlx_backend, numpy_backend):
+    q, k, v = attention_inputs(11)
+    settings = LayerAttention(scale=0.3, window=window, causal=False)
+    outs = []
+    for be, wrap in ((mlx_backend, mx.array), (numpy_backend, np.asarray)):
+        cache = be.allocate_state([AttentionState(2, 8, 6, slots=16)])
+        outs.append(host(be.attention(wrap(q), wrap(k), wrap(v), cache, 0, 0, settings)))
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("window,softcap", ATTENTION_CASES)
 @pytest.mark.parametrize("span", [16, 32])
 def test_attention_of_a_compiled_step_reads_a_fixed_span(window, softcap, span, mlx_backend, numpy_backend):

@@ -51,13 +51,15 @@ def test_rope_freq_factors_divide_the_frequencies():
     np.testing.assert_allclose(scaled, halved_positions, rtol=1e-5, atol=1e-6)
 
 
-def naive_attention(q, keys, values, positions, scale, window=None, softcap=None):
-    """Per query, per head loop: the textbook definition with GQA by head // group."""
+def naive_attention(q, keys, values, positions, scale, window=None, softcap=None, causal=True):
+    """Per query, per head loop: the textbook definition with GQA by head // group; not
+    `causal`, each query sees every key (within the window on either side)."""
     n_new, n_heads, _ = q.shape
     group = n_heads // keys.shape[1]
     out = np.zeros((n_new, n_heads, values.shape[2]))
     for t, pos in enumerate(positions):
-        visible = [j for j in range(pos + 1) if window is None or j > pos - window]
+        seen = range(pos + 1) if causal else range(len(keys))
+        visible = [j for j in seen if window is None or abs(j - pos) < window]
         for h in range(n_heads):
             s = np.array([q[t, h] @ keys[j, h // group] * scale for j in visible], dtype=np.float64)
             if softcap:
@@ -85,6 +87,20 @@ def test_attention_matches_naive_loops_across_chunks(window, softcap):
     np.testing.assert_allclose(np.concatenate(parts), expected, rtol=1e-4, atol=1e-5)
     np.testing.assert_array_equal(cache.keys[1][:, :total], k.transpose(1, 0, 2))
     assert not cache.keys[0].any(), "layer 0 must stay untouched"
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_bidirectional_attention_sees_the_whole_pass(window):
+    rng = np.random.default_rng(2)
+    be = NumpyBackend()
+    q, k = (rng.standard_normal((7, heads, 8)).astype(np.float32) for heads in (4, 2))
+    v = rng.standard_normal((7, 2, 6)).astype(np.float32)
+    cache = be.allocate_state([AttentionState(2, 8, 6, slots=16)])
+    got = be.attention(q, k, v, cache, 0, 0, LayerAttention(scale=0.3, window=window, causal=False))
+    np.testing.assert_allclose(got, naive_attention(q, k, v, range(7), 0.3, window, causal=False), rtol=1e-4, atol=1e-5)
+    # the first query reads later keys: causal attention differs
+    causal = naive_attention(q, k, v, range(7), 0.3, window)
+    assert np.abs(got[0] - causal[0]).max() > 1e-2
 
 
 def test_gated_activations_at_known_points():

@@ -1,5 +1,6 @@
 """LoRA adapters at run time against PEFT (tools/make_lora_embedding_fixtures.py): a tiny
-random Qwen3 base and two random PEFT adapters, all converted by llama.cpp's scripts."""
+random Qwen3 base and two random PEFT adapters, all converted by llama.cpp's scripts, on
+NumPy, cpu and MLX (where mlx is installed: its compiled one-token step carries them too)."""
 
 import dataclasses
 import json
@@ -18,11 +19,13 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 MODELS = FIXTURES / "models"
 BASE = MODELS / "tiny-lora-base-f32.gguf"
 REFERENCE = np.load(FIXTURES / "reference" / "tiny-lora.npz")
-TOLERANCE = {"numpy": 1e-3, "cpu": 5e-2}  # of the reference's logit range
+TOLERANCE = {"numpy": 1e-3, "cpu": 5e-2, "mlx": 5e-2}  # of the reference's logit range
 
 
-@pytest.fixture(scope="module", params=["numpy", "cpu"])
+@pytest.fixture(scope="module", params=["numpy", "cpu", "mlx"])
 def loaded(request):
+    if request.param == "mlx":
+        pytest.importorskip("mlx.core", reason="mlx is not installed (pip install 'sprig[mlx]')")
     loaded = load_model(BASE, request.param, kv_type="f32")  # as the float32 reference keeps its keys
     yield loaded
     loaded.close()
@@ -160,3 +163,22 @@ def test_generate_command_takes_lora(capsys):
     assert cli.main(["generate", "--model", str(BASE), "--backend", "numpy", "--tokens", tokens, "--max-tokens",
                      "1", "--lora", str(MODELS / "tiny-lora-other.gguf")]) == 2
     assert "another base model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+def test_an_adapter_on_phi3s_fused_tensors_matches_peft(backend):
+    """PEFT's adapter on Phi-3's qkv_proj and gate_up_proj (fused tensors that Sprig cuts at
+    load) reaches each part with its own rows of B."""
+    reference = np.load(FIXTURES / "reference" / "tiny-lora-phi3.npz")
+    loaded = load_model(MODELS / "tiny-phi3-f32.gguf", backend)
+    try:
+        adapter = read_adapter(MODELS / "tiny-lora-phi3.gguf")
+        assert {"blk.0.attn_qkv.weight", "blk.0.ffn_up.weight"} <= set(adapter.factors)
+        loaded.model.adapters.push(adapter)
+        for k in range(2):
+            cache = loaded.new_cache(32)  # within the original context: LongRoPE's short factors, as transformers
+            got = loaded.model.forward(reference[f"prompt_{k}"], 0, cache.storage, all_logits=True)
+            assert_close(got, reference[f"lora_{k}"], backend)
+        assert np.abs(reference["lora_0"] - reference["base_0"]).max() > 0.2 * np.ptp(reference["base_0"])
+    finally:
+        loaded.close()

@@ -12,8 +12,8 @@ from tests.gguf_factory import write_tiny_model
 def test_every_registered_architecture_names_its_family():
     # llama.cpp's names for the architectures Sprig runs (the `general.architecture` values).
     assert SUPPORTED_ARCHITECTURES == (
-        "cohere2", "command-r", "gemma", "gemma2", "gemma3", "gemma4", "gpt-oss", "granite", "llama", "olmo2", "phi3",
-        "qwen2", "qwen3", "qwen35", "qwen35moe", "qwen3moe", "smollm3", "starcoder2",
+        "bert", "cohere2", "command-r", "gemma", "gemma-embedding", "gemma2", "gemma3", "gemma4", "gpt-oss", "granite",
+        "llama", "olmo2", "phi3", "qwen2", "qwen3", "qwen35", "qwen35moe", "qwen3moe", "smollm3", "starcoder2",
     )
     for name, model_class in ARCHITECTURES.items():
         assert model_class.__module__ == f"engine.models.{name.replace('-', '_')}"

@@ -74,3 +74,14 @@ def test_bad_inputs_get_400(server, body):
 def test_client_raises_bad_request(client):
     with pytest.raises(openai.BadRequestError):
         client.embeddings.create(model="tiny", input=[])
+
+
+def test_a_bert_server_answers_the_openai_client():
+    """BERT (CLS pooling, WordPiece) through the server, as a RAG tool would call it."""
+    reference = np.load(FIXTURES / "reference" / "tiny-bert.npz")
+    with running_server(FIXTURES / "models" / "tiny-bert-cls-f32.gguf", n_ctx=64) as server:
+        bert = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+        reply = bert.embeddings.create(model="tiny-bert", input=TEXTS)
+    for d, k in zip(reply.data, range(3), strict=True):
+        assert float(np.asarray(d.embedding) @ reference[f"cls_{k}"]) > 0.999
+    assert reply.usage.prompt_tokens == sum(reference[f"ids_{k}"].size for k in range(3))
