@@ -438,8 +438,8 @@ class Model(Transformer):
     def logits(self, p: PassInput) -> Any:
         """As `Transformer.logits`, with each layer's per-layer input, and each kind's keys and
         values of this pass kept for the KV-sharing layers."""
-        be, cfg = self.backend, self.config
-        x = be.embedding(self.token_embd, p.tokens, cfg.embedding_scale)  # (T, D)
+        cfg = self.config
+        x = self.embed(p)  # (T, D)
         extras = self.per_layer_inputs(x, p) if cfg.per_layer_input else [None] * cfg.n_layers
         shared: dict[str, tuple[Any, Any]] = {}
         for layer, extra in zip(self.layers, extras, strict=True):
