@@ -76,11 +76,11 @@ def test_a_kv_type_is_kept_and_an_unknown_one_follows_the_default():
 def test_a_kv_type_setting_reloads_the_model_with_that_cache(qtbot, tiny_window):
     window, model = tiny_window
     assert window.controller.loaded.model.kv_type == "f16"  # the default
-    with qtbot.waitSignal(window.controller.model_loaded, timeout=LOAD_TIMEOUT_MS):
-        window.controller.set_model_settings(model, ModelSettings(kv_type="f32"))
+    with qtbot.waitSignal(window.controller.models.model_loaded, timeout=LOAD_TIMEOUT_MS):
+        window.controller.models.set_model_settings(model, ModelSettings(kv_type="f32"))
     assert window.controller.loaded.model.kv_type == "f32"
     answer(qtbot, window, lambda: window.controller.send("Hi"))
-    assert window.controller._session.cache.storage.keys[0].dtype == "float32"
+    assert window.controller.models.session.cache.storage.keys[0].dtype == "float32"
 
 
 def test_a_broken_template_is_refused_with_the_renderers_message():
