@@ -38,7 +38,7 @@ from tools.make_imatrix import importance_matrix
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 PPL_TEXT = (ROOT / "tests" / "fixtures" / "ppl_text.txt").read_text()
-PEER_PYTHONS = (os.environ.get("SPRIG_PEER_PYTHON"), ROOT / ".venv-peer/bin/python", "/work/refvenv/bin/python")
+PEER_PYTHONS = (os.environ.get("SPRIG_PEER_PYTHON"), ROOT / ".venv-peer/bin/python")
 CTX, WINDOWS = 128, 2
 # llama.cpp file type -> the tensor type it writes where the rows allow
 SMOLLM2_TYPES = {

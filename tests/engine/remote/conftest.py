@@ -2,7 +2,7 @@
 
 Sprig's (`python -m engine serve`) and llama.cpp's (`python -m llama_cpp.server`) run as
 subprocesses on free ports. llama.cpp's comes from a separate venv, never the app's:
-$SPRIG_PEER_PYTHON, else `.venv-peer` (`make peer-venv`), else /work/refvenv; without one
+$SPRIG_PEER_PYTHON, else `.venv-peer` (`make peer-venv`); without one
 its tests skip, saying why.
 """
 
@@ -21,7 +21,7 @@ from tests.engine.remote.faulty_server import FaultyServer
 from tests.gguf_factory import write_tiny_model
 
 ROOT = Path(__file__).resolve().parents[3]
-PEER_PYTHONS = (os.environ.get("SPRIG_PEER_PYTHON"), ROOT / ".venv-peer/bin/python", "/work/refvenv/bin/python")
+PEER_PYTHONS = (os.environ.get("SPRIG_PEER_PYTHON"), ROOT / ".venv-peer/bin/python")
 START_SECONDS = 120
 
 
