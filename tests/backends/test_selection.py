@@ -2,6 +2,7 @@
 memory rule the app estimates by."""
 
 import importlib.util
+from dataclasses import replace
 
 import pytest
 
@@ -50,9 +51,15 @@ def test_each_backend_owns_the_rule_its_entry_gives_the_app():
 
 
 def test_memory_rules_worked_by_hand():
-    model = Footprint(file_bytes=100_000_000, f32_weight_bytes=400_000_000, kv_bytes_per_position=1000, context_length=2048)
+    model = Footprint(
+        file_bytes=100_000_000, f32_weight_bytes=400_000_000, kv_bytes_per_position=1000, context_length=2048,
+        kv_type="f32",
+    )
     # the cpu rule: the mapped file, the KV cache (at most the model's context) and the overhead
     assert MAPPED_WEIGHTS.needed(model, 4096) == 100_000_000 + 2048 * 1000 + RUNTIME_OVERHEAD
+    # a float16 cache holds 2 bytes a value, Q8_0 34 bytes per 32 values (of float32's 128)
+    assert MAPPED_WEIGHTS.needed(replace(model, kv_type="f16"), 4096) == 100_000_000 + 2048 * 500 + RUNTIME_OVERHEAD
+    assert MAPPED_WEIGHTS.needed(replace(model, kv_type="q8_0"), 4096) == 100_000_000 + 2048 * 265 + RUNTIME_OVERHEAD
     plan = MAPPED_WEIGHTS.plan(model, 1000, available=300_000_000)
     assert (plan.fits, plan.runs) == (False, True) and "will not fit" in plan.caveat
     # NumPy: float32 copies within half the memory available, else dequantized on every step

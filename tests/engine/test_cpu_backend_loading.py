@@ -77,6 +77,11 @@ def test_a_type_without_a_kernel_is_converted_once_and_the_load_says_so(tmp_path
         reference.close()
 
 
+# Of the logits' range. The ternary types' table lookups take the activations as 11-bit codes
+# (cpu_kernels/tq_tiles.c), 32 times coarser than the 16-bit codes of the other products.
+LOGIT_TOLERANCE = {"TQ1_0": 2e-3, "TQ2_0": 2e-3}
+
+
 @pytest.mark.parametrize("qtype", [GGMLQuantizationType[name] for name in IN_PLACE_TYPES])
 def test_a_type_with_a_kernel_loads_in_place_without_a_note(qtype, tmp_path):
     """Every matrix stays in the file's blocks (no conversion, no note), and the model's
@@ -92,7 +97,7 @@ def test_a_type_with_a_kernel_loads_in_place_without_a_note(qtype, tmp_path):
         tokens = np.array([5, 80, 200, 33])
         ours = cpu.model.forward(tokens, 0, cpu.new_cache(8).storage)
         theirs = reference.model.forward(tokens, 0, reference.new_cache(8).storage)
-        np.testing.assert_allclose(ours, theirs, atol=1e-3 * float(np.ptp(theirs)))
+        np.testing.assert_allclose(ours, theirs, atol=LOGIT_TOLERANCE.get(qtype.name, 1e-3) * float(np.ptp(theirs)))
     finally:
         cpu.close()
         reference.close()

@@ -11,11 +11,16 @@ by tools/make_imatrix.py. Then, over 2 windows of 128 tokens of tests/fixtures/p
   Q2_K_S mix, Q3_K from Q3_K_S, as llama.cpp's Q2_K and Q3_K_M mixes give ffn_down more bits);
 - the cpu backend loads it without converting anything (no load note);
 - its perplexity is within 1% of NumPy's on the same file and within 2% of llama.cpp's.
-  Not for TQ1_0 and TQ2_0: these models were not trained ternary, and in ternary they are
-  noise (perplexity 4e5 for SmolLM2, 1e10 for Gemma), so sensitive that NumPy and llama.cpp
-  themselves differ by 8%. For them the mean log-likelihood per token must be within 0.03
-  of NumPy's (measured 0.020 and 0.027, from the 11-bit activation codes of their table
-  lookups) and within 0.1 of llama.cpp's (measured 0.068 and 0.031).
+
+Left out, with what covers them instead (tests/backends/test_cpu_kernels.py: unpacking equal
+to gguf-py's, every tier equal to scalar, products within the rounding bound):
+- TQ1_0 and TQ2_0: these models were not trained ternary, and in ternary they are noise
+  (perplexity 4e5 for SmolLM2, 1e10 for Gemma), so sensitive that two llama.cpp builds gave
+  4e5 and 6.5e5 on the same file: no perplexity bound would say anything about the kernels.
+- IQ2_S: llama.cpp's IQ2_S mix writes SmolLM2's ffn_down (its only tensors whose rows split
+  into 256-value blocks) as IQ2_XS and IQ3_S, so no file holds it.
+- Gemma in all but Q3_K and IQ4_XS: its 262k-token vocabulary makes the importance matrix
+  and each perplexity pass slow, and the types run through the same kernels as SmolLM2's.
 
 MXFP4 is left out: llama.cpp writes it only for experts (MXFP4_MOE), and these are dense.
 Without a Python that has llama-cpp-python ($SPRIG_PEER_PYTHON, .venv-peer: `make peer-venv`)
@@ -23,7 +28,6 @@ the tests skip, saying why.
 """
 
 import json
-import math
 import os
 import subprocess
 from pathlib import Path
@@ -50,14 +54,10 @@ SMOLLM2_TYPES = {
     "IQ3_S": T.IQ3_S,
     "IQ2_XXS": T.IQ2_XXS,
     "IQ2_XS": T.IQ2_XS,
-    "IQ2_S": T.IQ2_S,
     "IQ1_S": T.IQ1_S,
     "IQ1_M": T.IQ1_M,
-    "TQ1_0": T.TQ1_0,
-    "TQ2_0": T.TQ2_0,
 }
-TERNARY = ("TQ1_0", "TQ2_0")  # noise in these models: compared by log-likelihood (docstring)
-GEMMA_TYPES = ("Q3_K_S", "IQ4_XS", "IQ2_XXS", "TQ2_0")
+GEMMA_TYPES = ("Q3_K_S", "IQ4_XS")
 CASES = [("smollm2", f) for f in SMOLLM2_TYPES] + [("gemma3", f) for f in GEMMA_TYPES]
 
 
@@ -138,9 +138,5 @@ def test_requantized_model_matches_numpy_and_llama_cpp(key, ftype, peer, imatric
     )
     llama = json.loads(result.stdout.strip().splitlines()[-1])["ppl"]
     print(f"{key} {ftype}: cpu {ours:.4f}, numpy {reference:.4f}, llama.cpp {llama:.4f}")
-    if ftype in TERNARY:
-        assert abs(math.log(ours / reference)) <= 0.03, (ours, reference)
-        assert abs(math.log(ours / llama)) <= 0.1, (ours, llama)
-    else:
-        assert abs(ours / reference - 1.0) <= 0.01, (ours, reference)
-        assert abs(ours / llama - 1.0) <= 0.02, (ours, llama)
+    assert abs(ours / reference - 1.0) <= 0.01, (ours, reference)
+    assert abs(ours / llama - 1.0) <= 0.02, (ours, llama)
