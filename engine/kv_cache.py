@@ -177,6 +177,7 @@ class KVCache:
         """Forget every position and start empty (the state as freshly allocated)."""
         self.backend.forget(self.storage, 0, self.n_ctx)
         self._tokens = []
+        self.snapshots = []
 
     def adopt(self, tokens: Sequence[int]) -> None:
         """Hold `tokens`, whose state the caller has just written into the storage (a saved
@@ -184,6 +185,7 @@ class KVCache:
         if len(tokens) > self.n_ctx:
             raise ValueError(f"{len(tokens)} tokens do not fit a cache of {self.n_ctx}")
         self._tokens = [int(t) for t in tokens]
+        self.snapshots = []  # taken of the state the restored one replaced
         self._adapters = self._adapter_version()
 
     def trim(self, n: int) -> int:

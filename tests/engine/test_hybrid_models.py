@@ -21,6 +21,7 @@ from engine.generation import generate
 from engine.kv_cache import KVCache
 from engine.loader import load_model
 from engine.sampling import Sampler, SamplingParams
+from engine.saved_state import SavedStates, identity_of
 from engine.speculation import FixedLength
 from tests.engine.parity_models import op_by_op
 from tests.engine.test_moe_against_transformers import FIXTURES, assert_last_logits_agree, expected, load, reference
@@ -197,6 +198,29 @@ def test_a_reused_prefix_keeps_the_state(monkeypatch):
         assert fed == [1]  # the prompt's last token, from the snapshot before it: nothing read again
         assert again == answer(loaded, loaded.new_cache(256), first)
         assert cache.rereads == 0 and cache.restores == 1
+    finally:
+        loaded.close()
+
+
+def test_a_restored_saved_state_never_rolls_back_to_the_snapshots_it_replaced(tmp_path):
+    """Snapshots taken before a saved state was restored into the cache are of another text:
+    a rollback into the restored text must read it again, never restore one of them."""
+    ref, loaded = reference("tiny-qwen35"), load("tiny-qwen35", "f32", "numpy")
+    try:
+        text = [int(t) for t in ref["prompt_3"]]
+        other, saved, more = text[:20], text[100:120], text[120:125]
+        states, identity = SavedStates(tmp_path / "states"), identity_of(loaded.path, loaded.model)
+        writer = loaded.new_cache(64)
+        writer.feed(loaded.model, saved)
+        assert states.save("c", writer, identity)
+        cache = loaded.new_cache(64)
+        cache.feed(loaded.model, other)  # snapshots of another text's state, at positions 0 and 19
+        assert states.restore("c", cache, [*saved, *more], identity) == 20
+        cache.feed(loaded.model, more)
+        cache.truncate(19)  # back into the restored text, where the old snapshots' positions lie
+        got = cache.feed(loaded.model, saved[19:20])[-1]
+        want = loaded.new_cache(64).feed(loaded.model, saved)[-1]
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * float(np.ptp(want)))
     finally:
         loaded.close()
 
