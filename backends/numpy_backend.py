@@ -290,9 +290,9 @@ class NumpyBackend(HostDeltaNet, Backend):
             scores = np.float32(settings.softcap) * np.tanh(scores / np.float32(settings.softcap))
 
         query_pos = np.arange(start, start + n_new)[:, None]  # (T, 1)
-        allowed = key_pos[None, :] <= query_pos  # (T, S)
-        if not settings.causal:  # every key of the pass and before: key_pos ends at the pass's end
-            allowed = np.ones_like(allowed)
+        # causal: the keys up to the query's position; else every key (key_pos ends at the pass's end)
+        causal = key_pos[None, :] <= query_pos  # (T, S)
+        allowed = causal if settings.causal else np.ones_like(causal)
         if settings.window is not None:
             allowed &= key_pos[None, :] > query_pos - settings.window
             if not settings.causal:
