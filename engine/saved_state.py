@@ -8,12 +8,12 @@ conversation restores the file when those match the prompt's first tokens (the r
 read as usual), and reads the whole text again otherwise.
 
 The arrays are whatever the backend holds the state in (`Backend.state_arrays`), cut into
-pieces of 4 MiB, each compressed with zlib at level 1 on a thread of its own (zlib lets go
-of the GIL): the standard library's, fast enough to keep up with a disk (lzma compresses
-float data a little better at a tenth of the speed), and it squeezes the unused, zeroed
-positions of the context to almost nothing. NumPy's `savez_compressed` is zlib too, but
-`np.load` allocates whatever shape a file declares before reading it, and inflates on one
-core.
+pieces of 4 MiB, each packed on a thread of its own (zlib and hashlib let go of the GIL).
+A piece is compressed with zlib at level 1 when a sample of it shows that zlib gains at
+least a tenth: the unused, zeroed positions of the context shrink to almost nothing, while
+the keys and values themselves (float data, which zlib shrinks by about 6%) are stored raw,
+at the speed of the disk. NumPy's `savez_compressed` is zlib throughout, and `np.load`
+allocates whatever shape a file declares before reading it, and inflates on one core.
 
 A file is
 
@@ -24,14 +24,16 @@ in a file is trusted: a file is refused, with a note in the log, when it is trun
 its header's hash or a piece's hash fails, its fingerprint, backend or layout differs
 from the live cache (declared shapes are compared, never allocated: pieces are inflated
 into the cache's own memory, at most their exact size, once every hash holds), or its
-tokens are not the prompt's. No pickle is ever read. The folder keeps under a size cap, dropping the least
-recently used files first.
+tokens are not the prompt's; so is a file of the first format (every piece compressed),
+which the next save replaces. No pickle is ever read. The folder keeps under a size cap,
+dropping the least recently used files first.
 """
 
 import hashlib
 import json
 import logging
 import os
+import random
 import struct
 import tempfile
 import zlib
@@ -49,11 +51,15 @@ from engine.kv_cache import KVCache
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"SPRIGKV\x01"
+MAGIC = b"SPRIGKV\x02"
+MAGIC_NAME = MAGIC[:-1]  # what every format's magic begins with; the last byte is the format
 END = b"SPRIGEND"
 SUFFIX = ".sprigkv"
-FORMAT = 1
+FORMAT = 2  # 1: every piece zlib-compressed; 2: each piece zlib or raw, as its sample says
 LEVEL = 1  # zlib: fastest; the KV values compress little at any level
+RAW, ZLIB = "raw", "zlib"  # how a piece is stored
+SAMPLES, SAMPLE_BYTES = 16, 4096  # the sample that decides: this many spans at random places in the piece
+COMPRESS_BELOW = 0.9  # a piece is compressed when zlib shrinks its sample below this fraction
 CHUNK = 4 << 20  # the raw bytes of one piece: pieces are compressed and inflated one per core at a time
 MAX_CHUNK = 1 << 30
 WORKERS = os.cpu_count() or 1
@@ -116,9 +122,21 @@ def _pieces(array: np.ndarray) -> list[memoryview]:
     return [raw[lo : lo + CHUNK] for lo in range(0, len(raw), CHUNK)]
 
 
-def _pack(piece: memoryview) -> tuple[bytes, str]:
-    block = zlib.compress(piece, LEVEL)
-    return block, hashlib.sha256(block).hexdigest()
+def _worth_compressing(piece: memoryview) -> bool:
+    """Whether zlib shrinks a sample of `piece` (SAMPLES spans at random places, so that no
+    regular layout of data and zeros hides from it) below COMPRESS_BELOW of its size."""
+    if len(piece) <= SAMPLES * SAMPLE_BYTES:
+        sample = bytes(piece)
+    else:
+        places = random.Random(len(piece)).sample(range(len(piece) - SAMPLE_BYTES), SAMPLES)
+        sample = b"".join(piece[p : p + SAMPLE_BYTES] for p in sorted(places))
+    return len(zlib.compress(sample, LEVEL)) < COMPRESS_BELOW * len(sample)
+
+
+def _pack(piece: memoryview) -> tuple[bytes | memoryview, str, str]:
+    """The bytes stored for `piece`, their SHA-256 and how they are stored (ZLIB or RAW)."""
+    block, codec = (zlib.compress(piece, LEVEL), ZLIB) if _worth_compressing(piece) else (piece, RAW)
+    return block, hashlib.sha256(block).hexdigest(), codec
 
 
 def _in_order(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: list) -> Iterator[Any]:
@@ -134,8 +152,8 @@ def _in_order(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: list) -
 
 def write_state(path: Path, cache_: KVCache, identity: Identity) -> int:
     """Write `cache_`'s state and tokens to `path` (atomically: a temporary file, then a
-    rename); return the file's size. The arrays go in pieces of CHUNK bytes, compressed
-    one per core at a time."""
+    rename); return the file's size. The arrays go in pieces of CHUNK bytes, packed one per
+    core at a time."""
     arrays = cache_.backend.state_arrays(cache_.storage)
     pieces = [(i, piece) for i, array in enumerate(arrays) for piece in _pieces(array)]
     chunks: list[list] = [[] for _ in arrays]
@@ -144,8 +162,8 @@ def write_state(path: Path, cache_: KVCache, identity: Identity) -> int:
         with os.fdopen(handle, "wb") as f, ThreadPoolExecutor(WORKERS) as pool:
             f.write(MAGIC)
             packed = _in_order(pool, _pack, [piece for _, piece in pieces])
-            for (i, _), (block, digest) in zip(pieces, packed, strict=True):
-                chunks[i].append([f.tell(), len(block), digest])
+            for (i, _), (block, digest, codec) in zip(pieces, packed, strict=True):
+                chunks[i].append([f.tell(), len(block), digest, codec])
                 f.write(block)
             header = {
                 "format": FORMAT,
@@ -175,8 +193,11 @@ def read_header(path: Path) -> dict:
             if size < len(MAGIC) + _TRAILER.size:
                 raise StateFileError("it is too short to be a saved state")
             f.seek(0)
-            if f.read(len(MAGIC)) != MAGIC:
-                raise StateFileError("it is not a saved state of this version")
+            magic = f.read(len(MAGIC))
+            if magic != MAGIC:
+                older = magic.startswith(MAGIC_NAME) and magic[-1] < MAGIC[-1]
+                why = "it was saved by an earlier version of Sprig" if older else "it is not a saved state"
+                raise StateFileError(why)
             f.seek(size - _TRAILER.size)
             length, digest, end = _TRAILER.unpack(f.read(_TRAILER.size))
             if end != END:
@@ -213,7 +234,8 @@ def _check_header(header: Any, data_end: int) -> None:
         raise StateFileError("its array list is malformed")
     end = len(MAGIC)
     for chunk in (chunk for entry in arrays for chunk in entry["chunks"]):
-        if not isinstance(chunk, list) or len(chunk) != 3 or not isinstance(chunk[2], str):
+        well_formed = isinstance(chunk, list) and len(chunk) == 4 and isinstance(chunk[2], str)
+        if not well_formed or chunk[3] not in (RAW, ZLIB):
             raise StateFileError("an array's piece is malformed")
         offset, length = chunk[0], chunk[1]
         if type(offset) is not int or type(length) is not int or not end <= offset <= data_end - length:
@@ -240,8 +262,13 @@ class _Pieces:
             raise StateFileError("an array is corrupt")
 
     def inflate(self, job: tuple[list, memoryview]) -> None:
-        """Decompress one piece straight into `out`: exactly its size, or StateFileError."""
+        """Decompress (or copy) one piece straight into `out`: exactly its size, or StateFileError."""
         chunk, out = job
+        if chunk[3] == RAW:
+            if chunk[1] != len(out):
+                raise StateFileError(f"an array holds {'more' if chunk[1] > len(out) else 'less'} data than its shape")
+            out[:] = self.read(chunk)
+            return
         inflater = zlib.decompressobj()
         try:
             data = inflater.decompress(self.read(chunk), len(out))
@@ -323,6 +350,15 @@ def restore_state(path: Path, cache_: KVCache, prompt: Sequence[int], identity: 
     return kept
 
 
+@dataclass(frozen=True)
+class Restored:
+    """What a restore came to: how many of the prompt's tokens the cache holds from the file
+    (0: none), and why the file was refused, when it was (for the log and the user)."""
+
+    tokens: int = 0
+    refused: str | None = None
+
+
 class SavedStates:
     """A folder of saved conversation states, one file per key, under a size cap."""
 
@@ -349,22 +385,22 @@ class SavedStates:
         self.evict()
         return self.path(key).exists()
 
-    def restore(self, key: str, cache_: KVCache, prompt: Sequence[int], identity: Identity) -> int:
+    def restore(self, key: str, cache_: KVCache, prompt: Sequence[int], identity: Identity) -> Restored:
         """Restore `key`'s saved state into `cache_` for `prompt` where it fits (see
-        `restore_state`); return the prompt tokens it holds then, 0 if nothing was restored.
-        A file that cannot be used is noted in the log and left alone, never loaded."""
+        `restore_state`): the prompt tokens it holds then (0 if nothing was restored). A file
+        that cannot be used is noted in the log, left alone and never loaded; the result says why."""
         path = self.path(key)
         if not path.exists():
-            return 0
+            return Restored()
         try:
             kept = restore_state(path, cache_, prompt, identity)
         except (StateFileError, OSError) as exc:
             log.warning("the saved state of %s was not used, the text is read again: %s", key, exc)
-            return 0
+            return Restored(refused=str(exc))
         if kept:
             os.utime(path)  # recently used: the last to be evicted
             log.info("restored %d tokens of state for %s", kept, key)
-        return kept
+        return Restored(kept)
 
     def discard(self, key: str) -> None:
         """Delete `key`'s saved state, if any."""
@@ -399,6 +435,7 @@ class ConversationState:
     key: str
     identity: Identity
     written: tuple[int, ...] = ()  # the tokens of the last save, which need no second one
+    refused: bool = False  # the file was refused: it is not read again, and the next save replaces it
 
     def save(self, cache_: KVCache) -> bool:
         """Save `cache_` as this conversation's state, unless that was saved already."""
@@ -406,16 +443,21 @@ class ConversationState:
             return False
         saved = self.states.save(self.key, cache_, self.identity)
         self.written = cache_.tokens if saved else ()
+        self.refused = self.refused and not saved
         return saved
 
-    def restore(self, cache_: KVCache, prompt: Sequence[int]) -> int:
+    def restore(self, cache_: KVCache, prompt: Sequence[int]) -> Restored:
         """Restore this conversation's saved state for `prompt` where it serves (see
         `SavedStates.restore`); the file is not even read when what it was saved with shows
-        that the cache holds as much of the prompt already (every later turn)."""
+        that the cache holds as much of the prompt already (every later turn), nor once it
+        was refused."""
         last = max(len(prompt) - 1, 0)
-        if self.written and min(matching_tokens(self.written, prompt), last) <= min(cache_.common_prefix(prompt), last):
-            return 0
-        kept = self.states.restore(self.key, cache_, prompt, self.identity)
-        if kept:
+        if self.refused or (
+            self.written and min(matching_tokens(self.written, prompt), last) <= min(cache_.common_prefix(prompt), last)
+        ):
+            return Restored()
+        restored = self.states.restore(self.key, cache_, prompt, self.identity)
+        if restored.tokens:
             self.written = cache_.tokens
-        return kept
+        self.refused = restored.refused is not None
+        return restored

@@ -52,7 +52,7 @@ def main() -> None:
         def restore() -> float:
             cache = loaded.new_cache(args.context)
             started = time.perf_counter()
-            assert states.restore("bench", cache, conversation, identity) == args.tokens
+            assert states.restore("bench", cache, conversation, identity).tokens == args.tokens
             prefill(loaded.model, cache, conversation[args.tokens :])
             return time.perf_counter() - started
 
