@@ -1,9 +1,14 @@
 """How long reopening a long conversation takes: restoring its saved state against reading it again.
 
     python -m tools.bench_reopen [--model smollm2] [--backend cpu] [--tokens 4096] [--context 8192]
+                                 [--fill prefill|random] [--kv-type f16|q8_0|f32]
 
-Fills a cache of `--context` positions with `--tokens` random tokens (seed 0), saves it as
-the app does when a conversation is left (`engine.saved_state`), then times, `--repeats`
+Fills a cache of `--context` positions with `--tokens` random tokens (seed 0), through a
+prefill or (`--fill random`, for a long context on a big model, where that prefill alone
+takes tens of minutes) with random keys and values of the cache's type
+(`engine.bench.fill_at_random`: the file's size and the save and restore times are those of
+a real state of that length, since only zeros are left out). It saves it as the app does
+when a conversation is left (`engine.saved_state`), then times, `--repeats`
 times each and interleaved: a fresh cache that restores the file and reads one new token,
 against a fresh cache that reads all `--tokens` and the new one (the re-read, in the
 passes `generate`'s prefill takes). Prints one JSON line: the file's size, the save time,
@@ -20,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.bench import fill_at_random
 from engine.bundled import resolve_model_path
 from engine.generation import prefill
 from engine.loader import load_model
@@ -34,15 +40,20 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=8192)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--fill", choices=("prefill", "random"), default="prefill")
+    parser.add_argument("--kv-type", choices=("f16", "q8_0", "f32"), default="f16")
     args = parser.parse_args()
-    loaded = load_model(resolve_model_path(args.model), args.backend, threads=args.threads)
+    loaded = load_model(resolve_model_path(args.model), args.backend, threads=args.threads, kv_type=args.kv_type)
     vocab = loaded.config.vocab_size
     conversation = [int(t) for t in np.random.default_rng(0).integers(0, vocab, size=args.tokens + 1)]
     identity = identity_of(loaded.path, loaded.model)
     with tempfile.TemporaryDirectory() as folder:
         states = SavedStates(Path(folder), cap_bytes=1 << 40)
         cache = loaded.new_cache(args.context)
-        prefill(loaded.model, cache, conversation[:-1])
+        if args.fill == "random":
+            fill_at_random(cache, conversation[:-1])
+        else:
+            prefill(loaded.model, cache, conversation[:-1])
         started = time.perf_counter()
         states.save("bench", cache, identity)
         save_seconds = time.perf_counter() - started
@@ -71,6 +82,8 @@ def main() -> None:
         "backend": loaded.backend.name,
         "tokens": args.tokens,
         "context": args.context,
+        "kv_type": loaded.model.kv_type,
+        "fill": args.fill,
         "file_mb": round(size / 1e6, 1),
         "save_s": round(save_seconds, 3),
         **{f"{way}_best_s": round(min(t), 3) for way, t in times.items()},

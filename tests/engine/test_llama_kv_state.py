@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from engine.bundled import resolve_model_path
-from tests.engine.test_requantized_perplexity import ROOT, peer_python
+from tests.engine.conftest import ROOT
 from tools.llama_kv_state import IO_MAGIC, SEQ_MAGIC, read_sequence_state, write_tiled_sequence_file
 
 
@@ -51,18 +51,13 @@ def test_layouts_it_does_not_know_are_refused():
     struct.pack_into("<I", transposed, 16 + 2 * 12, 1)  # v_trans, after the cells' meta
     with pytest.raises(ValueError, match="transposed"):
         read_sequence_state(bytes(transposed))
-    with pytest.raises(ValueError, match="not llama.cpp's"):
+    with pytest.raises(ValueError, match="not llama"):
         read_sequence_state(good[4:])
 
 
-def test_llama_cpp_takes_the_tiled_cache_and_decodes():
-    python = peer_python()
-    if python is None:
-        reason = "no Python with llama-cpp-python: run `make peer-venv`, or set SPRIG_PEER_PYTHON"
-        print(f"skipping the tiled llama.cpp cache check: {reason}")
-        pytest.skip(reason)
+def test_llama_cpp_takes_the_tiled_cache_and_decodes(peer):
     model = str(resolve_model_path("smollm2"))
-    command = [python, str(ROOT / "tools" / "bench_llama_cpp.py"), model, "--kv-type", "q8_0", "--fill", "tiled",
+    command = [peer, str(ROOT / "tools" / "bench_llama_cpp.py"), model, "--kv-type", "q8_0", "--fill", "tiled",
                "--prompt-tokens", "600", "--tile-tokens", "128", "--gen-tokens", "2", "--threads", "1",
                "--check-fill", "--json"]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
