@@ -7,9 +7,8 @@ keeps the previous model until the new one is ready, where memory holds both; ot
 the previous one goes first, and a failed load says plainly that it went. A released
 model's memory goes back to the system, after the conversation its session holds is saved
 (`save_state`: a switch, an unload or closing keeps it as leaving the conversation does).
-Each model file's own settings (`ModelSettings`)
-are read at load; a change to them or to the app's settings reloads or rebuilds the
-session when the engine thread is next free.
+Each model file's own settings (`ModelSettings`) are read at load; a change to them or to
+the app's settings reloads or rebuilds the session when the engine thread is next free.
 
 No widgets here: the window connects these signals to its widgets.
 """

@@ -130,7 +130,7 @@ def _pack(piece: memoryview) -> tuple[bytes, str]:
     short) that hold a nonzero byte, in NumPy's `packbits` order, then those blocks; and the
     SHA-256 of it."""
     blocks, tail = _blocks(np.frombuffer(piece, np.uint8))
-    kept = blocks.view(np.uint64).any(axis=1)  # (n,)
+    kept = np.asarray(blocks.view(np.uint64).any(axis=1))  # (n,)
     if len(tail):
         kept = np.append(kept, tail.any())
     parts = [np.packbits(kept).tobytes(), blocks[kept[: len(blocks)]].tobytes()]
