@@ -6,7 +6,6 @@ import re
 from dataclasses import replace
 
 import pytest
-
 from PySide6.QtWidgets import QLabel
 
 from app.conversation_states import FOLDER, conversation_key
