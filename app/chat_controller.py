@@ -88,6 +88,7 @@ class ChatController(QObject):
     completion_text = Signal(str)  # the model's next words, for the completion view (base models)
     completion_finished = Signal(dict, str)  # the completion's final metrics, state
     notice = Signal(str)  # something the user should know about the chat (dropped turns)
+    quiet_notice = Signal(str)  # a note for the conversation alone (its saved state was not used)
     model_notice = Signal(str)  # something to know about the model (the host's) or a job under way
     error = Signal(str)  # something went wrong (here or in the host); the engine's message, intact
 
@@ -97,13 +98,13 @@ class ChatController(QObject):
         self.settings = settings
         self.jobs = JobRunner(self)
         self.jobs.busy_changed.connect(self.busy_changed)
-        self.models = ModelHost(self.jobs, store, lambda: self.settings, self)
+        self.saved_states = ConversationStates(store.path, lambda: self.settings.saved_states_mb)
+        self.models = ModelHost(self.jobs, store, lambda: self.settings, self, save_state=self.saved_states.save_now)
         self.models.model_notice.connect(self.model_notice)
         self.models.error.connect(self.error)
         self.models.model_loaded.connect(self._remember_model)
         self.headers = HeaderReader(self)  # the model picker's, on a thread of its own
         self.conversation: Conversation | None = None
-        self.saved_states = ConversationStates(store.path, lambda: self.settings.saved_states_mb)
         self._answer: dict | None = None  # the streaming answer: message id, text, metrics, saver
         self._told_overflow: set[int] = set()  # conversations already told that old turns were left out
         self._summary_of: Conversation | None = None  # the chat being summarized for a new one
@@ -152,9 +153,9 @@ class ChatController(QObject):
         self.models.apply_settings()
 
     def shutdown(self) -> None:
-        """Stop the current job, save what streamed, end the engine thread and release the model."""
+        """Stop the current job, save what streamed, end the engine thread and release the model (saving
+        the state of the conversation it holds)."""
         self.jobs.stop()
-        self.saved_states.save_now(self.models.session)
         self.headers.stop()
         if self._answer is not None:
             self._answer["saver"].flush(self._answer["metrics"], MessageState.CANCELLED)
@@ -440,6 +441,11 @@ class ChatController(QObject):
         if answer is None or conversation is None:
             return
         for event in events:
+            if event.state_refused:
+                self.quiet_notice.emit(
+                    f"This conversation was read again from its text: its saved state was not used "
+                    f"({event.state_refused})."
+                )
             if event.notice and conversation.id not in self._told_overflow:
                 self._told_overflow.add(conversation.id)  # it would say the same every turn from now on
                 self.notice.emit(event.notice)

@@ -5,9 +5,11 @@ The chat has one session per loaded model, whose cache holds the conversation th
 answered last. Before an answer the session is told which conversation it serves
 (`attach`), so that it restores that conversation's saved state in place of reading its
 text again (`engine.saved_state`). Leaving the conversation saves the cache on the engine
-thread (`leave`), behind any job already queued and before the next one; closing the app
-saves it there and then, once the engine thread has stopped (`save_now`). The folder is
-`states/` beside the database, within the `saved_states_mb` setting.
+thread (`leave`), behind any job already queued and before the next one; a model let go
+(a switch to another model, an unload) saves it on the engine thread before the session
+goes, and closing the app saves it with the window already hidden, once the engine thread
+has stopped (`save_now`, which the model host calls). The folder is `states/` beside the
+database, within the `saved_states_mb` setting.
 """
 
 import logging

@@ -211,6 +211,7 @@ class MainWindow(QMainWindow):
         c.answer_metrics.connect(self.metrics.update_metrics)
         c.answer_finished.connect(self._on_answer_finished)
         c.notice.connect(self._on_notice)
+        c.quiet_notice.connect(self.chat_view.show_notice)
         c.completion_text.connect(self.completion.add_text)
         c.completion_finished.connect(self._on_completion_finished)
         self.completion.continue_requested.connect(self.complete)
@@ -700,10 +701,12 @@ class MainWindow(QMainWindow):
         self.add_model(files[0])
 
     def closeEvent(self, event: QCloseEvent) -> None:
-        """Stop the server and the engine, keep what streamed, save the settings."""
+        """Stop the server and the engine, keep what streamed, save the settings. The window goes first:
+        saving the open conversation's state (seconds, for a long one on a big model) happens out of sight."""
+        self.controller.settings = replace(self.controller.settings, window_geometry=saved_geometry(self))
+        self.hide()
         self.local_server.set_running(False)
         self.hub.stop()  # a download pauses; it resumes at the next start
         self.controller.shutdown()
-        self.controller.settings = replace(self.controller.settings, window_geometry=saved_geometry(self))
         self._save_settings()
         super().closeEvent(event)

@@ -5,9 +5,10 @@ either way the chat sees a `ChatEngine` (`chat_engine`). Loads run as jobs on th
 thread (the `JobRunner` the chat controller shares), with progress and cancel. A load
 keeps the previous model until the new one is ready, where memory holds both; otherwise
 the previous one goes first, and a failed load says plainly that it went. A released
-model's memory goes back to the system. Each model file's own settings (`ModelSettings`)
-are read at load; a change to them or to the app's settings reloads or rebuilds the
-session when the engine thread is next free.
+model's memory goes back to the system, after the conversation its session holds is saved
+(`save_state`: a switch, an unload or closing keeps it as leaving the conversation does).
+Each model file's own settings (`ModelSettings`) are read at load; a change to them or to
+the app's settings reloads or rebuilds the session when the engine thread is next free.
 
 No widgets here: the window connects these signals to its widgets.
 """
@@ -72,9 +73,17 @@ class ModelHost(QObject):
     _engine_progress = Signal(float, str)
     _engine_notice = Signal(str)
 
-    def __init__(self, jobs: JobRunner, store: Store, settings: Callable[[], Settings], parent: QObject | None = None):
+    def __init__(
+        self,
+        jobs: JobRunner,
+        store: Store,
+        settings: Callable[[], Settings],
+        parent: QObject | None = None,
+        save_state: Callable[[ChatSession], None] = lambda session: None,
+    ):
         super().__init__(parent)
         self.jobs, self.store, self._settings = jobs, store, settings
+        self._save_state = save_state  # keeps the conversation a session holds, before the session goes
         self._engine_progress.connect(self.load_progress, Qt.ConnectionType.QueuedConnection)
         self._engine_notice.connect(self.model_notice, Qt.ConnectionType.QueuedConnection)
         jobs.idle.connect(self.apply_settings)  # a backend or context change made while busy
@@ -267,8 +276,10 @@ class ModelHost(QObject):
         return settings.backend, settings.cpu_threads, settings.context_length, model_settings.template, draft, kv_type
 
     def _release_model(self) -> None:
-        """Engine thread: stop the scheduler (ending any server request), drop the session, close the model,
-        and give the memory back to the system."""
+        """Engine thread: stop the scheduler (ending any server request), save the conversation the session
+        holds and drop the session, close the model, and give the memory back to the system."""
+        if self.session is not None:
+            self._save_state(self.session)
         self.session = None
         if self.scheduler is not None:
             self.scheduler.close()

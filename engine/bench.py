@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from backends.kv_types import encode_rows
+from engine.errors import ContextFullError
 from engine.generation import Metrics, generate
 from engine.kv_cache import KVCache
 from engine.loader import LoadedModel
@@ -41,6 +42,11 @@ def bench(
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, loaded.config.vocab_size, size=prompt_tokens).tolist()
     cache = loaded.new_cache(prompt_tokens + gen_tokens + 1)
+    if cache.n_ctx < prompt_tokens + gen_tokens + 1:
+        raise ContextFullError(
+            f"{prompt_tokens} prompt tokens and {gen_tokens} steps need a context of {prompt_tokens + gen_tokens + 1} "
+            f"tokens, and {loaded.path.name} was trained for {cache.n_ctx}"
+        )
 
     if fill not in ("prefill", "random"):
         raise ValueError(f"fill is 'prefill' or 'random', not {fill!r}")

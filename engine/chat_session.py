@@ -148,8 +148,9 @@ class ChatSession:
 
     def _answer(self, cancel: threading.Event | None, continuing: bool = False) -> Iterator[GenerationEvent]:
         tokens, dropped = self._fit(continuing)
-        if self.saved is not None:
-            self.saved.restore(self.cache, tokens)
+        refused = self.saved.restore(self.cache, tokens).refused if self.saved is not None else None
+        if refused is not None:
+            yield GenerationEvent(state_refused=refused)
         if dropped:
             yield GenerationEvent(
                 notice=f"The conversation was longer than the context, so the {dropped} "

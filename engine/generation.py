@@ -91,13 +91,16 @@ class Metrics:
 
 @dataclass(frozen=True)
 class GenerationEvent:
-    """One step of a streamed answer. `notice` carries messages such as dropped turns."""
+    """One step of a streamed answer. `notice` carries messages such as dropped turns;
+    `state_refused` says why the conversation's saved state was not used (its text was read
+    again instead)."""
 
     text: str = ""
     token: int | None = None
     finish_reason: str | None = None
     metrics: Metrics = field(default_factory=Metrics)
     notice: str | None = None
+    state_refused: str | None = None
 
 
 class StopStringFilter:

@@ -2,18 +2,27 @@
 several context depths: the rows of docs/benchmarks.md's KV-type table.
 
     .venv/bin/python tools/bench_kv_types.py MODEL.gguf [MODEL.gguf ...] \\
-        --depths 1024 4096 8192 --kv-types f16 q8_0 --threads 2 --gen-tokens 64
+        --depths 4096 16384 32768 --kv-types f16 q8_0 --threads 2 --gen-tokens 32
 
 For each model, depth and KV type it runs, each in a fresh process (so each RSS is its own):
-- `python -m engine bench --backend cpu --kv-type T --prompt-tokens DEPTH --fill F --json`
-  (`--fill random` puts the context in the cache with random keys and values instead of
-  prefilling it: a decode step costs the same, and an 8B model's 8k-token prefill takes many
-  minutes on two cores; `--fill prefill` times the prefill too);
-- `tools/bench_llama_cpp.py MODEL --kv-type T --prompt-tokens DEPTH --json` under the
-  reference venv's python (`--peer-python`), which always prefills (llama.cpp has no cheaper
-  way to a deep context), flash attention on.
-It prints a Markdown table: decode tok/s of both and their ratio, and RSS after the run of
-both and their ratio; `--json` prints the raw figures instead. `--skip-peer` runs ours alone.
+- `python -m engine bench --backend cpu --kv-type T --prompt-tokens DEPTH --fill F --json`;
+- `tools/bench_llama_cpp.py MODEL --kv-type T --prompt-tokens DEPTH --fill F' --json` under
+  the peer's python (`--peer-python`), flash attention on.
+
+How each reaches DEPTH tokens of context (`--fill`):
+- `random` (the default): neither prefills it. Sprig holds DEPTH tokens with random keys and
+  values of the cache's type (`engine bench --fill random`); llama.cpp prefills 256 tokens
+  for real and holds their cells tiled to DEPTH positions (`--fill tiled`, loaded through its
+  own state API: `tools/llama_kv_state.py`). A decode step reads every cached position
+  whatever it holds, so decode speed and memory are those of a real context of that depth,
+  at a cost of seconds instead of a prefill (tens of minutes at 16k for a 4B model on two
+  cores, on each side). No prefill figure.
+- `prefill`: both prefill DEPTH random tokens (seed 0), and the table gives both prefill
+  speeds too: the prefill rows.
+
+It prints a Markdown table: decode tok/s of both and their ratio, RSS after the run of both
+and their ratio (and with `--fill prefill` prefill tok/s of both and their ratio); `--json`
+prints the raw figures instead. `--skip-peer` runs ours alone.
 """
 
 import argparse
@@ -76,24 +85,31 @@ def peer(model: str, depth: int, kv_type: str, args: argparse.Namespace) -> dict
             str(depth),
             "--gen-tokens",
             str(args.gen_tokens),
+            "--fill",
+            "tiled" if args.fill == "random" else "prefill",
             "--json",
         ]
     )
 
 
-def row(model: str, depth: int, kv_type: str, mine: dict, theirs: dict | None) -> str:
-    """One Markdown table row."""
+def row(model: str, depth: int, kv_type: str, mine: dict, theirs: dict | None, prefill: bool) -> str:
+    """One Markdown table row (with the prefill columns when `prefill`)."""
     rss = mine["rss_bytes"]["after_run"] / 1e6
     cells = [Path(model).name, str(depth), kv_type, f"{mine['decode_tok_s']:.2f}", f"{rss:.0f}"]
     if theirs is None:
-        return "| " + " | ".join([*cells, "", "", "", ""]) + " |"
-    peer_rss = theirs["rss_bytes"]["after_run"] / 1e6
-    cells += [
-        f"{theirs['decode_tok_s']:.2f}",
-        f"{mine['decode_tok_s'] / theirs['decode_tok_s']:.2f}x",
-        f"{peer_rss:.0f}",
-        f"{rss / peer_rss:.2f}x",
-    ]
+        cells += [""] * 4
+    else:
+        peer_rss = theirs["rss_bytes"]["after_run"] / 1e6
+        cells += [
+            f"{theirs['decode_tok_s']:.2f}",
+            f"{mine['decode_tok_s'] / theirs['decode_tok_s']:.2f}x",
+            f"{peer_rss:.0f}",
+            f"{rss / peer_rss:.2f}x",
+        ]
+    if prefill:
+        speeds = [mine["prefill_tok_s"], theirs["prefill_tok_s"] if theirs else None]
+        cells += [f"{v:.2f}" if v else "" for v in speeds]
+        cells.append(f"{speeds[0] / speeds[1]:.2f}x" if speeds[1] else "")
     return "| " + " | ".join(cells) + " |"
 
 
@@ -109,11 +125,13 @@ def main() -> None:
     parser.add_argument("--skip-peer", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    prefill = args.fill == "prefill"
     if not args.json:
-        print(
+        head = (
             "| model | depth | KV | ours tok/s | ours RSS MB | llama.cpp tok/s | ratio | llama.cpp RSS MB | RSS ratio |"
         )
-        print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+        print(head + (" ours prefill tok/s | llama.cpp prefill tok/s | prefill ratio |" if prefill else ""))
+        print("|---|---:|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|" if prefill else ""))
     for model in [str(resolve_model_path(m)) for m in args.models]:  # "smollm2": the bundled file
         for depth in args.depths:
             for kv_type in args.kv_types:
@@ -124,7 +142,7 @@ def main() -> None:
                         json.dumps({"model": model, "depth": depth, "kv_type": kv_type, "ours": mine, "peer": theirs})
                     )
                 else:
-                    print(row(model, depth, kv_type, mine, theirs), flush=True)
+                    print(row(model, depth, kv_type, mine, theirs, prefill), flush=True)
 
 
 if __name__ == "__main__":

@@ -55,7 +55,8 @@ class BonsaiShape:
     d_ff: int
     vocab: int = 151936
     tie_embeddings: bool = True  # no output.weight: the output projection is token_embd.weight
-    context_length: int = 4096  # rope base 1e6 and rms eps 1e-6 come from model_metadata's qwen3
+    # the published configs' max_position_embeddings (Qwen3-1.7B, -4B, -8B): the KV benchmark runs to 32k
+    context_length: int = 40960  # rope base 1e6 and rms eps 1e-6 come from model_metadata's qwen3
 
 
 # Bonsai's published configs (they are Qwen3-1.7B's and Qwen3-8B's).

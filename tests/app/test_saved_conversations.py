@@ -6,10 +6,13 @@ import re
 from dataclasses import replace
 
 import pytest
+from PySide6.QtWidgets import QLabel
 
 from app.conversation_states import FOLDER, conversation_key
+from engine.chat_session import ChatSession
 from engine.saved_state import SUFFIX, read_header
-from tests.app.conftest import ANSWER_TIMEOUT_MS, answer
+from tests.app.conftest import ANSWER_TIMEOUT_MS, answer, load
+from tests.gguf_factory import write_tiny_model
 
 
 def state_file(window, conversation_id):
@@ -59,6 +62,45 @@ def test_a_damaged_state_is_ignored_and_the_answer_still_comes(qtbot, window, ca
         metrics, state = answer(qtbot, window, lambda: controller.send("And lakes?"))
     assert state == "complete" and metrics["decode_tokens"] > 0
     assert "was not used, the text is read again: it is truncated" in caplog.text
+    # the user is told, quietly: a note in the conversation, not a banner over the window
+    assert chat_notes(window) == ["This conversation was read again from its text: its saved state was not used "
+                                  "(it is truncated)."]  # fmt: skip
+    assert not window.info_banner.isVisible() and not window.error_banner.isVisible()
+    answer(qtbot, window, lambda: controller.send("And seas?"))
+    assert len(chat_notes(window)) == 1  # said once: the file is not read again
+
+
+def chat_notes(window) -> list[str]:
+    """The notes shown in the conversation (not the banners over the window)."""
+    return [label.text() for label in window.chat_view.widget().findChildren(QLabel, "InfoBanner")]
+
+
+@pytest.mark.any_model
+def test_switching_models_saves_the_conversation_the_cache_holds(qtbot, window, tmp_path):
+    controller = window.controller
+    answer(qtbot, window, lambda: controller.send("Tell me about rivers."))
+    first, held = controller.conversation.id, controller.models.session.cache.tokens
+    assert not state_file(window, first).exists()  # not left: nothing saved yet
+    load(qtbot, window, write_tiny_model(tmp_path / "other.gguf", arch="qwen3", seed=1))
+    assert read_header(state_file(window, first))["tokens"] == list(held)
+
+
+@pytest.mark.any_model
+def test_closing_hides_the_window_before_the_state_is_saved(qtbot, window, monkeypatch):
+    controller = window.controller
+    answer(qtbot, window, lambda: controller.send("Tell me about rivers."))
+    first, held = controller.conversation.id, controller.models.session.cache.tokens
+    shown_while_saving: list[bool] = []
+    save_state = ChatSession.save_state
+
+    def watched(session):
+        shown_while_saving.append(window.isVisible())
+        return save_state(session)
+
+    monkeypatch.setattr(ChatSession, "save_state", watched)
+    window.close()
+    assert shown_while_saving == [False]
+    assert read_header(state_file(window, first))["tokens"] == list(held)
 
 
 @pytest.mark.any_model

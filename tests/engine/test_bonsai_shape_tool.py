@@ -59,7 +59,7 @@ def test_a_tiny_shape_opens_with_its_hyperparameters(tmp_path, tied):
     assert c.architecture == "qwen3" and c.tie_embeddings == tied
     assert {"blk.1.attn_q_norm.weight", "blk.1.attn_k_norm.weight"} <= set(f.tensors)
     assert (c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.d_ff) == (2, 128, 4, 2, 32, 256)
-    assert (c.vocab_size, c.context_length, c.rope_base) == (288, 4096, 1e6)
+    assert (c.vocab_size, c.context_length, c.rope_base) == (288, 40960, 1e6)
     assert c.norm_eps == pytest.approx(1e-6)
     assert len(f.get("tokenizer.ggml.tokens")) == 288
     assert ("output.weight" in f.tensors) != tied

@@ -39,6 +39,12 @@ def test_bench_json_on_a_bundled_model():
     assert figures["prefill_tok_s"] > 0 and figures["decode_tok_s"] > 0
 
 
+def test_bench_past_the_models_context_says_so():
+    result = engine("bench", "--model", "smollm2", "--prompt-tokens", "8190", "--gen-tokens", "8", "--fill", "random")
+    assert result.returncode != 0
+    assert "need a context of 8199 tokens, and SmolLM2-135M-Instruct.Q4_1.gguf was trained for 8192" in result.stderr
+
+
 def test_tokenize_matches_llama_cpp_fixture():
     corpus = json.loads((FIXTURES / "tokenizer_corpus.json").read_text(encoding="utf-8"))
     ids = json.loads((FIXTURES / "tokenizer_ids.json").read_text(encoding="utf-8"))["models"]["smollm2"]["ids"]

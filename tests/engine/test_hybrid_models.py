@@ -215,7 +215,7 @@ def test_a_restored_saved_state_never_rolls_back_to_the_snapshots_it_replaced(tm
         assert states.save("c", writer, identity)
         cache = loaded.new_cache(64)
         cache.feed(loaded.model, other)  # snapshots of another text's state, at positions 0 and 19
-        assert states.restore("c", cache, [*saved, *more], identity) == 20
+        assert states.restore("c", cache, [*saved, *more], identity).tokens == 20
         cache.feed(loaded.model, more)
         cache.truncate(19)  # back into the restored text, where the old snapshots' positions lie
         got = cache.feed(loaded.model, saved[19:20])[-1]

@@ -28,7 +28,6 @@ the tests skip, saying why.
 """
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -42,7 +41,6 @@ from tools.make_imatrix import importance_matrix
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 PPL_TEXT = (ROOT / "tests" / "fixtures" / "ppl_text.txt").read_text()
-PEER_PYTHONS = (os.environ.get("SPRIG_PEER_PYTHON"), ROOT / ".venv-peer/bin/python")
 CTX, WINDOWS = 128, 2
 # llama.cpp file type -> the tensor type it writes where the rows allow
 SMOLLM2_TYPES = {
@@ -59,26 +57,6 @@ SMOLLM2_TYPES = {
 }
 GEMMA_TYPES = ("Q3_K_S", "IQ4_XS")
 CASES = [("smollm2", f) for f in SMOLLM2_TYPES] + [("gemma3", f) for f in GEMMA_TYPES]
-
-
-def peer_python() -> str | None:
-    """A Python with llama-cpp-python installed, or None."""
-    for candidate in PEER_PYTHONS:
-        if not candidate or not Path(candidate).exists():
-            continue
-        if subprocess.run([str(candidate), "-c", "import llama_cpp"], capture_output=True).returncode == 0:
-            return str(candidate)
-    return None
-
-
-@pytest.fixture(scope="module")
-def peer():
-    python = peer_python()
-    if python is None:
-        reason = "no Python with llama-cpp-python: run `make peer-venv`, or set SPRIG_PEER_PYTHON"
-        print(f"skipping the re-quantized perplexity tests: {reason}")
-        pytest.skip(reason)
-    return python
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ $SPRIG_PEER_PYTHON, else `.venv-peer` (`make peer-venv`); without one
 its tests skip, saying why.
 """
 
-import os
 import socket
 import subprocess
 import sys
@@ -17,11 +16,11 @@ import httpx2
 import pytest
 
 from engine.bundled import resolve_model_path
+from tests.engine.conftest import peer_python
 from tests.engine.remote.faulty_server import FaultyServer
 from tests.gguf_factory import write_tiny_model
 
 ROOT = Path(__file__).resolve().parents[3]
-PEER_PYTHONS = (os.environ.get("SPRIG_PEER_PYTHON"), ROOT / ".venv-peer/bin/python")
 START_SECONDS = 120
 
 
@@ -74,20 +73,10 @@ def sprig_server(smollm2, tmp_path_factory):
     stop_server(process)
 
 
-def peer_python() -> str | None:
-    """A Python with llama_cpp.server installed, or None."""
-    for candidate in PEER_PYTHONS:
-        if candidate and Path(candidate).exists():
-            found = subprocess.run([str(candidate), "-c", "import llama_cpp.server"], capture_output=True)
-            if found.returncode == 0:
-                return str(candidate)
-    return None
-
-
 @pytest.fixture(scope="module")
 def llama_server(tmp_path_factory):
     """llama.cpp's server (llama-cpp-python[server]) on a tiny model; yields its base URL."""
-    python = peer_python()
+    python = peer_python("llama_cpp.server")
     if python is None:
         reason = "no Python with llama-cpp-python[server]: run `make peer-venv`, or set SPRIG_PEER_PYTHON"
         print(f"skipping llama.cpp server tests: {reason}")
