@@ -835,6 +835,7 @@ QUANT_TYPES(DOT_FUNCTION)
 
 void dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq, const float *xd, const float *xs,
                     const float *xh, float *mins, int n, float *out, int64_t stride) {
+    if (iq_dot_row_tokens(type, row, K, xq, xd, n, out, stride)) return; /* this tier's own (iq_dots.c) */
 #define CALL_CASE(name, number, weights, bytes, form, ...) CALL_##form(name, number)
 #define CALL_FLOAT(...)
 #define CALL_TILED(...)
