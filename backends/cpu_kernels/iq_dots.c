@@ -82,54 +82,210 @@ static inline INLINED void iq4_nl_pair(const uint8_t *b, int both, __m256i *lo, 
     iq4_pair(_mm256_inserti128_si256(_mm256_castsi128_si256(qg), qh, 1), lo, hi);
 }
 
-/* IQ2_XXS (layout in quants.c): group g's 8 bytes at 2 + 8g are 4 grid indices and aux. The
- * signs of group g as 32 bits (byte l: ksigns_iq2xs[(aux >> 7l) & 127], i.e. the 7 bits and
- * their parity in bit 7) and its scale d * (0.5 + (aux >> 28)) * 0.25, for all 8 groups at once. */
-static inline INLINED v8f iq2_xxs_signs_scales(const uint8_t *b, uint32_t signs[8]) {
-    /* the odd 32-bit words of bytes 2-65: [a0 a1 a4 a5 | a2 a3 a6 a7], then in order */
-    __m256 odd = _mm256_shuffle_ps(_mm256_loadu_ps((const float *)(b + 2)), _mm256_loadu_ps((const float *)(b + 34)),
-                                   _MM_SHUFFLE(3, 1, 3, 1));
-    u32x8 aux = (u32x8)_mm256_permute4x64_epi64(_mm256_castps_si256(odd), _MM_SHUFFLE(3, 1, 2, 0));
+/* The signs of 8 groups as 32 bits each (byte l: ksigns_iq2xs[(aux >> 7l) & 127], i.e. the 7
+ * bits and their parity in bit 7: IQ2_XXS, IQ3_XXS), and the group scales
+ * d * (0.5 + (aux >> 28)) * factor, from the groups' aux words. */
+static inline INLINED v8f aux_signs_scales(u32x8 aux, float d, float factor, uint32_t signs[8]) {
     u32x8 bits = (aux & 0x7f) | ((aux << 1) & 0x7f00) | ((aux << 2) & 0x7f0000) | ((aux << 3) & 0x7f000000);
     u32x8 parity = bits ^ (bits >> 4); /* bit 0 of each byte: the parity of its bits */
     parity ^= parity >> 2;
     parity ^= parity >> 1;
     bits |= (parity & 0x01010101) << 7;
     memcpy(signs, &bits, sizeof bits);
-    return f16(b) * (0.5f + __builtin_convertvector((v8i)(aux >> 28), v8f)) * 0.25f;
+    return d * (0.5f + __builtin_convertvector((v8i)(aux >> 28), v8f)) * factor;
 }
 
-static inline INLINED void iq2_xxs_pair(const uint8_t *b, int p, const uint32_t signs[8], __m256i *lo, __m256i *hi) {
-    const uint8_t *ig = b + 2 + 16 * p, *ih = ig + 8; /* grid indices of groups 2p, 2p + 1 */
-#define GRID(i) ((long long)u64(iq2xxs_grid[i]))
-    *lo = _mm256_setr_epi64x(GRID(ig[0]), GRID(ig[1]), GRID(ih[0]), GRID(ih[1]));
-    *hi = _mm256_setr_epi64x(GRID(ig[2]), GRID(ig[3]), GRID(ih[2]), GRID(ih[3]));
-#undef GRID
-    uint32_t sg = signs[2 * p], sh = signs[2 * p + 1];
+/* IQ2_XXS (layout in quants.c): group g's 8 bytes at 2 + 8g are 4 grid indices and aux */
+static inline INLINED v8f iq2_xxs_scales(const uint8_t *b, uint32_t signs[8]) {
+    /* the odd 32-bit words of bytes 2-65: [a0 a1 a4 a5 | a2 a3 a6 a7], then in order */
+    __m256 odd = _mm256_shuffle_ps(_mm256_loadu_ps((const float *)(b + 2)), _mm256_loadu_ps((const float *)(b + 34)),
+                                   _MM_SHUFFLE(3, 1, 3, 1));
+    u32x8 aux = (u32x8)_mm256_permute4x64_epi64(_mm256_castps_si256(odd), _MM_SHUFFLE(3, 1, 2, 0));
+    return aux_signs_scales(aux, f16(b), 0.25f, signs);
+}
+
+/* lo and hi of a pair from the signs of g and h (bit j: weight j) */
+static inline INLINED void signed_pair(__m256i *lo, __m256i *hi, uint32_t sg, uint32_t sh) {
     *lo = negate_where(*lo, (sg & 0xffff) | sh << 16);
     *hi = negate_where(*hi, sg >> 16 | (sh & 0xffff0000u));
 }
 
+/* 8-byte grid points (IQ2, IQ1: weights 8l .. 8l + 7 of a group) as a 64-bit lane */
+#define POINT8(grid, i) ((long long)u64((grid)[i]))
+/* 4-byte ones (IQ3: weights 4l .. 4l + 3) */
+#define POINT4(grid, i) ((int)u32((grid)[i]))
+
+static inline INLINED void iq2_xxs_pair(const uint8_t *b, int p, const uint32_t signs[8], __m256i *lo, __m256i *hi) {
+    const uint8_t *ig = b + 2 + 16 * p, *ih = ig + 8; /* grid indices of groups 2p, 2p + 1 */
+    *lo = _mm256_setr_epi64x(POINT8(iq2xxs_grid, ig[0]), POINT8(iq2xxs_grid, ig[1]), POINT8(iq2xxs_grid, ih[0]),
+                             POINT8(iq2xxs_grid, ih[1]));
+    *hi = _mm256_setr_epi64x(POINT8(iq2xxs_grid, ig[2]), POINT8(iq2xxs_grid, ig[3]), POINT8(iq2xxs_grid, ih[2]),
+                             POINT8(iq2xxs_grid, ih[3]));
+    signed_pair(lo, hi, signs[2 * p], signs[2 * p + 1]);
+}
+
+/* IQ3_XXS: qs[8g + m] the grid index of weights 4m .. 4m + 3 of group g; aux words at 66 */
+static inline INLINED v8f iq3_xxs_scales(const uint8_t *b, uint32_t signs[8]) {
+    u32x8 aux;
+    memcpy(&aux, b + 66, sizeof aux);
+    return aux_signs_scales(aux, f16(b), 0.5f, signs);
+}
+
+/* the 4-byte points of indices i[0 .. 7] (group g) and j[0 .. 7] (group h) in the pair layout */
+#define PAIR4(grid, i, j, lo, hi)                                                                                   \
+    do {                                                                                                            \
+        *(lo) = _mm256_setr_epi32(POINT4(grid, i[0]), POINT4(grid, i[1]), POINT4(grid, i[2]), POINT4(grid, i[3]),   \
+                                  POINT4(grid, j[0]), POINT4(grid, j[1]), POINT4(grid, j[2]), POINT4(grid, j[3]));  \
+        *(hi) = _mm256_setr_epi32(POINT4(grid, i[4]), POINT4(grid, i[5]), POINT4(grid, i[6]), POINT4(grid, i[7]),   \
+                                  POINT4(grid, j[4]), POINT4(grid, j[5]), POINT4(grid, j[6]), POINT4(grid, j[7]));  \
+    } while (0)
+
+static inline INLINED void iq3_xxs_pair(const uint8_t *b, int p, const uint32_t signs[8], __m256i *lo, __m256i *hi) {
+    const uint8_t *ig = b + 2 + 16 * p, *ih = ig + 8;
+    PAIR4(iq3xxs_grid, ig, ih, lo, hi);
+    signed_pair(lo, hi, signs[2 * p], signs[2 * p + 1]);
+}
+
+/* IQ3_S: weights 4l .. 4l + 3 of group g are iq3s_grid[qs[8g + l] | bit l of qh[g] << 8];
+ * signs of group g the 32 bits at 74 + 4g; scale d * (1 + 2 (bits 4g of the scales word)) */
+static inline INLINED v8f iq3_s_scales(const uint8_t *b) {
+    const u32x8 k = {0, 1, 2, 3, 4, 5, 6, 7};
+    v8i odd = (v8i)((u32(b + 106) >> (4 * k)) & 15);
+    return f16(b) * __builtin_convertvector(1 + 2 * odd, v8f);
+}
+
+static inline INLINED void iq3_s_pair(const uint8_t *b, int p, __m256i *lo, __m256i *hi) {
+    const uint8_t *qs = b + 2 + 16 * p, *qh = b + 66 + 2 * p;
+    int i[8], j[8];
+    for (int l = 0; l < 8; l++) {
+        i[l] = qs[l] | ((qh[0] >> l) & 1) << 8;
+        j[l] = qs[8 + l] | ((qh[1] >> l) & 1) << 8;
+    }
+    PAIR4(iq3s_grid, i, j, lo, hi);
+    signed_pair(lo, hi, u32(b + 74 + 8 * p), u32(b + 78 + 8 * p));
+}
+
+/* The group (half group) scales of the IQ2_XS and IQ2_S blocks: d * (0.5 + nibble) * 0.25, the
+ * 16 nibbles of the scale bytes at `at` (low nibble first): halves 0-15 (lo) and 16-31 (hi). */
+static inline INLINED void iq2_half_scales(const uint8_t *b, int at, v8f *lo, v8f *hi) {
+    u32x8 bytes = (u32x8)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + at))); /* group g's: byte g */
+    float d = f16(b);
+    *lo = d * (0.5f + __builtin_convertvector((v8i)(bytes & 15), v8f)) * 0.25f;
+    *hi = d * (0.5f + __builtin_convertvector((v8i)(bytes >> 4), v8f)) * 0.25f;
+}
+
+/* IQ2_XS: weights 8i .. 8i + 7 are iq2xs_grid[qs[i] & 511], signs ksigns_iq2xs[qs[i] >> 9] */
+static inline INLINED void iq2_xs_pair(const uint8_t *b, int p, __m256i *lo, __m256i *hi) {
+    const uint8_t *q = b + 2 + 16 * p; /* 16-bit words of group 2p: q, of 2p + 1: q + 8 */
+    uint32_t sg = 0, sh = 0;
+    for (int l = 0; l < 4; l++) {
+        sg |= (uint32_t)ksigns_iq2xs[u16(q + 2 * l) >> 9] << (8 * l);
+        sh |= (uint32_t)ksigns_iq2xs[u16(q + 8 + 2 * l) >> 9] << (8 * l);
+    }
+#define AT(o) POINT8(iq2xs_grid, u16(q + (o)) & 511)
+    *lo = _mm256_setr_epi64x(AT(0), AT(2), AT(8), AT(10));
+    *hi = _mm256_setr_epi64x(AT(4), AT(6), AT(12), AT(14));
+#undef AT
+    signed_pair(lo, hi, sg, sh);
+}
+
+/* IQ2_S: weights 8i .. 8i + 7 are iq2s_grid[qs[i] | ((qh[i / 4] >> 2 (i % 4)) & 3) << 8], the
+ * signs of group g the 32 bits at 34 + 4g */
+static inline INLINED void iq2_s_pair(const uint8_t *b, int p, __m256i *lo, __m256i *hi) {
+    const uint8_t *qs = b + 2 + 8 * p, *qh = b + 66 + 2 * p;
+#define AT(l, h) POINT8(iq2s_grid, qs[l] | ((h >> (2 * ((l) % 4))) & 3) << 8)
+    *lo = _mm256_setr_epi64x(AT(0, qh[0]), AT(1, qh[0]), AT(4, qh[1]), AT(5, qh[1]));
+    *hi = _mm256_setr_epi64x(AT(2, qh[0]), AT(3, qh[0]), AT(6, qh[1]), AT(7, qh[1]));
+#undef AT
+    signed_pair(lo, hi, u32(b + 34 + 8 * p), u32(b + 38 + 8 * p));
+}
+
+/* IQ1 codes: the grid's -1, 0, 1 as 8 v + delta, delta -1 where bit j of `negative` is set, else +1 */
+static inline INLINED __m256i iq1_eighths(__m256i v, uint32_t negative) {
+    __m256i eight = _mm256_and_si256(_mm256_slli_epi16(v, 3), _mm256_set1_epi8((char)0xf8));
+    return _mm256_add_epi8(eight, negate_where(_mm256_set1_epi8(1), negative));
+}
+
+/* IQ1_S: group g's weights 8l .. 8l + 7 are iq1s_grid[qs[4g + l] | ((h >> 3l) & 7) << 8], h the
+ * 16-bit word at 34 + 2g, whose bit 15 is the delta's sign; scale d * (2 ((h >> 12) & 7) + 1) / 8 */
+static inline INLINED v8f iq1_s_scales(const uint8_t *b) {
+    __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(b + 34)));
+    v8i s = (v8i)_mm256_and_si256(_mm256_srli_epi32(h, 12), _mm256_set1_epi32(7));
+    return f16(b) * __builtin_convertvector(2 * s + 1, v8f) * 0.125f;
+}
+
+static inline INLINED void iq1_s_pair(const uint8_t *b, int p, __m256i *lo, __m256i *hi) {
+    const uint8_t *qs = b + 2 + 8 * p;
+    uint32_t hg = u16(b + 34 + 4 * p), hh = u16(b + 36 + 4 * p);
+#define AT(l, h) POINT8(iq1s_grid, qs[l] | ((h >> (3 * ((l) % 4))) & 7) << 8)
+    *lo = _mm256_setr_epi64x(AT(0, hg), AT(1, hg), AT(4, hh), AT(5, hh));
+    *hi = _mm256_setr_epi64x(AT(2, hg), AT(3, hg), AT(6, hh), AT(7, hh));
+#undef AT
+    uint32_t negative = (hg & 0x8000 ? 0xffffu : 0) | (hh & 0x8000 ? 0xffff0000u : 0); /* per half: the same */
+    *lo = iq1_eighths(*lo, negative);
+    *hi = iq1_eighths(*hi, negative);
+}
+
+/* IQ1_M: nibble i of qh (16 bytes at 32, low nibble first) holds 3 high grid-index bits and the
+ * delta's sign of weights 8i .. 8i + 7; half k's scale d * (2 ((word k / 4 >> 3 (k % 4)) & 7) + 1) / 8,
+ * the words at 48, d their top 4 bits (low word first) as fp16 */
+static inline INLINED void iq1_m_scales(const uint8_t *b, v8f *lo, v8f *hi) {
+    const uint8_t *sc = b + 48;
+    uint16_t d = (uint16_t)((u16(sc) >> 12) | ((u16(sc + 2) >> 8) & 0x00f0) | ((u16(sc + 4) >> 4) & 0x0f00) |
+                            (u16(sc + 6) & 0xf000));
+    const u32x8 k = {0, 1, 2, 3, 4, 5, 6, 7};
+    u32x8 word = {u16(sc), u16(sc), u16(sc + 2), u16(sc + 2), u16(sc + 4), u16(sc + 4), u16(sc + 6), u16(sc + 6)};
+    u32x8 half0 = (word >> (3 * (2 * k % 4))) & 7, half1 = (word >> (3 * (2 * k % 4 + 1))) & 7; /* k = 2g, 2g + 1 */
+    float df = _cvtsh_ss(d);
+    *lo = df * __builtin_convertvector(2 * (v8i)half0 + 1, v8f) * 0.125f;
+    *hi = df * __builtin_convertvector(2 * (v8i)half1 + 1, v8f) * 0.125f;
+}
+
+static inline INLINED void iq1_m_pair(const uint8_t *b, int p, __m256i *lo, __m256i *hi) {
+    const uint8_t *qs = b + 8 * p, *qh = b + 32 + 4 * p; /* nibbles 8p .. 8p + 7: bytes 4p .. 4p + 3 */
+    uint32_t nib = u32(qh);
+#define NIB(l) ((nib >> (4 * (l))) & 15)
+#define AT(l) POINT8(iq1s_grid, qs[l] | (NIB(l) & 7) << 8)
+    *lo = _mm256_setr_epi64x(AT(0), AT(1), AT(4), AT(5));
+    *hi = _mm256_setr_epi64x(AT(2), AT(3), AT(6), AT(7));
+    /* lo's 8-byte lanes: points 0, 1, 4, 5; hi's: 2, 3, 6, 7 */
+    static const int order[2][4] = {{0, 1, 4, 5}, {2, 3, 6, 7}};
+    uint32_t neg[2] = {0, 0};
+    for (int v = 0; v < 2; v++)
+        for (int l = 0; l < 4; l++) neg[v] |= NIB(order[v][l]) & 8 ? 0xffu << (8 * l) : 0;
+#undef AT
+#undef NIB
+    *lo = iq1_eighths(*lo, neg[0]);
+    *hi = iq1_eighths(*hi, neg[1]);
+}
+
 /* -- a pair's products with n tokens --------------------------------------------------------
  * acc[k] += group g's terms, then group h's (both: whether h exists), for token k whose codes
- * of group g start at x + k * K; f[k] holds scale * xscale of g at index i, of h at i + 1. */
-static inline INLINED void pair_terms(__m256i lo, __m256i hi, const int16_t *x, int64_t K, const v8f *f, int i,
-                                      int both, const int n, v8f *acc) {
+ * of group g start at x + k * K; flo[k] holds scale * xscale of g at index i, of h at i + 1
+ * (split: of weights 0-15, and fhi[k] of weights 16-31; else flo[k] for the whole group). */
+static inline INLINED void pair_terms(__m256i lo, __m256i hi, const int16_t *x, int64_t K, const v8f *flo,
+                                      const v8f *fhi, int i, int both, int split, const int n, v8f *acc) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
     __m512i wlo = _mm512_cvtepi8_epi16(lo), whi = _mm512_cvtepi8_epi16(hi);
     const __m512i at = _mm512_setr_epi32(i, i, i, i, i, i, i, i, i + 1, i + 1, i + 1, i + 1, i + 1, i + 1, i + 1, i + 1);
     for (int k = 0; k < n; k++) {
         const int16_t *xk = x + k * K;
-        /* [x_g 0-15 | x_h 0-15] and [x_g 16-31 | x_h 16-31] (h's half zeros when absent) */
-        __m256i g0 = _mm256_loadu_si256((const __m256i *)xk), g1 = _mm256_loadu_si256((const __m256i *)(xk + 16));
-        __m512i xlo = _mm512_castsi256_si512(g0), xhi = _mm512_castsi256_si512(g1);
+        /* [x_g 0-15 | x_h 0-15] and [x_g 16-31 | x_h 16-31] (h's halves undefined when absent, never added) */
+        __m512i xlo = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)xk));
+        __m512i xhi = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(xk + 16)));
         if (both) {
             xlo = _mm512_inserti64x4(xlo, _mm256_loadu_si256((const __m256i *)(xk + 32)), 1);
             xhi = _mm512_inserti64x4(xhi, _mm256_loadu_si256((const __m256i *)(xk + 48)), 1);
         }
-        __m512i sums = _mm512_dpwssd_epi32(_mm512_madd_epi16(wlo, xlo), whi, xhi);
-        __m512 scale = _mm512_permutexvar_ps(at, _mm512_castps256_ps512((__m256)f[k]));
-        __m512 terms = _mm512_mul_ps(_mm512_cvtepi32_ps(sums), scale);
+        __m512 terms, slo = _mm512_permutexvar_ps(at, _mm512_castps256_ps512((__m256)flo[k]));
+        if (split) {
+            __m512 shi = _mm512_permutexvar_ps(at, _mm512_castps256_ps512((__m256)fhi[k]));
+            terms = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_madd_epi16(wlo, xlo)), slo),
+                                  _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_madd_epi16(whi, xhi)), shi));
+        } else {
+            __m512i sums = _mm512_dpwssd_epi32(_mm512_madd_epi16(wlo, xlo), whi, xhi);
+            terms = _mm512_mul_ps(_mm512_cvtepi32_ps(sums), slo);
+        }
         acc[k] += (v8f)_mm512_castps512_ps256(terms);
         if (both) acc[k] += (v8f)_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(terms), 1));
     }
@@ -140,33 +296,41 @@ static inline INLINED void pair_terms(__m256i lo, __m256i hi, const int16_t *x, 
     for (int k = 0; k < n; k++) {
         const int16_t *xk = x + k * K;
         for (int j = 0; j < 1 + both; j++) { /* group g, then h */
-            __m256i sums = _mm256_add_epi32(
-                _mm256_madd_epi16(w[2 * j], _mm256_loadu_si256((const __m256i *)(xk + 32 * j))),
-                _mm256_madd_epi16(w[2 * j + 1], _mm256_loadu_si256((const __m256i *)(xk + 32 * j + 16))));
-            __m256 scale = _mm256_permutevar8x32_ps((__m256)f[k], _mm256_set1_epi32(i + j));
-            acc[k] += (v8f)_mm256_mul_ps(_mm256_cvtepi32_ps(sums), scale);
+            __m256i at = _mm256_set1_epi32(i + j);
+            __m256i slo = _mm256_madd_epi16(w[2 * j], _mm256_loadu_si256((const __m256i *)(xk + 32 * j)));
+            __m256i shi = _mm256_madd_epi16(w[2 * j + 1], _mm256_loadu_si256((const __m256i *)(xk + 32 * j + 16)));
+            __m256 scale = _mm256_permutevar8x32_ps((__m256)flo[k], at);
+            if (split)
+                acc[k] += (v8f)_mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(slo), scale),
+                                             _mm256_mul_ps(_mm256_cvtepi32_ps(shi),
+                                                           _mm256_permutevar8x32_ps((__m256)fhi[k], at)));
+            else
+                acc[k] += (v8f)_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(slo, shi)), scale);
         }
     }
 #endif
 }
 
-/* The types of 256 weights (8 groups, 4 pairs) per block: `scales` gives the block's 8 group
- * scales (and whatever its pairs need, into `aux`), `pair` the codes of pair p. */
-#define BLOCKS_256(bytes, scales, pair)                                                                   \
+/* The types of 256 weights (8 groups, 4 pairs) per block: `scales` sets the block's 8 group
+ * scales slo (split: slo of weights 0-15, shi of 16-31) and whatever its pairs need (aux),
+ * `pair` the codes of pair p. */
+#define BLOCKS_256(bytes, split, scales, pair)                                                            \
     for (int64_t blk = 0; blk < K / 256; blk++) {                                                          \
         const uint8_t *b = row + blk * (bytes);                                                            \
         uint32_t aux[8];                                                                                   \
-        v8f sc = scales, f[ROW_TOKENS];                                                                    \
-        (void)aux;                                                                                         \
+        v8f slo, shi, flo[ROW_TOKENS], fhi[ROW_TOKENS];                                                    \
+        (void)aux, (void)shi;                                                                              \
+        scales;                                                                                            \
         for (int k = 0; k < n; k++) {                                                                      \
             v8f xs;                                                                                        \
             memcpy(&xs, xd + k * G + 8 * blk, sizeof xs);                                                  \
-            f[k] = sc * xs;                                                                                \
+            flo[k] = slo * xs;                                                                             \
+            if (split) fhi[k] = shi * xs;                                                                  \
         }                                                                                                  \
         _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {                                              \
             __m256i lo, hi;                                                                                \
             pair;                                                                                          \
-            pair_terms(lo, hi, xq + blk * 256 + 64 * p, K, f, 2 * p, 1, n, acc);                           \
+            pair_terms(lo, hi, xq + blk * 256 + 64 * p, K, flo, fhi, 2 * p, 1, split, n, acc);             \
         }                                                                                                  \
     }
 
@@ -176,8 +340,14 @@ static inline INLINED void iq_row(int type, const uint8_t *row, int64_t K, const
     v8f acc[ROW_TOKENS] = {{0}};
     int64_t G = K / GROUP;
     switch (type) {
-    case T_IQ4_XS: BLOCKS_256(136, iq4_xs_scales(b), iq4_xs_pair(b, p, &lo, &hi)) break;
-    case T_IQ2_XXS: BLOCKS_256(66, iq2_xxs_signs_scales(b, aux), iq2_xxs_pair(b, p, aux, &lo, &hi)) break;
+    case T_IQ4_XS: BLOCKS_256(136, 0, slo = iq4_xs_scales(b), iq4_xs_pair(b, p, &lo, &hi)) break;
+    case T_IQ2_XXS: BLOCKS_256(66, 0, slo = iq2_xxs_scales(b, aux), iq2_xxs_pair(b, p, aux, &lo, &hi)) break;
+    case T_IQ3_XXS: BLOCKS_256(98, 0, slo = iq3_xxs_scales(b, aux), iq3_xxs_pair(b, p, aux, &lo, &hi)) break;
+    case T_IQ3_S: BLOCKS_256(110, 0, slo = iq3_s_scales(b), iq3_s_pair(b, p, &lo, &hi)) break;
+    case T_IQ1_S: BLOCKS_256(50, 0, slo = iq1_s_scales(b), iq1_s_pair(b, p, &lo, &hi)) break;
+    case T_IQ2_XS: BLOCKS_256(74, 1, iq2_half_scales(b, 66, &slo, &shi), iq2_xs_pair(b, p, &lo, &hi)) break;
+    case T_IQ2_S: BLOCKS_256(82, 1, iq2_half_scales(b, 74, &slo, &shi), iq2_s_pair(b, p, &lo, &hi)) break;
+    case T_IQ1_M: BLOCKS_256(56, 1, iq1_m_scales(b, &slo, &shi), iq1_m_pair(b, p, &lo, &hi)) break;
     case T_IQ4_NL:
         for (int64_t g = 0; g < G; g += 2) { /* blocks of 32: a pair of blocks, or the last one alone */
             const uint8_t *b = row + g * 18;
@@ -186,7 +356,7 @@ static inline INLINED void iq_row(int type, const uint8_t *row, int64_t K, const
             for (int k = 0; k < n; k++) f[k] = sc * (v8f){xd[k * G + g], both ? xd[k * G + g + 1] : 0.0f};
             __m256i lo, hi;
             iq4_nl_pair(b, both, &lo, &hi);
-            pair_terms(lo, hi, xq + g * GROUP, K, f, 0, both, n, acc);
+            pair_terms(lo, hi, xq + g * GROUP, K, f, f, 0, both, 0, n, acc);
         }
         break;
     }
@@ -204,19 +374,21 @@ static inline INLINED void iq_row(int type, const uint8_t *row, int64_t K, const
         default: iq_row(number, row, K, xq, xd, ROW_TOKENS, out, stride); break;                                  \
         }                                                                                                         \
     }
-IQ_DOT(IQ4_NL, T_IQ4_NL)
-IQ_DOT(IQ4_XS, T_IQ4_XS)
-IQ_DOT(IQ2_XXS, T_IQ2_XXS)
+#define IQ_TYPES(X) X(IQ4_NL) X(IQ4_XS) X(IQ3_XXS) X(IQ3_S) X(IQ2_XXS) X(IQ2_XS) X(IQ2_S) X(IQ1_S) X(IQ1_M)
+#define IQ_DOT_TYPE(name) IQ_DOT(name, T_##name)
+IQ_TYPES(IQ_DOT_TYPE)
+#undef IQ_DOT_TYPE
 #undef IQ_DOT
 
 int iq_dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq, const float *xd, int n, float *out,
                       int64_t stride) {
+#define IQ_CASE(name) \
+    case T_##name: iq_dot_##name(row, K, xq, xd, n, out, stride); return 1;
     switch (type) {
-    case T_IQ4_NL: iq_dot_IQ4_NL(row, K, xq, xd, n, out, stride); return 1;
-    case T_IQ4_XS: iq_dot_IQ4_XS(row, K, xq, xd, n, out, stride); return 1;
-    case T_IQ2_XXS: iq_dot_IQ2_XXS(row, K, xq, xd, n, out, stride); return 1;
+        IQ_TYPES(IQ_CASE)
     default: return 0;
     }
+#undef IQ_CASE
 }
 
 #else /* scalar, NEON: the generic form */
