@@ -23,6 +23,7 @@
 #define INLINED __attribute__((always_inline))
 
 typedef uint32_t u32x8 __attribute__((vector_size(32)));
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
 
 static inline uint16_t u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 static inline float f16(const uint8_t *p) { return _cvtsh_ss(u16(p)); } /* exact, as quants.c's */
@@ -82,32 +83,39 @@ static inline INLINED void iq4_nl_pair(const uint8_t *b, int both, __m256i *lo, 
     iq4_pair(_mm256_inserti128_si256(_mm256_castsi128_si256(qg), qh, 1), lo, hi);
 }
 
+/* The sign words of a block's 8 groups (bit j: weight j) in the pair layout: masks[2p] those
+ * of pair p's lo (weights 0-15 of group 2p, then of 2p + 1), masks[2p + 1] those of its hi. */
+static inline INLINED void pair_masks(u32x8 signs, uint32_t masks[8]) {
+    u16x16 w = __builtin_shufflevector((u16x16)signs, (u16x16)signs, 0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15);
+    memcpy(masks, &w, sizeof w);
+}
+
 /* The signs of 8 groups as 32 bits each (byte l: ksigns_iq2xs[(aux >> 7l) & 127], i.e. the 7
- * bits and their parity in bit 7: IQ2_XXS, IQ3_XXS), and the group scales
- * d * (0.5 + (aux >> 28)) * factor, from the groups' aux words. */
-static inline INLINED v8f aux_signs_scales(u32x8 aux, float d, float factor, uint32_t signs[8]) {
+ * bits and their parity in bit 7: IQ2_XXS, IQ3_XXS) into masks (pair_masks), and the group
+ * scales d * (0.5 + (aux >> 28)) * factor, from the groups' aux words. */
+static inline INLINED v8f aux_signs_scales(u32x8 aux, float d, float factor, uint32_t masks[8]) {
     u32x8 bits = (aux & 0x7f) | ((aux << 1) & 0x7f00) | ((aux << 2) & 0x7f0000) | ((aux << 3) & 0x7f000000);
     u32x8 parity = bits ^ (bits >> 4); /* bit 0 of each byte: the parity of its bits */
     parity ^= parity >> 2;
     parity ^= parity >> 1;
     bits |= (parity & 0x01010101) << 7;
-    memcpy(signs, &bits, sizeof bits);
+    pair_masks(bits, masks);
     return d * (0.5f + __builtin_convertvector((v8i)(aux >> 28), v8f)) * factor;
 }
 
 /* IQ2_XXS (layout in quants.c): group g's 8 bytes at 2 + 8g are 4 grid indices and aux */
-static inline INLINED v8f iq2_xxs_scales(const uint8_t *b, uint32_t signs[8]) {
+static inline INLINED v8f iq2_xxs_scales(const uint8_t *b, uint32_t masks[8]) {
     /* the odd 32-bit words of bytes 2-65: [a0 a1 a4 a5 | a2 a3 a6 a7], then in order */
     __m256 odd = _mm256_shuffle_ps(_mm256_loadu_ps((const float *)(b + 2)), _mm256_loadu_ps((const float *)(b + 34)),
                                    _MM_SHUFFLE(3, 1, 3, 1));
     u32x8 aux = (u32x8)_mm256_permute4x64_epi64(_mm256_castps_si256(odd), _MM_SHUFFLE(3, 1, 2, 0));
-    return aux_signs_scales(aux, f16(b), 0.25f, signs);
+    return aux_signs_scales(aux, f16(b), 0.25f, masks);
 }
 
-/* lo and hi of a pair from the signs of g and h (bit j: weight j) */
-static inline INLINED void signed_pair(__m256i *lo, __m256i *hi, uint32_t sg, uint32_t sh) {
-    *lo = negate_where(*lo, (sg & 0xffff) | sh << 16);
-    *hi = negate_where(*hi, sg >> 16 | (sh & 0xffff0000u));
+/* lo and hi of a pair negated where their masks (pair_masks) say */
+static inline INLINED void signed_pair(__m256i *lo, __m256i *hi, const uint32_t mask[2]) {
+    *lo = negate_where(*lo, mask[0]);
+    *hi = negate_where(*hi, mask[1]);
 }
 
 /* 8-byte grid points (IQ2, IQ1: weights 8l .. 8l + 7 of a group) as a 64-bit lane */
@@ -115,20 +123,20 @@ static inline INLINED void signed_pair(__m256i *lo, __m256i *hi, uint32_t sg, ui
 /* 4-byte ones (IQ3: weights 4l .. 4l + 3) */
 #define POINT4(grid, i) ((int)u32((grid)[i]))
 
-static inline INLINED void iq2_xxs_pair(const uint8_t *b, int p, const uint32_t signs[8], __m256i *lo, __m256i *hi) {
+static inline INLINED void iq2_xxs_pair(const uint8_t *b, int p, const uint32_t masks[8], __m256i *lo, __m256i *hi) {
     const uint8_t *ig = b + 2 + 16 * p, *ih = ig + 8; /* grid indices of groups 2p, 2p + 1 */
     *lo = _mm256_setr_epi64x(POINT8(iq2xxs_grid, ig[0]), POINT8(iq2xxs_grid, ig[1]), POINT8(iq2xxs_grid, ih[0]),
                              POINT8(iq2xxs_grid, ih[1]));
     *hi = _mm256_setr_epi64x(POINT8(iq2xxs_grid, ig[2]), POINT8(iq2xxs_grid, ig[3]), POINT8(iq2xxs_grid, ih[2]),
                              POINT8(iq2xxs_grid, ih[3]));
-    signed_pair(lo, hi, signs[2 * p], signs[2 * p + 1]);
+    signed_pair(lo, hi, masks + 2 * p);
 }
 
 /* IQ3_XXS: qs[8g + m] the grid index of weights 4m .. 4m + 3 of group g; aux words at 66 */
-static inline INLINED v8f iq3_xxs_scales(const uint8_t *b, uint32_t signs[8]) {
+static inline INLINED v8f iq3_xxs_scales(const uint8_t *b, uint32_t masks[8]) {
     u32x8 aux;
     memcpy(&aux, b + 66, sizeof aux);
-    return aux_signs_scales(aux, f16(b), 0.5f, signs);
+    return aux_signs_scales(aux, f16(b), 0.5f, masks);
 }
 
 /* the 4-byte points of indices i[0 .. 7] (group g) and j[0 .. 7] (group h) in the pair layout */
@@ -140,21 +148,29 @@ static inline INLINED v8f iq3_xxs_scales(const uint8_t *b, uint32_t signs[8]) {
                                   POINT4(grid, j[4]), POINT4(grid, j[5]), POINT4(grid, j[6]), POINT4(grid, j[7]));  \
     } while (0)
 
-static inline INLINED void iq3_xxs_pair(const uint8_t *b, int p, const uint32_t signs[8], __m256i *lo, __m256i *hi) {
+static inline INLINED void iq3_xxs_pair(const uint8_t *b, int p, const uint32_t masks[8], __m256i *lo, __m256i *hi) {
     const uint8_t *ig = b + 2 + 16 * p, *ih = ig + 8;
     PAIR4(iq3xxs_grid, ig, ih, lo, hi);
-    signed_pair(lo, hi, signs[2 * p], signs[2 * p + 1]);
+    signed_pair(lo, hi, masks + 2 * p);
+}
+
+/* the signs of IQ3_S and IQ2_S, group g's 32 bits at at + 4g, into masks (pair_masks) */
+static inline INLINED void stored_signs(const uint8_t *b, int at, uint32_t masks[8]) {
+    u32x8 signs;
+    memcpy(&signs, b + at, sizeof signs);
+    pair_masks(signs, masks);
 }
 
 /* IQ3_S: weights 4l .. 4l + 3 of group g are iq3s_grid[qs[8g + l] | bit l of qh[g] << 8];
  * signs of group g the 32 bits at 74 + 4g; scale d * (1 + 2 (bits 4g of the scales word)) */
-static inline INLINED v8f iq3_s_scales(const uint8_t *b) {
+static inline INLINED v8f iq3_s_scales(const uint8_t *b, uint32_t masks[8]) {
+    stored_signs(b, 74, masks);
     const u32x8 k = {0, 1, 2, 3, 4, 5, 6, 7};
     v8i odd = (v8i)((u32(b + 106) >> (4 * k)) & 15);
     return f16(b) * __builtin_convertvector(1 + 2 * odd, v8f);
 }
 
-static inline INLINED void iq3_s_pair(const uint8_t *b, int p, __m256i *lo, __m256i *hi) {
+static inline INLINED void iq3_s_pair(const uint8_t *b, int p, const uint32_t masks[8], __m256i *lo, __m256i *hi) {
     const uint8_t *qs = b + 2 + 16 * p, *qh = b + 66 + 2 * p;
     int i[8], j[8];
     for (int l = 0; l < 8; l++) {
@@ -162,7 +178,7 @@ static inline INLINED void iq3_s_pair(const uint8_t *b, int p, __m256i *lo, __m2
         j[l] = qs[8 + l] | ((qh[1] >> l) & 1) << 8;
     }
     PAIR4(iq3s_grid, i, j, lo, hi);
-    signed_pair(lo, hi, u32(b + 74 + 8 * p), u32(b + 78 + 8 * p));
+    signed_pair(lo, hi, masks + 2 * p);
 }
 
 /* The group (half group) scales of the IQ2_XS and IQ2_S blocks: d * (0.5 + nibble) * 0.25, the
@@ -186,18 +202,19 @@ static inline INLINED void iq2_xs_pair(const uint8_t *b, int p, __m256i *lo, __m
     *lo = _mm256_setr_epi64x(AT(0), AT(2), AT(8), AT(10));
     *hi = _mm256_setr_epi64x(AT(4), AT(6), AT(12), AT(14));
 #undef AT
-    signed_pair(lo, hi, sg, sh);
+    const uint32_t mask[2] = {(sg & 0xffff) | sh << 16, sg >> 16 | (sh & 0xffff0000u)}; /* as pair_masks */
+    signed_pair(lo, hi, mask);
 }
 
 /* IQ2_S: weights 8i .. 8i + 7 are iq2s_grid[qs[i] | ((qh[i / 4] >> 2 (i % 4)) & 3) << 8], the
  * signs of group g the 32 bits at 34 + 4g */
-static inline INLINED void iq2_s_pair(const uint8_t *b, int p, __m256i *lo, __m256i *hi) {
+static inline INLINED void iq2_s_pair(const uint8_t *b, int p, const uint32_t masks[8], __m256i *lo, __m256i *hi) {
     const uint8_t *qs = b + 2 + 8 * p, *qh = b + 66 + 2 * p;
 #define AT(l, h) POINT8(iq2s_grid, qs[l] | ((h >> (2 * ((l) % 4))) & 3) << 8)
     *lo = _mm256_setr_epi64x(AT(0, qh[0]), AT(1, qh[0]), AT(4, qh[1]), AT(5, qh[1]));
     *hi = _mm256_setr_epi64x(AT(2, qh[0]), AT(3, qh[0]), AT(6, qh[1]), AT(7, qh[1]));
 #undef AT
-    signed_pair(lo, hi, u32(b + 34 + 8 * p), u32(b + 38 + 8 * p));
+    signed_pair(lo, hi, masks + 2 * p);
 }
 
 /* IQ1 codes: the grid's -1, 0, 1 as 8 v + delta, delta -1 where bit j of `negative` is set, else +1 */
@@ -343,10 +360,12 @@ static inline INLINED void iq_row(int type, const uint8_t *row, int64_t K, const
     case T_IQ4_XS: BLOCKS_256(136, 0, slo = iq4_xs_scales(b), iq4_xs_pair(b, p, &lo, &hi)) break;
     case T_IQ2_XXS: BLOCKS_256(66, 0, slo = iq2_xxs_scales(b, aux), iq2_xxs_pair(b, p, aux, &lo, &hi)) break;
     case T_IQ3_XXS: BLOCKS_256(98, 0, slo = iq3_xxs_scales(b, aux), iq3_xxs_pair(b, p, aux, &lo, &hi)) break;
-    case T_IQ3_S: BLOCKS_256(110, 0, slo = iq3_s_scales(b), iq3_s_pair(b, p, &lo, &hi)) break;
+    case T_IQ3_S: BLOCKS_256(110, 0, slo = iq3_s_scales(b, aux), iq3_s_pair(b, p, aux, &lo, &hi)) break;
     case T_IQ1_S: BLOCKS_256(50, 0, slo = iq1_s_scales(b), iq1_s_pair(b, p, &lo, &hi)) break;
     case T_IQ2_XS: BLOCKS_256(74, 1, iq2_half_scales(b, 66, &slo, &shi), iq2_xs_pair(b, p, &lo, &hi)) break;
-    case T_IQ2_S: BLOCKS_256(82, 1, iq2_half_scales(b, 74, &slo, &shi), iq2_s_pair(b, p, &lo, &hi)) break;
+    case T_IQ2_S:
+        BLOCKS_256(82, 1, (iq2_half_scales(b, 74, &slo, &shi), stored_signs(b, 34, aux)), iq2_s_pair(b, p, aux, &lo, &hi))
+        break;
     case T_IQ1_M: BLOCKS_256(56, 1, iq1_m_scales(b, &slo, &shi), iq1_m_pair(b, p, &lo, &hi)) break;
     case T_IQ4_NL:
         for (int64_t g = 0; g < G; g += 2) { /* blocks of 32: a pair of blocks, or the last one alone */
