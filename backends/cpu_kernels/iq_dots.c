@@ -77,6 +77,13 @@ static inline INLINED v8f iq4_xs_scales(const uint8_t *b) {
     return f16(b) * __builtin_convertvector(sc, v8f);
 }
 
+/* the scales d of 8 IQ4_NL blocks from b */
+static inline INLINED v8f iq4_nl_scales(const uint8_t *b) {
+    __m128i d = _mm_setr_epi16((short)u16(b), (short)u16(b + 18), (short)u16(b + 36), (short)u16(b + 54),
+                               (short)u16(b + 72), (short)u16(b + 90), (short)u16(b + 108), (short)u16(b + 126));
+    return (v8f)_mm256_cvtph_ps(d); /* exact, as f16 */
+}
+
 /* IQ4_NL: blocks b (group g) and b + 18 (group h, if both; else g again, never added) */
 static inline INLINED void iq4_nl_pair(const uint8_t *b, int both, __m256i *lo, __m256i *hi) {
     __m128i qg = _mm_loadu_si128((const __m128i *)(b + 2)), qh = both ? _mm_loadu_si128((const __m128i *)(b + 20)) : qg;
@@ -367,8 +374,9 @@ static inline INLINED void iq_row(int type, const uint8_t *row, int64_t K, const
         BLOCKS_256(82, 1, (iq2_half_scales(b, 74, &slo, &shi), stored_signs(b, 34, aux)), iq2_s_pair(b, p, aux, &lo, &hi))
         break;
     case T_IQ1_M: BLOCKS_256(56, 1, iq1_m_scales(b, &slo, &shi), iq1_m_pair(b, p, &lo, &hi)) break;
-    case T_IQ4_NL:
-        for (int64_t g = 0; g < G; g += 2) { /* blocks of 32: a pair of blocks, or the last one alone */
+    case T_IQ4_NL: /* 8 blocks of 32 at a time as one of 256, then pairs of blocks, the last one maybe alone */
+        BLOCKS_256(8 * 18, 0, slo = iq4_nl_scales(b), iq4_nl_pair(b + 36 * p, 1, &lo, &hi))
+        for (int64_t g = K / 256 * 8; g < G; g += 2) {
             const uint8_t *b = row + g * 18;
             int both = g + 1 < G;
             v8f sc = {f16(b), both ? f16(b + 18) : 0.0f}, f[ROW_TOKENS];
