@@ -335,60 +335,107 @@ static inline INLINED void pair_terms(__m256i lo, __m256i hi, const int16_t *x, 
 #endif
 }
 
-/* The types of 256 weights (8 groups, 4 pairs) per block: `scales` sets the block's 8 group
- * scales slo (split: slo of weights 0-15, shi of 16-31) and whatever its pairs need (aux),
- * `pair` the codes of pair p. */
-#define BLOCKS_256(bytes, split, scales, pair)                                                            \
+/* A pair's 64 weights as floats, as dequantize_row gives them: code * scale + 0 (its min term),
+ * group g at out[0 .. 31], h (if both) at out[32 .. 63]; scales as pair_terms' f. */
+static inline INLINED void pair_floats(__m256i lo, __m256i hi, v8f slo, v8f shi, int i, int both, int split,
+                                       float *out) {
+    for (int j = 0; j < 1 + both; j++) {
+        __m128i codes[2] = {j ? _mm256_extracti128_si256(lo, 1) : _mm256_castsi256_si128(lo),
+                            j ? _mm256_extracti128_si256(hi, 1) : _mm256_castsi256_si128(hi)};
+        for (int half = 0; half < 2; half++) {
+            float s = half && split ? shi[i + j] : slo[i + j];
+#if defined(__AVX512F__)
+            __m512 w = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes[half])), _mm512_set1_ps(s));
+            _mm512_storeu_ps(out + 32 * j + 16 * half, _mm512_add_ps(w, _mm512_setzero_ps()));
+#else
+            for (int e = 0; e < 2; e++) {
+                __m256 w = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(codes[half], 8 * e))),
+                                         _mm256_set1_ps(s));
+                _mm256_storeu_ps(out + 32 * j + 16 * half + 8 * e, _mm256_add_ps(w, _mm256_setzero_ps()));
+            }
+#endif
+        }
+    }
+}
+
+/* Every pair of a row of the types of 256 weights (8 groups, 4 pairs) per block, and IQ4_NL's
+ * runs of 8 blocks: `scales` sets the block's 8 group scales slo (split: slo of weights 0-15,
+ * shi of 16-31) and whatever its pairs need (aux), `pair` the codes of pair p, into lo and hi;
+ * `prepare` runs once per block, `use` once per pair. */
+#define BLOCKS_256(bytes, split, scales, pair, prepare, use)                                              \
     for (int64_t blk = 0; blk < K / 256; blk++) {                                                          \
         const uint8_t *b = row + blk * (bytes);                                                            \
         uint32_t aux[8];                                                                                   \
-        v8f slo, shi, flo[ROW_TOKENS], fhi[ROW_TOKENS];                                                    \
-        (void)aux, (void)shi;                                                                              \
+        v8f slo, shi = {0};                                                                                \
+        (void)aux;                                                                                         \
         scales;                                                                                            \
-        for (int k = 0; k < n; k++) {                                                                      \
-            v8f xs;                                                                                        \
-            memcpy(&xs, xd + k * G + 8 * blk, sizeof xs);                                                  \
-            flo[k] = slo * xs;                                                                             \
-            if (split) fhi[k] = shi * xs;                                                                  \
-        }                                                                                                  \
+        prepare;                                                                                           \
         _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {                                              \
             __m256i lo, hi;                                                                                \
             pair;                                                                                          \
-            pair_terms(lo, hi, xq + blk * 256 + 64 * p, K, flo, fhi, 2 * p, 1, split, n, acc);             \
+            use;                                                                                           \
         }                                                                                                  \
+    }
+#define IQ_BLOCKS(prepare, use)                                                                                       \
+    case T_IQ4_XS: BLOCKS_256(136, 0, slo = iq4_xs_scales(b), iq4_xs_pair(b, p, &lo, &hi), prepare(0), use(0)) break; \
+    case T_IQ2_XXS:                                                                                                   \
+        BLOCKS_256(66, 0, slo = iq2_xxs_scales(b, aux), iq2_xxs_pair(b, p, aux, &lo, &hi), prepare(0), use(0)) break;   \
+    case T_IQ3_XXS:                                                                                                   \
+        BLOCKS_256(98, 0, slo = iq3_xxs_scales(b, aux), iq3_xxs_pair(b, p, aux, &lo, &hi), prepare(0), use(0)) break;   \
+    case T_IQ3_S:                                                                                                     \
+        BLOCKS_256(110, 0, slo = iq3_s_scales(b, aux), iq3_s_pair(b, p, aux, &lo, &hi), prepare(0), use(0)) break;      \
+    case T_IQ1_S: BLOCKS_256(50, 0, slo = iq1_s_scales(b), iq1_s_pair(b, p, &lo, &hi), prepare(0), use(0)) break;      \
+    case T_IQ2_XS:                                                                                                    \
+        BLOCKS_256(74, 1, iq2_half_scales(b, 66, &slo, &shi), iq2_xs_pair(b, p, &lo, &hi), prepare(1), use(1)) break;   \
+    case T_IQ2_S:                                                                                                     \
+        BLOCKS_256(82, 1, (iq2_half_scales(b, 74, &slo, &shi), stored_signs(b, 34, aux)),                              \
+                   iq2_s_pair(b, p, aux, &lo, &hi), prepare(1), use(1)) break;                                         \
+    case T_IQ1_M: BLOCKS_256(56, 1, iq1_m_scales(b, &slo, &shi), iq1_m_pair(b, p, &lo, &hi), prepare(1), use(1)) break; \
+    case T_IQ4_NL: /* 8 blocks of 32 at a time as one of 256; the rest after the switch */                          \
+        BLOCKS_256(8 * 18, 0, slo = iq4_nl_scales(b), iq4_nl_pair(b + 36 * p, 1, &lo, &hi), prepare(0), use(0)) break;
+
+/* IQ4_NL's blocks after the runs of 8: pairs of blocks, the last one maybe alone */
+#define IQ4_NL_TAIL(...) /* the statements that use a pair */                          \
+    for (int64_t g = K / 256 * 8; type == T_IQ4_NL && g < K / GROUP; g += 2) {            \
+        const uint8_t *b = row + g * 18;                                                  \
+        int both = g + 1 < K / GROUP;                                                     \
+        v8f sc = {f16(b), both ? f16(b + 18) : 0.0f};                                     \
+        __m256i lo, hi;                                                                   \
+        iq4_nl_pair(b, both, &lo, &hi);                                                   \
+        __VA_ARGS__;                                                                      \
     }
 
 /* n tokens times one row of `type`, as row_tokens would give them */
 static inline INLINED void iq_row(int type, const uint8_t *row, int64_t K, const int16_t *xq, const float *xd,
                                   const int n, float *out, int64_t stride) {
-    v8f acc[ROW_TOKENS] = {{0}};
+    v8f acc[ROW_TOKENS] = {{0}}, flo[ROW_TOKENS], fhi[ROW_TOKENS];
     int64_t G = K / GROUP;
-    switch (type) {
-    case T_IQ4_XS: BLOCKS_256(136, 0, slo = iq4_xs_scales(b), iq4_xs_pair(b, p, &lo, &hi)) break;
-    case T_IQ2_XXS: BLOCKS_256(66, 0, slo = iq2_xxs_scales(b, aux), iq2_xxs_pair(b, p, aux, &lo, &hi)) break;
-    case T_IQ3_XXS: BLOCKS_256(98, 0, slo = iq3_xxs_scales(b, aux), iq3_xxs_pair(b, p, aux, &lo, &hi)) break;
-    case T_IQ3_S: BLOCKS_256(110, 0, slo = iq3_s_scales(b, aux), iq3_s_pair(b, p, aux, &lo, &hi)) break;
-    case T_IQ1_S: BLOCKS_256(50, 0, slo = iq1_s_scales(b), iq1_s_pair(b, p, &lo, &hi)) break;
-    case T_IQ2_XS: BLOCKS_256(74, 1, iq2_half_scales(b, 66, &slo, &shi), iq2_xs_pair(b, p, &lo, &hi)) break;
-    case T_IQ2_S:
-        BLOCKS_256(82, 1, (iq2_half_scales(b, 74, &slo, &shi), stored_signs(b, 34, aux)), iq2_s_pair(b, p, aux, &lo, &hi))
-        break;
-    case T_IQ1_M: BLOCKS_256(56, 1, iq1_m_scales(b, &slo, &shi), iq1_m_pair(b, p, &lo, &hi)) break;
-    case T_IQ4_NL: /* 8 blocks of 32 at a time as one of 256, then pairs of blocks, the last one maybe alone */
-        BLOCKS_256(8 * 18, 0, slo = iq4_nl_scales(b), iq4_nl_pair(b + 36 * p, 1, &lo, &hi))
-        for (int64_t g = K / 256 * 8; g < G; g += 2) {
-            const uint8_t *b = row + g * 18;
-            int both = g + 1 < G;
-            v8f sc = {f16(b), both ? f16(b + 18) : 0.0f}, f[ROW_TOKENS];
-            for (int k = 0; k < n; k++) f[k] = sc * (v8f){xd[k * G + g], both ? xd[k * G + g + 1] : 0.0f};
-            __m256i lo, hi;
-            iq4_nl_pair(b, both, &lo, &hi);
-            pair_terms(lo, hi, xq + g * GROUP, K, f, f, 0, both, 0, n, acc);
-        }
-        break;
+#define TOKEN_SCALES(split)                                    \
+    for (int k = 0; k < n; k++) { /* scale * xscale */         \
+        v8f xs;                                                \
+        memcpy(&xs, xd + k * G + 8 * blk, sizeof xs);          \
+        flo[k] = slo * xs;                                     \
+        if (split) fhi[k] = shi * xs;                          \
     }
+#define TERMS(split) pair_terms(lo, hi, xq + blk * 256 + 64 * p, K, flo, fhi, 2 * p, 1, split, n, acc)
+    switch (type) { IQ_BLOCKS(TOKEN_SCALES, TERMS) }
+#undef TOKEN_SCALES
+#undef TERMS
+    IQ4_NL_TAIL(for (int k = 0; k < n; k++) flo[k] = sc * (v8f){xd[k * G + g], both ? xd[k * G + g + 1] : 0.0f};
+                pair_terms(lo, hi, xq + g * GROUP, K, flo, flo, 0, both, 0, n, acc))
     for (int k = 0; k < n; k++) out[k * stride] = reduce8(acc[k]);
 }
+
+static __attribute__((noinline)) void iq_dequantize(int type, const uint8_t *row, int64_t K, float *out) {
+#define NOTHING(split)
+#define FLOATS(split) pair_floats(lo, hi, slo, shi, 2 * p, 1, split, out + blk * 256 + 64 * p)
+    switch (type) { IQ_BLOCKS(NOTHING, FLOATS) }
+#undef NOTHING
+#undef FLOATS
+    IQ4_NL_TAIL(pair_floats(lo, hi, sc, sc, 0, both, 0, out + g * GROUP))
+}
+#undef IQ4_NL_TAIL
+#undef IQ_BLOCKS
 #undef BLOCKS_256
 
 #define IQ_DOT(name, number)                                                                                       \
@@ -418,10 +465,26 @@ int iq_dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq
 #undef IQ_CASE
 }
 
+int iq_dequantize_row(int type, const uint8_t *row, int64_t K, float *out) {
+#define IQ_CASE(name) case T_##name:
+    switch (type) {
+        IQ_TYPES(IQ_CASE)
+        iq_dequantize(type, row, K, out);
+        return 1;
+    default: return 0;
+    }
+#undef IQ_CASE
+}
+
 #else /* scalar, NEON: the generic form */
 int iq_dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq, const float *xd, int n, float *out,
                       int64_t stride) {
     (void)type, (void)row, (void)K, (void)xq, (void)xd, (void)n, (void)out, (void)stride;
+    return 0;
+}
+
+int iq_dequantize_row(int type, const uint8_t *row, int64_t K, float *out) {
+    (void)type, (void)row, (void)K, (void)out;
     return 0;
 }
 #endif

@@ -674,6 +674,7 @@ static inline int type_min_slots(int type) {
 }
 
 void dequantize_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf, float *out) {
+    if (iq_dequantize_row(type, row, cols, out)) return; /* this tier's own (iq_dots.c) */
     unpack_row(type, row, cols, buf);
     if (type_is_float(type)) {
         memcpy(out, buf->f, 4 * (size_t)cols);
