@@ -1,19 +1,22 @@
-/* The IQ types' own products on the AVX2 and AVX-512 tiers (IQ4_NL, IQ4_XS, IQ2_XXS): each
- * block unpacked in registers, two groups of 32 at a time, and shared by the n <= ROW_TOKENS
- * tokens of dot_row_tokens, with no stack round trip. The arithmetic is the generic form's
- * (kernels.h, row_tokens in quants.c), bit for bit: per group, exact int32 sums in 8 lanes,
- * lane l taking weights 2l, 2l + 1, 16 + 2l and 17 + 2l; acc[l] += sums * (scale * xscale),
- * the groups in order; reduce8. Only the integer sums are formed differently, and they are exact.
+/* The IQ types' own products and dequantization on the AVX2 and AVX-512 tiers (IQ4_NL, IQ4_XS,
+ * IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M): each block unpacked in registers, two
+ * groups of 32 at a time, and shared by the n <= ROW_TOKENS tokens of dot_row_tokens, with no
+ * stack round trip. The arithmetic is the generic form's (kernels.h, row_tokens and
+ * dequantize_row in quants.c), bit for bit: per group, exact int32 sums in 8 lanes, lane l
+ * taking weights 2l, 2l + 1, 16 + 2l and 17 + 2l; acc[l] += sums * (scale * xscale) (split
+ * types: each half's sums times its own scale, added, then to acc), the groups in order;
+ * reduce8. Only the integer sums are formed differently, and they are exact.
  *
  * A pair of groups g, h = g + 1 is two vectors of 32 int8 codes:
  *     lo = [weights 0-15 of g | weights 0-15 of h],   hi = [weights 16-31 of g | 16-31 of h]
  * AVX-512 widens each to 32 int16 and takes both groups' sums in one 16-lane register (lanes
  * 0-7 g's, 8-15 h's): madd(lo, x lo halves) + dpwssd(hi, x hi halves), the activations of the
  * two groups' halves side by side. AVX2 does the same one group at a time in 8 lanes.
- * Other tiers (scalar, NEON) and types keep the generic form: iq_dot_row_tokens returns 0. */
+ * Other tiers (scalar, NEON) and types keep the generic form: the entry points return 0. */
 #include <string.h>
 
-#include "iq_grids.h" /* kvalues_iq4nl, iq2xxs_grid */
+#include "bytes.h"    /* u16, u32, u64, f16 */
+#include "iq_grids.h" /* kvalues_iq4nl, ksigns_iq2xs and the IQ grids */
 #include "kernels.h"
 #include "simd.h"
 
@@ -24,19 +27,6 @@
 
 typedef uint32_t u32x8 __attribute__((vector_size(32)));
 typedef uint16_t u16x16 __attribute__((vector_size(32)));
-
-static inline uint16_t u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-static inline float f16(const uint8_t *p) { return _cvtsh_ss(u16(p)); } /* exact, as quants.c's */
-static inline uint32_t u32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-static inline uint64_t u64(const uint8_t *p) {
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v;
-}
 
 /* The 32 codes of w negated where bit j of `bits` is set (byte j). */
 static inline __m256i negate_where(__m256i w, uint32_t bits) {

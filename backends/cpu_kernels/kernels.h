@@ -2,7 +2,7 @@
  *
  * The same sources are compiled once per instruction-set tier (scalar, AVX2, AVX-512 VNNI,
  * NEON); the Python side picks the best tier the CPU supports at run time. Only the integer
- * dot product of one 32-weight group differs between tiers (simd.h); every float operation
+ * dot product of one 32-weight group differs between tiers (simd.h; and iq_dots.c); every float operation
  * is shared C, compiled with -ffp-contract=off, so all tiers give the same results bit for bit.
  *
  * A matrix product quantizes each activation row to int16 in groups of 32 (one float scale
@@ -19,6 +19,9 @@
  * A product over FLOAT_TOKENS or more tokens (prefill) instead dequantizes FLOAT_ROWS rows at
  * a time to float and takes the float activations as they are, summing with fused
  * multiply-adds in 8 lanes (fma8, the same rounding in every tier; float_product in quants.c).
+ * On AVX2 and AVX-512 the IQ types have products and dequantization of their own, unpacked in
+ * registers (iq_dots.c), and AVX-512 takes the float products' tokens in pairs per 16-lane
+ * register; each gives the bits of the form above.
  * The float types take the float activations as they are. Q1_0 is multiplied by table
  * lookup, its rows regrouped at load into tiles of 32 (q1_tiles.c); so are TQ1_0 and TQ2_0
  * (tq_tiles.c).
