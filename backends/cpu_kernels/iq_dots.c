@@ -116,7 +116,7 @@ static inline INLINED void signed_pair(__m256i *lo, __m256i *hi, const uint32_t 
 }
 
 /* 8-byte grid points (IQ2, IQ1: weights 8l .. 8l + 7 of a group) as a 64-bit lane */
-#define POINT8(grid, i) ((long long)u64((grid)[i]))
+#define POINT8(grid, i) ((long long)u64((const uint8_t *)(grid)[i]))
 /* 4-byte ones (IQ3: weights 4l .. 4l + 3) */
 #define POINT4(grid, i) ((int)u32((grid)[i]))
 
