@@ -868,47 +868,9 @@ static inline __attribute__((always_inline)) void float_kernel(const float *w, i
         for (int k = 0; k < TK; k++) out[(t + k) * stride + r] = reduce8(acc[r][k]);
 }
 
-#if defined(__AVX512F__)
-#define FLOAT_PAIRS 4 /* pairs of tokens register-blocked with FLOAT_ROWS rows */
-/* float_kernel for TP pairs of tokens, two per 16-lane register: [token t's 8 lanes | token
- * t + 1's], each row's 8 weights in both halves; the same fused multiply-adds per lane. */
-static inline __attribute__((always_inline)) void float_kernel_pairs(const float *w, int64_t K, const int R,
-                                                                     const int TP, const float *x, int64_t t,
-                                                                     float *out, int64_t stride) {
-    __m512 acc[FLOAT_ROWS][FLOAT_PAIRS];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 8
-        for (int p = 0; p < TP; p++) acc[r][p] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < K; i += 8) {
-        __m512 wv[FLOAT_ROWS];
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) wv[r] = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd((const double *)(w + r * K + i))));
-#pragma GCC unroll 8
-        for (int p = 0; p < TP; p++) {
-            const float *xt = x + (t + 2 * p) * K + i;
-            __m512d lo = _mm512_castpd256_pd512(_mm256_loadu_pd((const double *)xt));
-            __m512 xv = _mm512_castpd_ps(_mm512_insertf64x4(lo, _mm256_loadu_pd((const double *)(xt + K)), 1));
-#pragma GCC unroll 8
-            for (int r = 0; r < R; r++) acc[r][p] = _mm512_fmadd_ps(wv[r], xv, acc[r][p]);
-        }
-    }
-    for (int r = 0; r < R; r++)
-        for (int p = 0; p < TP; p++) {
-            __m512d both = _mm512_castps_pd(acc[r][p]);
-            out[(t + 2 * p) * stride + r] = reduce8((v8f)_mm256_castpd_ps(_mm512_castpd512_pd256(both)));
-            out[(t + 2 * p + 1) * stride + r] = reduce8((v8f)_mm256_castpd_ps(_mm512_extractf64x4_pd(both, 1)));
-        }
-}
-#endif
-
 static inline __attribute__((always_inline)) void float_rows(const float *w, int64_t K, const int R, const float *x,
                                                              int64_t t0, int64_t t1, float *out, int64_t stride) {
     int64_t t = t0;
-#if defined(__AVX512F__)
-    for (; t + 2 * FLOAT_PAIRS <= t1; t += 2 * FLOAT_PAIRS) float_kernel_pairs(w, K, R, FLOAT_PAIRS, x, t, out, stride);
-    for (; t + 2 <= t1; t += 2) float_kernel_pairs(w, K, R, 1, x, t, out, stride);
-#endif
     for (; t + FLOAT_BLOCK <= t1; t += FLOAT_BLOCK) float_kernel(w, K, R, FLOAT_BLOCK, x, t, out, stride);
     for (; t < t1; t++) float_kernel(w, K, R, 1, x, t, out, stride);
 }

@@ -190,23 +190,6 @@ def test_iq4_nl_rows_of_any_group_count_match_scalar_bit_for_bit(tier):
             np.testing.assert_array_equal(product(tier, 2, T.IQ4_NL, raw, cols, x), expected, err_msg=f"{cols=}")
 
 
-@pytest.mark.parametrize("tier", [t for t in TIERS if t != "scalar"] or
-                         [pytest.param("none", marks=pytest.mark.skip(reason="this CPU runs only the scalar tier"))])
-def test_float_products_of_any_token_count_match_scalar_bit_for_bit(tier):
-    """Products over 32 tokens or more (rows dequantized to float) take the tokens in register
-    blocks (AVX-512: 4 pairs, then pairs, then blocks of 4, then one at a time): 33 .. 39 tokens
-    reach each remainder and give the scalar tier's bits."""
-    rng = np.random.default_rng(8)
-    rows, cols = 7, 256
-    for qtype in (T.Q8_0, T.IQ2_XXS):
-        raw = random_matrix(qtype, rows, cols, rng)
-        for n_tokens in (33, 34, 35, 37, 39):
-            x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
-            expected = product("scalar", 1, qtype, raw, cols, x)
-            got = product(tier, 2, qtype, raw, cols, x)
-            np.testing.assert_array_equal(got, expected, err_msg=f"{qtype.name} T={n_tokens}")
-
-
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
 def test_products_are_within_the_activation_quantization_bound(qtype, threads):
