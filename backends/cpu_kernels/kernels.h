@@ -20,8 +20,7 @@
  * a time to float and takes the float activations as they are, summing with fused
  * multiply-adds in 8 lanes (fma8, the same rounding in every tier; float_product in quants.c).
  * On AVX2 and AVX-512 the IQ types have products and dequantization of their own, unpacked in
- * registers (iq_dots.c), and AVX-512 takes the float products' tokens in pairs per 16-lane
- * register; each gives the bits of the form above.
+ * registers (iq_dots.c), with the bits of the form above.
  * The float types take the float activations as they are. Q1_0 is multiplied by table
  * lookup, its rows regrouped at load into tiles of 32 (q1_tiles.c); so are TQ1_0 and TQ2_0
  * (tq_tiles.c).
