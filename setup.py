@@ -12,7 +12,9 @@ from setuptools import Extension, setup
 
 SOURCES = [
     f"backends/cpu_kernels/{name}.c"
-    for name in ("module", "ops", "attention", "delta_net", "quants", "q1_tiles", "tq_tiles", "pool", "scratch")
+    for name in (
+        "module", "ops", "attention", "delta_net", "quants", "iq_dots", "q1_tiles", "tq_tiles", "pool", "scratch"
+    )
 ]
 COMMON_FLAGS = ["-O3", "-std=gnu11", "-ffp-contract=off", "-fno-math-errno", "-pthread", "-Wno-psabi", "-Werror=implicit-function-declaration"]
 
@@ -34,7 +36,7 @@ def extension(tier: str, flags: list[str]) -> Extension:
     name = f"_cpu_{tier}"
     return Extension(f"backends.{name}", SOURCES, depends=["backends/cpu_kernels/kernels.h",
                      "backends/cpu_kernels/ops.h", "backends/cpu_kernels/simd.h",
-                     "backends/cpu_kernels/iq_grids.h"],
+                     "backends/cpu_kernels/iq_grids.h", "backends/cpu_kernels/bytes.h"],
                      extra_compile_args=COMMON_FLAGS + flags + [f"-DSPRIG_MODULE={name}"],
                      extra_link_args=["-pthread"], optional=True)
 

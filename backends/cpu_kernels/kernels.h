@@ -2,7 +2,7 @@
  *
  * The same sources are compiled once per instruction-set tier (scalar, AVX2, AVX-512 VNNI,
  * NEON); the Python side picks the best tier the CPU supports at run time. Only the integer
- * dot product of one 32-weight group differs between tiers (simd.h); every float operation
+ * dot product of one 32-weight group differs between tiers (simd.h; and iq_dots.c); every float operation
  * is shared C, compiled with -ffp-contract=off, so all tiers give the same results bit for bit.
  *
  * A matrix product quantizes each activation row to int16 in groups of 32 (one float scale
@@ -19,6 +19,8 @@
  * A product over FLOAT_TOKENS or more tokens (prefill) instead dequantizes FLOAT_ROWS rows at
  * a time to float and takes the float activations as they are, summing with fused
  * multiply-adds in 8 lanes (fma8, the same rounding in every tier; float_product in quants.c).
+ * On AVX2 and AVX-512 the IQ types have products and dequantization of their own, unpacked in
+ * registers (iq_dots.c), with the bits of the form above.
  * The float types take the float activations as they are. Q1_0 is multiplied by table
  * lookup, its rows regrouped at load into tiles of 32 (q1_tiles.c); so are TQ1_0 and TQ2_0
  * (tq_tiles.c).
@@ -148,6 +150,12 @@ void dot_tokens(const RowBuffer *w, const float *x, int64_t K, int64_t t0, int64
 int64_t count_bad_scales(int type, const uint8_t *data, int64_t n_blocks);
 void float_product(const float *w, int n, int64_t K, const float *x, int64_t t0, int64_t t1, float *out,
                    int64_t stride);
+
+/* iq_dots.c: the IQ types' products on the AVX2 and AVX-512 tiers, the same bits as
+ * dot_row_tokens' generic form; 0 (nothing done) for other types and tiers */
+int iq_dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq, const float *xd, int n, float *out,
+                      int64_t stride);
+int iq_dequantize_row(int type, const uint8_t *row, int64_t K, float *out); /* the same for dequantize_row */
 
 /* q1_tiles.c */
 void q1_tiles_init(void);

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "bytes.h"    /* u16, u32, f16 */
 #include "iq_grids.h" /* kvalues_iq4nl, ksigns_iq2xs and the IQ grids (tools/make_iq_grids.py) */
 #include "kernels.h"
 #include "simd.h"
@@ -31,13 +32,6 @@ float fp16_to_float(uint16_t h) {
  * adding a type would move older types' unpacking out of line (a call per block or group). */
 #define INLINED __attribute__((always_inline))
 
-static inline uint16_t u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-#if defined(__F16C__)
-static inline float f16(const uint8_t *p) { return _cvtsh_ss(u16(p)); } /* exact, as fp16_to_float */
-#else
-static inline float f16(const uint8_t *p) { return fp16_to_float(u16(p)); }
-#endif
-
 /* Byte vectors (GCC/Clang vector extensions: one AVX2 or two SSE/NEON registers). */
 typedef uint8_t u8x16 __attribute__((vector_size(16)));
 typedef int8_t i8x16 __attribute__((vector_size(16)));
@@ -59,10 +53,6 @@ static inline u8x32 load32(const uint8_t *p) {
     u8x32 v;
     memcpy(&v, p, 32);
     return v;
-}
-
-static inline uint32_t u32(const uint8_t *p) {
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 
 #if !defined(__AVX2__)
@@ -674,6 +664,7 @@ static inline int type_min_slots(int type) {
 }
 
 void dequantize_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf, float *out) {
+    if (iq_dequantize_row(type, row, cols, out)) return; /* this tier's own (iq_dots.c) */
     unpack_row(type, row, cols, buf);
     if (type_is_float(type)) {
         memcpy(out, buf->f, 4 * (size_t)cols);
@@ -835,6 +826,7 @@ QUANT_TYPES(DOT_FUNCTION)
 
 void dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq, const float *xd, const float *xs,
                     const float *xh, float *mins, int n, float *out, int64_t stride) {
+    if (iq_dot_row_tokens(type, row, K, xq, xd, n, out, stride)) return; /* this tier's own (iq_dots.c) */
 #define CALL_CASE(name, number, weights, bytes, form, ...) CALL_##form(name, number)
 #define CALL_FLOAT(...)
 #define CALL_TILED(...)

@@ -1,0 +1,24 @@
+/* Little-endian values read from GGUF block bytes (any alignment, any host byte order), for
+ * the kernels that unpack blocks (quants.c, iq_dots.c). */
+#ifndef SPRIG_BYTES_H
+#define SPRIG_BYTES_H
+
+#include <stdint.h>
+
+#include "kernels.h" /* fp16_to_float */
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+static inline uint16_t u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint32_t u32(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+static inline uint64_t u64(const uint8_t *p) { return (uint64_t)u32(p) | (uint64_t)u32(p + 4) << 32; }
+#if defined(__F16C__)
+static inline float f16(const uint8_t *p) { return _cvtsh_ss(u16(p)); } /* exact, as fp16_to_float */
+#else
+static inline float f16(const uint8_t *p) { return fp16_to_float(u16(p)); }
+#endif
+
+#endif
