@@ -5,7 +5,7 @@
  * Q1_TILE = 32 rows, the last one padded with zero rows. For each block of 128 columns a tile holds the 32 rows' fp16
  * scales d in row order (64 bytes), then 16 steps of 32 bytes: step s is byte s of each
  * row's block, the bits of weights 8s .. 8s + 7, the byte at position p belonging to row
- * q1_lane_row[p]. Nothing is dequantized; the bits are the file's, moved.
+ * lane_row[p] (tile_lanes, tiles.h). Nothing is dequantized; the bits are the file's, moved.
  *
  * Activations. Each token is quantized to 12-bit codes (|q| <= 2047) in groups of 32, one
  * float scale per group, and for every quad of 4 codes a table of the 16 signed sums
@@ -24,27 +24,17 @@
 
 #include "kernels.h"
 #include "simd.h"
+#include "tiles.h"
 
 #define STEPS 16                                /* bytes of bits per row and block of 128 */
 #define BLOCK_BYTES (Q1_TILE * 2 + STEPS * Q1_TILE) /* scales, then the steps */
 #define QUAD_BYTES 32                           /* a quad's table: 16 low bytes, 16 high bytes */
 #define CODE_MAX 2047.0f
 
-static int lane_row[Q1_TILE]; /* byte position in a step -> row of the tile */
+static int lane_row[Q1_TILE]; /* byte position in a step -> row of the tile (tile_lanes) */
 static int row_lane[Q1_TILE];
 
-/* The vector kernel's lookups come out as int16 pairs, unpacked low/high within 128-bit
- * halves and then split into even and odd int32 lanes: result vector k, lane l belongs to
- * byte position (l < 4 ? 0 : 16) + (k >= 2 ? 8 : 0) + 2 (l mod 4) + (k mod 2). Placing row
- * 8k + l there makes the four result vectors rows 0-7, 8-15, 16-23, 24-31. */
-void q1_tiles_init(void) {
-    for (int k = 0; k < 4; k++)
-        for (int l = 0; l < 8; l++) {
-            int p = (l < 4 ? 0 : 16) + (k >= 2 ? 8 : 0) + 2 * (l % 4) + (k % 2);
-            lane_row[p] = 8 * k + l;
-            row_lane[8 * k + l] = p;
-        }
-}
+void q1_tiles_init(void) { tile_lanes(lane_row, row_lane); }
 
 int64_t q1_table_bytes(int64_t K) { return K / 4 * QUAD_BYTES; }
 
@@ -68,33 +58,21 @@ void q1_tables(const float *x, int64_t K, uint8_t *tables, float *xscale) {
     for (int64_t g = 0; g < K / GROUP; g++) {
         const float *xg = x + g * GROUP;
         uint8_t *t = tables + g * (GROUP / 4) * QUAD_BYTES;
-        float amax = 0.0f;
-        for (int i = 0; i < GROUP; i++) {
-            float a = fabsf(xg[i]);
-            amax = a > amax ? a : amax;
-        }
-        if (!(amax <= 3.4e38f)) { /* inf or nan: the result must not look finite */
+        float inverse;
+        if (!group_codes(xg, CODE_MAX, &inverse, xscale + g)) {
             memset(t, 0, (GROUP / 4) * QUAD_BYTES);
-            xscale[g] = NAN;
             continue;
         }
-        float inverse = amax > 0.0f ? CODE_MAX / amax : 0.0f;
-        xscale[g] = amax / CODE_MAX;
         for (int quad = 0; quad < GROUP / 4; quad++, t += QUAD_BYTES) {
             int32_t q[4];
             for (int i = 0; i < 4; i++) q[i] = (int32_t)nearbyintf(xg[4 * quad + i] * inverse);
             for (int n = 0; n < 16; n++) {
                 int32_t sum = 0;
                 for (int i = 0; i < 4; i++) sum += (n >> i) & 1 ? q[i] : -q[i];
-                t[n] = (uint8_t)(sum & 0xff);
-                t[16 + n] = (uint8_t)((uint16_t)(int16_t)sum >> 8);
+                table_entry(t, t + 16, n, sum);
             }
         }
     }
-}
-
-static inline int32_t lookup(const uint8_t *table, int index) {
-    return (int16_t)(uint16_t)(table[index] | table[16 + index] << 8);
 }
 
 /* One tile (32 rows, K columns) times one token's tables: out[0..31]. */
@@ -196,7 +174,7 @@ static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *tables, 
                 for (int s = 4 * g; s < 4 * g + 4; s++) {
                     const uint8_t *t = tables + (b * 32 + 2 * s) * QUAD_BYTES;
                     uint8_t byte = bits[32 * s + p];
-                    isum += lookup(t, byte & 15) + lookup(t + QUAD_BYTES, byte >> 4);
+                    isum += table_lookup(t, t + 16, byte & 15) + table_lookup(t + QUAD_BYTES, t + QUAD_BYTES + 16, byte >> 4);
                 }
                 acc = acc + (float)isum * (d * xscale[b * 4 + g]);
             }
