@@ -101,6 +101,13 @@ int tq_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, uint8_
     return 0;
 }
 
+/* The weights w = c - 1 of the two codes that table entry n stands for: c = n % 4, n / 4. */
+typedef int16_t i16x16 __attribute__((vector_size(32)));
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+typedef uint8_t u8x16 __attribute__((vector_size(16)));
+static const i16x16 first_weight = {-1, 0, 1, 2, -1, 0, 1, 2, -1, 0, 1, 2, -1, 0, 1, 2};
+static const i16x16 second_weight = {-1, -1, -1, -1, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2};
+
 void tq_tables(const float *x, int64_t K, uint8_t *tables, float *xscale) {
     for (int64_t g = 0; g < K / GROUP; g++) {
         const float *xg = x + g * GROUP;
@@ -110,10 +117,13 @@ void tq_tables(const float *x, int64_t K, uint8_t *tables, float *xscale) {
             memset(t, 0, (GROUP / 2) * PAIR_BYTES);
             continue;
         }
-        for (int pair = 0; pair < GROUP / 2; pair++) {
-            int32_t q0 = (int32_t)nearbyintf(xg[2 * pair] * inverse), q1 = (int32_t)nearbyintf(xg[2 * pair + 1] * inverse);
-            uint8_t *low = t + pair_table(pair);
-            for (int n = 0; n < 16; n++) table_entry(low, low + 64, n, (n % 4 - 1) * q0 + (n / 4 - 1) * q1);
+        int16_t q[GROUP];
+        for (int i = 0; i < GROUP; i++) q[i] = (int16_t)nearbyintf(xg[i] * inverse);
+        for (int pair = 0; pair < GROUP / 2; pair++) { /* the 16 entries at once */
+            i16x16 entry = first_weight * q[2 * pair] + second_weight * q[2 * pair + 1];
+            u8x16 low = __builtin_convertvector(entry, u8x16), high = __builtin_convertvector((u16x16)entry >> 8, u8x16);
+            memcpy(t + pair_table(pair), &low, 16);
+            memcpy(t + pair_table(pair) + 64, &high, 16);
         }
     }
 }
