@@ -45,6 +45,7 @@
 #define CHUNK_BYTES (8 * PAIR_BYTES)               /* the tables of 16 columns: 8 pairs */
 #define GROUP_STEPS (GROUP / 4)
 #define CODE_MAX 1023.0f
+#define PREFETCH_AHEAD 4096 /* bytes: the codes a decode step streams from memory, asked for early */
 
 static int lane_row[Q1_TILE]; /* byte position in a step -> row of the tile (by step) */
 static int row_lane[Q1_TILE];
@@ -152,7 +153,9 @@ __attribute__((target("avx512vbmi"))) static void tile_product_by_row(const uint
             __m512i lo_index[2][2], hi_index[2][2]; /* [chunk][rows 0-15, 16-31]: (nibble | 16 k) */
             for (int c = 0; c < 2; c++)
                 for (int h = 0; h < 2; h++) {
-                    __m512i w = _mm512_loadu_si512((const void *)(codes + (2 * g + c) * 128 + 64 * h));
+                    const uint8_t *at = codes + (2 * g + c) * 128 + 64 * h;
+                    _mm_prefetch((const char *)(at + PREFETCH_AHEAD), _MM_HINT_T0);
+                    __m512i w = _mm512_loadu_si512((const void *)at);
                     lo_index[c][h] = _mm512_ternarylogic_epi32(w, low4, which, 0xEA); /* (w & low4) | which */
                     hi_index[c][h] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(w, 4), low4, which, 0xEA);
                 }
