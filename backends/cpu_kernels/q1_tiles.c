@@ -120,14 +120,12 @@ static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *tables, 
 /* 16 rows per 128-bit half of a step; each half's lookups widen to int32 lanes in byte
  * position order, so the scales are taken in that order too. */
 static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *tables, const float *xscale, float *out) {
-    const uint8x16_t low4 = vdupq_n_u8(0x0f);
     float32x4_t acc[8];
     for (int k = 0; k < 8; k++) acc[k] = vdupq_n_f32(0.0f);
     for (int64_t b = 0; b < K / 128; b++) {
         const uint8_t *block = tile + b * BLOCK_BYTES, *bits = block + 2 * Q1_TILE;
         float d[Q1_TILE];
-        for (int p = 0; p < Q1_TILE; p++)
-            d[p] = fp16_to_float((uint16_t)(block[2 * lane_row[p]] | block[2 * lane_row[p] + 1] << 8));
+        neon_scales(block, lane_row, d);
         for (int g = 0; g < 4; g++) {
             int32x4_t isum[8];
             for (int k = 0; k < 8; k++) isum[k] = vdupq_n_s32(0);
@@ -135,31 +133,14 @@ static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *tables, 
                 int16x8_t sum16[4] = {vdupq_n_s16(0), vdupq_n_s16(0), vdupq_n_s16(0), vdupq_n_s16(0)};
                 for (int s = 4 * g + 2 * h; s < 4 * g + 2 * h + 2; s++) {
                     const uint8_t *t = tables + (b * 32 + 2 * s) * QUAD_BYTES;
-                    uint8x16_t tl0 = vld1q_u8(t), th0 = vld1q_u8(t + 16), tl1 = vld1q_u8(t + 32), th1 = vld1q_u8(t + 48);
-                    for (int half = 0; half < 2; half++) {
-                        uint8x16_t w = vld1q_u8(bits + 32 * s + 16 * half);
-                        uint8x16_t n0 = vandq_u8(w, low4), n1 = vshrq_n_u8(w, 4);
-                        uint8x16_t l0 = vqtbl1q_u8(tl0, n0), h0 = vqtbl1q_u8(th0, n0);
-                        uint8x16_t l1 = vqtbl1q_u8(tl1, n1), h1 = vqtbl1q_u8(th1, n1);
-                        int16x8_t a = vaddq_s16(vreinterpretq_s16_u8(vzip1q_u8(l0, h0)), vreinterpretq_s16_u8(vzip1q_u8(l1, h1)));
-                        int16x8_t c = vaddq_s16(vreinterpretq_s16_u8(vzip2q_u8(l0, h0)), vreinterpretq_s16_u8(vzip2q_u8(l1, h1)));
-                        sum16[2 * half] = vaddq_s16(sum16[2 * half], a);
-                        sum16[2 * half + 1] = vaddq_s16(sum16[2 * half + 1], c);
-                    }
+                    neon_step(bits + 32 * s, vld1q_u8(t), vld1q_u8(t + 16), vld1q_u8(t + 32), vld1q_u8(t + 48), sum16);
                 }
-                for (int j = 0; j < 4; j++) { /* positions 8j .. 8j + 7 */
-                    isum[2 * j] = vaddw_s16(isum[2 * j], vget_low_s16(sum16[j]));
-                    isum[2 * j + 1] = vaddw_high_s16(isum[2 * j + 1], sum16[j]);
-                }
+                neon_widen(sum16, isum);
             }
-            float32x4_t xs = vdupq_n_f32(xscale[b * 4 + g]);
-            for (int k = 0; k < 8; k++)
-                acc[k] = vaddq_f32(acc[k], vmulq_f32(vcvtq_f32_s32(isum[k]), vmulq_f32(vld1q_f32(d + 4 * k), xs)));
+            neon_accumulate(acc, isum, d, xscale[b * 4 + g]);
         }
     }
-    float by_position[Q1_TILE];
-    for (int k = 0; k < 8; k++) vst1q_f32(by_position + 4 * k, acc[k]);
-    for (int p = 0; p < Q1_TILE; p++) out[lane_row[p]] = by_position[p];
+    neon_store(acc, lane_row, out);
 }
 #else
 static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *tables, const float *xscale, float *out) {

@@ -254,15 +254,13 @@ static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *const *t
  * position order, so the scales are taken in that order too. */
 static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *const *tables, const float *const *xscale, int n,
                          float *out) {
-    const uint8x16_t low4 = vdupq_n_u8(0x0f);
     float32x4_t acc[TQ_TOKENS][8];
     for (int j = 0; j < n; j++)
         for (int k = 0; k < 8; k++) acc[j][k] = vdupq_n_f32(0.0f);
     for (int64_t b = 0; b < K / BLOCK; b++) {
         const uint8_t *block = tile + b * BLOCK_BYTES, *codes = block + 2 * Q1_TILE;
         float d[Q1_TILE];
-        for (int p = 0; p < Q1_TILE; p++)
-            d[p] = fp16_to_float((uint16_t)(block[2 * lane_row[p]] | block[2 * lane_row[p] + 1] << 8));
+        neon_scales(block, lane_row, d);
         for (int g = 0; g < BLOCK / GROUP; g++) {
             for (int j = 0; j < n; j++) {
                 const uint8_t *tg = tables[j] + (b * (BLOCK / 2) + g * (GROUP / 2)) * PAIR_BYTES;
@@ -273,34 +271,15 @@ static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *const *t
                     for (int s = GROUP_STEPS * g + 4 * h; s < GROUP_STEPS * g + 4 * h + 4; s++) {
                         const uint8_t *t0 = tg + pair_table(2 * (s - GROUP_STEPS * g));
                         const uint8_t *t1 = tg + pair_table(2 * (s - GROUP_STEPS * g) + 1);
-                        uint8x16_t tl0 = vld1q_u8(t0), th0 = vld1q_u8(t0 + 64), tl1 = vld1q_u8(t1), th1 = vld1q_u8(t1 + 64);
-                        for (int half = 0; half < 2; half++) {
-                            uint8x16_t w = vld1q_u8(codes + 32 * s + 16 * half);
-                            uint8x16_t n0 = vandq_u8(w, low4), n1 = vshrq_n_u8(w, 4);
-                            uint8x16_t l0 = vqtbl1q_u8(tl0, n0), h0 = vqtbl1q_u8(th0, n0);
-                            uint8x16_t l1 = vqtbl1q_u8(tl1, n1), h1 = vqtbl1q_u8(th1, n1);
-                            int16x8_t a = vaddq_s16(vreinterpretq_s16_u8(vzip1q_u8(l0, h0)), vreinterpretq_s16_u8(vzip1q_u8(l1, h1)));
-                            int16x8_t c = vaddq_s16(vreinterpretq_s16_u8(vzip2q_u8(l0, h0)), vreinterpretq_s16_u8(vzip2q_u8(l1, h1)));
-                            sum16[2 * half] = vaddq_s16(sum16[2 * half], a);
-                            sum16[2 * half + 1] = vaddq_s16(sum16[2 * half + 1], c);
-                        }
+                        neon_step(codes + 32 * s, vld1q_u8(t0), vld1q_u8(t0 + 64), vld1q_u8(t1), vld1q_u8(t1 + 64), sum16);
                     }
-                    for (int i = 0; i < 4; i++) { /* positions 8i .. 8i + 7 */
-                        isum[2 * i] = vaddw_s16(isum[2 * i], vget_low_s16(sum16[i]));
-                        isum[2 * i + 1] = vaddw_high_s16(isum[2 * i + 1], sum16[i]);
-                    }
+                    neon_widen(sum16, isum);
                 }
-                float32x4_t xs = vdupq_n_f32(xscale[j][b * (BLOCK / GROUP) + g]);
-                for (int k = 0; k < 8; k++)
-                    acc[j][k] = vaddq_f32(acc[j][k], vmulq_f32(vcvtq_f32_s32(isum[k]), vmulq_f32(vld1q_f32(d + 4 * k), xs)));
+                neon_accumulate(acc[j], isum, d, xscale[j][b * (BLOCK / GROUP) + g]);
             }
         }
     }
-    for (int j = 0; j < n; j++) {
-        float by_position[Q1_TILE];
-        for (int k = 0; k < 8; k++) vst1q_f32(by_position + 4 * k, acc[j][k]);
-        for (int p = 0; p < Q1_TILE; p++) out[Q1_TILE * j + lane_row[p]] = by_position[p];
-    }
+    for (int j = 0; j < n; j++) neon_store(acc[j], lane_row, out + Q1_TILE * j);
 }
 #else
 static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *const *tables, const float *const *xscale, int n,
