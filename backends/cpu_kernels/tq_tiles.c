@@ -67,6 +67,8 @@ void tq_tiles_init(void) {
 #endif
 }
 
+const char *tq_kernel(void) { return by_row ? "avx512vbmi" : SPRIG_TIER; }
+
 int64_t tq_table_bytes(int64_t K) { return K / 2 * PAIR_BYTES; }
 
 int64_t tq_tiled_bytes(int64_t rows, int64_t K) { return (rows + Q1_TILE - 1) / Q1_TILE * (K / BLOCK) * BLOCK_BYTES; }
