@@ -36,7 +36,8 @@ def extension(tier: str, flags: list[str]) -> Extension:
     name = f"_cpu_{tier}"
     return Extension(f"backends.{name}", SOURCES, depends=["backends/cpu_kernels/kernels.h",
                      "backends/cpu_kernels/ops.h", "backends/cpu_kernels/simd.h",
-                     "backends/cpu_kernels/iq_grids.h", "backends/cpu_kernels/bytes.h"],
+                     "backends/cpu_kernels/iq_grids.h", "backends/cpu_kernels/bytes.h",
+                     "backends/cpu_kernels/tiles.h"],
                      extra_compile_args=COMMON_FLAGS + flags + [f"-DSPRIG_MODULE={name}"],
                      extra_link_args=["-pthread"], optional=True)
 

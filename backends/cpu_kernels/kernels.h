@@ -170,6 +170,7 @@ void q1_tile_rows(const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, c
 /* tq_tiles.c: TQ1_0 and TQ2_0 by table lookup, in tiles of Q1_TILE rows of 66 bytes per 256 weights */
 #define TQ_TOKENS 4 /* tokens one pass over a tile serves */
 void tq_tiles_init(void);
+const char *tq_kernel(void); /* which kernel multiplies the tiles: "avx512vbmi" (steps laid by row) or the tier's */
 int64_t tq_tiled_bytes(int64_t rows, int64_t K);
 int tq_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, uint8_t *tiles); /* -1: not TQ, or no memory */
 int64_t tq_table_bytes(int64_t K); /* one token's tables */

@@ -649,7 +649,7 @@ PyMODINIT_FUNC CAT(PyInit_, SPRIG_MODULE)(void) {
         return NULL;
     }
     if (PyModule_AddStringConstant(m, "TIER", SPRIG_TIER) != 0 || PyModule_AddIntConstant(m, "Q1_0_TILES", T_Q1_0_TILES) != 0 ||
-        PyModule_AddIntConstant(m, "TQ_TILES", T_TQ_TILES) != 0) {
+        PyModule_AddIntConstant(m, "TQ_TILES", T_TQ_TILES) != 0 || PyModule_AddStringConstant(m, "TQ_KERNEL", tq_kernel()) != 0) {
         Py_DECREF(m);
         return NULL;
     }

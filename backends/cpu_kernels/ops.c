@@ -56,6 +56,7 @@ typedef struct {
     const Op *op;
     int64_t T, K, total_rows;
     int codes, tables, tq_tables; /* which forms of the activations the matrices take */
+    int tq_only;       /* every matrix is ternary tiles: one pass takes all the tokens (tq_tiles_product) */
     int dequantize;    /* quantized rows to float for FLOAT_TOKENS or more tokens */
 } LinearCtx;
 
@@ -80,12 +81,19 @@ static void tiles_product(const Matrix *w, int64_t K, int64_t r0, int64_t r1, in
 }
 
 /* The tiles of a ternary matrix whose first row lies in [r0, r1), times tokens t0 .. t1 - 1,
- * TQ_TOKENS tokens per pass over a tile. */
+ * TQ_TOKENS tokens per pass over a tile. The tiles go in runs of about TQ_RUN_BYTES, each
+ * run multiplied with every group of tokens before the next: the run's codes and a group's
+ * tables stay in the core's L2, where tile after tile over all the tokens would stream every
+ * token's tables (16 bytes a column) once per tile. */
+#define TQ_RUN_BYTES 524288
 static void tq_tiles_product(const Matrix *w, int64_t K, int64_t r0, int64_t r1, int64_t t0, int64_t t1, float *out) {
     const uint8_t *tables[TQ_TOKENS];
     const float *scales[TQ_TOKENS];
     float *outs[TQ_TOKENS];
-    for (int64_t tile = (r0 + Q1_TILE - 1) / Q1_TILE; tile * Q1_TILE < r1; tile++)
+    int64_t first = (r0 + Q1_TILE - 1) / Q1_TILE, end = (r1 + Q1_TILE - 1) / Q1_TILE;
+    int64_t run = TQ_RUN_BYTES / tq_tiled_bytes(Q1_TILE, K);
+    if (run < 1) run = 1;
+    for (int64_t from = first; from < end; from += run)
         for (int64_t t = t0; t < t1; t += TQ_TOKENS) {
             int n = t1 - t < TQ_TOKENS ? (int)(t1 - t) : TQ_TOKENS;
             for (int j = 0; j < n; j++) {
@@ -93,7 +101,8 @@ static void tq_tiles_product(const Matrix *w, int64_t K, int64_t r0, int64_t r1,
                 scales[j] = acts.tq_scale + (t + j) * (K / GROUP);
                 outs[j] = out + (t + j) * w->rows;
             }
-            tq_tile_rows(w->data, w->rows, K, tile, tables, scales, n, outs);
+            for (int64_t tile = from; tile < end && tile < from + run; tile++)
+                tq_tile_rows(w->data, w->rows, K, tile, tables, scales, n, outs);
         }
 }
 
@@ -113,6 +122,7 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
     /* dequantized rows: as many tokens as keep their activations in a core's L2 */
     int64_t tile = c->dequantize ? FLOAT_TILE_BYTES / (int64_t)sizeof(float) / K : TOKEN_TILE;
     if (tile < TOKEN_TILE) tile = TOKEN_TILE;
+    if (c->tq_only) tile = c->T;
     for (int64_t t0 = 0; t0 < c->T; t0 += tile) {
         int64_t t1 = t0 + tile < c->T ? t0 + tile : c->T;
         int64_t base = 0;
@@ -153,8 +163,9 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
 
 static int linear(const Op *op, const char **error) {
     LinearCtx c = {.op = op, .T = op->ints.linear.tokens, .K = op->mats[0].cols,
-                   .dequantize = op->ints.linear.tokens >= FLOAT_TOKENS};
+                   .dequantize = op->ints.linear.tokens >= FLOAT_TOKENS, .tq_only = 1};
     for (int m = 0; m < op->n_mats; m++) {
+        c.tq_only &= op->mats[m].type == T_TQ_TILES;
         c.total_rows += op->mats[m].rows;
         c.codes |= type_takes_codes(op->mats[m].type) && !c.dequantize;
         c.tables |= op->mats[m].type == T_Q1_0_TILES;

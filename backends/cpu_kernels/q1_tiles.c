@@ -5,7 +5,7 @@
  * Q1_TILE = 32 rows, the last one padded with zero rows. For each block of 128 columns a tile holds the 32 rows' fp16
  * scales d in row order (64 bytes), then 16 steps of 32 bytes: step s is byte s of each
  * row's block, the bits of weights 8s .. 8s + 7, the byte at position p belonging to row
- * q1_lane_row[p]. Nothing is dequantized; the bits are the file's, moved.
+ * lane_row[p] (tile_lanes, tiles.h). Nothing is dequantized; the bits are the file's, moved.
  *
  * Activations. Each token is quantized to 12-bit codes (|q| <= 2047) in groups of 32, one
  * float scale per group, and for every quad of 4 codes a table of the 16 signed sums
@@ -24,27 +24,17 @@
 
 #include "kernels.h"
 #include "simd.h"
+#include "tiles.h"
 
 #define STEPS 16                                /* bytes of bits per row and block of 128 */
 #define BLOCK_BYTES (Q1_TILE * 2 + STEPS * Q1_TILE) /* scales, then the steps */
 #define QUAD_BYTES 32                           /* a quad's table: 16 low bytes, 16 high bytes */
 #define CODE_MAX 2047.0f
 
-static int lane_row[Q1_TILE]; /* byte position in a step -> row of the tile */
+static int lane_row[Q1_TILE]; /* byte position in a step -> row of the tile (tile_lanes) */
 static int row_lane[Q1_TILE];
 
-/* The vector kernel's lookups come out as int16 pairs, unpacked low/high within 128-bit
- * halves and then split into even and odd int32 lanes: result vector k, lane l belongs to
- * byte position (l < 4 ? 0 : 16) + (k >= 2 ? 8 : 0) + 2 (l mod 4) + (k mod 2). Placing row
- * 8k + l there makes the four result vectors rows 0-7, 8-15, 16-23, 24-31. */
-void q1_tiles_init(void) {
-    for (int k = 0; k < 4; k++)
-        for (int l = 0; l < 8; l++) {
-            int p = (l < 4 ? 0 : 16) + (k >= 2 ? 8 : 0) + 2 * (l % 4) + (k % 2);
-            lane_row[p] = 8 * k + l;
-            row_lane[8 * k + l] = p;
-        }
-}
+void q1_tiles_init(void) { tile_lanes(lane_row, row_lane); }
 
 int64_t q1_table_bytes(int64_t K) { return K / 4 * QUAD_BYTES; }
 
@@ -68,33 +58,21 @@ void q1_tables(const float *x, int64_t K, uint8_t *tables, float *xscale) {
     for (int64_t g = 0; g < K / GROUP; g++) {
         const float *xg = x + g * GROUP;
         uint8_t *t = tables + g * (GROUP / 4) * QUAD_BYTES;
-        float amax = 0.0f;
-        for (int i = 0; i < GROUP; i++) {
-            float a = fabsf(xg[i]);
-            amax = a > amax ? a : amax;
-        }
-        if (!(amax <= 3.4e38f)) { /* inf or nan: the result must not look finite */
+        float inverse;
+        if (!group_codes(xg, CODE_MAX, &inverse, xscale + g)) {
             memset(t, 0, (GROUP / 4) * QUAD_BYTES);
-            xscale[g] = NAN;
             continue;
         }
-        float inverse = amax > 0.0f ? CODE_MAX / amax : 0.0f;
-        xscale[g] = amax / CODE_MAX;
         for (int quad = 0; quad < GROUP / 4; quad++, t += QUAD_BYTES) {
             int32_t q[4];
             for (int i = 0; i < 4; i++) q[i] = (int32_t)nearbyintf(xg[4 * quad + i] * inverse);
             for (int n = 0; n < 16; n++) {
                 int32_t sum = 0;
                 for (int i = 0; i < 4; i++) sum += (n >> i) & 1 ? q[i] : -q[i];
-                t[n] = (uint8_t)(sum & 0xff);
-                t[16 + n] = (uint8_t)((uint16_t)(int16_t)sum >> 8);
+                table_entry(t, t + 16, n, sum);
             }
         }
     }
-}
-
-static inline int32_t lookup(const uint8_t *table, int index) {
-    return (int16_t)(uint16_t)(table[index] | table[16 + index] << 8);
 }
 
 /* One tile (32 rows, K columns) times one token's tables: out[0..31]. */
@@ -142,14 +120,12 @@ static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *tables, 
 /* 16 rows per 128-bit half of a step; each half's lookups widen to int32 lanes in byte
  * position order, so the scales are taken in that order too. */
 static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *tables, const float *xscale, float *out) {
-    const uint8x16_t low4 = vdupq_n_u8(0x0f);
     float32x4_t acc[8];
     for (int k = 0; k < 8; k++) acc[k] = vdupq_n_f32(0.0f);
     for (int64_t b = 0; b < K / 128; b++) {
         const uint8_t *block = tile + b * BLOCK_BYTES, *bits = block + 2 * Q1_TILE;
         float d[Q1_TILE];
-        for (int p = 0; p < Q1_TILE; p++)
-            d[p] = fp16_to_float((uint16_t)(block[2 * lane_row[p]] | block[2 * lane_row[p] + 1] << 8));
+        neon_scales(block, lane_row, d);
         for (int g = 0; g < 4; g++) {
             int32x4_t isum[8];
             for (int k = 0; k < 8; k++) isum[k] = vdupq_n_s32(0);
@@ -157,31 +133,14 @@ static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *tables, 
                 int16x8_t sum16[4] = {vdupq_n_s16(0), vdupq_n_s16(0), vdupq_n_s16(0), vdupq_n_s16(0)};
                 for (int s = 4 * g + 2 * h; s < 4 * g + 2 * h + 2; s++) {
                     const uint8_t *t = tables + (b * 32 + 2 * s) * QUAD_BYTES;
-                    uint8x16_t tl0 = vld1q_u8(t), th0 = vld1q_u8(t + 16), tl1 = vld1q_u8(t + 32), th1 = vld1q_u8(t + 48);
-                    for (int half = 0; half < 2; half++) {
-                        uint8x16_t w = vld1q_u8(bits + 32 * s + 16 * half);
-                        uint8x16_t n0 = vandq_u8(w, low4), n1 = vshrq_n_u8(w, 4);
-                        uint8x16_t l0 = vqtbl1q_u8(tl0, n0), h0 = vqtbl1q_u8(th0, n0);
-                        uint8x16_t l1 = vqtbl1q_u8(tl1, n1), h1 = vqtbl1q_u8(th1, n1);
-                        int16x8_t a = vaddq_s16(vreinterpretq_s16_u8(vzip1q_u8(l0, h0)), vreinterpretq_s16_u8(vzip1q_u8(l1, h1)));
-                        int16x8_t c = vaddq_s16(vreinterpretq_s16_u8(vzip2q_u8(l0, h0)), vreinterpretq_s16_u8(vzip2q_u8(l1, h1)));
-                        sum16[2 * half] = vaddq_s16(sum16[2 * half], a);
-                        sum16[2 * half + 1] = vaddq_s16(sum16[2 * half + 1], c);
-                    }
+                    neon_step(bits + 32 * s, vld1q_u8(t), vld1q_u8(t + 16), vld1q_u8(t + 32), vld1q_u8(t + 48), sum16);
                 }
-                for (int j = 0; j < 4; j++) { /* positions 8j .. 8j + 7 */
-                    isum[2 * j] = vaddw_s16(isum[2 * j], vget_low_s16(sum16[j]));
-                    isum[2 * j + 1] = vaddw_high_s16(isum[2 * j + 1], sum16[j]);
-                }
+                neon_widen(sum16, isum);
             }
-            float32x4_t xs = vdupq_n_f32(xscale[b * 4 + g]);
-            for (int k = 0; k < 8; k++)
-                acc[k] = vaddq_f32(acc[k], vmulq_f32(vcvtq_f32_s32(isum[k]), vmulq_f32(vld1q_f32(d + 4 * k), xs)));
+            neon_accumulate(acc, isum, d, xscale[b * 4 + g]);
         }
     }
-    float by_position[Q1_TILE];
-    for (int k = 0; k < 8; k++) vst1q_f32(by_position + 4 * k, acc[k]);
-    for (int p = 0; p < Q1_TILE; p++) out[lane_row[p]] = by_position[p];
+    neon_store(acc, lane_row, out);
 }
 #else
 static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *tables, const float *xscale, float *out) {
@@ -196,7 +155,7 @@ static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *tables, 
                 for (int s = 4 * g; s < 4 * g + 4; s++) {
                     const uint8_t *t = tables + (b * 32 + 2 * s) * QUAD_BYTES;
                     uint8_t byte = bits[32 * s + p];
-                    isum += lookup(t, byte & 15) + lookup(t + QUAD_BYTES, byte >> 4);
+                    isum += table_lookup(t, t + 16, byte & 15) + table_lookup(t + QUAD_BYTES, t + QUAD_BYTES + 16, byte >> 4);
                 }
                 acc = acc + (float)isum * (d * xscale[b * 4 + g]);
             }

@@ -4,19 +4,29 @@
  * Q1_TILE = 32 rows, the last one padded with zero rows. Each weight is the code c = w + 1,
  * two bits (0, 1, 2; TQ2_0's unused code 3 is kept, and means w = 2 as gguf-py reads it).
  * For each block of 256 columns a tile holds the 32 rows' fp16 scales d in row order
- * (64 bytes), then 64 steps of 32 bytes: step s is one byte per row, the codes of weights
- * 4s .. 4s + 3 as c0 | c1 << 2 | c2 << 4 | c3 << 6, the byte at position p belonging to
- * row tq_lane_row[p]. A tile row takes 66 bytes per block, as a TQ2_0 block: TQ2_0 keeps
- * its size, TQ1_0 (54 bytes) grows by a fifth.
+ * (64 bytes), then 64 steps of one byte per row: step s of a row holds the codes of weights
+ * 4s .. 4s + 3 as c0 | c1 << 2 | c2 << 4 | c3 << 6. Where the steps' bytes lie (code_offset)
+ * depends on the kernel that reads them:
+ *   - by step (the scalar, AVX2 and NEON kernels): step s is 32 bytes, the byte at position
+ *     p belonging to row lane_row[p] (tile_lanes, tiles.h);
+ *   - by row (AVX-512 with VBMI): 4 steps are 128 bytes, rows 0-15 then rows 16-31, each row
+ *     its 4 steps' bytes in a row, so that one VNNI lane sums one row's 4 lookups.
+ * A tile row takes 66 bytes per block, as a TQ2_0 block: TQ2_0 keeps its size, TQ1_0
+ * (54 bytes) grows by a fifth.
  *
  * Activations. Each token is quantized to 11-bit codes (|q| <= 1023) in groups of 32, one
  * float scale per group, and for every pair of codes a table of the 16 sums
  * T[n] = (n % 4 - 1) q0 + (n / 4 - 1) q1 is built, as int16 split into 16 low bytes and 16
- * high bytes (32 bytes per pair).
+ * high bytes. A chunk of 16 columns (8 pairs, 4 steps) keeps its tables in 256 bytes: the
+ * low bytes of pairs 0, 2, 4, 6 (indexed by the steps' low nibbles), their high bytes, then
+ * the same for pairs 1, 3, 5, 7 (the high nibbles): each 64 bytes is one 64-entry table for
+ * VBMI's byte permutation, and each 16 bytes one table for a 16-entry shuffle.
  *
  * Product. Each nibble of a step indexes its pair's table: one vector shuffle looks up 32
- * rows at once. Four steps (8 lookups, |sum| <= 8 * 2 * 2 * 1023 = 32736) are summed in
- * int16, a group's two such sums in int32, and each row's float accumulator takes
+ * rows at once (64 lookups, 16 rows times 4 steps, with VBMI). A group's 16 lookups per row
+ * are summed exactly in integers (AVX2, NEON: four steps in int16, |sum| <= 8 * 2 * 2 * 1023
+ * = 32736, then int32; VBMI: the low and the high bytes apart, in int32 by VNNI), and each
+ * row's float accumulator takes
  *     acc += (float)isum * (d_row * xscale_group)
  * group after group, in the same order in every tier: every tier gives the same bits.
  */
@@ -26,28 +36,38 @@
 
 #include "kernels.h"
 #include "simd.h"
+#include "tiles.h"
 
 #define BLOCK 256                                  /* weights per block: a TQ block */
 #define STEPS (BLOCK / 4)                          /* bytes of codes per row and block */
 #define BLOCK_BYTES (Q1_TILE * 2 + STEPS * Q1_TILE) /* scales, then the steps */
 #define PAIR_BYTES 32                              /* a pair's table: 16 low bytes, 16 high bytes */
+#define CHUNK_BYTES (8 * PAIR_BYTES)               /* the tables of 16 columns: 8 pairs */
 #define GROUP_STEPS (GROUP / 4)
 #define CODE_MAX 1023.0f
+#define PREFETCH_AHEAD 4096 /* bytes: the codes a decode step streams from memory, asked for early */
 
-static int lane_row[Q1_TILE]; /* byte position in a step -> row of the tile */
+static int lane_row[Q1_TILE]; /* byte position in a step -> row of the tile (by step) */
 static int row_lane[Q1_TILE];
+static int by_row; /* the steps lie by row: the AVX-512 VBMI kernel runs */
 
-/* The AVX2 kernel's lookups come out as int16 pairs, unpacked low/high within 128-bit
- * halves and split into even and odd int32 lanes, as in q1_tiles.c: result vector k, lane l
- * belongs to byte position (l < 4 ? 0 : 16) + (k >= 2 ? 8 : 0) + 2 (l mod 4) + (k mod 2). */
-void tq_tiles_init(void) {
-    for (int k = 0; k < 4; k++)
-        for (int l = 0; l < 8; l++) {
-            int p = (l < 4 ? 0 : 16) + (k >= 2 ? 8 : 0) + 2 * (l % 4) + (k % 2);
-            lane_row[p] = 8 * k + l;
-            row_lane[8 * k + l] = p;
-        }
+/* Where the low-byte table of pair `pair` of a run of chunks lies; its high bytes follow
+ * 64 bytes later. */
+static inline int64_t pair_table(int64_t pair) { return pair / 8 * CHUNK_BYTES + pair % 2 * 128 + pair % 8 / 2 * 16; }
+
+/* Where step s of row r of a tile's block lies, from the block's first step. */
+static inline int64_t code_offset(int r, int s) {
+    return by_row ? s / 4 * 128 + r / 16 * 64 + r % 16 * 4 + s % 4 : (int64_t)Q1_TILE * s + row_lane[r];
 }
+
+void tq_tiles_init(void) {
+    tile_lanes(lane_row, row_lane);
+#if defined(__AVX512VNNI__)
+    by_row = __builtin_cpu_supports("avx512vbmi");
+#endif
+}
+
+const char *tq_kernel(void) { return by_row ? "avx512vbmi" : SPRIG_TIER; }
 
 int64_t tq_table_bytes(int64_t K) { return K / 2 * PAIR_BYTES; }
 
@@ -76,7 +96,7 @@ int tq_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, uint8_
             for (int s = 0; s < STEPS; s++) {
                 uint8_t byte = 0;
                 for (int i = 0; i < 4; i++) byte |= (uint8_t)((w[4 * s + i] + 1) << (2 * i));
-                block[2 * Q1_TILE + Q1_TILE * s + row_lane[in_tile]] = byte;
+                block[2 * Q1_TILE + code_offset((int)in_tile, s)] = byte;
             }
         }
     }
@@ -84,29 +104,29 @@ int tq_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, uint8_
     return 0;
 }
 
+/* The weights w = c - 1 of the two codes that table entry n stands for: c = n % 4, n / 4. */
+typedef int16_t i16x16 __attribute__((vector_size(32)));
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+typedef uint8_t u8x16 __attribute__((vector_size(16)));
+static const i16x16 first_weight = {-1, 0, 1, 2, -1, 0, 1, 2, -1, 0, 1, 2, -1, 0, 1, 2};
+static const i16x16 second_weight = {-1, -1, -1, -1, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2};
+
 void tq_tables(const float *x, int64_t K, uint8_t *tables, float *xscale) {
     for (int64_t g = 0; g < K / GROUP; g++) {
         const float *xg = x + g * GROUP;
         uint8_t *t = tables + g * (GROUP / 2) * PAIR_BYTES;
-        float amax = 0.0f;
-        for (int i = 0; i < GROUP; i++) {
-            float a = fabsf(xg[i]);
-            amax = a > amax ? a : amax;
-        }
-        if (!(amax <= 3.4e38f)) { /* inf or nan: the result must not look finite */
+        float inverse;
+        if (!group_codes(xg, CODE_MAX, &inverse, xscale + g)) {
             memset(t, 0, (GROUP / 2) * PAIR_BYTES);
-            xscale[g] = NAN;
             continue;
         }
-        float inverse = amax > 0.0f ? CODE_MAX / amax : 0.0f;
-        xscale[g] = amax / CODE_MAX;
-        for (int pair = 0; pair < GROUP / 2; pair++, t += PAIR_BYTES) {
-            int32_t q0 = (int32_t)nearbyintf(xg[2 * pair] * inverse), q1 = (int32_t)nearbyintf(xg[2 * pair + 1] * inverse);
-            for (int n = 0; n < 16; n++) {
-                int32_t sum = (n % 4 - 1) * q0 + (n / 4 - 1) * q1;
-                t[n] = (uint8_t)(sum & 0xff);
-                t[16 + n] = (uint8_t)((uint16_t)(int16_t)sum >> 8);
-            }
+        int16_t q[GROUP];
+        for (int i = 0; i < GROUP; i++) q[i] = (int16_t)nearbyintf(xg[i] * inverse);
+        for (int pair = 0; pair < GROUP / 2; pair++) { /* the 16 entries at once */
+            i16x16 entry = first_weight * q[2 * pair] + second_weight * q[2 * pair + 1];
+            u8x16 low = __builtin_convertvector(entry, u8x16), high = __builtin_convertvector((u16x16)entry >> 8, u8x16);
+            memcpy(t + pair_table(pair), &low, 16);
+            memcpy(t + pair_table(pair) + 64, &high, 16);
         }
     }
 }
@@ -116,14 +136,67 @@ void tq_tables(const float *x, int64_t K, uint8_t *tables, float *xscale) {
 #if defined(__AVX2__)
 #include <immintrin.h>
 
+#if defined(__AVX512VNNI__)
+/* Steps by row. A 64-byte vector is 16 rows times 4 steps; a step's byte at position k of its
+ * row's 4, with 16 k added to its nibble, indexes the 64-byte table of its chunk (pairs 2k or
+ * 2k + 1 of the chunk). The looked-up low bytes (unsigned) and high bytes (signed) are summed
+ * apart, 4 to an int32 lane by VNNI, and joined per group: isum = low + 256 high. */
+__attribute__((target("avx512vbmi"))) static void tile_product_by_row(const uint8_t *tile, int64_t K,
+                                                                      const uint8_t *const *tables,
+                                                                      const float *const *xscale, int n, float *out) {
+    const __m512i low4 = _mm512_set1_epi8(0x0f), which = _mm512_set1_epi32(0x30201000), ones = _mm512_set1_epi8(1);
+    __m512 acc[TQ_TOKENS][2];
+    for (int j = 0; j < n; j++) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < K / BLOCK; b++) {
+        const uint8_t *block = tile + b * BLOCK_BYTES, *codes = block + 2 * Q1_TILE;
+        __m512 d[2];
+        for (int h = 0; h < 2; h++) d[h] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(block + 32 * h)));
+        for (int g = 0; g < BLOCK / GROUP; g++) {
+            __m512i lo_index[2][2], hi_index[2][2]; /* [chunk][rows 0-15, 16-31]: (nibble | 16 k) */
+            for (int c = 0; c < 2; c++)
+                for (int h = 0; h < 2; h++) {
+                    const uint8_t *at = codes + (2 * g + c) * 128 + 64 * h;
+                    _mm_prefetch((const char *)(at + PREFETCH_AHEAD), _MM_HINT_T0);
+                    __m512i w = _mm512_loadu_si512((const void *)at);
+                    lo_index[c][h] = _mm512_ternarylogic_epi32(w, low4, which, 0xEA); /* (w & low4) | which */
+                    hi_index[c][h] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(w, 4), low4, which, 0xEA);
+                }
+            for (int j = 0; j < n; j++) {
+                const uint8_t *t = tables[j] + (b * (BLOCK / 2) + g * (GROUP / 2)) * PAIR_BYTES;
+                __m512i low[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+                __m512i high[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+                for (int c = 0; c < 2; c++, t += CHUNK_BYTES) {
+                    __m512i tl0 = _mm512_loadu_si512((const void *)t), th0 = _mm512_loadu_si512((const void *)(t + 64));
+                    __m512i tl1 = _mm512_loadu_si512((const void *)(t + 128)), th1 = _mm512_loadu_si512((const void *)(t + 192));
+                    for (int h = 0; h < 2; h++) {
+                        low[h] = _mm512_dpbusd_epi32(low[h], _mm512_permutexvar_epi8(lo_index[c][h], tl0), ones);
+                        high[h] = _mm512_dpbusd_epi32(high[h], ones, _mm512_permutexvar_epi8(lo_index[c][h], th0));
+                        low[h] = _mm512_dpbusd_epi32(low[h], _mm512_permutexvar_epi8(hi_index[c][h], tl1), ones);
+                        high[h] = _mm512_dpbusd_epi32(high[h], ones, _mm512_permutexvar_epi8(hi_index[c][h], th1));
+                    }
+                }
+                __m512 xs = _mm512_set1_ps(xscale[j][b * (BLOCK / GROUP) + g]);
+                for (int h = 0; h < 2; h++) {
+                    __m512i isum = _mm512_add_epi32(low[h], _mm512_slli_epi32(high[h], 8));
+                    acc[j][h] = _mm512_add_ps(acc[j][h], _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d[h], xs)));
+                }
+            }
+        }
+    }
+    for (int j = 0; j < n; j++)
+        for (int h = 0; h < 2; h++) _mm512_storeu_ps(out + Q1_TILE * j + 16 * h, acc[j][h]);
+}
+#endif
+
 static inline __m256i table_half(const uint8_t *t) { return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t)); }
 
-/* the 8 lookups of 4 steps (pairs 2s, 2s + 1 of each) of one token, summed in int16: even
- * and odd byte positions of each 128-bit half, as unpacklo / unpackhi give them */
-static inline void four_steps(const __m256i *n, const uint8_t *t, __m256i *lo16, __m256i *hi16) {
+/* the 8 lookups of 4 steps (pairs 2s, 2s + 1 of each, from `pair` on) of one token, summed
+ * in int16: even and odd byte positions of each 128-bit half, as unpacklo / unpackhi give them */
+static inline void four_steps(const __m256i *n, const uint8_t *tables, int pair, __m256i *lo16, __m256i *hi16) {
     __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
-    for (int i = 0; i < 8; i++, t += PAIR_BYTES) {
-        __m256i l = _mm256_shuffle_epi8(table_half(t), n[i]), h = _mm256_shuffle_epi8(table_half(t + 16), n[i]);
+    for (int i = 0; i < 8; i++) {
+        const uint8_t *t = tables + pair_table(pair + i);
+        __m256i l = _mm256_shuffle_epi8(table_half(t), n[i]), h = _mm256_shuffle_epi8(table_half(t + 64), n[i]);
         lo = _mm256_add_epi16(lo, _mm256_unpacklo_epi8(l, h));
         hi = _mm256_add_epi16(hi, _mm256_unpackhi_epi8(l, h));
     }
@@ -133,6 +206,12 @@ static inline void four_steps(const __m256i *n, const uint8_t *t, __m256i *lo16,
 
 static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *const *tables, const float *const *xscale, int n,
                          float *out) {
+#if defined(__AVX512VNNI__)
+    if (by_row) {
+        tile_product_by_row(tile, K, tables, xscale, n, out);
+        return;
+    }
+#endif
     const __m256i low4 = _mm256_set1_epi8(0x0f);
     __m256 acc[TQ_TOKENS][4];
     for (int j = 0; j < n; j++)
@@ -155,7 +234,7 @@ static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *const *t
                                    _mm256_setzero_si256()};
                 for (int h = 0; h < 2; h++) {
                     __m256i lo16, hi16;
-                    four_steps(nib[h], t + 8 * h * PAIR_BYTES, &lo16, &hi16);
+                    four_steps(nib[h], t, 8 * h, &lo16, &hi16);
                     isum[0] = _mm256_add_epi32(isum[0], _mm256_srai_epi32(_mm256_slli_epi32(lo16, 16), 16));
                     isum[1] = _mm256_add_epi32(isum[1], _mm256_srai_epi32(lo16, 16));
                     isum[2] = _mm256_add_epi32(isum[2], _mm256_srai_epi32(_mm256_slli_epi32(hi16, 16), 16));
@@ -177,15 +256,13 @@ static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *const *t
  * position order, so the scales are taken in that order too. */
 static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *const *tables, const float *const *xscale, int n,
                          float *out) {
-    const uint8x16_t low4 = vdupq_n_u8(0x0f);
     float32x4_t acc[TQ_TOKENS][8];
     for (int j = 0; j < n; j++)
         for (int k = 0; k < 8; k++) acc[j][k] = vdupq_n_f32(0.0f);
     for (int64_t b = 0; b < K / BLOCK; b++) {
         const uint8_t *block = tile + b * BLOCK_BYTES, *codes = block + 2 * Q1_TILE;
         float d[Q1_TILE];
-        for (int p = 0; p < Q1_TILE; p++)
-            d[p] = fp16_to_float((uint16_t)(block[2 * lane_row[p]] | block[2 * lane_row[p] + 1] << 8));
+        neon_scales(block, lane_row, d);
         for (int g = 0; g < BLOCK / GROUP; g++) {
             for (int j = 0; j < n; j++) {
                 const uint8_t *tg = tables[j] + (b * (BLOCK / 2) + g * (GROUP / 2)) * PAIR_BYTES;
@@ -194,56 +271,34 @@ static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *const *t
                 for (int h = 0; h < 2; h++) { /* 4 steps, 8 lookups per row, summed in int16 */
                     int16x8_t sum16[4] = {vdupq_n_s16(0), vdupq_n_s16(0), vdupq_n_s16(0), vdupq_n_s16(0)};
                     for (int s = GROUP_STEPS * g + 4 * h; s < GROUP_STEPS * g + 4 * h + 4; s++) {
-                        const uint8_t *t = tg + 2 * (s - GROUP_STEPS * g) * PAIR_BYTES;
-                        uint8x16_t tl0 = vld1q_u8(t), th0 = vld1q_u8(t + 16), tl1 = vld1q_u8(t + 32), th1 = vld1q_u8(t + 48);
-                        for (int half = 0; half < 2; half++) {
-                            uint8x16_t w = vld1q_u8(codes + 32 * s + 16 * half);
-                            uint8x16_t n0 = vandq_u8(w, low4), n1 = vshrq_n_u8(w, 4);
-                            uint8x16_t l0 = vqtbl1q_u8(tl0, n0), h0 = vqtbl1q_u8(th0, n0);
-                            uint8x16_t l1 = vqtbl1q_u8(tl1, n1), h1 = vqtbl1q_u8(th1, n1);
-                            int16x8_t a = vaddq_s16(vreinterpretq_s16_u8(vzip1q_u8(l0, h0)), vreinterpretq_s16_u8(vzip1q_u8(l1, h1)));
-                            int16x8_t c = vaddq_s16(vreinterpretq_s16_u8(vzip2q_u8(l0, h0)), vreinterpretq_s16_u8(vzip2q_u8(l1, h1)));
-                            sum16[2 * half] = vaddq_s16(sum16[2 * half], a);
-                            sum16[2 * half + 1] = vaddq_s16(sum16[2 * half + 1], c);
-                        }
+                        const uint8_t *t0 = tg + pair_table(2 * (s - GROUP_STEPS * g));
+                        const uint8_t *t1 = tg + pair_table(2 * (s - GROUP_STEPS * g) + 1);
+                        neon_step(codes + 32 * s, vld1q_u8(t0), vld1q_u8(t0 + 64), vld1q_u8(t1), vld1q_u8(t1 + 64), sum16);
                     }
-                    for (int i = 0; i < 4; i++) { /* positions 8i .. 8i + 7 */
-                        isum[2 * i] = vaddw_s16(isum[2 * i], vget_low_s16(sum16[i]));
-                        isum[2 * i + 1] = vaddw_high_s16(isum[2 * i + 1], sum16[i]);
-                    }
+                    neon_widen(sum16, isum);
                 }
-                float32x4_t xs = vdupq_n_f32(xscale[j][b * (BLOCK / GROUP) + g]);
-                for (int k = 0; k < 8; k++)
-                    acc[j][k] = vaddq_f32(acc[j][k], vmulq_f32(vcvtq_f32_s32(isum[k]), vmulq_f32(vld1q_f32(d + 4 * k), xs)));
+                neon_accumulate(acc[j], isum, d, xscale[j][b * (BLOCK / GROUP) + g]);
             }
         }
     }
-    for (int j = 0; j < n; j++) {
-        float by_position[Q1_TILE];
-        for (int k = 0; k < 8; k++) vst1q_f32(by_position + 4 * k, acc[j][k]);
-        for (int p = 0; p < Q1_TILE; p++) out[Q1_TILE * j + lane_row[p]] = by_position[p];
-    }
+    for (int j = 0; j < n; j++) neon_store(acc[j], lane_row, out + Q1_TILE * j);
 }
 #else
-static inline int32_t lookup(const uint8_t *table, int index) {
-    return (int16_t)(uint16_t)(table[index] | table[16 + index] << 8);
-}
-
 static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *const *tables, const float *const *xscale, int n,
                          float *out) {
     for (int j = 0; j < n; j++)
         for (int r = 0; r < Q1_TILE; r++) {
-            int p = row_lane[r];
             float acc = 0.0f;
             for (int64_t b = 0; b < K / BLOCK; b++) {
                 const uint8_t *block = tile + b * BLOCK_BYTES, *codes = block + 2 * Q1_TILE;
                 float d = fp16_to_float((uint16_t)(block[2 * r] | block[2 * r + 1] << 8));
                 for (int g = 0; g < BLOCK / GROUP; g++) {
+                    const uint8_t *tg = tables[j] + (b * (BLOCK / 2) + g * (GROUP / 2)) * PAIR_BYTES;
                     int32_t isum = 0;
-                    for (int s = GROUP_STEPS * g; s < GROUP_STEPS * (g + 1); s++) {
-                        const uint8_t *t = tables[j] + (b * (BLOCK / 2) + 2 * s) * PAIR_BYTES;
-                        uint8_t byte = codes[32 * s + p];
-                        isum += lookup(t, byte & 15) + lookup(t + PAIR_BYTES, byte >> 4);
+                    for (int s = 0; s < GROUP_STEPS; s++) {
+                        const uint8_t *t0 = tg + pair_table(2 * s), *t1 = tg + pair_table(2 * s + 1);
+                        uint8_t byte = codes[code_offset(r, GROUP_STEPS * g + s)];
+                        isum += table_lookup(t0, t0 + 64, byte & 15) + table_lookup(t1, t1 + 64, byte >> 4);
                     }
                     acc = acc + (float)isum * (d * xscale[j][b * (BLOCK / GROUP) + g]);
                 }

@@ -16,6 +16,8 @@
   more (prefill), whose rows are dequantized to float.
 """
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
@@ -188,6 +190,36 @@ def test_iq4_nl_rows_of_any_group_count_match_scalar_bit_for_bit(tier):
             x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
             expected = product("scalar", 1, T.IQ4_NL, raw, cols, x)
             np.testing.assert_array_equal(product(tier, 2, T.IQ4_NL, raw, cols, x), expected, err_msg=f"{cols=}")
+
+
+@pytest.mark.parametrize("tier", [t for t in TIERS if t != "scalar"] or
+                         [pytest.param("none", marks=pytest.mark.skip(reason="this CPU runs only the scalar tier"))])
+@pytest.mark.parametrize("qtype", [T.TQ1_0, T.TQ2_0], ids=lambda t: t.name)
+def test_ternary_tiles_over_long_rows_and_many_tokens_match_scalar(tier, qtype):
+    """Rows of 33,280 columns make a ternary tile of about 270 KB, so a product goes in runs of
+    one tile each against every group of 4 tokens (ops.c's tq_tiles_product), where the rows
+    above fit in one run; 300 rows give each of one thread's chunks of rows 2 or 3 tiles."""
+    rng = np.random.default_rng(7)
+    rows, cols = 300, 130 * 256
+    raw = random_matrix(qtype, rows, cols, rng)
+    x = rng.standard_normal((9, cols)).astype(np.float32)
+    np.testing.assert_array_equal(product(tier, 1, qtype, raw, cols, x), product("scalar", 1, qtype, raw, cols, x))
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as Linux lists them (empty elsewhere)."""
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.exists() else []
+    return {flag for line in lines if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+
+
+def test_the_ternary_tiles_take_the_vbmi_kernel_exactly_where_the_cpu_has_vbmi():
+    """The comparison with scalar above checks whichever ternary kernel each tier picks: the
+    avx512 tier must pick the VBMI one (steps laid by row) on a CPU with AVX-512 VBMI, so
+    that it is the one checked there, and every other tier its own."""
+    for tier in TIERS:
+        kernel = cpu_native.load(tier).TQ_KERNEL
+        assert kernel == ("avx512vbmi" if tier == "avx512" and "avx512vbmi" in cpu_flags() else tier)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
