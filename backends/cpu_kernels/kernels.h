@@ -40,7 +40,9 @@
  *
  * form     FLOAT: rows of floats, taken as they are (F32, F16, BF16: unpack_row converts them);
  *          CODES: int8 codes and half-group scales (`unpack`), multiplied with int16
- *          activation codes; TILED: unpacked for embeddings, multiplied from tiles (Q1_0:
+ *          activation codes; OWN: the same activations, multiplied by a product function
+ *          of the type's own (dot_<name>, in its own source file: kquant_dots.c), `unpack`
+ *          serving dequantization only; TILED: unpacked for embeddings, multiplied from tiles (Q1_0:
  *          q1_tiles.c), never by dot_row_tokens.
  * mins     min terms per group of 32, each times the activation sum of the weights it covers:
  *          0 none; 1 one per group (Q4_1, Q5_1, Q4_K, Q5_K); 2 one per half, weights 0-15
@@ -65,8 +67,8 @@
     X(Q5_K, 13, 256, 176, CODES, unpack_q5_k, 1, 0, FP16, 0, 2)   \
     X(Q6_K, 14, 256, 210, CODES, unpack_q6_k, 0, 1, FP16, 208)    \
     X(MXFP4, 39, 32, 17, CODES, unpack_mxfp4, 0, 0, NONE, 0)      \
-    X(Q2_K, 10, 256, 84, CODES, unpack_q2_k, 2, 1, FP16, 80, 82)  \
-    X(Q3_K, 11, 256, 110, CODES, unpack_q3_k, 0, 1, FP16, 108)    \
+    X(Q2_K, 10, 256, 84, OWN, unpack_q2_k, 2, 1, FP16, 80, 82)    \
+    X(Q3_K, 11, 256, 110, OWN, unpack_q3_k, 0, 1, FP16, 108)      \
     X(TQ2_0, 35, 256, 66, CODES, unpack_tq2_0, 0, 0, FP16, 64)    \
     X(TQ1_0, 34, 256, 54, CODES, unpack_tq1_0, 0, 0, FP16, 52)    \
     X(IQ4_NL, 20, 32, 18, CODES, unpack_iq4_nl, 0, 0, FP16, 0)    \
@@ -87,7 +89,7 @@ enum {
 };
 #undef TYPE_ENUM
 
-enum { FORM_FLOAT, FORM_CODES, FORM_TILED };
+enum { FORM_FLOAT, FORM_CODES, FORM_OWN, FORM_TILED };
 
 /* The form of a type of the table (-1 for others: T_Q1_0_TILES). */
 static inline int type_form(int type) {
@@ -129,7 +131,7 @@ typedef struct {
 
 static inline int type_is_float(int type) { return type_form(type) == FORM_FLOAT; }
 /* multiplied with int16 activation codes (the rest take float activations, or Q1_0's tables) */
-static inline int type_takes_codes(int type) { return type_form(type) == FORM_CODES; }
+static inline int type_takes_codes(int type) { return type_form(type) == FORM_CODES || type_form(type) == FORM_OWN; }
 
 /* quants.c */
 int type_block(int type, int *weights, int *bytes); /* 0 if the type is not native (T_Q1_0_TILES is) */
@@ -148,6 +150,22 @@ void dot_tokens(const RowBuffer *w, const float *x, int64_t K, int64_t t0, int64
 int64_t count_bad_scales(int type, const uint8_t *data, int64_t n_blocks);
 void float_product(const float *w, int n, int64_t K, const float *x, int64_t t0, int64_t t1, float *out,
                    int64_t stride);
+
+/* The OWN types' product functions (kquant_dots.c: Q2_K, Q3_K), dot_<name>, which dot_row_tokens
+ * calls as it calls the CODES types' */
+#define OWN_DOT(name, number, weights, bytes, form, ...) OWN_DOT_##form(name)
+#define OWN_DOT_FLOAT(name)
+#define OWN_DOT_CODES(name)
+#define OWN_DOT_TILED(name)
+#define OWN_DOT_OWN(name)                                                                                      \
+    void dot_##name(const uint8_t *row, int64_t K, const int16_t *xq, const float *xd, const float *xs,     \
+                    const float *xh, float *mins, int n, float *out, int64_t stride);
+QUANT_TYPES(OWN_DOT)
+#undef OWN_DOT_OWN
+#undef OWN_DOT_TILED
+#undef OWN_DOT_CODES
+#undef OWN_DOT_FLOAT
+#undef OWN_DOT
 
 /* q1_tiles.c */
 void q1_tiles_init(void);

@@ -651,6 +651,7 @@ void unpack_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf) {
 #define UNPACK_FLOAT(...) /* above */
 #define UNPACK_CODES(number, weights, bytes, unpack, mins) \
     case number: UNPACK_BLOCKS(unpack, weights, bytes, mins)
+#define UNPACK_OWN UNPACK_CODES
 #define UNPACK_TILED UNPACK_CODES
     switch (type) {
         QUANT_TYPES(UNPACK_CASE)
@@ -658,6 +659,7 @@ void unpack_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf) {
 #undef UNPACK_CASE
 #undef UNPACK_FLOAT
 #undef UNPACK_CODES
+#undef UNPACK_OWN
 #undef UNPACK_TILED
 #undef UNPACK_BLOCKS
 }
@@ -791,6 +793,7 @@ static inline __attribute__((always_inline)) void row_tokens(int type, int split
 #define DOT_FLOAT(...) /* float rows: dot_tokens */
 #define DOT_CODES(number, unpack, weights, bytes, has_min) \
     case number: DOT_BLOCKS(unpack, weights, bytes, has_min)
+#define DOT_OWN(...)   /* Q2_K, Q3_K: kquant_dots.c */
 #define DOT_TILED(...) /* Q1_0: q1_tiles.c */
     switch (type) {
         QUANT_TYPES(DOT_CASE)
@@ -798,6 +801,7 @@ static inline __attribute__((always_inline)) void row_tokens(int type, int split
 #undef DOT_CASE
 #undef DOT_FLOAT
 #undef DOT_CODES
+#undef DOT_OWN
 #undef DOT_TILED
 #undef DOT_BLOCKS
     for (int k = 0; k < N; k++) {
@@ -816,6 +820,7 @@ static inline __attribute__((always_inline)) void row_tokens(int type, int split
     DOT_FUNCTION_##form(name, number, split)
 #define DOT_FUNCTION_FLOAT(...)
 #define DOT_FUNCTION_TILED(...)
+#define DOT_FUNCTION_OWN(...) /* kquant_dots.c */
 #define DOT_FUNCTION_CODES(name, number, split)                                                                       \
     static __attribute__((noinline)) void dot_##name(const uint8_t *row, int64_t K, const int16_t *xq,              \
                                                      const float *xd, const float *xs, const float *xh, float *mins,  \
@@ -829,6 +834,7 @@ static inline __attribute__((always_inline)) void row_tokens(int type, int split
     }
 QUANT_TYPES(DOT_FUNCTION)
 #undef DOT_FUNCTION_CODES
+#undef DOT_FUNCTION_OWN
 #undef DOT_FUNCTION_TILED
 #undef DOT_FUNCTION_FLOAT
 #undef DOT_FUNCTION
@@ -840,6 +846,7 @@ void dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq, 
 #define CALL_TILED(...)
 #define CALL_CODES(name, number) \
     case number: dot_##name(row, K, xq, xd, xs, xh, mins, n, out, stride); break;
+#define CALL_OWN CALL_CODES
     switch (type) {
         QUANT_TYPES(CALL_CASE)
     }
@@ -847,6 +854,7 @@ void dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq, 
 #undef CALL_FLOAT
 #undef CALL_TILED
 #undef CALL_CODES
+#undef CALL_OWN
 }
 
 
