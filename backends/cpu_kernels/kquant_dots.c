@@ -91,8 +91,10 @@ static inline __attribute__((always_inline)) void rows_tokens(int type, const ui
         }
         __m512 part[ROW_TOKENS];
         for (int k = 0; k < N; k++) part[k] = _mm512_setzero_ps();
+#pragma GCC unroll 2
         for (int n = 0; n < 2; n++) {
             __m512i p = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qs + 32 * n)));
+#pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
                 int g = 4 * n + j;
                 __m512i codes = crumbs(p, j);
@@ -161,10 +163,12 @@ static inline __attribute__((always_inline)) void rows_tokens(int type, const ui
         }
         __m256 part[ROW_TOKENS][2];
         for (int k = 0; k < N; k++) part[k][0] = part[k][1] = _mm256_setzero_ps();
+#pragma GCC unroll 2
         for (int n = 0; n < 2; n++) {
             __m256i packed = _mm256_loadu_si256((const __m256i *)(qs + 32 * n));
             __m256i p[2] = {_mm256_cvtepu8_epi16(_mm256_castsi256_si128(packed)),
                             _mm256_cvtepu8_epi16(_mm256_extracti128_si256(packed, 1))};
+#pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
                 int g = 4 * n + j;
                 __m256i w[2];
