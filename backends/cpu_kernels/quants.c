@@ -884,10 +884,52 @@ static inline __attribute__((always_inline)) void float_kernel(const float *w, i
         for (int k = 0; k < TK; k++) out[(t + k) * stride + r] = reduce8(acc[r][k]);
 }
 
+#if defined(__AVX512F__)
+#define FLOAT_PAIRS 4 /* pairs of tokens register-blocked with FLOAT_ROWS rows (AVX-512) */
+/* float_kernel for the 2P tokens t .. t + 2P - 1 in 512-bit registers: one register holds a
+ * row's 8 lanes for two tokens (lanes 0-7 token t + 2p, lanes 8-15 token t + 2p + 1), each lane
+ * the same fused multiply-adds in the same order, so the same bits. */
+static inline __attribute__((always_inline)) void float_kernel_pairs(const float *w, int64_t K, const int R,
+                                                                     const int P, const float *x, int64_t t,
+                                                                     float *out, int64_t stride) {
+    __m512 acc[FLOAT_ROWS][FLOAT_PAIRS];
+    for (int r = 0; r < R; r++)
+        for (int p = 0; p < P; p++) acc[r][p] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < K; i += 8) {
+        __m512d xv[FLOAT_PAIRS];
+#pragma GCC unroll 4
+        for (int p = 0; p < P; p++) {
+            const float *a = x + (t + 2 * p) * K + i;
+            xv[p] = _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_loadu_pd((const double *)a)),
+                                       _mm256_loadu_pd((const double *)(a + K)), 1);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m512 wv = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd((const double *)(w + r * K + i))));
+#pragma GCC unroll 4
+            for (int p = 0; p < P; p++) acc[r][p] = _mm512_fmadd_ps(wv, _mm512_castpd_ps(xv[p]), acc[r][p]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int p = 0; p < P; p++) {
+            v8f lo, hi;
+            memcpy(&lo, &acc[r][p], sizeof lo);
+            memcpy(&hi, (const float *)&acc[r][p] + 8, sizeof hi);
+            out[(t + 2 * p) * stride + r] = reduce8(lo);
+            out[(t + 2 * p + 1) * stride + r] = reduce8(hi);
+        }
+}
+#endif
+
 static inline __attribute__((always_inline)) void float_rows(const float *w, int64_t K, const int R, const float *x,
                                                              int64_t t0, int64_t t1, float *out, int64_t stride) {
     int64_t t = t0;
+#if defined(__AVX512F__)
+    for (; t + 2 * FLOAT_PAIRS <= t1; t += 2 * FLOAT_PAIRS) float_kernel_pairs(w, K, R, FLOAT_PAIRS, x, t, out, stride);
+    for (; t + 2 <= t1; t += 2) float_kernel_pairs(w, K, R, 1, x, t, out, stride);
+#else
     for (; t + FLOAT_BLOCK <= t1; t += FLOAT_BLOCK) float_kernel(w, K, R, FLOAT_BLOCK, x, t, out, stride);
+#endif
     for (; t < t1; t++) float_kernel(w, K, R, 1, x, t, out, stride);
 }
 
