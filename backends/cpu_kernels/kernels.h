@@ -108,7 +108,11 @@ static inline int type_form(int type) {
 #define MIN_SLOTS(mins) ((mins) > 1 ? (mins) : 1) /* RowBuffer.min entries per group of a type */
 #define Q1_TILE 32 /* rows of a Q1_0 tile */
 #define FLOAT_TOKENS 32 /* products over this many tokens or more use float weights (quants.c) */
-#define FLOAT_ROWS 3    /* rows dequantized together for them */
+#if defined(__AVX512F__)
+#define FLOAT_ROWS 6    /* rows dequantized together for them (AVX-512: more registers) */
+#else
+#define FLOAT_ROWS 3
+#endif
 #define FLOAT_BLOCK 4   /* tokens register-blocked with those rows */
 
 /* A weight matrix as it lies in the model file: `rows` rows of `row_bytes` bytes. */

@@ -885,7 +885,7 @@ static inline __attribute__((always_inline)) void float_kernel(const float *w, i
 }
 
 #if defined(__AVX512F__)
-#define FLOAT_PAIRS 4 /* pairs of tokens register-blocked with FLOAT_ROWS rows (AVX-512) */
+#define FLOAT_PAIRS 2 /* pairs of tokens register-blocked with FLOAT_ROWS rows (AVX-512) */
 /* float_kernel for the 2P tokens t .. t + 2P - 1 in 512-bit registers: one register holds a
  * row's 8 lanes for two tokens (lanes 0-7 token t + 2p, lanes 8-15 token t + 2p + 1), each lane
  * the same fused multiply-adds in the same order, so the same bits. */
@@ -903,7 +903,7 @@ static inline __attribute__((always_inline)) void float_kernel_pairs(const float
             xv[p] = _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_loadu_pd((const double *)a)),
                                        _mm256_loadu_pd((const double *)(a + K)), 1);
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             __m512 wv = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd((const double *)(w + r * K + i))));
 #pragma GCC unroll 4
