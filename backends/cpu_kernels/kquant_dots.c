@@ -31,20 +31,19 @@ static inline float half(const uint8_t *p) { return fp16_to_float((uint16_t)(p[0
 #define Q2_K_BYTES 84
 #define Q3_K_BYTES 110
 
-/* Q3_K's 16 six-bit scales minus 32, as 16 int8 in 4 words (sub-block k in byte k % 4 of
- * word k / 4): low 4 bits from scales[k % 8] (high nibble for k >= 8), high 2 bits from
- * scales[8 + k % 4] >> 2 (k / 4); see unpack_q3_k in quants.c. */
-static inline void q3_k_scales(const uint8_t *sc, uint32_t out[4]) {
-    const uint32_t low4 = 0x0f0f0f0f, low2 = 0x03030303, minus32 = 0x20202020;
-    uint32_t a, c, e;
-    memcpy(&a, sc, 4);
-    memcpy(&c, sc + 4, 4);
-    memcpy(&e, sc + 8, 4);
-    uint32_t packed[4] = {(a & low4) | ((e & low2) << 4), (c & low4) | (((e >> 2) & low2) << 4),
-                          ((a >> 4) & low4) | (((e >> 4) & low2) << 4), ((c >> 4) & low4) | (((e >> 6) & low2) << 4)};
-    for (int i = 0; i < 4; i++) /* each byte 0 .. 63, minus 32: bytewise, without borrows */
-        out[i] = ((packed[i] | 0x80808080u) - minus32) ^ 0x80808080u;
+#if defined(__AVX2__)
+/* Q3_K's 16 six-bit scales minus 32, int8 in the order of its sub-blocks: low 4 bits from
+ * scales[k % 8] (its high nibble for k >= 8), high 2 bits from scales[8 + k % 4] >> 2 (k / 4);
+ * see unpack_q3_k in quants.c. */
+static inline __m128i q3_k_scales(const uint8_t *sc) {
+    uint32_t top;
+    memcpy(&top, sc + 8, 4);
+    __m128i a = _mm_loadl_epi64((const __m128i *)sc);
+    __m128i low = _mm_and_si128(_mm_unpacklo_epi64(a, _mm_srli_epi16(a, 4)), _mm_set1_epi8(15));
+    __m128i high = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)top), _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
+    return _mm_sub_epi8(_mm_or_si128(low, _mm_slli_epi16(high, 4)), _mm_set1_epi8(32));
 }
+#endif
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 
@@ -82,9 +81,7 @@ static inline __attribute__((always_inline)) void rows_tokens(int type, const ui
             qs = b + 16;
             d = half(b + 80);
         } else {
-            uint32_t s[4];
-            q3_k_scales(b + 96, s);
-            sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_setr_epi32((int)s[0], (int)s[1], (int)s[2], (int)s[3])));
+            sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(q3_k_scales(b + 96)));
             high = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)b));
             qs = b + 32;
             d = half(b + 108);
@@ -152,9 +149,7 @@ static inline __attribute__((always_inline)) void rows_tokens(int type, const ui
             qs = b + 16;
             d = half(b + 80);
         } else {
-            uint32_t s[4];
-            q3_k_scales(b + 96, s);
-            _mm256_storeu_si256((__m256i *)sc, _mm256_cvtepi8_epi16(_mm_setr_epi32((int)s[0], (int)s[1], (int)s[2], (int)s[3])));
+            _mm256_storeu_si256((__m256i *)sc, _mm256_cvtepi8_epi16(q3_k_scales(b + 96)));
             __m256i h = _mm256_loadu_si256((const __m256i *)b);
             high[0] = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(h));
             high[1] = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(h, 1));
@@ -213,9 +208,9 @@ static inline void block_weights(int type, const uint8_t *b, int16_t *w, float *
         }
         *d = half(b + 80);
     } else {
-        uint32_t s[4];
-        q3_k_scales(b + 96, s);
-        for (int k = 0; k < 16; k++) sc[k] = (int8_t)(s[k / 4] >> (8 * (k % 4)));
+        const uint8_t *s = b + 96; /* 6-bit scales, as unpack_q3_k in quants.c draws them */
+        for (int k = 0; k < 16; k++)
+            sc[k] = (((s[k % 8] >> (4 * (k / 8))) & 15) | (((s[8 + k % 4] >> (2 * (k / 4))) & 3) << 4)) - 32;
         *d = half(b + 108);
     }
     const uint8_t *qs = b + (type == T_Q2_K ? 16 : 32);
