@@ -14,11 +14,14 @@
  * lane keeps its own float accumulator:
  *     acc[l] += (float)(isum_lo[l] + isum_hi[l]) * (wscale * xscale)
  * (the types whose halves have scales of their own, `split` below, add the two separately).
- * The row's result is reduce8(acc) + the min terms, wmin[g] * xsum[g], summed in lanes g mod 8
- * (Q2_K, with a min per half group: wmin[h] * xhalf[h] over the halves h).
+ * The row's result is reduce8(acc) + the min terms, wmin[g] * xsum[g], summed in lanes g mod 8.
+ * Q2_K and Q3_K (form OWN below) have products of their own (kquant_dots.c): their integer
+ * sub-block scales go into int16 weights, a group's exact sums are 16 lanes, and each group
+ * costs one fused multiply-add per lane (that file's comment has the arithmetic).
  * A product over FLOAT_TOKENS or more tokens (prefill) instead dequantizes FLOAT_ROWS rows at
  * a time to float and takes the float activations as they are, summing with fused
- * multiply-adds in 8 lanes (fma8, the same rounding in every tier; float_product in quants.c).
+ * multiply-adds in 8 lanes (fma8, the same rounding in every tier; float_product in quants.c;
+ * AVX-512 holds two tokens' 8 lanes in one register).
  * The float types take the float activations as they are. Q1_0 is multiplied by table
  * lookup, its rows regrouped at load into tiles of 32 (q1_tiles.c); so are TQ1_0 and TQ2_0
  * (tq_tiles.c).
@@ -40,9 +43,9 @@
  *
  * form     FLOAT: rows of floats, taken as they are (F32, F16, BF16: unpack_row converts them);
  *          CODES: int8 codes and half-group scales (`unpack`), multiplied with int16
- *          activation codes; OWN: the same activations, multiplied by a product function
- *          of the type's own (dot_<name>, in its own source file: kquant_dots.c), `unpack`
- *          serving dequantization only; TILED: unpacked for embeddings, multiplied from tiles (Q1_0:
+ *          activation codes; OWN: the same activations, multiplied by a product function of
+ *          the type's own (dot_<name>, in its own source file: kquant_dots.c), `unpack` serving
+ *          dequantization only; TILED: unpacked for embeddings, multiplied from tiles (Q1_0:
  *          q1_tiles.c), never by dot_row_tokens.
  * mins     min terms per group of 32, each times the activation sum of the weights it covers:
  *          0 none; 1 one per group (Q4_1, Q5_1, Q4_K, Q5_K); 2 one per half, weights 0-15
