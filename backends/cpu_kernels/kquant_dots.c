@@ -197,9 +197,14 @@ static inline __attribute__((always_inline)) void rows_tokens(int type, const ui
 
 #else
 
-/* The block's 256 int16 weights sc * code, its d and (Q2_K) its 16 min factors -dmin * m. */
+typedef uint8_t u8x32 __attribute__((vector_size(32)));
+typedef int8_t i8x16 __attribute__((vector_size(16)));
+typedef int16_t i16x16 __attribute__((vector_size(32)));
+
+/* The block's 256 int16 weights sc * code, its d and (Q2_K) its 16 min factors -dmin * m
+ * (GCC vector extensions: NEON registers on arm64). */
 static inline void block_weights(int type, const uint8_t *b, int16_t *w, float *d, v8f mins[2]) {
-    int sc[16];
+    int16_t sc[16];
     if (type == T_Q2_K) {
         float dmin = -half(b + 82);
         for (int k = 0; k < 16; k++) {
@@ -210,15 +215,40 @@ static inline void block_weights(int type, const uint8_t *b, int16_t *w, float *
     } else {
         const uint8_t *s = b + 96; /* 6-bit scales, as unpack_q3_k in quants.c draws them */
         for (int k = 0; k < 16; k++)
-            sc[k] = (((s[k % 8] >> (4 * (k / 8))) & 15) | (((s[8 + k % 4] >> (2 * (k / 4))) & 3) << 4)) - 32;
+            sc[k] = (int16_t)((((s[k % 8] >> (4 * (k / 8))) & 15) | (((s[8 + k % 4] >> (2 * (k / 4))) & 3) << 4)) - 32);
         *d = half(b + 108);
     }
     const uint8_t *qs = b + (type == T_Q2_K ? 16 : 32);
-    for (int e = 0; e < 256; e++) { /* weight 128n + 32j + l: field j of qs[32n + l] (unpack_q2_k) */
-        int n = e / 128, j = (e % 128) / 32, l = e % 32, code = (qs[32 * n + l] >> (2 * j)) & 3;
-        if (type == T_Q3_K && !((b[l] >> (e / 32)) & 1)) code -= 4; /* hmask bit e / 32 of byte l */
-        w[e] = (int16_t)(sc[e / 16] * code);
+    u8x32 high;
+    memcpy(&high, b, sizeof high); /* Q3_K's hmask: bit g of byte l for weight 32g + l */
+    for (int n = 0; n < 2; n++) {
+        u8x32 packed;
+        memcpy(&packed, qs + 32 * n, sizeof packed);
+        for (int j = 0; j < 4; j++) { /* weight 128n + 32j + l: field j of qs[32n + l] (unpack_q2_k) */
+            int g = 4 * n + j;
+            u8x32 codes = (packed >> (2 * j)) & 3;
+            if (type == T_Q3_K) codes -= (((high >> g) & 1) ^ 1) << 2; /* minus 4 where the bit is clear */
+            for (int h = 0; h < 2; h++) {
+                i8x16 half_codes;
+                memcpy(&half_codes, (const int8_t *)&codes + 16 * h, sizeof half_codes);
+                i16x16 weights = __builtin_convertvector(half_codes, i16x16) * sc[2 * g + h];
+                memcpy(w + 32 * g + 16 * h, &weights, sizeof weights);
+            }
+        }
     }
+}
+
+/* isum[l] = w[2l] x[2l] + w[2l + 1] x[2l + 1] for the 8 lanes of 16 weights */
+static inline v8i pair_sums16(const int16_t *w, const int16_t *x) {
+    v8i out;
+#if defined(__ARM_NEON) && defined(__aarch64__)
+    int16x8_t w0 = vld1q_s16(w), w1 = vld1q_s16(w + 8), x0 = vld1q_s16(x), x1 = vld1q_s16(x + 8);
+    vst1q_s32((int32_t *)&out, vpaddq_s32(vmull_s16(vget_low_s16(w0), vget_low_s16(x0)), vmull_high_s16(w0, x0)));
+    vst1q_s32((int32_t *)&out + 4, vpaddq_s32(vmull_s16(vget_low_s16(w1), vget_low_s16(x1)), vmull_high_s16(w1, x1)));
+#else
+    for (int l = 0; l < 8; l++) out[l] = w[2 * l] * x[2 * l] + w[2 * l + 1] * x[2 * l + 1];
+#endif
+    return out;
 }
 
 static inline __attribute__((always_inline)) void rows_tokens(int type, const uint8_t *row, int64_t K,
@@ -240,12 +270,8 @@ static inline __attribute__((always_inline)) void rows_tokens(int type, const ui
                 const int16_t *x = xq + k * K + (g0 + g) * GROUP, *wg = w + GROUP * g;
                 float s = xd[k * G + g0 + g];
                 const v8f xs = {s, s, s, s, s, s, s, s};
-                for (int h = 0; h < 2; h++) {
-                    v8i isum;
-                    for (int l = 0; l < 8; l++)
-                        isum[l] = wg[16 * h + 2 * l] * x[16 * h + 2 * l] + wg[16 * h + 2 * l + 1] * x[16 * h + 2 * l + 1];
-                    part[h] = fma8(__builtin_convertvector(isum, v8f), xs, part[h]);
-                }
+                for (int h = 0; h < 2; h++)
+                    part[h] = fma8(__builtin_convertvector(pair_sums16(wg + 16 * h, x + 16 * h), v8f), xs, part[h]);
             }
             for (int h = 0; h < 2; h++) {
                 acc[k][h] = fma8(part[h], dv, acc[k][h]);
