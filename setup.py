@@ -13,7 +13,8 @@ from setuptools import Extension, setup
 SOURCES = [
     f"backends/cpu_kernels/{name}.c"
     for name in (
-        "module", "ops", "attention", "delta_net", "quants", "iq_dots", "q1_tiles", "tq_tiles", "pool", "scratch"
+        "module", "ops", "attention", "delta_net", "quants", "kquant_dots", "iq_dots", "q1_tiles", "tq_tiles", "pool",
+        "scratch",
     )
 ]
 COMMON_FLAGS = ["-O3", "-std=gnu11", "-ffp-contract=off", "-fno-math-errno", "-pthread", "-Wno-psabi", "-Werror=implicit-function-declaration"]

@@ -14,11 +14,14 @@
  * lane keeps its own float accumulator:
  *     acc[l] += (float)(isum_lo[l] + isum_hi[l]) * (wscale * xscale)
  * (the types whose halves have scales of their own, `split` below, add the two separately).
- * The row's result is reduce8(acc) + the min terms, wmin[g] * xsum[g], summed in lanes g mod 8
- * (Q2_K, with a min per half group: wmin[h] * xhalf[h] over the halves h).
+ * The row's result is reduce8(acc) + the min terms, wmin[g] * xsum[g], summed in lanes g mod 8.
+ * Q2_K and Q3_K (form OWN below) have products of their own (kquant_dots.c): their integer
+ * sub-block scales go into int16 weights, a group's exact sums are 16 lanes, and each group
+ * costs one fused multiply-add per lane (that file's comment has the arithmetic).
  * A product over FLOAT_TOKENS or more tokens (prefill) instead dequantizes FLOAT_ROWS rows at
  * a time to float and takes the float activations as they are, summing with fused
- * multiply-adds in 8 lanes (fma8, the same rounding in every tier; float_product in quants.c).
+ * multiply-adds in 8 lanes (fma8, the same rounding in every tier; float_product in quants.c;
+ * AVX-512 holds two tokens' 8 lanes in one register).
  * On AVX2 and AVX-512 the IQ types have products and dequantization of their own, unpacked in
  * registers (iq_dots.c), with the bits of the form above.
  * The float types take the float activations as they are. Q1_0 is multiplied by table
@@ -42,7 +45,9 @@
  *
  * form     FLOAT: rows of floats, taken as they are (F32, F16, BF16: unpack_row converts them);
  *          CODES: int8 codes and half-group scales (`unpack`), multiplied with int16
- *          activation codes; TILED: unpacked for embeddings, multiplied from tiles (Q1_0:
+ *          activation codes; OWN: the same activations, multiplied by a product function of
+ *          the type's own (dot_<name>, in its own source file: kquant_dots.c), `unpack` serving
+ *          dequantization only; TILED: unpacked for embeddings, multiplied from tiles (Q1_0:
  *          q1_tiles.c), never by dot_row_tokens.
  * mins     min terms per group of 32, each times the activation sum of the weights it covers:
  *          0 none; 1 one per group (Q4_1, Q5_1, Q4_K, Q5_K); 2 one per half, weights 0-15
@@ -67,8 +72,8 @@
     X(Q5_K, 13, 256, 176, CODES, unpack_q5_k, 1, 0, FP16, 0, 2)   \
     X(Q6_K, 14, 256, 210, CODES, unpack_q6_k, 0, 1, FP16, 208)    \
     X(MXFP4, 39, 32, 17, CODES, unpack_mxfp4, 0, 0, NONE, 0)      \
-    X(Q2_K, 10, 256, 84, CODES, unpack_q2_k, 2, 1, FP16, 80, 82)  \
-    X(Q3_K, 11, 256, 110, CODES, unpack_q3_k, 0, 1, FP16, 108)    \
+    X(Q2_K, 10, 256, 84, OWN, unpack_q2_k, 2, 1, FP16, 80, 82)    \
+    X(Q3_K, 11, 256, 110, OWN, unpack_q3_k, 0, 1, FP16, 108)      \
     X(TQ2_0, 35, 256, 66, CODES, unpack_tq2_0, 0, 0, FP16, 64)    \
     X(TQ1_0, 34, 256, 54, CODES, unpack_tq1_0, 0, 0, FP16, 52)    \
     X(IQ4_NL, 20, 32, 18, CODES, unpack_iq4_nl, 0, 0, FP16, 0)    \
@@ -89,7 +94,7 @@ enum {
 };
 #undef TYPE_ENUM
 
-enum { FORM_FLOAT, FORM_CODES, FORM_TILED };
+enum { FORM_FLOAT, FORM_CODES, FORM_OWN, FORM_TILED };
 
 /* The form of a type of the table (-1 for others: T_Q1_0_TILES). */
 static inline int type_form(int type) {
@@ -108,7 +113,11 @@ static inline int type_form(int type) {
 #define MIN_SLOTS(mins) ((mins) > 1 ? (mins) : 1) /* RowBuffer.min entries per group of a type */
 #define Q1_TILE 32 /* rows of a Q1_0 tile */
 #define FLOAT_TOKENS 32 /* products over this many tokens or more use float weights (quants.c) */
-#define FLOAT_ROWS 3    /* rows dequantized together for them */
+#if defined(__AVX512F__)
+#define FLOAT_ROWS 6    /* rows dequantized together for them (AVX-512: more registers) */
+#else
+#define FLOAT_ROWS 3
+#endif
 #define FLOAT_BLOCK 4   /* tokens register-blocked with those rows */
 
 /* A weight matrix as it lies in the model file: `rows` rows of `row_bytes` bytes. */
@@ -131,7 +140,7 @@ typedef struct {
 
 static inline int type_is_float(int type) { return type_form(type) == FORM_FLOAT; }
 /* multiplied with int16 activation codes (the rest take float activations, or Q1_0's tables) */
-static inline int type_takes_codes(int type) { return type_form(type) == FORM_CODES; }
+static inline int type_takes_codes(int type) { return type_form(type) == FORM_CODES || type_form(type) == FORM_OWN; }
 
 /* quants.c */
 int type_block(int type, int *weights, int *bytes); /* 0 if the type is not native (T_Q1_0_TILES is) */
@@ -156,6 +165,22 @@ void float_product(const float *w, int n, int64_t K, const float *x, int64_t t0,
 int iq_dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq, const float *xd, int n, float *out,
                       int64_t stride);
 int iq_dequantize_row(int type, const uint8_t *row, int64_t K, float *out); /* the same for dequantize_row */
+
+/* The OWN types' product functions (kquant_dots.c: Q2_K, Q3_K), dot_<name>, which dot_row_tokens
+ * calls as it calls the CODES types' */
+#define OWN_DOT(name, number, weights, bytes, form, ...) OWN_DOT_##form(name)
+#define OWN_DOT_FLOAT(name)
+#define OWN_DOT_CODES(name)
+#define OWN_DOT_TILED(name)
+#define OWN_DOT_OWN(name)                                                                                      \
+    void dot_##name(const uint8_t *row, int64_t K, const int16_t *xq, const float *xd, const float *xs,     \
+                    const float *xh, float *mins, int n, float *out, int64_t stride);
+QUANT_TYPES(OWN_DOT)
+#undef OWN_DOT_OWN
+#undef OWN_DOT_TILED
+#undef OWN_DOT_CODES
+#undef OWN_DOT_FLOAT
+#undef OWN_DOT
 
 /* q1_tiles.c */
 void q1_tiles_init(void);

@@ -641,6 +641,7 @@ void unpack_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf) {
 #define UNPACK_FLOAT(...) /* above */
 #define UNPACK_CODES(number, weights, bytes, unpack, mins) \
     case number: UNPACK_BLOCKS(unpack, weights, bytes, mins)
+#define UNPACK_OWN UNPACK_CODES
 #define UNPACK_TILED UNPACK_CODES
     switch (type) {
         QUANT_TYPES(UNPACK_CASE)
@@ -648,6 +649,7 @@ void unpack_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf) {
 #undef UNPACK_CASE
 #undef UNPACK_FLOAT
 #undef UNPACK_CODES
+#undef UNPACK_OWN
 #undef UNPACK_TILED
 #undef UNPACK_BLOCKS
 }
@@ -782,6 +784,7 @@ static inline __attribute__((always_inline)) void row_tokens(int type, int split
 #define DOT_FLOAT(...) /* float rows: dot_tokens */
 #define DOT_CODES(number, unpack, weights, bytes, has_min) \
     case number: DOT_BLOCKS(unpack, weights, bytes, has_min)
+#define DOT_OWN(...)   /* Q2_K, Q3_K: kquant_dots.c */
 #define DOT_TILED(...) /* Q1_0: q1_tiles.c */
     switch (type) {
         QUANT_TYPES(DOT_CASE)
@@ -789,6 +792,7 @@ static inline __attribute__((always_inline)) void row_tokens(int type, int split
 #undef DOT_CASE
 #undef DOT_FLOAT
 #undef DOT_CODES
+#undef DOT_OWN
 #undef DOT_TILED
 #undef DOT_BLOCKS
     for (int k = 0; k < N; k++) {
@@ -807,6 +811,7 @@ static inline __attribute__((always_inline)) void row_tokens(int type, int split
     DOT_FUNCTION_##form(name, number, split)
 #define DOT_FUNCTION_FLOAT(...)
 #define DOT_FUNCTION_TILED(...)
+#define DOT_FUNCTION_OWN(...) /* kquant_dots.c */
 #define DOT_FUNCTION_CODES(name, number, split)                                                                       \
     static __attribute__((noinline)) void dot_##name(const uint8_t *row, int64_t K, const int16_t *xq,              \
                                                      const float *xd, const float *xs, const float *xh, float *mins,  \
@@ -820,6 +825,7 @@ static inline __attribute__((always_inline)) void row_tokens(int type, int split
     }
 QUANT_TYPES(DOT_FUNCTION)
 #undef DOT_FUNCTION_CODES
+#undef DOT_FUNCTION_OWN
 #undef DOT_FUNCTION_TILED
 #undef DOT_FUNCTION_FLOAT
 #undef DOT_FUNCTION
@@ -832,6 +838,7 @@ void dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq, 
 #define CALL_TILED(...)
 #define CALL_CODES(name, number) \
     case number: dot_##name(row, K, xq, xd, xs, xh, mins, n, out, stride); break;
+#define CALL_OWN CALL_CODES
     switch (type) {
         QUANT_TYPES(CALL_CASE)
     }
@@ -839,6 +846,7 @@ void dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq, 
 #undef CALL_FLOAT
 #undef CALL_TILED
 #undef CALL_CODES
+#undef CALL_OWN
 }
 
 
@@ -868,10 +876,52 @@ static inline __attribute__((always_inline)) void float_kernel(const float *w, i
         for (int k = 0; k < TK; k++) out[(t + k) * stride + r] = reduce8(acc[r][k]);
 }
 
+#if defined(__AVX512F__)
+#define FLOAT_PAIRS 2 /* pairs of tokens register-blocked with FLOAT_ROWS rows (AVX-512) */
+/* float_kernel for the 2P tokens t .. t + 2P - 1 in 512-bit registers: one register holds a
+ * row's 8 lanes for two tokens (lanes 0-7 token t + 2p, lanes 8-15 token t + 2p + 1), each lane
+ * the same fused multiply-adds in the same order, so the same bits. */
+static inline __attribute__((always_inline)) void float_kernel_pairs(const float *w, int64_t K, const int R,
+                                                                     const int P, const float *x, int64_t t,
+                                                                     float *out, int64_t stride) {
+    __m512 acc[FLOAT_ROWS][FLOAT_PAIRS];
+    for (int r = 0; r < R; r++)
+        for (int p = 0; p < P; p++) acc[r][p] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < K; i += 8) {
+        __m512d xv[FLOAT_PAIRS];
+#pragma GCC unroll 4
+        for (int p = 0; p < P; p++) {
+            const float *a = x + (t + 2 * p) * K + i;
+            xv[p] = _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_loadu_pd((const double *)a)),
+                                       _mm256_loadu_pd((const double *)(a + K)), 1);
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            __m512 wv = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd((const double *)(w + r * K + i))));
+#pragma GCC unroll 4
+            for (int p = 0; p < P; p++) acc[r][p] = _mm512_fmadd_ps(wv, _mm512_castpd_ps(xv[p]), acc[r][p]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int p = 0; p < P; p++) {
+            v8f lo, hi;
+            memcpy(&lo, &acc[r][p], sizeof lo);
+            memcpy(&hi, (const float *)&acc[r][p] + 8, sizeof hi);
+            out[(t + 2 * p) * stride + r] = reduce8(lo);
+            out[(t + 2 * p + 1) * stride + r] = reduce8(hi);
+        }
+}
+#endif
+
 static inline __attribute__((always_inline)) void float_rows(const float *w, int64_t K, const int R, const float *x,
                                                              int64_t t0, int64_t t1, float *out, int64_t stride) {
     int64_t t = t0;
+#if defined(__AVX512F__)
+    for (; t + 2 * FLOAT_PAIRS <= t1; t += 2 * FLOAT_PAIRS) float_kernel_pairs(w, K, R, FLOAT_PAIRS, x, t, out, stride);
+    for (; t + 2 <= t1; t += 2) float_kernel_pairs(w, K, R, 1, x, t, out, stride);
+#else
     for (; t + FLOAT_BLOCK <= t1; t += FLOAT_BLOCK) float_kernel(w, K, R, FLOAT_BLOCK, x, t, out, stride);
+#endif
     for (; t < t1; t++) float_kernel(w, K, R, 1, x, t, out, stride);
 }
 

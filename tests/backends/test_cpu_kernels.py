@@ -167,6 +167,7 @@ def test_every_tier_matches_scalar_bit_for_bit(tier, qtype):
     cols = 768 if GGML_QUANT_SIZES[qtype][0] != 256 else 1024
     for kind in ("random", "extreme", "ones", "quantized"):
         cases = [(7, 1, 1), (33, 2, 2), (64, 3, 3), (5, 7, 2), (31, 16, 3), (96, 11, 1), (13, 40, 2), (8, 32, 3)]
+        cases.append((10, 39, 2))  # float products: blocks of tokens, then a pair and a single one
         for rows, n_tokens, threads in cases:
             raw = random_matrix(qtype, rows, cols, rng, kind)
             x = rng.standard_normal((n_tokens, cols)).astype(np.float32)

@@ -105,6 +105,7 @@ int main(void) {
 #define IQ1M_FP16 0 /* the check formats: 1 where the scale is IQ1_M's, spread over 4 words */
 #define IQ1M_IQ1M 1
 #define IQ1M_NONE 0 /* MXFP4: its E8M0 byte (any value is finite) given an fp16 scale's low byte, as the others */
+#define PROBE_OWN PROBE_CODES
 #define PROBE_FLOAT(...)
 #define PROBE_TILED(...)
     static const struct { int type, iq1m, offsets[2], n_offsets; } types[] = {QUANT_TYPES(PROBE_ROW)};

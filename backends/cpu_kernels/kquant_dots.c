@@ -1,0 +1,305 @@
+/* Q2_K and Q3_K times int16 activation codes: each type's own product (form OWN in kernels.h).
+ *
+ * Both types have 16-weight sub-blocks with small integer scales, and one float d per block of
+ * 256 weights (Q2_K also a dmin, with 4-bit integer mins). The integer scale goes into the
+ * weights, so that a group of 32 is one exact integer dot product:
+ *     w[e] = sc[e / 16] * code[e]   (Q2_K: (scales[k] & 15) * (0 .. 3); Q3_K: (s - 32) * (-4 .. 3))
+ *     isum[l] = w[2l] x[2l] + w[2l + 1] x[2l + 1]   for the 16 lanes l of a group
+ * |w| <= 128 and |x| <= 32767, so |isum| < 2^24: its float is exact. For each token, in 16 float
+ * lanes (every operation a fused multiply-add, rounded once):
+ *     part[l] = 0;  part[l] = fma(isum_g[l], xd[g], part[l])   for the block's 8 groups g in order
+ *     acc[l]  = fma(part[l], d, acc[l])
+ *     acc[l]  = fma(-dmin * m[l], xhalf[l], acc[l])            (Q2_K: sub-block l's min m[l])
+ * over the blocks in order, and the row's result is reduce8(acc[0..7] + acc[8..15]). Every tier
+ * does exactly these operations, so they agree bit for bit: AVX-512 unpacks each group into one
+ * 512-bit register of 32 int16 weights (its 16 lanes the 16 of the group), AVX2 into two 256-bit
+ * ones, and the portable form (scalar, NEON) writes the block's weights to the stack. A block is
+ * unpacked once for the n <= ROW_TOKENS tokens. */
+#include <string.h>
+
+#include "kernels.h"
+#include "simd.h"
+
+#if defined(__F16C__)
+#include <immintrin.h>
+static inline float half(const uint8_t *p) { return _cvtsh_ss((uint16_t)(p[0] | (p[1] << 8))); }
+#else
+static inline float half(const uint8_t *p) { return fp16_to_float((uint16_t)(p[0] | (p[1] << 8))); }
+#endif
+
+#define BLOCK_GROUPS 8 /* groups of 32 in a block of 256 */
+#define Q2_K_BYTES 84
+#define Q3_K_BYTES 110
+
+#if defined(__AVX2__)
+/* Q3_K's 16 six-bit scales minus 32, int8 in the order of its sub-blocks: low 4 bits from
+ * scales[k % 8] (its high nibble for k >= 8), high 2 bits from scales[8 + k % 4] >> 2 (k / 4);
+ * see unpack_q3_k in quants.c. */
+static inline __m128i q3_k_scales(const uint8_t *sc) {
+    uint32_t top;
+    memcpy(&top, sc + 8, 4);
+    __m128i a = _mm_loadl_epi64((const __m128i *)sc);
+    __m128i low = _mm_and_si128(_mm_unpacklo_epi64(a, _mm_srli_epi16(a, 4)), _mm_set1_epi8(15));
+    __m128i high = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)top), _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
+    return _mm_sub_epi8(_mm_or_si128(low, _mm_slli_epi16(high, 4)), _mm_set1_epi8(32));
+}
+#endif
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+
+/* Words 0-15 sc[2g], words 16-31 sc[2g + 1], of 16 scale words (one per sub-block). */
+static inline __m512i half_scales(__m512i sc, int g) {
+    const __m512i halves = _mm512_set_epi16(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                            0, 0, 0, 0, 0, 0, 0);
+    return _mm512_permutexvar_epi16(_mm512_add_epi16(halves, _mm512_set1_epi16((short)(2 * g))), sc);
+}
+
+/* The 2-bit fields of one group: in half n of the block (its 32 qs bytes as words p), group
+ * 4n + j is (p >> 2j) & 3. */
+static inline __m512i crumbs(__m512i p, int j) { return _mm512_and_si512(_mm512_srli_epi16(p, 2 * j), _mm512_set1_epi16(3)); }
+
+/* n tokens times one row: the module comment's arithmetic in 16 lanes of one register. */
+static inline __attribute__((always_inline)) void rows_tokens(int type, const uint8_t *row, int64_t K,
+                                                              const int16_t *xq, const float *xd, const float *xh,
+                                                              const int N, float *out, int64_t stride) {
+    const int64_t G = K / GROUP;
+    const int bytes = type == T_Q2_K ? Q2_K_BYTES : Q3_K_BYTES;
+    __m512 acc[ROW_TOKENS];
+    for (int k = 0; k < N; k++) acc[k] = _mm512_setzero_ps();
+    for (int64_t blk = 0; blk < K / 256; blk++) {
+        const uint8_t *b = row + blk * bytes;
+        const int64_t g0 = blk * BLOCK_GROUPS;
+        __m512i sc, high = _mm512_setzero_si512();
+        const uint8_t *qs;
+        float d;
+        __m512 mins = _mm512_setzero_ps();
+        if (type == T_Q2_K) {
+            __m128i packed = _mm_loadu_si128((const __m128i *)b);
+            sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(packed, _mm_set1_epi8(15))));
+            __m128i m = _mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(15));
+            mins = _mm512_mul_ps(_mm512_set1_ps(-half(b + 82)), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(m)));
+            qs = b + 16;
+            d = half(b + 80);
+        } else {
+            sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(q3_k_scales(b + 96)));
+            high = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)b));
+            qs = b + 32;
+            d = half(b + 108);
+        }
+        __m512 part[ROW_TOKENS];
+        for (int k = 0; k < N; k++) part[k] = _mm512_setzero_ps();
+#pragma GCC unroll 2
+        for (int n = 0; n < 2; n++) {
+            __m512i p = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qs + 32 * n)));
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                int g = 4 * n + j;
+                __m512i codes = crumbs(p, j);
+                if (type == T_Q3_K) { /* minus 4 where bit g of the hmask byte is clear */
+                    __mmask32 clear = _mm512_testn_epi16_mask(high, _mm512_set1_epi16((short)(1 << g)));
+                    codes = _mm512_mask_sub_epi16(codes, clear, codes, _mm512_set1_epi16(4));
+                }
+                __m512i w = _mm512_mullo_epi16(codes, half_scales(sc, g));
+                for (int k = 0; k < N; k++) {
+                    __m512i isum = _mm512_madd_epi16(w, _mm512_loadu_si512(xq + k * K + (g0 + g) * GROUP));
+                    part[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(xd[k * G + g0 + g]), part[k]);
+                }
+            }
+        }
+        for (int k = 0; k < N; k++) {
+            acc[k] = _mm512_fmadd_ps(part[k], _mm512_set1_ps(d), acc[k]);
+            if (type == T_Q2_K)
+                acc[k] = _mm512_fmadd_ps(mins, _mm512_loadu_ps(xh + k * HALVES * G + HALVES * g0), acc[k]);
+        }
+    }
+    for (int k = 0; k < N; k++) {
+        v8f lo, hi;
+        memcpy(&lo, &acc[k], sizeof lo);
+        memcpy(&hi, (const float *)&acc[k] + 8, sizeof hi);
+        out[k * stride] = reduce8(lo + hi);
+    }
+}
+
+#elif defined(__AVX2__)
+
+/* A group as two registers of 16 int16 weights: weights 0-15 (lanes 0-7), 16-31 (lanes 8-15). */
+static inline __attribute__((always_inline)) void rows_tokens(int type, const uint8_t *row, int64_t K,
+                                                              const int16_t *xq, const float *xd, const float *xh,
+                                                              const int N, float *out, int64_t stride) {
+    const int64_t G = K / GROUP;
+    const int bytes = type == T_Q2_K ? Q2_K_BYTES : Q3_K_BYTES;
+    const __m256i three = _mm256_set1_epi16(3), four = _mm256_set1_epi16(4);
+    __m256 acc[ROW_TOKENS][2];
+    for (int k = 0; k < N; k++) acc[k][0] = acc[k][1] = _mm256_setzero_ps();
+    for (int64_t blk = 0; blk < K / 256; blk++) {
+        const uint8_t *b = row + blk * bytes;
+        const int64_t g0 = blk * BLOCK_GROUPS;
+        int16_t sc[16];
+        __m256i high[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        const uint8_t *qs;
+        float d;
+        __m256 mins[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        if (type == T_Q2_K) {
+            __m128i packed = _mm_loadu_si128((const __m128i *)b);
+            _mm256_storeu_si256((__m256i *)sc, _mm256_cvtepu8_epi16(_mm_and_si128(packed, _mm_set1_epi8(15))));
+            __m128i m = _mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(15));
+            __m256 dmin = _mm256_set1_ps(-half(b + 82));
+            mins[0] = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m)));
+            mins[1] = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(m, 8))));
+            qs = b + 16;
+            d = half(b + 80);
+        } else {
+            _mm256_storeu_si256((__m256i *)sc, _mm256_cvtepi8_epi16(q3_k_scales(b + 96)));
+            __m256i h = _mm256_loadu_si256((const __m256i *)b);
+            high[0] = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(h));
+            high[1] = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(h, 1));
+            qs = b + 32;
+            d = half(b + 108);
+        }
+        __m256 part[ROW_TOKENS][2];
+        for (int k = 0; k < N; k++) part[k][0] = part[k][1] = _mm256_setzero_ps();
+#pragma GCC unroll 2
+        for (int n = 0; n < 2; n++) {
+            __m256i packed = _mm256_loadu_si256((const __m256i *)(qs + 32 * n));
+            __m256i p[2] = {_mm256_cvtepu8_epi16(_mm256_castsi256_si128(packed)),
+                            _mm256_cvtepu8_epi16(_mm256_extracti128_si256(packed, 1))};
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                int g = 4 * n + j;
+                __m256i w[2];
+                for (int h = 0; h < 2; h++) {
+                    __m256i codes = _mm256_and_si256(_mm256_srli_epi16(p[h], 2 * j), three);
+                    if (type == T_Q3_K) { /* minus 4 where bit g of the hmask byte is clear */
+                        __m256i bit = g <= 2 ? _mm256_slli_epi16(high[h], 2 - g) : _mm256_srli_epi16(high[h], g - 2);
+                        codes = _mm256_sub_epi16(codes, _mm256_andnot_si256(bit, four));
+                    }
+                    w[h] = _mm256_mullo_epi16(codes, _mm256_set1_epi16(sc[2 * g + h]));
+                }
+                for (int k = 0; k < N; k++) {
+                    const int16_t *x = xq + k * K + (g0 + g) * GROUP;
+                    __m256 xs = _mm256_set1_ps(xd[k * G + g0 + g]);
+                    for (int h = 0; h < 2; h++) {
+                        __m256i isum = _mm256_madd_epi16(w[h], _mm256_loadu_si256((const __m256i *)(x + 16 * h)));
+                        part[k][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), xs, part[k][h]);
+                    }
+                }
+            }
+        }
+        for (int k = 0; k < N; k++)
+            for (int h = 0; h < 2; h++) {
+                acc[k][h] = _mm256_fmadd_ps(part[k][h], _mm256_set1_ps(d), acc[k][h]);
+                if (type == T_Q2_K)
+                    acc[k][h] = _mm256_fmadd_ps(mins[h], _mm256_loadu_ps(xh + k * HALVES * G + HALVES * g0 + 8 * h), acc[k][h]);
+            }
+    }
+    for (int k = 0; k < N; k++) out[k * stride] = reduce8((v8f)acc[k][0] + (v8f)acc[k][1]);
+}
+
+#else
+
+typedef uint8_t u8x32 __attribute__((vector_size(32)));
+typedef int8_t i8x16 __attribute__((vector_size(16)));
+typedef int16_t i16x16 __attribute__((vector_size(32)));
+
+/* The block's 256 int16 weights sc * code, its d and (Q2_K) its 16 min factors -dmin * m
+ * (GCC vector extensions: NEON registers on arm64). */
+static inline void block_weights(int type, const uint8_t *b, int16_t *w, float *d, v8f mins[2]) {
+    int16_t sc[16];
+    if (type == T_Q2_K) {
+        float dmin = -half(b + 82);
+        for (int k = 0; k < 16; k++) {
+            sc[k] = b[k] & 15;
+            mins[k / 8][k % 8] = dmin * (float)(b[k] >> 4);
+        }
+        *d = half(b + 80);
+    } else {
+        const uint8_t *s = b + 96; /* 6-bit scales, as unpack_q3_k in quants.c draws them */
+        for (int k = 0; k < 16; k++)
+            sc[k] = (int16_t)((((s[k % 8] >> (4 * (k / 8))) & 15) | (((s[8 + k % 4] >> (2 * (k / 4))) & 3) << 4)) - 32);
+        *d = half(b + 108);
+    }
+    const uint8_t *qs = b + (type == T_Q2_K ? 16 : 32);
+    u8x32 high;
+    memcpy(&high, b, sizeof high); /* Q3_K's hmask: bit g of byte l for weight 32g + l */
+    for (int n = 0; n < 2; n++) {
+        u8x32 packed;
+        memcpy(&packed, qs + 32 * n, sizeof packed);
+        for (int j = 0; j < 4; j++) { /* weight 128n + 32j + l: field j of qs[32n + l] (unpack_q2_k) */
+            int g = 4 * n + j;
+            u8x32 codes = (packed >> (2 * j)) & 3;
+            if (type == T_Q3_K) codes -= (((high >> g) & 1) ^ 1) << 2; /* minus 4 where the bit is clear */
+            for (int h = 0; h < 2; h++) {
+                i8x16 half_codes;
+                memcpy(&half_codes, (const int8_t *)&codes + 16 * h, sizeof half_codes);
+                i16x16 weights = __builtin_convertvector(half_codes, i16x16) * sc[2 * g + h];
+                memcpy(w + 32 * g + 16 * h, &weights, sizeof weights);
+            }
+        }
+    }
+}
+
+/* isum[l] = w[2l] x[2l] + w[2l + 1] x[2l + 1] for the 8 lanes of 16 weights */
+static inline v8i pair_sums16(const int16_t *w, const int16_t *x) {
+    v8i out;
+#if defined(__ARM_NEON) && defined(__aarch64__)
+    int16x8_t w0 = vld1q_s16(w), w1 = vld1q_s16(w + 8), x0 = vld1q_s16(x), x1 = vld1q_s16(x + 8);
+    vst1q_s32((int32_t *)&out, vpaddq_s32(vmull_s16(vget_low_s16(w0), vget_low_s16(x0)), vmull_high_s16(w0, x0)));
+    vst1q_s32((int32_t *)&out + 4, vpaddq_s32(vmull_s16(vget_low_s16(w1), vget_low_s16(x1)), vmull_high_s16(w1, x1)));
+#else
+    for (int l = 0; l < 8; l++) out[l] = w[2 * l] * x[2 * l] + w[2 * l + 1] * x[2 * l + 1];
+#endif
+    return out;
+}
+
+static inline __attribute__((always_inline)) void rows_tokens(int type, const uint8_t *row, int64_t K,
+                                                              const int16_t *xq, const float *xd, const float *xh,
+                                                              const int N, float *out, int64_t stride) {
+    const int64_t G = K / GROUP;
+    const int bytes = type == T_Q2_K ? Q2_K_BYTES : Q3_K_BYTES;
+    v8f acc[ROW_TOKENS][2] = {{{0}}};
+    for (int64_t blk = 0; blk < K / 256; blk++) {
+        int16_t w[256];
+        float d;
+        v8f mins[2] = {{0}};
+        const int64_t g0 = blk * BLOCK_GROUPS;
+        block_weights(type, row + blk * bytes, w, &d, mins);
+        const v8f dv = {d, d, d, d, d, d, d, d};
+        for (int k = 0; k < N; k++) {
+            v8f part[2] = {{0}};
+            for (int g = 0; g < BLOCK_GROUPS; g++) {
+                const int16_t *x = xq + k * K + (g0 + g) * GROUP, *wg = w + GROUP * g;
+                float s = xd[k * G + g0 + g];
+                const v8f xs = {s, s, s, s, s, s, s, s};
+                for (int h = 0; h < 2; h++)
+                    part[h] = fma8(__builtin_convertvector(pair_sums16(wg + 16 * h, x + 16 * h), v8f), xs, part[h]);
+            }
+            for (int h = 0; h < 2; h++) {
+                acc[k][h] = fma8(part[h], dv, acc[k][h]);
+                if (type == T_Q2_K) {
+                    v8f xhalf;
+                    memcpy(&xhalf, xh + k * HALVES * G + HALVES * g0 + 8 * h, sizeof xhalf);
+                    acc[k][h] = fma8(mins[h], xhalf, acc[k][h]);
+                }
+            }
+        }
+    }
+    for (int k = 0; k < N; k++) out[k * stride] = reduce8(acc[k][0] + acc[k][1]);
+}
+
+#endif
+
+/* dot_Q2_K and dot_Q3_K (kernels.h's product functions of the OWN types): one body per count
+ * of tokens, so that the loop over them unrolls. */
+#define KQUANT_DOT(name)                                                                                            \
+    void dot_##name(const uint8_t *row, int64_t K, const int16_t *xq, const float *xd, const float *xs,              \
+                    const float *xh, float *mins, int n, float *out, int64_t stride) {                               \
+        (void)xs, (void)mins; /* group sums and min scratch: the generic row form's */                               \
+        switch (n) {                                                                                                \
+        case 1: rows_tokens(T_##name, row, K, xq, xd, xh, 1, out, stride); break;                                   \
+        case 2: rows_tokens(T_##name, row, K, xq, xd, xh, 2, out, stride); break;                                   \
+        case 3: rows_tokens(T_##name, row, K, xq, xd, xh, 3, out, stride); break;                                   \
+        default: rows_tokens(T_##name, row, K, xq, xd, xh, ROW_TOKENS, out, stride); break;                         \
+        }                                                                                                           \
+    }
+KQUANT_DOT(Q2_K)
+KQUANT_DOT(Q3_K)
