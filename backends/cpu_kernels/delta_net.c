@@ -24,7 +24,9 @@ typedef struct {
     int64_t rows; /* DELTANET: the longest chunk of this pass, which the scratch is laid out for */
 } RecurrentCtx;
 
-/* SHORTCONV for the channels of one part: every token's output, then the new window. */
+/* SHORTCONV for the channels of one part, 8 at a time: each tap's kernels held in a vector
+ * across the tokens (the same additions, in the same order, as one channel at a time), then
+ * the new window. */
 static void short_conv_task(void *vctx, int chunk, int chunks, int thread) {
     const Op *op = ((const RecurrentCtx *)vctx)->op;
     int64_t T = op->ints.short_conv.tokens, C = op->ints.short_conv.channels, K = op->ints.short_conv.kernel;
@@ -33,14 +35,20 @@ static void short_conv_task(void *vctx, int chunk, int chunks, int thread) {
     const float *x = op->a, *w = op->b;
     float *window = (float *)op->kcache, *out = op->out; /* window (K - 1, C) */
     (void)thread;
-    for (int64_t t = 0; t < T; t++) {
-        for (int64_t c = lo; c < hi; c++) {
-            float acc = 0.0f;
+    for (int64_t c0 = lo; c0 < hi; c0 += 8) {
+        int64_t lanes = hi - c0 < 8 ? hi - c0 : 8;
+        v8f taps[MAX_CONV_KERNEL] = {{0}};
+        for (int64_t j = 0; j < K; j++)
+            for (int64_t l = 0; l < lanes; l++) taps[j][l] = w[(c0 + l) * K + j];
+        for (int64_t t = 0; t < T; t++) {
+            v8f acc = {0}, in = {0};
             for (int64_t j = 0; j < K; j++) {
                 int64_t i = t + j - (K - 1); /* input row; before 0 the window's */
-                acc += w[c * K + j] * (i < 0 ? window[(K - 1 + i) * C + c] : x[i * C + c]);
+                const float *src = i < 0 ? window + (K - 1 + i) * C : x + i * C;
+                memcpy(&in, src + c0, sizeof(float) * (size_t)lanes);
+                acc += taps[j] * in;
             }
-            out[t * C + c] = acc / (1.0f + expf(-acc));
+            for (int64_t l = 0; l < lanes; l++) out[t * C + c0 + l] = acc[l] / (1.0f + expf(-acc[l]));
         }
     }
     for (int64_t c = lo; c < hi; c++) {
