@@ -25,8 +25,8 @@ typedef struct {
 } RecurrentCtx;
 
 /* SHORTCONV for the channels of one part, 8 at a time: each tap's kernels held in a vector
- * across the tokens (the same additions, in the same order, as one channel at a time), then
- * the new window. */
+ * across the tokens (the same additions, in the same order, as one channel at a time), silu
+ * through exp8, then the new window. */
 static void short_conv_task(void *vctx, int chunk, int chunks, int thread) {
     const Op *op = ((const RecurrentCtx *)vctx)->op;
     int64_t T = op->ints.short_conv.tokens, C = op->ints.short_conv.channels, K = op->ints.short_conv.kernel;
@@ -48,7 +48,8 @@ static void short_conv_task(void *vctx, int chunk, int chunks, int thread) {
                 memcpy(&in, src + c0, sizeof(float) * (size_t)lanes);
                 acc += taps[j] * in;
             }
-            for (int64_t l = 0; l < lanes; l++) out[t * C + c0 + l] = acc[l] / (1.0f + expf(-acc[l]));
+            v8f silu = acc / (1.0f + exp8(-acc));
+            memcpy(out + t * C + c0, &silu, sizeof(float) * (size_t)lanes);
         }
     }
     for (int64_t c = lo; c < hi; c++) {
