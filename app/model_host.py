@@ -215,6 +215,8 @@ class ModelHost(QObject):
                     loaded.template = template_override(loaded.template, model_settings.template, info.name)
                 draft = self._draft_for(loaded, info.name, model_settings, settings)
                 session = self._new_session(loaded, settings, draft)
+                if session.speculation is not None and session.speculation.off_because:
+                    self._engine_notice.emit(f"{info.name}: {session.speculation.off_because}.")
             except BaseException:
                 loaded.close()
                 if draft is not None:

@@ -564,6 +564,7 @@ class CpuBackend(Backend):
                 k_heads=settings.k_heads,
                 v_heads=settings.v_heads,
                 head_dim=settings.head_dim,
+                chunk=settings.chunk,
                 eps=settings.eps,
             )
         return out

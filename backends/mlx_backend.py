@@ -184,6 +184,38 @@ class StepStart:
     span: int
 
 
+def _delta_step(q, k, v, g, b, memory: mx.array) -> tuple[mx.array, mx.array]:
+    """The delta rule for one row: q, k, v (1, Hv, Dh), g and b (1, Hv), memory (Hv, Dh, Dh).
+    Returns the output (1, Hv, Dh) and the new memory."""
+    memory = memory * mx.exp(g[0])[:, None, None]
+    delta = (v[0] - (k[0][:, :, None] * memory).sum(axis=1)) * b[0][:, None]  # (Hv, Dh)
+    memory = memory + k[0][:, :, None] * delta[:, None, :]
+    return (q[0][:, :, None] * memory).sum(axis=1)[None], memory
+
+
+def _delta_chunks(q, k, v, g, b, memory: mx.array, chunk: int) -> tuple[mx.array, mx.array]:
+    """The delta rule over T rows in chunks of `chunk` (transformers' chunked form, as
+    `delta_rule.chunked`); the triangular solve runs on the CPU stream, where MLX has it.
+    Returns the output (T, Hv, Dh) and the new memory."""
+    outs = []
+    for lo in range(0, q.shape[0], chunk):
+        qc, kc, vc = (y[lo : lo + chunk].transpose(1, 0, 2) for y in (q, k, v))  # (Hv, L, Dh)
+        n = qc.shape[1]
+        cum = mx.cumsum(g[lo : lo + chunk].T, axis=1)  # (Hv, L): log decay from the chunk's start
+        bc = b[lo : lo + chunk].T[:, :, None]  # (Hv, L, 1)
+        lower = mx.tril(mx.ones((n, n), dtype=mx.bool_))
+        decay = mx.exp(mx.where(lower, cum[:, :, None] - cum[:, None, :], -mx.inf))  # (Hv, L, L)
+        eye = mx.eye(n, dtype=q.dtype)
+        system = (kc * bc) @ kc.transpose(0, 2, 1) * decay * (1 - eye) + eye  # unit lower triangular
+        rhs = bc * (vc - mx.exp(cum)[:, :, None] * (kc @ memory))  # (Hv, L, Dh)
+        v_new = mx.linalg.solve_triangular(system, rhs, upper=False, stream=mx.cpu)  # (Hv, L, Dh)
+        intra = (qc @ kc.transpose(0, 2, 1)) * decay  # (Hv, L, L)
+        outs.append(((qc * mx.exp(cum)[:, :, None]) @ memory + intra @ v_new).transpose(1, 0, 2))  # (L, Hv, Dh)
+        tail = mx.exp(cum[:, -1:] - cum)[:, :, None]  # (Hv, L, 1): decay from each row to the end
+        memory = memory * mx.exp(cum[:, -1])[:, None, None] + (kc * tail).transpose(0, 2, 1) @ v_new
+    return mx.concatenate(outs), memory
+
+
 class MLXBackend(Backend):
     """Runs the op set with MLX on its default device: the GPU on Apple silicon."""
 
@@ -410,7 +442,7 @@ class MLXBackend(Backend):
     def delta_net(
         self, x: mx.array, alpha: mx.array, beta: mx.array, settings: DeltaNetLayer, states: Sequence[Any], layer: int
     ) -> mx.array:
-        """Token by token (the chunked form is the NumPy and cpu backends')."""
+        """One row of a sequence steps (the compiled decode step), more go in chunks."""
         s, n = settings, x.shape[0]
         width, repeat = s.k_heads * s.head_dim, s.v_heads // s.k_heads
 
@@ -421,18 +453,15 @@ class MLXBackend(Backend):
         q = q * s.head_dim**-0.5
         k = mx.tile(l2norm(x[:, width : 2 * width].reshape(n, s.k_heads, s.head_dim)), (1, repeat, 1))  # (T, Hv, Dh)
         v = x[:, 2 * width :].reshape(n, s.v_heads, s.head_dim)  # (T, Hv, Dh)
-        g = mx.exp(mx.array(s.a) * mx.logaddexp(mx.zeros_like(alpha), alpha + mx.array(s.dt_bias)))  # (T, Hv)
+        g = mx.array(s.a) * mx.logaddexp(mx.zeros_like(alpha), alpha + mx.array(s.dt_bias))  # (T, Hv): log decay
         b = mx.sigmoid(beta)  # (T, Hv)
         outs = []
         for rows, state in zip(row_groups(n, len(states)), states, strict=True):
-            memory = state.arrays[layer][1]  # (Hv, Dh, Dh)
-            for t in range(rows.start, rows.stop):
-                memory = memory * g[t][:, None, None]
-                delta = (v[t] - (k[t][:, :, None] * memory).sum(axis=1)) * b[t][:, None]  # (Hv, Dh)
-                memory = memory + k[t][:, :, None] * delta[:, None, :]
-                outs.append((q[t][:, :, None] * memory).sum(axis=1).reshape(1, -1))  # (1, Hv * Dh)
-            state.arrays[layer][1] = memory
-        return mx.concatenate(outs)
+            part = (q[rows], k[rows], v[rows], g[rows], b[rows], state.arrays[layer][1])
+            one_row = rows.stop - rows.start == 1
+            out, state.arrays[layer][1] = _delta_step(*part) if one_row else _delta_chunks(*part, s.chunk)
+            outs.append(out.reshape(rows.stop - rows.start, -1))  # (rows, Hv * Dh)
+        return outs[0] if len(outs) == 1 else mx.concatenate(outs)
 
     def snapshot(self, state: Any) -> Any:
         """The recurrent layers' arrays as they are (MLX never changes an array in place)."""

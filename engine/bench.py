@@ -87,7 +87,7 @@ def bench(
         "decode_tok_s": gen_tokens / decode_s,
         "prefill_s": prefill_s,
         "decode_s": decode_s,
-        "speculative": speculation.mode if speculation is not None else "off",
+        "speculative": speculation.mode if speculation is not None and speculation.enabled else "off",
         "acceptance_rate": metrics.acceptance_rate,
         "mean_accepted_length": metrics.mean_accepted_length,
     }

@@ -154,7 +154,12 @@ def _speculation(args, loaded: LoadedModel) -> Speculation:
             resolve_model_path(args.draft_model), args.backend, threads=args.threads, kv_type=args.kv_type
         )
         check_draft(loaded, draft)
-    return Speculation(args.speculative, args.draft_tokens, draft)
+    speculation = Speculation(args.speculative, args.draft_tokens, draft)
+    if speculation.enabled and speculation.controller is None:  # the adaptive controller: c(T) measured now
+        speculation.prepare(loaded.model)
+        if speculation.off_because:
+            print(f"note: {speculation.off_because}", file=sys.stderr)
+    return speculation
 
 
 def _generate_remote(args) -> None:

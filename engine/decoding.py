@@ -68,7 +68,8 @@ class DraftLength(Protocol):
         """The outcome of a round that checked `drafted` tokens and accepted `accepted`."""
 
     def timed(self, n_tokens: int, seconds: float) -> None:
-        """How long a round took that fed `n_tokens` (1: a plain step), checking included."""
+        """How long a round's pass took that fed `n_tokens` (1: a plain step), checking included; not
+        the rollback after it (which a recurrent model's controller counts apart)."""
 
 
 def plain_tokens(
@@ -127,8 +128,8 @@ def speculative_tokens(
         began = time.perf_counter()
         logits = cache.feed(model, fed, all_logits=True)  # (1 + drafts, vocab)
         kept = verify(sampler, logits, history, draft)
-        cache.trim(len(draft.tokens) - (len(kept) - 1))
         lengths.timed(len(fed), time.perf_counter() - began)
+        cache.trim(len(draft.tokens) - (len(kept) - 1))
         if draft.tokens:
             stats.rounds += 1
             stats.drafted += len(draft.tokens)

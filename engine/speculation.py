@@ -9,6 +9,12 @@ Never slower: checking T tokens in one pass costs c(T) steps (measured once per 
 `measure_costs`). `AdaptiveController` tracks how often the draft at each position is
 accepted, picks the draft length with the most expected tokens per unit of cost, drafts
 nothing (a plain step) when no length beats plain decoding, and probes again later.
+
+A model with recurrent layers (Qwen3.5's Gated DeltaNet) cannot forget a rejected draft: the
+cache restores a snapshot of the recurrent state and reads the accepted tokens again
+(`KVCache.truncate`). The controller counts that rollback in each length's cost, and where
+even drafts that are nearly always right would not pay with it, `Speculation.prepare` turns
+drafting off for the model and says why (`Speculation.off_because`).
 """
 
 import time
@@ -35,11 +41,15 @@ MAX_DRAFT = 8  # the longest draft the adaptive controller considers
 class VerifyCosts:
     """c(T): the time of one forward pass over T tokens, in plain decode steps; c[0] is c(1) = 1.
 
-    `step_seconds` is the plain step's time the ratios are relative to.
+    `step_seconds` is the plain step's time the ratios are relative to. `restore`, for a model
+    with recurrent layers, is what restoring their snapshot after a rejected draft costs, in
+    plain steps (the accepted tokens are then read again, a pass of their own); None where a
+    rollback only forgets positions, which costs next to nothing.
     """
 
     ratios: tuple[float, ...]
     step_seconds: float
+    restore: float | None = None
 
     def __call__(self, n_tokens: int) -> float:
         """c(n_tokens); past the measured range, grown linearly from the last two."""
@@ -58,7 +68,8 @@ def measure_costs(
     """Time passes over 1, 2, 4, ... (up to half of `longest`) and `longest` tokens after a short prompt,
     interleaved, best of `rounds`; c(T) between two measured lengths is interpolated
     linearly (it grows about linearly past T = 2, and measuring every length would make
-    loading a large model seconds slower).
+    loading a large model seconds slower). For a model with recurrent layers, the rollback
+    after each pass of two or more tokens is timed too (a snapshot restored), best of all.
 
     Kept per model: the first call measures, the others return the same figures. `cache`
     is a scratch cache with room for `prompt` + `longest` positions; it is left empty.
@@ -71,16 +82,21 @@ def measure_costs(
     cache.truncate(0)
     cache.feed(model, tokens[:prompt])
     best = dict.fromkeys(lengths, float("inf"))
+    restore = float("inf")
     for _ in range(rounds):
         for n in lengths:
             began = time.perf_counter()
             cache.feed(model, tokens[prompt : prompt + n], all_logits=True)
-            best[n] = min(best[n], time.perf_counter() - began)
+            fed = time.perf_counter()
             cache.truncate(prompt)
+            best[n] = min(best[n], fed - began)
+            if n > 1:
+                restore = min(restore, time.perf_counter() - fed)
     cache.truncate(0)
     step = best[1]
     ratios = np.interp(np.arange(1, longest + 1), lengths, [best[n] / step for n in lengths])
-    costs = VerifyCosts(tuple(float(r) for r in ratios), step)
+    rollback = restore / step if cache.recurrent and restore < float("inf") else None
+    costs = VerifyCosts(tuple(float(r) for r in ratios), step, rollback)
     _measured[model] = costs
     return costs
 
@@ -112,7 +128,10 @@ class AdaptiveController:
     position i - 1's estimate (0.5 for position 0), so a position never tried yet is
     expected to do as well as the one before it. With k drafts a round
     yields 1 + sum over j <= k of accept(0) * ... * accept(j - 1) tokens on average and
-    costs c(k + 1) + k * `draft_cost` steps. c(T) starts as measured at load (`costs`) and,
+    costs c(k + 1) + k * `draft_cost` steps; for a model with recurrent layers (`costs.restore`
+    set), also, for each a < k, the chance that exactly a drafts are accepted times the
+    rollback that follows: the snapshot's restore plus c(a + 1), the pass that reads the last
+    token and the a accepted drafts again. c(T) starts as measured at load (`costs`) and,
     with `follow_timing`, follows what rounds of T and of 1 token take in the answers'
     contexts once both have run (a moving average of each, `seconds`; the first round of
     each length is left out, as it may include recording the pass), which a short prompt
@@ -160,11 +179,13 @@ class AdaptiveController:
     def expected_gain(self, k: int, acceptance: Sequence[float] | None = None) -> float:
         """Expected tokens per unit of cost with `k` drafts, relative to plain decoding (1.0),
         with the estimated acceptance per position (or `acceptance`)."""
-        reach, tokens = 1.0, 1.0
-        for chance in (self.acceptance() if acceptance is None else acceptance)[:k]:
+        reach, tokens, rollbacks = 1.0, 1.0, 0.0
+        for accepted, chance in enumerate((self.acceptance() if acceptance is None else acceptance)[:k]):
+            if self.costs.restore is not None:  # exactly `accepted` drafts kept: restore, read them again
+                rollbacks += reach * (1.0 - chance) * (self.costs.restore + self.cost(accepted + 1))
             reach *= chance
             tokens += reach
-        return tokens / (self.cost(k + 1) + k * self.draft_cost)
+        return tokens / (self.cost(k + 1) + k * self.draft_cost + rollbacks)
 
     def cost(self, n_tokens: int) -> float:
         """c(n_tokens): a round of `n_tokens` in plain steps, as timed here if both were, else as measured at load."""
@@ -181,6 +202,10 @@ class AdaptiveController:
             return
         known = self.seconds.get(n_tokens)
         self.seconds[n_tokens] = seconds if known is None else known + 0.2 * (seconds - known)
+
+    def ever_pays(self) -> bool:
+        """Whether some draft length would pay (by `margin`) with drafts right `hopeful` of the time."""
+        return self.probe_length(self.longest) > 0
 
     def probe_length(self, top: int) -> int:
         """The draft length of a probe, up to `top`: the shortest that would pay (by `margin`) with
@@ -226,12 +251,16 @@ class Speculation:
     set, else prompt lookup, with the adaptive controller deciding each round whether
     drafting pays. `draft_tokens` fixes the draft length (None: the controller chooses, up
     to MAX_DRAFT; in "auto" the controller always chooses).
+
+    `off_because`, set by `prepare`: why drafting is off for the model although the mode asks
+    for it (a model with recurrent layers whose rollbacks cost more than drafting gains).
     """
 
     mode: str = "auto"
     draft_tokens: int | None = None
     draft: Any = None
     controller: AdaptiveController | FixedLength | None = field(default=None, repr=False)
+    off_because: str | None = None
     _draft_drafter: DraftModelDrafter | None = field(default=None, repr=False)
 
     def __post_init__(self):
@@ -247,7 +276,7 @@ class Speculation:
     @property
     def enabled(self) -> bool:
         """Whether answers are decoded speculatively."""
-        return self.mode != "off"
+        return self.mode != "off" and self.off_because is None
 
     def tokens(
         self,
@@ -266,7 +295,8 @@ class Speculation:
         return speculative_tokens(model, cache, logits, sampler, prompt, limit, drafter, self.controller, stats)
 
     def prepare(self, model: Transformer) -> None:
-        """Make the adaptive controller, measuring c(T) for `model` (and the draft model's step) once."""
+        """Make the adaptive controller, measuring c(T) for `model` (and the draft model's step) once;
+        turn drafting off (`off_because`) where rolling back a recurrent state makes every length lose."""
         if self.controller is not None:
             return
         costs = measure_costs(model, scratch_cache(model))
@@ -275,6 +305,12 @@ class Speculation:
             draft_step = measure_costs(self.draft.model, scratch_cache(self.draft.model), 1).step_seconds
             draft_cost = draft_step / costs.step_seconds
         self.controller = AdaptiveController(costs, draft_cost=draft_cost)
+        if costs.restore is not None and not self.controller.ever_pays():
+            self.off_because = (
+                "speculative decoding is off for this model: undoing a rejected draft restores its recurrent "
+                f"state ({costs.restore:.2f} steps) and reads the kept tokens again, and with that counted no "
+                f"draft length pays (checking 2 tokens costs {costs(2):.2f} steps)"
+            )
 
     def new_drafter(self, model: Transformer, n_ctx: int, params: SamplingParams) -> Drafter:
         """The drafter of one answer: prompt lookup anew, or the draft model with the cache it keeps."""

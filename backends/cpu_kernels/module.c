@@ -246,8 +246,8 @@ static int parse_op(PyObject *tuple, Op *op) {
     }
     case OP_DELTANET: {
         int64_t T = op->ints.delta_net.tokens, Hk = op->ints.delta_net.k_heads, Hv = op->ints.delta_net.v_heads;
-        int64_t D = op->ints.delta_net.head_dim;
-        if (Hk <= 0 || Hv <= 0 || Hv % Hk || D <= 0 || D > MAX_DELTA_DIM || op->kcache != op->vcache) break;
+        int64_t D = op->ints.delta_net.head_dim, L = op->ints.delta_net.chunk;
+        if (Hk <= 0 || Hv <= 0 || Hv % Hk || D <= 0 || L <= 0 || op->kcache != op->vcache) break;
         return need(&a, T * (2 * Hk + Hv) * D, 4, "x") || need(&b, T * Hv, 4, "alpha") || need(&c, T * Hv, 4, "beta") ||
                need(&d, 2 * Hv, 4, "A and dt_bias") || need(&out, T * Hv * D, 4, "out") ||
                need(&kc, Hv * D * D, 4, "state");

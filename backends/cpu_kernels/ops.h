@@ -38,7 +38,7 @@
  *   DELTANET the gated delta rule (backends/base.py delta_net) over a (tokens, (2 k_heads +
  *            v_heads) head_dim): queries, keys, values; b alpha and c beta (tokens, v_heads); d
  *            (2 v_heads): A, then dt_bias; kcache the states (v_heads, head_dim, head_dim), vcache
- *            the same; out (tokens, v_heads * head_dim)
+ *            the same; out (tokens, v_heads * head_dim); scanned in chunks of `chunk` tokens
  *   GATE     sigmoid(a) * b, b (rows, dim), a (rows, gate_dim) with gate_dim dim, or 1: a gate per row */
 #define OPS(X)                                                                                                  \
     X(EMBED, embed, 1, INTS(tokens), FLOATS(scale))                                                             \
@@ -56,7 +56,7 @@
     X(SCALE, scale, 12, INTS(elements), FLOATS(factor))                                                         \
     X(COLUMNS, columns, 13, INTS(rows, cols, start, count), FLOATS())                                           \
     X(SHORTCONV, short_conv, 14, INTS(tokens, channels, kernel), FLOATS())                                      \
-    X(DELTANET, delta_net, 15, INTS(tokens, k_heads, v_heads, head_dim), FLOATS(eps))                           \
+    X(DELTANET, delta_net, 15, INTS(tokens, k_heads, v_heads, head_dim, chunk), FLOATS(eps))                    \
     X(GATE, sigmoid_gate, 16, INTS(rows, dim, gate_dim), FLOATS())
 #define INTS(...) __VA_ARGS__
 #define FLOATS(...) __VA_ARGS__
@@ -106,7 +106,6 @@ typedef struct {
 } Op;
 
 #define MAX_CONV_KERNEL 16 /* SHORTCONV's widest kernel */
-#define MAX_DELTA_DIM 512  /* DELTANET's widest head */
 
 /* The KV cache's number formats (backends/kv_types.py), and the bytes of one row of dim values. */
 enum { KV_F32 = 0, KV_F16 = 1, KV_Q8_0 = 2 };

@@ -63,3 +63,20 @@ def test_the_sigmoid_gate(gate_width):
     gate, up = rng.standard_normal((5, gate_width)).astype(np.float32), rng.standard_normal((5, 6)).astype(np.float32)
     got = CpuBackend(threads=1).gated_activation(gate, up, "sigmoid")
     np.testing.assert_allclose(got, up / (1.0 + np.exp(-gate)), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize(("channels", "tokens"), [(19, 1), (19, 7), (43, 2)])
+def test_short_conv_on_channels_that_are_not_whole_vectors(channels, tokens):
+    """The kernel runs 8 channels at a time: the last few of each thread's part are a partial vector."""
+    rng = np.random.default_rng(channels + tokens)
+    x = rng.standard_normal((tokens, channels)).astype(np.float32)
+    kernel = rng.standard_normal((channels, K)).astype(np.float32)
+    start = rng.standard_normal((K - 1, channels)).astype(np.float32)
+    cpu = CpuBackend(threads=2)
+    state = cpu.allocate_state([RecurrentState(((K - 1, channels), (1, 1, 1)))])
+    state.arrays[0][0][...] = start
+    want_window = start.copy()
+    want = delta_rule.short_conv(x, kernel, want_window)
+    got = cpu.short_conv(x, kernel, [state], 0)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(state.arrays[0][0], want_window)

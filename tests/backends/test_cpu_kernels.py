@@ -344,7 +344,7 @@ def test_ops_take_their_slots_by_the_names_the_kernels_export():
     assert ops["scale"] == (12, ("elements",), ("factor",))
     assert ops["columns"] == (13, ("rows", "cols", "start", "count"), ())
     assert ops["short_conv"] == (14, ("tokens", "channels", "kernel"), ())
-    assert ops["delta_net"] == (15, ("tokens", "k_heads", "v_heads", "head_dim"), ("eps",))
+    assert ops["delta_net"] == (15, ("tokens", "k_heads", "v_heads", "head_dim", "chunk"), ("eps",))
     assert ops["sigmoid_gate"] == (16, ("rows", "dim", "gate_dim"), ())
     assert len({code for code, _, _ in ops.values()}) == len(ops) == 16
     x = np.arange(8, dtype=np.float32)

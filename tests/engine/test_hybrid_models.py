@@ -98,8 +98,10 @@ def test_numpy_every_position_state_and_greedy_equal_transformers(name):
         loaded.close()
 
 
-@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+@pytest.mark.parametrize("backend", ["numpy", "cpu", "mlx"])
 def test_state_after_a_chunked_prefill_equals_the_state_token_by_token(backend):
+    if backend == "mlx" and importlib.util.find_spec("mlx") is None:
+        pytest.skip("mlx is not installed")
     ref, loaded = reference("tiny-qwen35"), load("tiny-qwen35", "f32", backend)
     try:
         prompt = list(ref["prompt_2"])  # 200 tokens: chunks of 64, 64, 64 and 8
