@@ -70,7 +70,7 @@
     X(Q1_0, 41, 128, 18, TILED, unpack_q1_0, 0, 0, FP16, 0)       \
     X(Q4_K, 12, 256, 144, CODES, unpack_q4_k, 1, 0, FP16, 0, 2)   \
     X(Q5_K, 13, 256, 176, CODES, unpack_q5_k, 1, 0, FP16, 0, 2)   \
-    X(Q6_K, 14, 256, 210, CODES, unpack_q6_k, 0, 1, FP16, 208)    \
+    X(Q6_K, 14, 256, 210, OWN, unpack_q6_k, 0, 1, FP16, 208)      \
     X(MXFP4, 39, 32, 17, CODES, unpack_mxfp4, 0, 0, NONE, 0)      \
     X(Q2_K, 10, 256, 84, OWN, unpack_q2_k, 2, 1, FP16, 80, 82)    \
     X(Q3_K, 11, 256, 110, OWN, unpack_q3_k, 0, 1, FP16, 108)      \
