@@ -15,8 +15,8 @@
  *     acc[l] += (float)(isum_lo[l] + isum_hi[l]) * (wscale * xscale)
  * (the types whose halves have scales of their own, `split` below, add the two separately).
  * The row's result is reduce8(acc) + the min terms, wmin[g] * xsum[g], summed in lanes g mod 8.
- * Q2_K and Q3_K (form OWN below) have products of their own (kquant_dots.c): their integer
- * sub-block scales go into int16 weights, a group's exact sums are 16 lanes, and each group
+ * Q2_K, Q3_K and Q6_K (form OWN below) have products of their own (kquant_dots.c): their integer
+ * sub-block scales go into int16 weights, a group's sums are 16 int32 lanes, and each group
  * costs one fused multiply-add per lane (that file's comment has the arithmetic).
  * A product over FLOAT_TOKENS or more tokens (prefill) instead dequantizes FLOAT_ROWS rows at
  * a time to float and takes the float activations as they are, summing with fused
@@ -166,7 +166,7 @@ int iq_dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq
                       int64_t stride);
 int iq_dequantize_row(int type, const uint8_t *row, int64_t K, float *out); /* the same for dequantize_row */
 
-/* The OWN types' product functions (kquant_dots.c: Q2_K, Q3_K), dot_<name>, which dot_row_tokens
+/* The OWN types' product functions (kquant_dots.c: Q2_K, Q3_K, Q6_K), dot_<name>, which dot_row_tokens
  * calls as it calls the CODES types' */
 #define OWN_DOT(name, number, weights, bytes, form, ...) OWN_DOT_##form(name)
 #define OWN_DOT_FLOAT(name)

@@ -1,12 +1,15 @@
-/* Q2_K and Q3_K times int16 activation codes: each type's own product (form OWN in kernels.h).
+/* Q2_K, Q3_K and Q6_K times int16 activation codes: each type's own product (form OWN in kernels.h).
  *
- * Both types have 16-weight sub-blocks with small integer scales, and one float d per block of
+ * The three types have 16-weight sub-blocks with integer scales, and one float d per block of
  * 256 weights (Q2_K also a dmin, with 4-bit integer mins). The integer scale goes into the
- * weights, so that a group of 32 is one exact integer dot product:
- *     w[e] = sc[e / 16] * code[e]   (Q2_K: (scales[k] & 15) * (0 .. 3); Q3_K: (s - 32) * (-4 .. 3))
+ * weights, so that a group of 32 is one integer dot product:
+ *     w[e] = sc[e / 16] * code[e]   (Q2_K: (scales[k] & 15) * (0 .. 3); Q3_K: (s - 32) * (-4 .. 3);
+ *                                    Q6_K: scales[k] (int8) * (q - 32), q of 6 bits)
  *     isum[l] = w[2l] x[2l] + w[2l + 1] x[2l + 1]   for the 16 lanes l of a group
- * |w| <= 128 and |x| <= 32767, so |isum| < 2^24: its float is exact. For each token, in 16 float
- * lanes (every operation a fused multiply-add, rounded once):
+ * With |x| <= 32767: Q2_K's and Q3_K's |w| <= 128, so |isum| < 2^24 and its float is exact;
+ * Q6_K's |w| <= 4096, so |isum| < 2^28 (no int32 overflow), and its float is rounded to nearest
+ * (at most 2^-24 of it, far below the activations' own rounding), the same in every tier.
+ * For each token, in 16 float lanes (every operation a fused multiply-add, rounded once):
  *     part[l] = 0;  part[l] = fma(isum_g[l], xd[g], part[l])   for the block's 8 groups g in order
  *     acc[l]  = fma(part[l], d, acc[l])
  *     acc[l]  = fma(-dmin * m[l], xhalf[l], acc[l])            (Q2_K: sub-block l's min m[l])
