@@ -15,8 +15,8 @@
  *     acc[l] += (float)(isum_lo[l] + isum_hi[l]) * (wscale * xscale)
  * (the types whose halves have scales of their own, `split` below, add the two separately).
  * The row's result is reduce8(acc) + the min terms, wmin[g] * xsum[g], summed in lanes g mod 8.
- * Q2_K and Q3_K (form OWN below) have products of their own (kquant_dots.c): their integer
- * sub-block scales go into int16 weights, a group's exact sums are 16 lanes, and each group
+ * Q2_K, Q3_K and Q6_K (form OWN below) have products of their own (kquant_dots.c): their integer
+ * sub-block scales go into int16 weights, a group's sums are 16 int32 lanes, and each group
  * costs one fused multiply-add per lane (that file's comment has the arithmetic).
  * A product over FLOAT_TOKENS or more tokens (prefill) instead dequantizes FLOAT_ROWS rows at
  * a time to float and takes the float activations as they are, summing with fused
@@ -70,7 +70,7 @@
     X(Q1_0, 41, 128, 18, TILED, unpack_q1_0, 0, 0, FP16, 0)       \
     X(Q4_K, 12, 256, 144, CODES, unpack_q4_k, 1, 0, FP16, 0, 2)   \
     X(Q5_K, 13, 256, 176, CODES, unpack_q5_k, 1, 0, FP16, 0, 2)   \
-    X(Q6_K, 14, 256, 210, CODES, unpack_q6_k, 0, 1, FP16, 208)    \
+    X(Q6_K, 14, 256, 210, OWN, unpack_q6_k, 0, 1, FP16, 208)      \
     X(MXFP4, 39, 32, 17, CODES, unpack_mxfp4, 0, 0, NONE, 0)      \
     X(Q2_K, 10, 256, 84, OWN, unpack_q2_k, 2, 1, FP16, 80, 82)    \
     X(Q3_K, 11, 256, 110, OWN, unpack_q3_k, 0, 1, FP16, 108)      \
@@ -166,7 +166,7 @@ int iq_dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq
                       int64_t stride);
 int iq_dequantize_row(int type, const uint8_t *row, int64_t K, float *out); /* the same for dequantize_row */
 
-/* The OWN types' product functions (kquant_dots.c: Q2_K, Q3_K), dot_<name>, which dot_row_tokens
+/* The OWN types' product functions (kquant_dots.c: Q2_K, Q3_K, Q6_K), dot_<name>, which dot_row_tokens
  * calls as it calls the CODES types' */
 #define OWN_DOT(name, number, weights, bytes, form, ...) OWN_DOT_##form(name)
 #define OWN_DOT_FLOAT(name)
