@@ -1,5 +1,5 @@
 /* Little-endian values read from GGUF block bytes (any alignment, any host byte order), for
- * the kernels that unpack blocks (quants.c, iq_dots.c). */
+ * the kernels that unpack blocks (quants.c, iq_dots.c, kquant_dots.c). */
 #ifndef SPRIG_BYTES_H
 #define SPRIG_BYTES_H
 

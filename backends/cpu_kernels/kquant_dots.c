@@ -20,15 +20,9 @@
  * unpacked once for the n <= ROW_TOKENS tokens. */
 #include <string.h>
 
+#include "bytes.h" /* f16: a block's fp16 scales */
 #include "kernels.h"
 #include "simd.h"
-
-#if defined(__F16C__)
-#include <immintrin.h>
-static inline float half(const uint8_t *p) { return _cvtsh_ss((uint16_t)(p[0] | (p[1] << 8))); }
-#else
-static inline float half(const uint8_t *p) { return fp16_to_float((uint16_t)(p[0] | (p[1] << 8))); }
-#endif
 
 #define BLOCK_GROUPS 8 /* groups of 32 in a block of 256 */
 #define Q2_K_BYTES 84
@@ -92,18 +86,18 @@ static inline __attribute__((always_inline)) void rows_tokens(int type, const ui
             __m128i packed = _mm_loadu_si128((const __m128i *)b);
             sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(packed, _mm_set1_epi8(15))));
             __m128i m = _mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(15));
-            mins = _mm512_mul_ps(_mm512_set1_ps(-half(b + 82)), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(m)));
+            mins = _mm512_mul_ps(_mm512_set1_ps(-f16(b + 82)), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(m)));
             qs = b + 16;
-            d = half(b + 80);
+            d = f16(b + 80);
         } else if (type == T_Q3_K) {
             sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(q3_k_scales(b + 96)));
             high = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)b));
             qs = b + 32;
-            d = half(b + 108);
+            d = f16(b + 108);
         } else {
             sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192))));
             qs = b;
-            d = half(b + 208);
+            d = f16(b + 208);
         }
         __m512 part[ROW_TOKENS];
         for (int k = 0; k < N; k++) part[k] = _mm512_setzero_ps();
@@ -175,22 +169,22 @@ static inline __attribute__((always_inline)) void rows_tokens(int type, const ui
             __m128i packed = _mm_loadu_si128((const __m128i *)b);
             _mm256_storeu_si256((__m256i *)sc, _mm256_cvtepu8_epi16(_mm_and_si128(packed, _mm_set1_epi8(15))));
             __m128i m = _mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(15));
-            __m256 dmin = _mm256_set1_ps(-half(b + 82));
+            __m256 dmin = _mm256_set1_ps(-f16(b + 82));
             mins[0] = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m)));
             mins[1] = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(m, 8))));
             qs = b + 16;
-            d = half(b + 80);
+            d = f16(b + 80);
         } else if (type == T_Q3_K) {
             _mm256_storeu_si256((__m256i *)sc, _mm256_cvtepi8_epi16(q3_k_scales(b + 96)));
             __m256i h = _mm256_loadu_si256((const __m256i *)b);
             high[0] = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(h));
             high[1] = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(h, 1));
             qs = b + 32;
-            d = half(b + 108);
+            d = f16(b + 108);
         } else {
             _mm256_storeu_si256((__m256i *)sc, _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192))));
             qs = b;
-            d = half(b + 208);
+            d = f16(b + 208);
         }
         __m256 part[ROW_TOKENS][2];
         for (int k = 0; k < N; k++) part[k][0] = part[k][1] = _mm256_setzero_ps();
@@ -268,20 +262,20 @@ static inline u8x32 group_codes(int type, const uint8_t *b, int g) {
 static inline void block_weights(int type, const uint8_t *b, int16_t *w, float *d, v8f mins[2]) {
     int16_t sc[16];
     if (type == T_Q2_K) {
-        float dmin = -half(b + 82);
+        float dmin = -f16(b + 82);
         for (int k = 0; k < 16; k++) {
             sc[k] = b[k] & 15;
             mins[k / 8][k % 8] = dmin * (float)(b[k] >> 4);
         }
-        *d = half(b + 80);
+        *d = f16(b + 80);
     } else if (type == T_Q3_K) {
         const uint8_t *s = b + 96; /* 6-bit scales, as unpack_q3_k in quants.c draws them */
         for (int k = 0; k < 16; k++)
             sc[k] = (int16_t)((((s[k % 8] >> (4 * (k / 8))) & 15) | (((s[8 + k % 4] >> (2 * (k / 4))) & 3) << 4)) - 32);
-        *d = half(b + 108);
+        *d = f16(b + 108);
     } else {
         for (int k = 0; k < 16; k++) sc[k] = (int8_t)b[192 + k];
-        *d = half(b + 208);
+        *d = f16(b + 208);
     }
     for (int g = 0; g < BLOCK_GROUPS; g++) {
         u8x32 codes = group_codes(type, b, g);
