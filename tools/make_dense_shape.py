@@ -5,6 +5,8 @@ Run from the repository root with the app's venv (`--check` needs a venv with ll
     .venv/bin/python -m tools.make_dense_shape --shape qwen3-4b --mix Q3_K_M \
         --out /work/models/qwen3-4b-shape-q3_k_m.gguf
     .venv/bin/python -m tools.make_dense_shape --all --dir /work/models
+    .venv/bin/python -m tools.make_dense_shape --shape qwen3-4b --mix Q3_K_M --layers 9 \
+        --out /work/models/qwen3-4b-shape-9-layers-q3_k_m.gguf   # a quarter of its layers
 
 `--all` writes the benchmark set of docs/benchmarks.md: the "Qwen3-4B shape" in Q3_K_M, Q2_K,
 IQ4_XS, IQ2_XXS and TQ2_0, and the Bonsai-8B shape in TQ2_0.
@@ -18,6 +20,7 @@ its input's scale. The type of each tensor follows llama.cpp's `llama_tensor_get
 """
 
 import argparse
+import dataclasses
 import time
 from pathlib import Path
 
@@ -143,6 +146,9 @@ def main() -> None:
     parser.add_argument("--all", action="store_true", help="write the benchmark set into --dir")
     parser.add_argument("--dir", default="/work/models")
     parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument(
+        "--layers", type=int, help="keep only the first N blocks (a shape with fewer layers: same per-layer work)"
+    )
     parser.add_argument("--check", action="store_true", help="load each with llama.cpp and evaluate 4 tokens")
     args = parser.parse_args()
     if args.all:
@@ -153,7 +159,10 @@ def main() -> None:
         parser.error("give --shape, --mix and --out, or --all")
     for shape, mix, out in jobs:
         started = time.perf_counter()
-        path = write_dense_shape(out, DENSE_SHAPES[shape], mix, seed=args.seed, name=f"{shape}-shape-{mix}")
+        dims = DENSE_SHAPES[shape]
+        if args.layers:
+            dims = dataclasses.replace(dims, n_layers=args.layers)
+        path = write_dense_shape(out, dims, mix, seed=args.seed, name=f"{shape}-shape-{mix}")
         print(f"{path}: {path.stat().st_size:,} bytes in {time.perf_counter() - started:.1f} s", flush=True)
         if args.check:
             from tools.make_moe_shape import check_with_llama_cpp
