@@ -26,7 +26,9 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def time_case(backend: CpuBackend, case: str, heads: int, kv_heads: int, dim: int, seconds: float) -> tuple[float, float]:
+def time_case(
+    backend: CpuBackend, case: str, heads: int, kv_heads: int, dim: int, seconds: float
+) -> tuple[float, float]:
     """(wall ms, CPU ms) per call of one KV_TYPE:T:START case."""
     kv_type, tokens, start = case.split(":")
     n_new, pos = int(tokens), int(start)
