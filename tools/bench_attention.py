@@ -35,6 +35,7 @@ def time_case(
     rng = np.random.default_rng(0)
     state = backend.allocate_state([AttentionState(kv_heads, dim, dim, pos + n_new, kv_type=kv_type)])
     for cache in (state.keys[0], state.values[0]):  # (kv_heads, slots, row): random rows before pos
+        assert cache is not None
         cache[:, :pos] = encode_rows(kv_type, rng.standard_normal((kv_heads, pos, dim)).astype(np.float32))
     q = rng.standard_normal((n_new, heads, dim)).astype(np.float32)
     k, v = (rng.standard_normal((n_new, kv_heads, dim)).astype(np.float32) for _ in range(2))
