@@ -24,31 +24,42 @@
  *
  * The numbers. Positions are cut into blocks of KV_BLOCK and spans of KV_SPAN, both counted
  * from position 0, so where a row's sums are cut depends only on its own positions, never
- * on the other rows of its pass, the ring or the thread count. Within a span, block by
- * block, a row keeps the running maximum m of its scores, the sum l of exp(s - m) and the
- * sum a of exp(s - m) v (each summed in position order), rescaled by exp(m_old - m_new)
- * when a block raises the maximum. Spans are then merged in order: (M, L, A) with (m, l,
- * a) gives max(M, m), L e^(M - top) + l e^(m - top) and A e^(M - top) + a e^(m - top). The
- * result is A / L (a sink joins as one more term of L). A block's keys and values are
- * widened to float32 in the thread's scratch (float16 and Q8_0 values are exact in float32),
- * then scored with the same dot products as float32 keys, so every tier gives the same bits.
+ * on the other rows of its pass, the ring or the thread count. A score is q . k in fused
+ * multiply-adds in order of the dimension, from 0. Within a span, block by block, a row
+ * keeps the running maximum m of its scores, the sum l of exp(s - m) and the sum a of
+ * exp(s - m) v, rescaled by exp(m_old - m_new) when a block raises the maximum: a in fused
+ * multiply-adds in position order; l plus each block's terms, those summed in 8 lanes (lane
+ * e: the row's positions first + e, first + 8 + e, ... of the block) and then reduce8.
+ * Spans are then merged in order: (M, L, A) with (m, l, a) gives max(M, m), L e^(M - top) +
+ * l e^(m - top) and A e^(M - top) + a e^(m - top). The result is A / L (a sink joins as one
+ * more term of L). A block's keys and values are widened to float32 in the thread's scratch
+ * (float16 and Q8_0 values are exact in float32; float32 keys are copied): the keys as
+ * columns (Dh, KV_BLOCK), the values as rows (KV_BLOCK, Dv). Only fma8, fmaf, exp8 and plain
+ * C touch the floats, so every tier gives the same bits.
  *
  * The work. The query rows are ordered (KV head, token, head of the group) and taken
  * ATTN_ROWS of one KV head at a time (a row group: each block of keys is widened once for
- * all of them). Threads take row groups; when there are too few of them to keep the threads
- * busy (decoding), they take (row group, span) pairs instead, each writing its span's
- * (m, l, a) for a second pass to merge in order: the same operations, so the same bits. */
+ * all of them). Within a block, the rows that see some of it go TILE_ROWS at a time: their
+ * scores as a register tile of TILE_ROWS rows x 16 keys (each query value broadcast against
+ * two vectors of a key column row), then their sums a as tiles of TILE_ROWS rows x 16 value
+ * dimensions (each weight broadcast against two vectors of a value row) over the positions
+ * all of the tile's rows see, the positions before and after those one row at a time: every
+ * row does what it would do alone. Threads take row groups; when there are too few of them
+ * to keep the threads busy (decoding), they take (row group, span) pairs instead, each
+ * writing its span's (m, l, a) for a second pass to merge in order: the same operations, so
+ * the same bits. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bytes.h"
 #include "ops.h"
 #include "simd.h"
 
-#define ATTN_ROWS 16
+#define ATTN_ROWS 32
 #define KV_BLOCK 64                /* positions widened and scored at once */
 #define KV_SPAN (16 * KV_BLOCK)    /* positions of one partial softmax */
-#define VALUE_BLOCK 64             /* value dimensions summed in registers (8 vectors) */
+#define TILE_ROWS 4                /* query rows of a register tile */
 #define Q8_VALUES 32
 #define Q8_BYTES 34                /* a float16 scale, then 32 int8 codes (GGUF's Q8_0) */
 #define SPLIT_FLOATS (16 << 20)    /* the most partial results a split pass keeps */
@@ -82,9 +93,10 @@ static uint16_t half_of(float f) {
     return (uint16_t)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
 }
 
+#if !defined(__F16C__)
 typedef uint32_t v8u __attribute__((vector_size(32)));
 
-/* 8 float16 values as float32 (exact; no subnormal float32 on the way) */
+/* 8 float16 values as float32 (exact, as F16C's widen_half8; no subnormal float32 on the way) */
 static inline v8f widen_half8(const unsigned char *src) {
     uint16_t h[8];
     memcpy(h, src, sizeof h);
@@ -96,12 +108,7 @@ static inline v8f widen_half8(const unsigned char *src) {
     v8u small = (v8u)(two_w < (1u << 27));
     return (v8f)(sign | (((v8u)subnormal & small) | ((v8u)normal & ~small)));
 }
-
-static inline float widen_half(const unsigned char *src) {
-    unsigned char h[16] = {0};
-    memcpy(h, src, 2);
-    return widen_half8(h)[0];
-}
+#endif
 
 /* one row of dim floats into the cache as `type` (Q8_0: as llama.cpp's quantize_row_q8_0_ref) */
 static void store_row(int64_t type, const float *x, int64_t dim, unsigned char *dst) {
@@ -128,26 +135,86 @@ static void store_row(int64_t type, const float *x, int64_t dim, unsigned char *
     }
 }
 
+/* 8 values of a cached row from value d on (d + 8 <= dim; Q8_0 rows: whole blocks), as float32 (exact) */
+static inline v8f row8(int64_t type, const unsigned char *row, int64_t d) {
+    v8f x;
+    if (type == KV_F16) return widen_half8(row + 2 * d);
+    if (type == KV_Q8_0) { /* code times scale, exact (8 + 11 bits) */
+        const unsigned char *block = row + d / Q8_VALUES * Q8_BYTES;
+        return widen8((const int8_t *)block + 2 + d % Q8_VALUES) * f16(block);
+    }
+    memcpy(&x, row + 4 * d, sizeof x);
+    return x;
+}
+
+/* value d of a cached float32 or float16 row (the last dim % 8; Q8_0 rows are whole blocks) */
+static inline float row1(int64_t type, const unsigned char *row, int64_t d) {
+    float x;
+    if (type == KV_F16) return f16(row + 2 * d);
+    memcpy(&x, row + 4 * d, sizeof x);
+    return x;
+}
+
 /* n rows of dim values stored as `type` from src, as float32 rows into dst (exact) */
+static inline __attribute__((always_inline)) void widen_rows_as(int64_t type, const unsigned char *src, int64_t n, int64_t dim,
+                                                                float *dst) {
+    int64_t row_bytes = kv_row_bytes(type, dim);
+    for (int64_t j = 0; j < n; j++) {
+        int64_t d = 0;
+        for (; d + 8 <= dim; d += 8) {
+            v8f x = row8(type, src + j * row_bytes, d);
+            memcpy(dst + j * dim + d, &x, sizeof x);
+        }
+        for (; d < dim; d++) dst[j * dim + d] = row1(type, src + j * row_bytes, d);
+    }
+}
+
+/* x[i][k] <-> x[k][i]: an 8 x 8 block transposed (moves only) */
+static inline void transpose8(v8f x[8]) {
+    v8f t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = __builtin_shufflevector(x[i], x[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+        t[i + 1] = __builtin_shufflevector(x[i], x[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+    }
+    for (int i = 0; i < 8; i += 4)
+        for (int h = 0; h < 2; h++) {
+            u[i + 2 * h] = __builtin_shufflevector(t[i + h], t[i + h + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+            u[i + 2 * h + 1] = __builtin_shufflevector(t[i + h], t[i + h + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+        }
+    for (int k = 0; k < 4; k++) {
+        x[k] = __builtin_shufflevector(u[k], u[k + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+        x[k + 4] = __builtin_shufflevector(u[k], u[k + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+    }
+}
+
+/* n rows of dim values stored as `type` from src, as float32 columns of dst (dim, KV_BLOCK):
+ * dst[d * KV_BLOCK + j] is value d of row j (exact); columns n .. up to a multiple of 16 are 0 */
+static inline __attribute__((always_inline)) void widen_columns_as(int64_t type, const unsigned char *src, int64_t n,
+                                                                   int64_t dim, float *dst) {
+    int64_t row_bytes = kv_row_bytes(type, dim), cols = (n + 15) / 16 * 16;
+    for (int64_t j0 = 0; j0 < cols; j0 += 8) {
+        int64_t d = 0;
+        for (; d + 8 <= dim; d += 8) {
+            v8f x[8];
+            for (int i = 0; i < 8; i++) x[i] = j0 + i < n ? row8(type, src + (j0 + i) * row_bytes, d) : (v8f){0};
+            transpose8(x);
+            for (int k = 0; k < 8; k++) memcpy(dst + (d + k) * KV_BLOCK + j0, &x[k], sizeof x[k]);
+        }
+        for (; d < dim; d++)
+            for (int i = 0; i < 8; i++) dst[d * KV_BLOCK + j0 + i] = j0 + i < n ? row1(type, src + (j0 + i) * row_bytes, d) : 0.0f;
+    }
+}
+
+/* widen_rows_as and widen_columns_as, each type its own copy */
 static void widen_rows(int64_t type, const unsigned char *src, int64_t n, int64_t dim, float *dst) {
-    int64_t count = n * dim, i = 0;
-    if (type == KV_F16) {
-        for (; i + 8 <= count; i += 8) {
-            v8f x = widen_half8(src + 2 * i);
-            memcpy(dst + i, &x, sizeof x);
-        }
-        for (; i < count; i++) dst[i] = widen_half(src + 2 * i);
-        return;
-    }
-    for (int64_t b = 0; b < count / Q8_VALUES; b++) { /* Q8_0: code times scale, exact (8 + 11 bits) */
-        const unsigned char *block = src + b * Q8_BYTES;
-        v8f d = {0};
-        d += widen_half(block);
-        for (int j = 0; j < Q8_VALUES; j += 8) {
-            v8f x = widen8((const int8_t *)block + 2 + j) * d;
-            memcpy(dst + b * Q8_VALUES + j, &x, sizeof x);
-        }
-    }
+    if (type == KV_F16) widen_rows_as(KV_F16, src, n, dim, dst);
+    else widen_rows_as(KV_Q8_0, src, n, dim, dst);
+}
+
+static void widen_columns(int64_t type, const unsigned char *src, int64_t n, int64_t dim, float *dst) {
+    if (type == KV_F16) widen_columns_as(KV_F16, src, n, dim, dst);
+    else if (type == KV_Q8_0) widen_columns_as(KV_Q8_0, src, n, dim, dst);
+    else widen_columns_as(KV_F32, src, n, dim, dst);
 }
 
 /* -- one row group over one span ----------------------------------------------------------- */
@@ -186,26 +253,68 @@ static int group_rows(const AttnCtx *c, int64_t g, AttnRow *rows, int64_t *kv) {
     return (int)(hi - lo);
 }
 
-/* acc (Dv) += sum over j = 0 .. n-1 of w[j] * values[j] (rows of Dv), each element in order */
-static void add_weighted_values(const float *w, int64_t n, const float *values, int64_t Dv, float *acc) {
-    int64_t d = 0;
-    for (; d + VALUE_BLOCK <= Dv; d += VALUE_BLOCK) {
-        v8f sum[VALUE_BLOCK / 8];
-        memcpy(sum, acc + d, sizeof sum);
-        for (int64_t j = 0; j < n; j++) {
-            const float *v = values + j * Dv + d;
-            for (int m = 0; m < VALUE_BLOCK / 8; m++) {
-                v8f x;
-                memcpy(&x, v + 8 * m, sizeof x);
-                sum[m] += w[j] * x;
-            }
-        }
-        memcpy(acc + d, sum, sizeof sum);
+static inline v8f splat8(float x) { return (v8f){x, x, x, x, x, x, x, x}; }
+
+/* Scores of R rows (R <= TILE_ROWS; their queries q[r]) with the 16 keys of columns j0 ..
+ * j0 + 15 of keys (Dh, KV_BLOCK): s[r][j] = q[r] . key j, fused multiply-adds in order of d. */
+static inline __attribute__((always_inline)) void score_tile(const float *const *q, int R, const float *keys, int64_t Dh,
+                                                             int64_t j0, float *const *s) {
+    v8f acc[TILE_ROWS][2] = {{{0}}};
+    for (int64_t d = 0; d < Dh; d++) {
+        v8f k[2];
+        for (int c = 0; c < 2; c++) memcpy(&k[c], keys + d * KV_BLOCK + j0 + 8 * c, sizeof k[c]);
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < 2; c++) acc[r][c] = fma8(splat8(q[r][d]), k[c], acc[r][c]);
     }
-    for (; d < Dv; d++) {
-        float sum = acc[d];
-        for (int64_t j = 0; j < n; j++) sum += w[j] * values[j * Dv + d];
-        acc[d] = sum;
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 2; c++) memcpy(s[r] + j0 + 8 * c, &acc[r][c], sizeof acc[r][c]);
+}
+
+/* a[r][d] += w[r][j] * values[j][d] for R rows (R <= TILE_ROWS), j = j0 .. j1 in order, fused,
+ * value dimensions d0 .. d0 + 8 C - 1 (values: rows of Dv) */
+static inline __attribute__((always_inline)) void value_tile(float *const *a, const float *const *w, int R, int C, int64_t j0,
+                                                             int64_t j1, const float *values, int64_t Dv, int64_t d0) {
+    v8f acc[TILE_ROWS][2];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) memcpy(&acc[r][c], a[r] + d0 + 8 * c, sizeof acc[r][c]);
+    for (int64_t j = j0; j <= j1; j++) {
+        v8f v[2];
+        for (int c = 0; c < C; c++) memcpy(&v[c], values + j * Dv + d0 + 8 * c, sizeof v[c]);
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c++) acc[r][c] = fma8(splat8(w[r][j]), v[c], acc[r][c]);
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) memcpy(a[r] + d0 + 8 * c, &acc[r][c], sizeof acc[r][c]);
+}
+
+/* value_tile over all Dv value dimensions (the last Dv % 8 one fmaf at a time, as fma8 rounds) */
+static inline __attribute__((always_inline)) void value_rows(float *const *a, const float *const *w, int R, int64_t j0,
+                                                             int64_t j1, const float *values, int64_t Dv) {
+    int64_t d = 0;
+    for (; d + 16 <= Dv; d += 16) value_tile(a, w, R, 2, j0, j1, values, Dv, d);
+    for (; d + 8 <= Dv; d += 8) value_tile(a, w, R, 1, j0, j1, values, Dv, d);
+    for (; d < Dv; d++)
+        for (int r = 0; r < R; r++)
+            for (int64_t j = j0; j <= j1; j++) a[r][d] = fmaf(w[r][j], values[j * Dv + d], a[r][d]);
+}
+
+/* The tiles above for R = 1 .. TILE_ROWS rows, each R its own unrolled copy. */
+static void scores_of(const float *const *q, int R, const float *keys, int64_t Dh, int64_t j0, float *const *s) {
+    switch (R) {
+    case 1: score_tile(q, 1, keys, Dh, j0, s); break;
+    case 2: score_tile(q, 2, keys, Dh, j0, s); break;
+    case 3: score_tile(q, 3, keys, Dh, j0, s); break;
+    default: score_tile(q, TILE_ROWS, keys, Dh, j0, s);
+    }
+}
+
+static void values_of(float *const *a, const float *const *w, int R, int64_t j0, int64_t j1, const float *values, int64_t Dv) {
+    if (j0 > j1) return;
+    switch (R) {
+    case 1: value_rows(a, w, 1, j0, j1, values, Dv); break;
+    case 2: value_rows(a, w, 2, j0, j1, values, Dv); break;
+    case 3: value_rows(a, w, 3, j0, j1, values, Dv); break;
+    default: value_rows(a, w, TILE_ROWS, j0, j1, values, Dv);
     }
 }
 
@@ -217,7 +326,7 @@ static void attend_span(const AttnCtx *c, const AttnRow *rows, int n, int64_t kv
     int64_t Dh = c->Dh, Dv = c->Dv, type = op->ints.attention.kv_type;
     int64_t key_bytes = kv_row_bytes(type, Dh), value_bytes = kv_row_bytes(type, Dv);
     float scale = op->floats.attention.scale, cap = op->floats.attention.softcap;
-    float *keys_buf = scratch_floats(thread), *values_buf = keys_buf + KV_BLOCK * Dh;
+    float *keys = scratch_floats(thread), *values_buf = keys + KV_BLOCK * Dh;
     float *scores = values_buf + KV_BLOCK * Dv; /* (ATTN_ROWS, KV_BLOCK) */
     const unsigned char *kcache = op->kcache + kv * c->N * key_bytes, *vcache = op->vcache + kv * c->N * value_bytes;
     int64_t lo = span * KV_SPAN, hi = lo + KV_SPAN - 1, from = hi + 1, to = lo - 1;
@@ -233,44 +342,84 @@ static void attend_span(const AttnCtx *c, const AttnRow *rows, int n, int64_t kv
     for (int64_t block = from - from % KV_BLOCK; block <= to; block += KV_BLOCK) {
         int64_t b0 = block > from ? block : from, b1 = block + KV_BLOCK - 1 < to ? block + KV_BLOCK - 1 : to;
         int64_t count = b1 - b0 + 1, row0 = b0 - c->base;
-        const float *keys = (const float *)(kcache + row0 * key_bytes), *values = (const float *)(vcache + row0 * value_bytes);
+        int64_t first[ATTN_ROWS], last[ATTN_ROWS]; /* the columns (from b0) each row sees */
+        const float *q[ATTN_ROWS], *w[ATTN_ROWS];
+        float *s[ATTN_ROWS], *acc[ATTN_ROWS];
+        int seen = 0, row[ATTN_ROWS]; /* the rows that see some of the block, in order */
+        for (int r = 0; r < n; r++) {
+            first[seen] = (rows[r].first > b0 ? rows[r].first : b0) - b0;
+            last[seen] = (rows[r].last < b1 ? rows[r].last : b1) - b0;
+            if (first[seen] > last[seen]) continue;
+            row[seen] = r;
+            q[seen] = rows[r].q;
+            w[seen] = s[seen] = scores + r * KV_BLOCK;
+            acc[seen++] = a + r * Dv;
+        }
+        if (!seen) continue;
+        const float *values = (const float *)(vcache + row0 * value_bytes);
+        widen_columns(type, kcache + row0 * key_bytes, count, Dh, keys);
         if (type != KV_F32) {
-            widen_rows(type, kcache + row0 * key_bytes, count, Dh, keys_buf);
             widen_rows(type, vcache + row0 * value_bytes, count, Dv, values_buf);
-            keys = keys_buf;
             values = values_buf;
         }
-        for (int r = 0; r < n; r++) {
-            int64_t first = rows[r].first > b0 ? rows[r].first : b0, last = rows[r].last < b1 ? rows[r].last : b1;
-            if (first > last) continue;
-            float *s = scores + r * KV_BLOCK, top = -INFINITY;
-            int64_t j = first - b0, end = last - b0;
-            for (; j + 7 <= end; j += 8) {
-                v8f x = dot_float8(rows[r].q, keys + j * Dh, Dh, Dh);
-                memcpy(s + j, &x, sizeof x);
+        for (int t = 0; t < seen; t += TILE_ROWS) { /* the scores, in tiles of rows x 16 keys */
+            int R = seen - t < TILE_ROWS ? seen - t : TILE_ROWS;
+            int64_t j0 = first[t], j1 = last[t];
+            for (int r = t + 1; r < t + R; r++) {
+                j0 = first[r] < j0 ? first[r] : j0;
+                j1 = last[r] > j1 ? last[r] : j1;
             }
-            for (; j <= end; j++) s[j] = dot_float(rows[r].q, keys + j * Dh, Dh);
-            for (j = first - b0; j <= end; j++) {
-                float x = s[j] * scale;
-                s[j] = cap > 0.0f ? cap * tanhf(x / cap) : x;
-                top = s[j] > top ? s[j] : top;
+            for (int64_t j = j0 - j0 % 16; j <= j1; j += 16) scores_of(q + t, R, keys, Dh, j, s + t);
+        }
+        const v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
+        for (int i = 0; i < seen; i++) { /* each row's terms, 8 columns at a time from its first */
+            int r = row[i];
+            v8f top8 = splat8(-INFINITY), sum = {0};
+            for (int64_t j = first[i]; j <= last[i]; j += 8) {
+                int64_t k = last[i] - j + 1 < 8 ? last[i] - j + 1 : 8;
+                v8f x = splat8(-INFINITY);
+                memcpy(&x, s[i] + j, sizeof(float) * (size_t)k);
+                x *= scale;
+                for (int e = 0; cap > 0.0f && e < k; e++) x[e] = cap * tanhf(x[e] / cap);
+                memcpy(s[i] + j, &x, sizeof(float) * (size_t)k);
+                v8i above = x > top8;
+                top8 = (v8f)(((v8i)x & above) | ((v8i)top8 & ~above));
             }
+            float top = -INFINITY;
+            for (int e = 0; e < 8; e++) top = top8[e] > top ? top8[e] : top;
             if (top > m[r]) { /* a larger maximum: what is summed so far shrinks by e^(m_old - m_new) */
                 float shift = m[r] - top, factor;
                 exp_floats(&shift, &factor, 1);
                 l[r] *= factor;
-                for (int64_t d = 0; d < Dv; d++) a[r * Dv + d] *= factor;
+                for (int64_t d = 0; d < Dv; d++) acc[i][d] *= factor;
                 m[r] = top;
             }
-            for (j = first - b0; j <= end; j += 8) {
-                int64_t k = end - j + 1 < 8 ? end - j + 1 : 8;
+            for (int64_t j = first[i]; j <= last[i]; j += 8) {
+                int64_t k = last[i] - j + 1 < 8 ? last[i] - j + 1 : 8;
                 v8f x = {0};
-                memcpy(&x, s + j, sizeof(float) * (size_t)k);
-                x = exp8(x - m[r]);
-                memcpy(s + j, &x, sizeof(float) * (size_t)k);
-                for (int64_t e = 0; e < k; e++) l[r] += x[e];
+                memcpy(&x, s[i] + j, sizeof(float) * (size_t)k);
+                x = (v8f)((v8i)exp8(x - m[r]) & (lane < (int)k));
+                memcpy(s[i] + j, &x, sizeof(float) * (size_t)k);
+                sum += x;
             }
-            add_weighted_values(s + (first - b0), end - (first - b0) + 1, values + (first - b0) * Dv, Dv, a + r * Dv);
+            l[r] += reduce8(sum);
+        }
+        /* the values, in tiles of rows x 16 value dimensions over the columns all of a tile's
+         * rows see; each row's columns before and after those alone, so that every row sums its
+         * own columns in order whatever its neighbours */
+        for (int t = 0; t < seen; t += TILE_ROWS) {
+            int R = seen - t < TILE_ROWS ? seen - t : TILE_ROWS;
+            int64_t j0 = first[t], j1 = last[t];
+            for (int r = t + 1; r < t + R; r++) {
+                j0 = first[r] > j0 ? first[r] : j0;
+                j1 = last[r] < j1 ? last[r] : j1;
+            }
+            j1 = j1 > j0 - 1 ? j1 : j0 - 1; /* none in common: the row's columns before j0, then after */
+            for (int r = t; r < t + R; r++)
+                values_of(acc + r, w + r, 1, first[r], last[r] < j0 - 1 ? last[r] : j0 - 1, values, Dv);
+            values_of(acc + t, w + t, R, j0, j1, values, Dv);
+            for (int r = t; r < t + R; r++)
+                values_of(acc + r, w + r, 1, first[r] > j1 + 1 ? first[r] : j1 + 1, last[r], values, Dv);
         }
     }
 }

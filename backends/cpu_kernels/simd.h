@@ -2,7 +2,8 @@
  * weights with 32 int16 activation codes. It gives two vectors of 8 int32 lanes, one per half
  * group: lane l of half h sums weights 16h + 2l and 16h + 2l + 1. fma8: a * b + c in 8 float
  * lanes, rounded once (a fused multiply-add is exact before its one rounding in every tier).
- * widen8: 8 int8 codes as floats (exact); widen8u: the 8 bytes of a word, LSB first, as floats. Integer sums are exact in
+ * widen8: 8 int8 codes as floats (exact); widen8u: the 8 bytes of a word, LSB first, as floats;
+ * widen_half8 (x86 tiers, F16C; others: attention.c's integer steps): 8 float16 as floats (exact). Integer sums are exact in
  * every tier, so the tiers agree bit for bit. Weight codes lie in [-128, 127], activation
  * codes in [-32767, 32767]: a lane is at most 2 * 128 * 32767, far from overflowing. */
 #ifndef SPRIG_SIMD_H
@@ -29,6 +30,7 @@ static inline v8f widen8u(uint64_t bytes) {
 static inline v8f widen8(const int8_t *q) {
     return (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
 }
+static inline v8f widen_half8(const unsigned char *h) { return (v8f)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)); }
 #elif defined(__AVX2__)
 #include <immintrin.h>
 #define SPRIG_TIER "avx2"
@@ -45,6 +47,7 @@ static inline v8f widen8u(uint64_t bytes) {
 static inline v8f widen8(const int8_t *q) {
     return (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
 }
+static inline v8f widen_half8(const unsigned char *h) { return (v8f)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)); }
 #elif defined(__ARM_NEON) && defined(__aarch64__)
 #include <arm_neon.h>
 #define SPRIG_TIER "neon"
@@ -105,7 +108,7 @@ static inline v8f widen8(const int8_t *q) {
 #endif
 
 /* Shared float helpers: plain C, the same operations in every tier (inline, since
- * attention calls dot_float once per score). */
+ * the kernels call them in their inner loops). */
 #include <math.h> /* INFINITY */
 #include <string.h>
 
