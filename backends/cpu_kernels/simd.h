@@ -129,38 +129,6 @@ static inline float dot_float(const float *w, const float *x, int64_t K) {
 }
 
 
-/* reduce8 of each of 8 vectors at once: out[k] = reduce8(a[k]), the same additions in the
- * same order, done across the vectors (pairs of lanes, then pairs of pairs, then halves) */
-static inline v8f reduce8x8(const v8f a[8]) {
-    v8f u[4], w[2];
-    for (int k = 0; k < 4; k++)
-        u[k] = __builtin_shufflevector(a[2 * k], a[2 * k + 1], 0, 8, 2, 10, 4, 12, 6, 14) +
-               __builtin_shufflevector(a[2 * k], a[2 * k + 1], 1, 9, 3, 11, 5, 13, 7, 15);
-    for (int k = 0; k < 2; k++)
-        w[k] = __builtin_shufflevector(u[2 * k], u[2 * k + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
-               __builtin_shufflevector(u[2 * k], u[2 * k + 1], 2, 3, 10, 11, 6, 7, 14, 15);
-    return __builtin_shufflevector(w[0], w[1], 0, 1, 2, 3, 8, 9, 10, 11) +
-           __builtin_shufflevector(w[0], w[1], 4, 5, 6, 7, 12, 13, 14, 15);
-}
-
-/* dot_float of q with 8 rows x + k * stride at once (each the same bits as dot_float) */
-static inline v8f dot_float8(const float *q, const float *x, int64_t stride, int64_t K) {
-    v8f acc[8] = {{0}};
-    int64_t i = 0;
-    for (; i + 8 <= K; i += 8) {
-        v8f a;
-        memcpy(&a, q + i, sizeof a);
-        for (int k = 0; k < 8; k++) {
-            v8f b;
-            memcpy(&b, x + k * stride + i, sizeof b);
-            acc[k] += a * b;
-        }
-    }
-    for (int k = 0; k < 8; k++)
-        for (int l = 0; i + l < K; l++) acc[k][l] += q[i + l] * x[k * stride + i + l];
-    return reduce8x8(acc);
-}
-
 /* exp of 8 floats (Cephes' expf: n = round(x / ln 2), r = x - n ln 2 in two parts, a degree-6
  * polynomial, times 2^n as two factors so that subnormal results keep their bits). About 1 ulp;
  * exp(0) = 1 exactly, exp(-inf) = 0, exp(+inf) = +inf, exp(nan) = nan. Plain C in 8 lanes, so

@@ -142,17 +142,13 @@ int main(void) {
         print(prefill, T * 4);
         free(row);
     }
-    /* the float helpers of attention and the activations: exp8 over [-110, 90) and the
-     * specials, dot_float8 over 8 rows of odd length */
-    static float e[1024 + 8], keys[8 * 67];
+    /* the float helper of attention and the activations: exp8 over [-110, 90) and the specials */
+    static float e[1024 + 8];
     for (int i = 0; i < 1024; i++) e[i] = uniform() * 50.0f - 10.0f;
     const float specials[8] = {0.0f, -INFINITY, INFINITY, NAN, -100.0f, 88.7f, -87.5f, 1e-30f};
     memcpy(e + 1024, specials, sizeof specials);
     for (int i = 0; i < 1024 + 8; i += 8) exp_floats(e + i, e + i, 8);
     print(e, 1024 + 8);
-    for (int i = 0; i < 8 * 67; i++) keys[i] = uniform();
-    v8f dots = dot_float8(x, keys, 67, 67);
-    print((float *)&dots, 8);
     tq_tiles_init();
     probe_tq_tiles(x, K, T);
     free(tiles);
