@@ -330,12 +330,12 @@ static inline INLINED void pair_terms(__m256i lo, __m256i hi, const int16_t *x, 
         for (int j = 0; j < 1 + both; j++) { /* group g, then h */
             __m256i slo = _mm256_madd_epi16(w[2 * j], _mm256_loadu_si256((const __m256i *)(xk + 32 * j)));
             __m256i shi = _mm256_madd_epi16(w[2 * j + 1], _mm256_loadu_si256((const __m256i *)(xk + 32 * j + 16)));
-            /* the group's scale broadcast from memory: a load, no shuffle, no index register */
-            __m256 scale = _mm256_broadcast_ss((const float *)&flo[k] + i + j);
+            /* the group's scale in every lane (no index register: the compiler picks the shuffles) */
+            __m256 scale = _mm256_set1_ps(flo[k][i + j]);
             if (split)
                 acc[k] += (v8f)_mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(slo), scale),
                                              _mm256_mul_ps(_mm256_cvtepi32_ps(shi),
-                                                           _mm256_broadcast_ss((const float *)&fhi[k] + i + j)));
+                                                           _mm256_set1_ps(fhi[k][i + j])));
             else
                 acc[k] += (v8f)_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(slo, shi)), scale);
         }
