@@ -29,11 +29,12 @@ typedef uint32_t u32x8 __attribute__((vector_size(32)));
 typedef uint16_t u16x16 __attribute__((vector_size(32)));
 
 #if !(defined(__AVX512BW__) && defined(__AVX512VL__))
-/* AVX2: the 32 codes of w negated where byte j of `spread` has its bit j % 8 set */
+/* AVX2: the 32 codes of w negated where byte j of `spread` has its bit j % 8 set: that bit
+ * alone, plus 127, is 127 where clear and 128-255 (negative) where set, and sign_epi8 takes
+ * w's sign from it (never 0) */
 static inline __m256i negate_spread(__m256i w, __m256i spread) {
     const __m256i select = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-    __m256i m = _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select);
-    return _mm256_sub_epi8(_mm256_xor_si256(w, m), m); /* (w ^ -1) + 1 = -w where set */
+    return _mm256_sign_epi8(w, _mm256_add_epi8(_mm256_and_si256(spread, select), _mm256_set1_epi8(127)));
 }
 
 /* the byte shuffle (each 128-bit half its own) that takes byte k + i of a 32 or 64-bit word
