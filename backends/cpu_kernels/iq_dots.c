@@ -28,18 +28,30 @@
 typedef uint32_t u32x8 __attribute__((vector_size(32)));
 typedef uint16_t u16x16 __attribute__((vector_size(32)));
 
+#if !(defined(__AVX512BW__) && defined(__AVX512VL__))
+/* AVX2: the 32 codes of w negated where byte j of `spread` has its bit j % 8 set: that bit
+ * alone, plus 127, is 127 where clear and 128-255 (negative) where set, and sign_epi8 takes
+ * w's sign from it (never 0) */
+static inline __m256i negate_spread(__m256i w, __m256i spread) {
+    const __m256i select = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    return _mm256_sign_epi8(w, _mm256_add_epi8(_mm256_and_si256(spread, select), _mm256_set1_epi8(127)));
+}
+
+/* the byte shuffle (each 128-bit half its own) that takes byte k + i of a 32 or 64-bit word
+ * broadcast to every lane to the 8 positions 8i .. 8i + 7, i = 0-3: the word's 32 bits (k = 0)
+ * or those of its second 32 (k = 4), one to each of the 32 bytes, for negate_spread */
+#define SPREAD_INDEX(k)                                                                                           \
+    _mm256_setr_epi8(k, k, k, k, k, k, k, k, k + 1, k + 1, k + 1, k + 1, k + 1, k + 1, k + 1, k + 1, k + 2, k + 2, \
+                     k + 2, k + 2, k + 2, k + 2, k + 2, k + 2, k + 3, k + 3, k + 3, k + 3, k + 3, k + 3, k + 3, k + 3)
+#endif
+
 /* The 32 codes of w negated where bit j of `bits` is set (byte j). */
 static inline __m256i negate_where(__m256i w, uint32_t bits) {
 #if defined(__AVX512BW__) && defined(__AVX512VL__)
     return _mm256_mask_sub_epi8(w, (__mmask32)bits, _mm256_setzero_si256(), w);
 #else
-    const __m256i select = _mm256_set1_epi64x((long long)0x8040201008040201ull);
     /* byte k of `bits` to the 8 positions 8k .. 8k + 7, then each position's own bit */
-    const __m256i spread_index = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                                  2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread_index);
-    __m256i m = _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select);
-    return _mm256_sub_epi8(_mm256_xor_si256(w, m), m); /* (w ^ -1) + 1 = -w where set */
+    return negate_spread(w, _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), SPREAD_INDEX(0)));
 #endif
 }
 
@@ -111,8 +123,15 @@ static inline INLINED v8f iq2_xxs_scales(const uint8_t *b, uint32_t masks[8]) {
 
 /* lo and hi of a pair negated where their masks (pair_masks) say */
 static inline INLINED void signed_pair(__m256i *lo, __m256i *hi, const uint32_t mask[2]) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
     *lo = negate_where(*lo, mask[0]);
     *hi = negate_where(*hi, mask[1]);
+#else
+    /* both masks in every 64-bit lane, one broadcast for the two: lo's bytes 0-3, hi's 4-7 */
+    __m256i both = _mm256_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)mask));
+    *lo = negate_spread(*lo, _mm256_shuffle_epi8(both, SPREAD_INDEX(0)));
+    *hi = negate_spread(*hi, _mm256_shuffle_epi8(both, SPREAD_INDEX(4)));
+#endif
 }
 
 /* 8-byte grid points (IQ2, IQ1: weights 8l .. 8l + 7 of a group) as a 64-bit lane */
@@ -310,14 +329,14 @@ static inline INLINED void pair_terms(__m256i lo, __m256i hi, const int16_t *x, 
     for (int k = 0; k < n; k++) {
         const int16_t *xk = x + k * K;
         for (int j = 0; j < 1 + both; j++) { /* group g, then h */
-            __m256i at = _mm256_set1_epi32(i + j);
             __m256i slo = _mm256_madd_epi16(w[2 * j], _mm256_loadu_si256((const __m256i *)(xk + 32 * j)));
             __m256i shi = _mm256_madd_epi16(w[2 * j + 1], _mm256_loadu_si256((const __m256i *)(xk + 32 * j + 16)));
-            __m256 scale = _mm256_permutevar8x32_ps((__m256)flo[k], at);
+            /* the group's scale in every lane (no index register: the compiler picks the shuffles) */
+            __m256 scale = _mm256_set1_ps(flo[k][i + j]);
             if (split)
                 acc[k] += (v8f)_mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(slo), scale),
                                              _mm256_mul_ps(_mm256_cvtepi32_ps(shi),
-                                                           _mm256_permutevar8x32_ps((__m256)fhi[k], at)));
+                                                           _mm256_set1_ps(fhi[k][i + j])));
             else
                 acc[k] += (v8f)_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(slo, shi)), scale);
         }
