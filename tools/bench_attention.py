@@ -10,7 +10,6 @@ checkouts, alternating:
 """
 
 import argparse
-import resource
 import time
 
 import numpy as np
@@ -18,12 +17,7 @@ import numpy as np
 from backends.base import AttentionState, LayerAttention
 from backends.cpu_backend import CpuBackend
 from backends.kv_types import encode_rows
-
-
-def cpu_seconds() -> float:
-    """CPU time of this process so far, every thread's, user and system."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+from tools.bench_kernels import cpu_seconds
 
 
 def time_case(
