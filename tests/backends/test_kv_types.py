@@ -165,6 +165,16 @@ def test_splitting_across_spans_gives_the_bits_of_whole_row_groups(kv_type):
 
 
 @pytest.mark.parametrize("kv_type", KV_TYPES)
+@pytest.mark.parametrize("kind", list(SETTINGS))
+def test_a_rows_output_does_not_depend_on_the_rows_beside_it(kv_type, kind):
+    """The last token of a 37-token pass (register tiles of several rows) gets the bits of that
+    token attended alone (a decode step), over the same cache."""
+    alone, _, _ = long_pass(kv_type, SETTINGS[kind], 1)
+    chunk, _, _ = long_pass(kv_type, SETTINGS[kind], 37)
+    np.testing.assert_array_equal(chunk[-1:].view(np.int32), alone.view(np.int32))
+
+
+@pytest.mark.parametrize("kv_type", KV_TYPES)
 def test_the_cpu_kernels_store_the_numpy_rounding(kv_type):
     rng = np.random.default_rng(3)
     k = (rng.standard_normal((40, KV_HEADS, DH)) * np.exp(rng.uniform(-8, 8, (40, 1, 1)))).astype(np.float32)
