@@ -15,9 +15,12 @@
  *     acc[l] += (float)(isum_lo[l] + isum_hi[l]) * (wscale * xscale)
  * (the types whose halves have scales of their own, `split` below, add the two separately).
  * The row's result is reduce8(acc) + the min terms, wmin[g] * xsum[g], summed in lanes g mod 8.
- * Q2_K, Q3_K and Q6_K (form OWN below) have products of their own (kquant_dots.c): their integer
- * sub-block scales go into int16 weights, a group's sums are 16 int32 lanes, and each group
- * costs one fused multiply-add per lane (that file's comment has the arithmetic).
+ * Q6_K (form OWN below) has a product of its own (kquant_dots.c): its integer sub-block scales
+ * go into int16 weights, a group's sums are 16 int32 lanes, and each group costs one fused
+ * multiply-add per lane (that file's comment has the arithmetic).
+ * Q2_K and Q3_K (form OWN8) take 8-bit activation codes instead, in the same groups of 32
+ * (Codes8): the AVX2 byte products (maddubs) serve them at twice the int16 ones' width, and
+ * their 2- and 3-bit weights, not the activations' 7 bits, bound the error (kquant8_dots.c).
  * A product over FLOAT_TOKENS or more tokens (prefill) instead dequantizes FLOAT_ROWS rows at
  * a time to float and takes the float activations as they are, summing with fused
  * multiply-adds in 8 lanes (fma8, the same rounding in every tier; float_product in quants.c;
@@ -47,7 +50,8 @@
  *          CODES: int8 codes and half-group scales (`unpack`), multiplied with int16
  *          activation codes; OWN: the same activations, multiplied by a product function of
  *          the type's own (dot_<name>, in its own source file: kquant_dots.c), `unpack` serving
- *          dequantization only; TILED: unpacked for embeddings, multiplied from tiles (Q1_0:
+ *          dequantization only; OWN8: as OWN, with 8-bit activation codes (Codes8,
+ *          kquant8_dots.c); TILED: unpacked for embeddings, multiplied from tiles (Q1_0:
  *          q1_tiles.c), never by dot_row_tokens.
  * mins     min terms per group of 32, each times the activation sum of the weights it covers:
  *          0 none; 1 one per group (Q4_1, Q5_1, Q4_K, Q5_K); 2 one per half, weights 0-15
@@ -72,8 +76,8 @@
     X(Q5_K, 13, 256, 176, CODES, unpack_q5_k, 1, 0, FP16, 0, 2)   \
     X(Q6_K, 14, 256, 210, OWN, unpack_q6_k, 0, 1, FP16, 208)      \
     X(MXFP4, 39, 32, 17, CODES, unpack_mxfp4, 0, 0, NONE, 0)      \
-    X(Q2_K, 10, 256, 84, OWN, unpack_q2_k, 2, 1, FP16, 80, 82)    \
-    X(Q3_K, 11, 256, 110, OWN, unpack_q3_k, 0, 1, FP16, 108)      \
+    X(Q2_K, 10, 256, 84, OWN8, unpack_q2_k, 2, 1, FP16, 80, 82)    \
+    X(Q3_K, 11, 256, 110, OWN8, unpack_q3_k, 0, 1, FP16, 108)      \
     X(TQ2_0, 35, 256, 66, CODES, unpack_tq2_0, 0, 0, FP16, 64)    \
     X(TQ1_0, 34, 256, 54, CODES, unpack_tq1_0, 0, 0, FP16, 52)    \
     X(IQ4_NL, 20, 32, 18, CODES, unpack_iq4_nl, 0, 0, FP16, 0)    \
@@ -94,7 +98,7 @@ enum {
 };
 #undef TYPE_ENUM
 
-enum { FORM_FLOAT, FORM_CODES, FORM_OWN, FORM_TILED };
+enum { FORM_FLOAT, FORM_CODES, FORM_OWN, FORM_OWN8, FORM_TILED };
 
 /* The form of a type of the table (-1 for others: T_Q1_0_TILES). */
 static inline int type_form(int type) {
@@ -139,8 +143,22 @@ typedef struct {
 } RowBuffer;
 
 static inline int type_is_float(int type) { return type_form(type) == FORM_FLOAT; }
-/* multiplied with int16 activation codes (the rest take float activations, or Q1_0's tables) */
-static inline int type_takes_codes(int type) { return type_form(type) == FORM_CODES || type_form(type) == FORM_OWN; }
+/* multiplied with activation codes (the rest take float activations, or Q1_0's tables) */
+static inline int type_takes_codes(int type) {
+    return type_form(type) == FORM_CODES || type_form(type) == FORM_OWN || type_form(type) == FORM_OWN8;
+}
+/* of those, the ones whose codes are 8-bit (Codes8) rather than int16 */
+static inline int type_takes_codes8(int type) { return type_form(type) == FORM_OWN8; }
+
+/* 8-bit activation codes of a block of BLOCK8 values (the OWN8 types' form), in groups of 32:
+ * the value at i is d[i / 32] * q[i], |q[i]| <= 127, d[g] = amax / 127 of group g (as
+ * llama.cpp's Q8_0 activations); sums[j] = q[16j] + ... + q[16j + 15]. */
+#define BLOCK8 256
+typedef struct {
+    float d[BLOCK8 / GROUP];
+    int16_t sums[BLOCK8 / 16];
+    int8_t q[BLOCK8];
+} Codes8;
 
 /* quants.c */
 int type_block(int type, int *weights, int *bytes); /* 0 if the type is not native (T_Q1_0_TILES is) */
@@ -149,12 +167,14 @@ void unpack_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf);
 void dequantize_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf, float *out);
 /* codes q, and per group of 32 its scale d, its sum xsum; per half group its sum xhalf */
 void quantize_row(const float *x, int64_t K, int16_t *q, float *d, float *xsum, float *xhalf);
+void quantize_row8(const float *x, int64_t K, Codes8 *out); /* K a multiple of BLOCK8 */
 #define ROW_TOKENS 4 /* tokens one pass over a packed row serves (dot_row_tokens) */
 /* n (1 .. ROW_TOKENS) tokens times one packed row: out[k * stride] for token k, whose codes
  * start at xq + k * K, group scales and sums at xd + k * K / GROUP, xs + k * K / GROUP and
- * half-group sums at xh + k * HALVES * K / GROUP; `mins` is scratch of HALVES * K / GROUP */
+ * half-group sums at xh + k * HALVES * K / GROUP, its 8-bit codes (OWN8 types) at
+ * x8 + k * K / BLOCK8; `mins` is scratch of HALVES * K / GROUP */
 void dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq, const float *xd, const float *xs,
-                    const float *xh, float *mins, int n, float *out, int64_t stride);
+                    const float *xh, const Codes8 *x8, float *mins, int n, float *out, int64_t stride);
 void dot_tokens(const RowBuffer *w, const float *x, int64_t K, int64_t t0, int64_t t1, float *out, int64_t stride);
 int64_t count_bad_scales(int type, const uint8_t *data, int64_t n_blocks);
 void float_product(const float *w, int n, int64_t K, const float *x, int64_t t0, int64_t t1, float *out,
@@ -166,8 +186,8 @@ int iq_dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq
                       int64_t stride);
 int iq_dequantize_row(int type, const uint8_t *row, int64_t K, float *out); /* the same for dequantize_row */
 
-/* The OWN types' product functions (kquant_dots.c: Q2_K, Q3_K, Q6_K), dot_<name>, which dot_row_tokens
- * calls as it calls the CODES types' */
+/* The OWN types' product functions (kquant_dots.c: Q6_K; OWN8, kquant8_dots.c: Q2_K, Q3_K),
+ * dot_<name>, which dot_row_tokens calls as it calls the CODES types' */
 #define OWN_DOT(name, number, weights, bytes, form, ...) OWN_DOT_##form(name)
 #define OWN_DOT_FLOAT(name)
 #define OWN_DOT_CODES(name)
@@ -175,7 +195,9 @@ int iq_dequantize_row(int type, const uint8_t *row, int64_t K, float *out); /* t
 #define OWN_DOT_OWN(name)                                                                                      \
     void dot_##name(const uint8_t *row, int64_t K, const int16_t *xq, const float *xd, const float *xs,     \
                     const float *xh, float *mins, int n, float *out, int64_t stride);
+#define OWN_DOT_OWN8(name) void dot_##name(const uint8_t *row, int64_t K, const Codes8 *x8, int n, float *out, int64_t stride);
 QUANT_TYPES(OWN_DOT)
+#undef OWN_DOT_OWN8
 #undef OWN_DOT_OWN
 #undef OWN_DOT_TILED
 #undef OWN_DOT_CODES

@@ -1,18 +1,14 @@
-/* Q2_K, Q3_K and Q6_K times int16 activation codes: each type's own product (form OWN in kernels.h).
+/* Q6_K times int16 activation codes: the type's own product (form OWN in kernels.h).
  *
- * The three types have 16-weight sub-blocks with integer scales, and one float d per block of
- * 256 weights (Q2_K also a dmin, with 4-bit integer mins). The integer scale goes into the
- * weights, so that a group of 32 is one integer dot product:
- *     w[e] = sc[e / 16] * code[e]   (Q2_K: (scales[k] & 15) * (0 .. 3); Q3_K: (s - 32) * (-4 .. 3);
- *                                    Q6_K: scales[k] (int8) * (q - 32), q of 6 bits)
+ * Q6_K has 16-weight sub-blocks with int8 scales, and one float d per block of 256 weights. The
+ * integer scale goes into the weights, so that a group of 32 is one integer dot product:
+ *     w[e] = sc[e / 16] * code[e]   (scales[k] (int8) * (q - 32), q of 6 bits)
  *     isum[l] = w[2l] x[2l] + w[2l + 1] x[2l + 1]   for the 16 lanes l of a group
- * With |x| <= 32767: Q2_K's and Q3_K's |w| <= 128, so |isum| < 2^24 and its float is exact;
- * Q6_K's |w| <= 4096, so |isum| < 2^28 (no int32 overflow), and its float is rounded to nearest
- * (at most 2^-24 of it, far below the activations' own rounding), the same in every tier.
- * For each token, in 16 float lanes (every operation a fused multiply-add, rounded once):
+ * With |x| <= 32767 and |w| <= 4096, |isum| < 2^28 (no int32 overflow), and its float is rounded
+ * to nearest (at most 2^-24 of it, far below the activations' own rounding), the same in every
+ * tier. For each token, in 16 float lanes (every operation a fused multiply-add, rounded once):
  *     part[l] = 0;  part[l] = fma(isum_g[l], xd[g], part[l])   for the block's 8 groups g in order
  *     acc[l]  = fma(part[l], d, acc[l])
- *     acc[l]  = fma(-dmin * m[l], xhalf[l], acc[l])            (Q2_K: sub-block l's min m[l])
  * over the blocks in order, and the row's result is reduce8(acc[0..7] + acc[8..15]). Every tier
  * does exactly these operations, so they agree bit for bit: AVX-512 unpacks each group into one
  * 512-bit register of 32 int16 weights (its 16 lanes the 16 of the group), AVX2 into two 256-bit
@@ -25,25 +21,7 @@
 #include "simd.h"
 
 #define BLOCK_GROUPS 8 /* groups of 32 in a block of 256 */
-#define Q2_K_BYTES 84
-#define Q3_K_BYTES 110
 #define Q6_K_BYTES 210
-
-static inline int block_bytes(int type) { return type == T_Q2_K ? Q2_K_BYTES : type == T_Q3_K ? Q3_K_BYTES : Q6_K_BYTES; }
-
-#if defined(__AVX2__)
-/* Q3_K's 16 six-bit scales minus 32, int8 in the order of its sub-blocks: low 4 bits from
- * scales[k % 8] (its high nibble for k >= 8), high 2 bits from scales[8 + k % 4] >> 2 (k / 4);
- * see unpack_q3_k in quants.c. */
-static inline __m128i q3_k_scales(const uint8_t *sc) {
-    uint32_t top;
-    memcpy(&top, sc + 8, 4);
-    __m128i a = _mm_loadl_epi64((const __m128i *)sc);
-    __m128i low = _mm_and_si128(_mm_unpacklo_epi64(a, _mm_srli_epi16(a, 4)), _mm_set1_epi8(15));
-    __m128i high = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)top), _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
-    return _mm_sub_epi8(_mm_or_si128(low, _mm_slli_epi16(high, 4)), _mm_set1_epi8(32));
-}
-#endif
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 
@@ -53,10 +31,6 @@ static inline __m512i half_scales(__m512i sc, int g) {
                                             0, 0, 0, 0, 0, 0, 0);
     return _mm512_permutexvar_epi16(_mm512_add_epi16(halves, _mm512_set1_epi16((short)(2 * g))), sc);
 }
-
-/* The 2-bit fields of one group: in half n of the block (its 32 qs bytes as words p), group
- * 4n + j is (p >> 2j) & 3. */
-static inline __m512i crumbs(__m512i p, int j) { return _mm512_and_si512(_mm512_srli_epi16(p, 2 * j), _mm512_set1_epi16(3)); }
 
 /* Q6_K's codes minus 32 of group j of a block half, whose ql bytes 0-31 and 32-63 are the words
  * ql0 and ql1, its qh bytes the words qh: low 4 bits from ql0 (j = 0, 2) or ql1 (j = 1, 3), their
@@ -68,67 +42,34 @@ static inline __m512i q6_k_codes(__m512i ql0, __m512i ql1, __m512i qh, int j) {
 }
 
 /* n tokens times one row: the module comment's arithmetic in 16 lanes of one register. */
-static inline __attribute__((always_inline)) void rows_tokens(int type, const uint8_t *row, int64_t K,
-                                                              const int16_t *xq, const float *xd, const float *xh,
-                                                              const int N, float *out, int64_t stride) {
+static inline __attribute__((always_inline)) void rows_tokens(const uint8_t *row, int64_t K, const int16_t *xq,
+                                                              const float *xd, const int N, float *out, int64_t stride) {
     const int64_t G = K / GROUP;
-    const int bytes = block_bytes(type);
     __m512 acc[ROW_TOKENS];
     for (int k = 0; k < N; k++) acc[k] = _mm512_setzero_ps();
     for (int64_t blk = 0; blk < K / 256; blk++) {
-        const uint8_t *b = row + blk * bytes;
+        const uint8_t *b = row + blk * Q6_K_BYTES;
         const int64_t g0 = blk * BLOCK_GROUPS;
-        __m512i sc, high = _mm512_setzero_si512();
-        const uint8_t *qs;
-        float d;
-        __m512 mins = _mm512_setzero_ps();
-        if (type == T_Q2_K) {
-            __m128i packed = _mm_loadu_si128((const __m128i *)b);
-            sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(packed, _mm_set1_epi8(15))));
-            __m128i m = _mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(15));
-            mins = _mm512_mul_ps(_mm512_set1_ps(-f16(b + 82)), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(m)));
-            qs = b + 16;
-            d = f16(b + 80);
-        } else if (type == T_Q3_K) {
-            sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(q3_k_scales(b + 96)));
-            high = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)b));
-            qs = b + 32;
-            d = f16(b + 108);
-        } else {
-            sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192))));
-            qs = b;
-            d = f16(b + 208);
-        }
+        const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192))));
         __m512 part[ROW_TOKENS];
         for (int k = 0; k < N; k++) part[k] = _mm512_setzero_ps();
 #pragma GCC unroll 2
         for (int n = 0; n < 2; n++) {
-            __m512i p = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qs + (type == T_Q6_K ? 64 : 32) * n)));
-            __m512i p1 = _mm512_setzero_si512(), qh = _mm512_setzero_si512();
-            if (type == T_Q6_K) {
-                p1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qs + 64 * n + 32)));
-                qh = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 128 + 32 * n)));
-            }
+            __m512i p = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 64 * n)));
+            __m512i p1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 64 * n + 32)));
+            __m512i qh = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 128 + 32 * n)));
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
                 int g = 4 * n + j;
-                __m512i codes = type == T_Q6_K ? q6_k_codes(p, p1, qh, j) : crumbs(p, j);
-                if (type == T_Q3_K) { /* minus 4 where bit g of the hmask byte is clear */
-                    __mmask32 clear = _mm512_testn_epi16_mask(high, _mm512_set1_epi16((short)(1 << g)));
-                    codes = _mm512_mask_sub_epi16(codes, clear, codes, _mm512_set1_epi16(4));
-                }
-                __m512i w = _mm512_mullo_epi16(codes, half_scales(sc, g));
+                __m512i w = _mm512_mullo_epi16(q6_k_codes(p, p1, qh, j), half_scales(sc, g));
                 for (int k = 0; k < N; k++) {
                     __m512i isum = _mm512_madd_epi16(w, _mm512_loadu_si512(xq + k * K + (g0 + g) * GROUP));
                     part[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(xd[k * G + g0 + g]), part[k]);
                 }
             }
         }
-        for (int k = 0; k < N; k++) {
-            acc[k] = _mm512_fmadd_ps(part[k], _mm512_set1_ps(d), acc[k]);
-            if (type == T_Q2_K)
-                acc[k] = _mm512_fmadd_ps(mins, _mm512_loadu_ps(xh + k * HALVES * G + HALVES * g0), acc[k]);
-        }
+        const float d = f16(b + 208);
+        for (int k = 0; k < N; k++) acc[k] = _mm512_fmadd_ps(part[k], _mm512_set1_ps(d), acc[k]);
     }
     for (int k = 0; k < N; k++) {
         v8f lo, hi;
@@ -149,68 +90,32 @@ static inline __m256i q6_k_codes(__m256i ql0, __m256i ql1, __m256i qh, int j) {
 }
 
 /* A group as two registers of 16 int16 weights: weights 0-15 (lanes 0-7), 16-31 (lanes 8-15). */
-static inline __attribute__((always_inline)) void rows_tokens(int type, const uint8_t *row, int64_t K,
-                                                              const int16_t *xq, const float *xd, const float *xh,
-                                                              const int N, float *out, int64_t stride) {
+static inline __attribute__((always_inline)) void rows_tokens(const uint8_t *row, int64_t K, const int16_t *xq,
+                                                              const float *xd, const int N, float *out, int64_t stride) {
     const int64_t G = K / GROUP;
-    const int bytes = block_bytes(type);
-    const __m256i three = _mm256_set1_epi16(3), four = _mm256_set1_epi16(4);
     __m256 acc[ROW_TOKENS][2];
     for (int k = 0; k < N; k++) acc[k][0] = acc[k][1] = _mm256_setzero_ps();
     for (int64_t blk = 0; blk < K / 256; blk++) {
-        const uint8_t *b = row + blk * bytes;
+        const uint8_t *b = row + blk * Q6_K_BYTES;
         const int64_t g0 = blk * BLOCK_GROUPS;
         int16_t sc[16];
-        __m256i high[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-        const uint8_t *qs;
-        float d;
-        __m256 mins[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-        if (type == T_Q2_K) {
-            __m128i packed = _mm_loadu_si128((const __m128i *)b);
-            _mm256_storeu_si256((__m256i *)sc, _mm256_cvtepu8_epi16(_mm_and_si128(packed, _mm_set1_epi8(15))));
-            __m128i m = _mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(15));
-            __m256 dmin = _mm256_set1_ps(-f16(b + 82));
-            mins[0] = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m)));
-            mins[1] = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(m, 8))));
-            qs = b + 16;
-            d = f16(b + 80);
-        } else if (type == T_Q3_K) {
-            _mm256_storeu_si256((__m256i *)sc, _mm256_cvtepi8_epi16(q3_k_scales(b + 96)));
-            __m256i h = _mm256_loadu_si256((const __m256i *)b);
-            high[0] = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(h));
-            high[1] = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(h, 1));
-            qs = b + 32;
-            d = f16(b + 108);
-        } else {
-            _mm256_storeu_si256((__m256i *)sc, _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192))));
-            qs = b;
-            d = f16(b + 208);
-        }
+        _mm256_storeu_si256((__m256i *)sc, _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192))));
         __m256 part[ROW_TOKENS][2];
         for (int k = 0; k < N; k++) part[k][0] = part[k][1] = _mm256_setzero_ps();
 #pragma GCC unroll 2
         for (int n = 0; n < 2; n++) {
             __m256i p[2], p1[2], qh[2];
             for (int h = 0; h < 2; h++) {
-                p[h] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qs + (type == T_Q6_K ? 64 : 32) * n + 16 * h)));
-                if (type == T_Q6_K) {
-                    p1[h] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qs + 64 * n + 32 + 16 * h)));
-                    qh[h] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(b + 128 + 32 * n + 16 * h)));
-                }
+                p[h] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(b + 64 * n + 16 * h)));
+                p1[h] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(b + 64 * n + 32 + 16 * h)));
+                qh[h] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(b + 128 + 32 * n + 16 * h)));
             }
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
                 int g = 4 * n + j;
                 __m256i w[2];
-                for (int h = 0; h < 2; h++) {
-                    __m256i codes = type == T_Q6_K ? q6_k_codes(p[h], p1[h], qh[h], j)
-                                                   : _mm256_and_si256(_mm256_srli_epi16(p[h], 2 * j), three);
-                    if (type == T_Q3_K) { /* minus 4 where bit g of the hmask byte is clear */
-                        __m256i bit = g <= 2 ? _mm256_slli_epi16(high[h], 2 - g) : _mm256_srli_epi16(high[h], g - 2);
-                        codes = _mm256_sub_epi16(codes, _mm256_andnot_si256(bit, four));
-                    }
-                    w[h] = _mm256_mullo_epi16(codes, _mm256_set1_epi16(sc[2 * g + h]));
-                }
+                for (int h = 0; h < 2; h++)
+                    w[h] = _mm256_mullo_epi16(q6_k_codes(p[h], p1[h], qh[h], j), _mm256_set1_epi16(sc[2 * g + h]));
                 for (int k = 0; k < N; k++) {
                     const int16_t *x = xq + k * K + (g0 + g) * GROUP;
                     __m256 xs = _mm256_set1_ps(xd[k * G + g0 + g]);
@@ -221,12 +126,9 @@ static inline __attribute__((always_inline)) void rows_tokens(int type, const ui
                 }
             }
         }
+        const float d = f16(b + 208);
         for (int k = 0; k < N; k++)
-            for (int h = 0; h < 2; h++) {
-                acc[k][h] = _mm256_fmadd_ps(part[k][h], _mm256_set1_ps(d), acc[k][h]);
-                if (type == T_Q2_K)
-                    acc[k][h] = _mm256_fmadd_ps(mins[h], _mm256_loadu_ps(xh + k * HALVES * G + HALVES * g0 + 8 * h), acc[k][h]);
-            }
+            for (int h = 0; h < 2; h++) acc[k][h] = _mm256_fmadd_ps(part[k][h], _mm256_set1_ps(d), acc[k][h]);
     }
     for (int k = 0; k < N; k++) out[k * stride] = reduce8((v8f)acc[k][0] + (v8f)acc[k][1]);
 }
@@ -237,55 +139,29 @@ typedef uint8_t u8x32 __attribute__((vector_size(32)));
 typedef int8_t i8x16 __attribute__((vector_size(16)));
 typedef int16_t i16x16 __attribute__((vector_size(32)));
 
-/* The codes of group g of a block, as bytes (Q3_K's and Q6_K's negative ones wrapped): field
- * g % 4 of the group's qs bytes (unpack_q2_k, unpack_q3_k; Q3_K minus 4 where bit g of its hmask
- * byte is clear), or Q6_K's 4 low bits and 2 high bits minus 32 (unpack_q6_k). */
-static inline u8x32 group_codes(int type, const uint8_t *b, int g) {
+/* The codes of group g of a block, as bytes (the negative ones wrapped): Q6_K's 4 low bits and 2
+ * high bits minus 32 (unpack_q6_k). */
+static inline u8x32 group_codes(const uint8_t *b, int g) {
     const int n = g / 4, j = g % 4;
     u8x32 codes, high;
-    if (type == T_Q6_K) {
-        memcpy(&codes, b + 64 * n + 32 * (j & 1), sizeof codes);
-        memcpy(&high, b + 128 + 32 * n, sizeof high);
-        return (((codes >> (4 * (j >> 1))) & 15) | (((high >> (2 * j)) & 3) << 4)) - 32;
-    }
-    memcpy(&codes, b + (type == T_Q2_K ? 16 : 32) + 32 * n, sizeof codes);
-    codes = (codes >> (2 * j)) & 3;
-    if (type == T_Q3_K) {
-        memcpy(&high, b, sizeof high);
-        codes -= (((high >> g) & 1) ^ 1) << 2;
-    }
-    return codes;
+    memcpy(&codes, b + 64 * n + 32 * (j & 1), sizeof codes);
+    memcpy(&high, b + 128 + 32 * n, sizeof high);
+    return (((codes >> (4 * (j >> 1))) & 15) | (((high >> (2 * j)) & 3) << 4)) - 32;
 }
 
-/* The block's 256 int16 weights sc * code, its d and (Q2_K) its 16 min factors -dmin * m
- * (GCC vector extensions: NEON registers on arm64). */
-static inline void block_weights(int type, const uint8_t *b, int16_t *w, float *d, v8f mins[2]) {
-    int16_t sc[16];
-    if (type == T_Q2_K) {
-        float dmin = -f16(b + 82);
-        for (int k = 0; k < 16; k++) {
-            sc[k] = b[k] & 15;
-            mins[k / 8][k % 8] = dmin * (float)(b[k] >> 4);
-        }
-        *d = f16(b + 80);
-    } else if (type == T_Q3_K) {
-        const uint8_t *s = b + 96; /* 6-bit scales, as unpack_q3_k in quants.c draws them */
-        for (int k = 0; k < 16; k++)
-            sc[k] = (int16_t)((((s[k % 8] >> (4 * (k / 8))) & 15) | (((s[8 + k % 4] >> (2 * (k / 4))) & 3) << 4)) - 32);
-        *d = f16(b + 108);
-    } else {
-        for (int k = 0; k < 16; k++) sc[k] = (int8_t)b[192 + k];
-        *d = f16(b + 208);
-    }
+/* The block's 256 int16 weights sc * code, and its d (GCC vector extensions: NEON registers on
+ * arm64). */
+static inline void block_weights(const uint8_t *b, int16_t *w, float *d) {
     for (int g = 0; g < BLOCK_GROUPS; g++) {
-        u8x32 codes = group_codes(type, b, g);
+        u8x32 codes = group_codes(b, g);
         for (int h = 0; h < 2; h++) {
             i8x16 half_codes;
             memcpy(&half_codes, (const int8_t *)&codes + 16 * h, sizeof half_codes);
-            i16x16 weights = __builtin_convertvector(half_codes, i16x16) * sc[2 * g + h];
+            i16x16 weights = __builtin_convertvector(half_codes, i16x16) * (int16_t)(int8_t)b[192 + 2 * g + h];
             memcpy(w + 32 * g + 16 * h, &weights, sizeof weights);
         }
     }
+    *d = f16(b + 208);
 }
 
 /* isum[l] = w[2l] x[2l] + w[2l + 1] x[2l + 1] for the 8 lanes of 16 weights */
@@ -301,18 +177,15 @@ static inline v8i pair_sums16(const int16_t *w, const int16_t *x) {
     return out;
 }
 
-static inline __attribute__((always_inline)) void rows_tokens(int type, const uint8_t *row, int64_t K,
-                                                              const int16_t *xq, const float *xd, const float *xh,
-                                                              const int N, float *out, int64_t stride) {
+static inline __attribute__((always_inline)) void rows_tokens(const uint8_t *row, int64_t K, const int16_t *xq,
+                                                              const float *xd, const int N, float *out, int64_t stride) {
     const int64_t G = K / GROUP;
-    const int bytes = block_bytes(type);
     v8f acc[ROW_TOKENS][2] = {{{0}}};
     for (int64_t blk = 0; blk < K / 256; blk++) {
         int16_t w[256];
         float d;
-        v8f mins[2] = {{0}};
         const int64_t g0 = blk * BLOCK_GROUPS;
-        block_weights(type, row + blk * bytes, w, &d, mins);
+        block_weights(row + blk * Q6_K_BYTES, w, &d);
         const v8f dv = {d, d, d, d, d, d, d, d};
         for (int k = 0; k < N; k++) {
             v8f part[2] = {{0}};
@@ -323,14 +196,7 @@ static inline __attribute__((always_inline)) void rows_tokens(int type, const ui
                 for (int h = 0; h < 2; h++)
                     part[h] = fma8(__builtin_convertvector(pair_sums16(wg + 16 * h, x + 16 * h), v8f), xs, part[h]);
             }
-            for (int h = 0; h < 2; h++) {
-                acc[k][h] = fma8(part[h], dv, acc[k][h]);
-                if (type == T_Q2_K) {
-                    v8f xhalf;
-                    memcpy(&xhalf, xh + k * HALVES * G + HALVES * g0 + 8 * h, sizeof xhalf);
-                    acc[k][h] = fma8(mins[h], xhalf, acc[k][h]);
-                }
-            }
+            for (int h = 0; h < 2; h++) acc[k][h] = fma8(part[h], dv, acc[k][h]);
         }
     }
     for (int k = 0; k < N; k++) out[k * stride] = reduce8(acc[k][0] + acc[k][1]);
@@ -338,19 +204,15 @@ static inline __attribute__((always_inline)) void rows_tokens(int type, const ui
 
 #endif
 
-/* dot_Q2_K, dot_Q3_K and dot_Q6_K (kernels.h's product functions of the OWN types): one body per count
- * of tokens, so that the loop over them unrolls. */
-#define KQUANT_DOT(name)                                                                                            \
-    void dot_##name(const uint8_t *row, int64_t K, const int16_t *xq, const float *xd, const float *xs,              \
-                    const float *xh, float *mins, int n, float *out, int64_t stride) {                               \
-        (void)xs, (void)mins; /* group sums and min scratch: the generic row form's */                               \
-        switch (n) {                                                                                                \
-        case 1: rows_tokens(T_##name, row, K, xq, xd, xh, 1, out, stride); break;                                   \
-        case 2: rows_tokens(T_##name, row, K, xq, xd, xh, 2, out, stride); break;                                   \
-        case 3: rows_tokens(T_##name, row, K, xq, xd, xh, 3, out, stride); break;                                   \
-        default: rows_tokens(T_##name, row, K, xq, xd, xh, ROW_TOKENS, out, stride); break;                         \
-        }                                                                                                           \
+/* dot_Q6_K (kernels.h's product function of the OWN type): one body per count of tokens, so that
+ * the loop over them unrolls. */
+void dot_Q6_K(const uint8_t *row, int64_t K, const int16_t *xq, const float *xd, const float *xs, const float *xh,
+              float *mins, int n, float *out, int64_t stride) {
+    (void)xs, (void)xh, (void)mins; /* group and half-group sums, min scratch: the generic row form's */
+    switch (n) {
+    case 1: rows_tokens(row, K, xq, xd, 1, out, stride); break;
+    case 2: rows_tokens(row, K, xq, xd, 2, out, stride); break;
+    case 3: rows_tokens(row, K, xq, xd, 3, out, stride); break;
+    default: rows_tokens(row, K, xq, xd, ROW_TOKENS, out, stride); break;
     }
-KQUANT_DOT(Q2_K)
-KQUANT_DOT(Q3_K)
-KQUANT_DOT(Q6_K)
+}

@@ -17,6 +17,8 @@ static struct {
     int16_t *q;
     float *d, *xsum, *xhalf;
     int64_t capacity;
+    Codes8 *q8; /* 8-bit codes, for the OWN8 types */
+    int64_t capacity8;
     uint8_t *tables; /* Q1_0's lookup tables, and their groups' scales */
     float *tscale;
     int64_t table_capacity;
@@ -31,13 +33,17 @@ static int grow(void **p, size_t bytes) {
     return q ? 0 : -1;
 }
 
-static int reserve_acts(int64_t elements, int codes, int tables, int tq_tables) {
+static int reserve_acts(int64_t elements, int codes, int codes8, int tables, int tq_tables) {
     size_t groups = (size_t)(elements / GROUP + 1);
     if (codes && elements > acts.capacity) {
         if (grow((void **)&acts.q, sizeof(int16_t) * (size_t)elements) || grow((void **)&acts.d, sizeof(float) * groups) ||
             grow((void **)&acts.xsum, sizeof(float) * groups) || grow((void **)&acts.xhalf, sizeof(float) * HALVES * groups))
             return -1;
         acts.capacity = elements;
+    }
+    if (codes8 && elements > acts.capacity8) {
+        if (grow((void **)&acts.q8, sizeof(Codes8) * (size_t)(elements / BLOCK8 + 1))) return -1;
+        acts.capacity8 = elements;
     }
     if (tables && elements > acts.table_capacity) {
         if (grow((void **)&acts.tables, (size_t)q1_table_bytes(elements)) || grow((void **)&acts.tscale, sizeof(float) * groups))
@@ -55,7 +61,7 @@ static int reserve_acts(int64_t elements, int codes, int tables, int tq_tables) 
 typedef struct {
     const Op *op;
     int64_t T, K, total_rows;
-    int codes, tables, tq_tables; /* which forms of the activations the matrices take */
+    int codes, codes8, tables, tq_tables; /* which forms of the activations the matrices take */
     int tq_only;       /* every matrix is ternary tiles: one pass takes all the tokens (tq_tiles_product) */
     int dequantize;    /* quantized rows to float for FLOAT_TOKENS or more tokens */
 } LinearCtx;
@@ -67,6 +73,7 @@ static void quantize_task(void *vctx, int chunk, int chunks, int thread) {
     for (int64_t t = lo; t < hi; t++) {
         const float *x = c->op->a + t * K;
         if (c->codes) quantize_row(x, K, acts.q + t * K, acts.d + t * G, acts.xsum + t * G, acts.xhalf + t * HALVES * G);
+        if (c->codes8) quantize_row8(x, K, acts.q8 + t * (K / BLOCK8));
         if (c->tables) q1_tables(x, K, acts.tables + t * q1_table_bytes(K), acts.tscale + t * G);
         if (c->tq_tables) tq_tables(x, K, acts.tq_tables + t * tq_table_bytes(K), acts.tq_scale + t * G);
     }
@@ -147,8 +154,8 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
                     for (int64_t t = t0; t < t1; t += ROW_TOKENS) {
                         int n = t1 - t < ROW_TOKENS ? (int)(t1 - t) : ROW_TOKENS;
                         dot_row_tokens(w->type, row, K, acts.q + t * K, acts.d + t * G, acts.xsum + t * G,
-                                       acts.xhalf + t * HALVES * G, buf->min, n, op->outs[m] + t * w->rows + r,
-                                       w->rows);
+                                       acts.xhalf + t * HALVES * G, acts.q8 + t * (K / BLOCK8), buf->min, n,
+                                       op->outs[m] + t * w->rows + r, w->rows);
                     }
                 }
             } else { /* float rows */
@@ -167,15 +174,16 @@ static int linear(const Op *op, const char **error) {
     for (int m = 0; m < op->n_mats; m++) {
         c.tq_only &= op->mats[m].type == T_TQ_TILES;
         c.total_rows += op->mats[m].rows;
-        c.codes |= type_takes_codes(op->mats[m].type) && !c.dequantize;
+        c.codes |= type_takes_codes(op->mats[m].type) && !type_takes_codes8(op->mats[m].type) && !c.dequantize;
+        c.codes8 |= type_takes_codes8(op->mats[m].type) && !c.dequantize;
         c.tables |= op->mats[m].type == T_Q1_0_TILES;
         c.tq_tables |= op->mats[m].type == T_TQ_TILES;
     }
-    if (scratch_reserve(c.K, 0) != 0 || reserve_acts(c.T * c.K, c.codes, c.tables, c.tq_tables) != 0) {
+    if (scratch_reserve(c.K, 0) != 0 || reserve_acts(c.T * c.K, c.codes, c.codes8, c.tables, c.tq_tables) != 0) {
         *error = "out of memory for the matrix product's buffers";
         return -1;
     }
-    if (c.codes || c.tables || c.tq_tables) {
+    if (c.codes || c.codes8 || c.tables || c.tq_tables) {
         if (c.T > 1) pool_run(quantize_task, &c);
         else quantize_task(&c, 0, 1, 0);
     }
@@ -483,10 +491,11 @@ static struct {
     int16_t *xq, *hq;                       /* codes of the gathered x (rows, D) and h (rows, F) */
     float *xd, *xs, *hd, *hs;               /* their group scales and sums */
     float *xh, *hh;                         /* and their half-group sums (types with a min per half) */
+    Codes8 *x8, *h8;                        /* their 8-bit codes (OWN8 types) */
     float *xf;                              /* the gathered float x, where a product takes it */
     float *gate, *up, *y;                   /* (rows, F), (rows, F), (rows, D); gate becomes h */
 } moe;
-static int64_t moe_capacity[19];
+static int64_t moe_capacity[21];
 
 static int moe_grow(int i, void **p, size_t bytes) {
     if ((int64_t)bytes <= moe_capacity[i]) return 0;
@@ -501,10 +510,10 @@ typedef struct {
 } ExpertsCtx;
 
 /* Rows r0 .. r1 - 1 of expert e's matrix in the stack `w` (R rows each, K columns) times its
- * n gathered rows from s: codes xq/xd/xs/xh or floats xf (rows of K), into out (rows, R). */
+ * n gathered rows from s: codes xq/xd/xs/xh or x8, or floats xf (rows of K), into out (rows, R). */
 static void expert_rows(const Matrix *w, int64_t e, int64_t R, int64_t r0, int64_t r1, int64_t s, int64_t n,
-                        const int16_t *xq, const float *xd, const float *xs, const float *xh, const float *xf,
-                        float *out, RowBuffer *buf) {
+                        const int16_t *xq, const float *xd, const float *xs, const float *xh, const Codes8 *x8,
+                        const float *xf, float *out, RowBuffer *buf) {
     int64_t K = w->cols, G = K / GROUP;
     const uint8_t *base = w->data + (size_t)(e * R) * w->row_bytes;
     out += s * R;
@@ -531,7 +540,7 @@ static void expert_rows(const Matrix *w, int64_t e, int64_t R, int64_t r0, int64
             for (int64_t t = 0; t < n; t += ROW_TOKENS) {
                 int m = n - t < ROW_TOKENS ? (int)(n - t) : ROW_TOKENS;
                 dot_row_tokens(w->type, row, K, xq + (s + t) * K, xd + (s + t) * G, xs + (s + t) * G,
-                               xh + (s + t) * HALVES * G, buf->min, m, out + t * R + r, R);
+                               xh + (s + t) * HALVES * G, x8 + (s + t) * (K / BLOCK8), buf->min, m, out + t * R + r, R);
             }
         }
     }
@@ -560,8 +569,8 @@ static void gate_up_task(void *vctx, int chunk, int chunks, int thread) {
     RowBuffer *buf = scratch_row(thread);
     FOR_EXPERT_ROWS(c, c->F, chunk, chunks) {
         int64_t s = moe.start[e], n = moe.count[e];
-        expert_rows(&op->mats[0], e, c->F, r0, r1, s, n, moe.xq, moe.xd, moe.xs, moe.xh, moe.xf, moe.gate, buf);
-        expert_rows(&op->mats[1], e, c->F, r0, r1, s, n, moe.xq, moe.xd, moe.xs, moe.xh, moe.xf, moe.up, buf);
+        expert_rows(&op->mats[0], e, c->F, r0, r1, s, n, moe.xq, moe.xd, moe.xs, moe.xh, moe.x8, moe.xf, moe.gate, buf);
+        expert_rows(&op->mats[1], e, c->F, r0, r1, s, n, moe.xq, moe.xd, moe.xs, moe.xh, moe.x8, moe.xf, moe.up, buf);
     }
 }
 
@@ -571,7 +580,7 @@ static void down_task(void *vctx, int chunk, int chunks, int thread) {
     RowBuffer *buf = scratch_row(thread);
     FOR_EXPERT_ROWS(c, c->D, chunk, chunks) {
         int64_t s = moe.start[e], n = moe.count[e];
-        expert_rows(&op->mats[2], e, c->D, r0, r1, s, n, moe.hq, moe.hd, moe.hs, moe.hh, moe.gate, moe.y, buf);
+        expert_rows(&op->mats[2], e, c->D, r0, r1, s, n, moe.hq, moe.hd, moe.hs, moe.hh, moe.h8, moe.gate, moe.y, buf);
     }
 }
 
@@ -581,7 +590,7 @@ static void activation_task(void *vctx, int chunk, int chunks, int thread) {
     const Op *op = c->op;
     int64_t lo, hi, F = c->F, G = F / GROUP;
     split_range(c->rows, chunk, chunks, &lo, &hi);
-    int codes = type_takes_codes(op->mats[2].type);
+    int codes8 = type_takes_codes8(op->mats[2].type), codes = type_takes_codes(op->mats[2].type) && !codes8;
     for (int64_t i = lo; i < hi; i++) {
         int64_t e = (int64_t)op->b[moe.token[i] * 2 * c->k + moe.token[c->rows + i]]; /* its expert */
         float *g = moe.gate + i * F, *u = moe.up + i * F;
@@ -592,6 +601,7 @@ static void activation_task(void *vctx, int chunk, int chunks, int thread) {
         for (int64_t r = 0; r < F; r += 8) gated8(g + r, u + r, g + r, F - r < 8 ? F - r : 8, (int)op->ints.experts.activation);
         if (codes && moe.count[e] < FLOAT_TOKENS)
             quantize_row(g, F, moe.hq + i * F, moe.hd + i * G, moe.hs + i * G, moe.hh + i * HALVES * G);
+        if (codes8 && moe.count[e] < FLOAT_TOKENS) quantize_row8(g, F, moe.h8 + i * (F / BLOCK8));
     }
 }
 
@@ -628,6 +638,7 @@ static void gather_task(void *vctx, int chunk, int chunks, int thread) {
             memcpy(moe.xs + i * G, acts.xsum + t * G, sizeof(float) * (size_t)G);
             memcpy(moe.xh + i * HALVES * G, acts.xhalf + t * HALVES * G, sizeof(float) * (size_t)(HALVES * G));
         }
+        if (moe.x8) memcpy(moe.x8 + i * (D / BLOCK8), acts.q8 + t * (D / BLOCK8), sizeof(Codes8) * (size_t)(D / BLOCK8));
         if (moe.xf) memcpy(moe.xf + i * D, c->op->a + t * D, sizeof(float) * (size_t)D);
     }
 }
@@ -678,32 +689,40 @@ static int experts(const Op *op, const char **error) {
             moe.token[rows + i] = j;
             moe.row_of[t * k + j] = i;
         }
-    int up_codes = type_takes_codes(op->mats[0].type) || type_takes_codes(op->mats[1].type);
-    int up_floats = type_is_float(op->mats[0].type) || type_is_float(op->mats[1].type);
-    int codes = up_codes && small, floats = up_floats || (up_codes && big);
+    const int t0 = op->mats[0].type, t1 = op->mats[1].type, t2 = op->mats[2].type;
+    int up_codes = type_takes_codes(t0) || type_takes_codes(t1);
+    int up_codes8 = type_takes_codes8(t0) || type_takes_codes8(t1);
+    int up_codes16 = (type_takes_codes(t0) && !type_takes_codes8(t0)) || (type_takes_codes(t1) && !type_takes_codes8(t1));
+    int up_floats = type_is_float(t0) || type_is_float(t1);
+    int codes = up_codes16 && small, codes8 = up_codes8 && small, floats = up_floats || (up_codes && big);
     int64_t G = D / GROUP, H = F / GROUP;
     if (codes && (moe_grow(9, (void **)&moe.xq, sizeof(int16_t) * (size_t)(rows * D)) ||
                   moe_grow(10, (void **)&moe.xd, sizeof(float) * (size_t)(rows * G + 1)) ||
                   moe_grow(11, (void **)&moe.xs, sizeof(float) * (size_t)(rows * G + 1)) ||
                   moe_grow(17, (void **)&moe.xh, sizeof(float) * (size_t)(rows * HALVES * G + 1))))
         goto out_of_memory;
+    if (codes8 && moe_grow(19, (void **)&moe.x8, sizeof(Codes8) * (size_t)(rows * (D / BLOCK8) + 1))) goto out_of_memory;
     if (floats && moe_grow(12, (void **)&moe.xf, sizeof(float) * (size_t)(rows * D))) goto out_of_memory;
-    if (type_takes_codes(op->mats[2].type) &&
+    if (type_takes_codes(t2) && !type_takes_codes8(t2) &&
         (moe_grow(13, (void **)&moe.hq, sizeof(int16_t) * (size_t)(rows * F)) ||
          moe_grow(14, (void **)&moe.hd, sizeof(float) * (size_t)(rows * H + 1)) ||
          moe_grow(15, (void **)&moe.hs, sizeof(float) * (size_t)(rows * H + 1)) ||
          moe_grow(18, (void **)&moe.hh, sizeof(float) * (size_t)(rows * HALVES * H + 1))))
         goto out_of_memory;
-    if (scratch_reserve(D > F ? D : F, 0) != 0 || reserve_acts(T * D, codes, 0, 0) != 0) goto out_of_memory;
+    if (type_takes_codes8(t2) && moe_grow(20, (void **)&moe.h8, sizeof(Codes8) * (size_t)(rows * (F / BLOCK8) + 1)))
+        goto out_of_memory;
+    if (scratch_reserve(D > F ? D : F, 0) != 0 || reserve_acts(T * D, codes, codes8, 0, 0) != 0) goto out_of_memory;
     /* x quantized once per token, then gathered */
-    LinearCtx q = {op, T, D, 0, codes, 0, 0};
-    if (codes) {
+    LinearCtx q = {.op = op, .T = T, .K = D, .codes = codes, .codes8 = codes8};
+    if (codes || codes8) {
         if (T > 1) pool_run(quantize_task, &q);
         else quantize_task(&q, 0, 1, 0);
     }
     int16_t *xq = moe.xq;
+    Codes8 *x8 = moe.x8;
     float *xf = moe.xf;
     if (!codes) moe.xq = NULL; /* gather_task copies what is asked */
+    if (!codes8) moe.x8 = NULL;
     if (!floats) moe.xf = NULL;
     if (rows > 16) pool_run(gather_task, &c);
     else gather_task(&c, 0, 1, 0);
@@ -713,6 +732,7 @@ static int experts(const Op *op, const char **error) {
     pool_run(down_task, &c);
     if (T * D >= PARALLEL_ELEMENTS) pool_run(combine_task, &c);
     else combine_task(&c, 0, 1, 0);
+    moe.x8 = x8;
     moe.xq = xq;
     moe.xf = xf;
     return 0;

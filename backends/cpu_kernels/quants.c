@@ -642,6 +642,7 @@ void unpack_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf) {
 #define UNPACK_CODES(number, weights, bytes, unpack, mins) \
     case number: UNPACK_BLOCKS(unpack, weights, bytes, mins)
 #define UNPACK_OWN UNPACK_CODES
+#define UNPACK_OWN8 UNPACK_CODES
 #define UNPACK_TILED UNPACK_CODES
     switch (type) {
         QUANT_TYPES(UNPACK_CASE)
@@ -650,6 +651,7 @@ void unpack_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf) {
 #undef UNPACK_FLOAT
 #undef UNPACK_CODES
 #undef UNPACK_OWN
+#undef UNPACK_OWN8
 #undef UNPACK_TILED
 #undef UNPACK_BLOCKS
 }
@@ -707,6 +709,33 @@ void quantize_row(const float *x, int64_t K, int16_t *q, float *d, float *xsum, 
         xsum[g] = scale * (float)(sum[0] + sum[1]); /* exact integer sums: as one sum's bits */
         xhalf[HALVES * g] = scale * (float)sum[0];
         xhalf[HALVES * g + 1] = scale * (float)sum[1];
+    }
+}
+
+/* 8-bit codes of the blocks of BLOCK8 values of x (Codes8): per group of 32, d = amax / 127 and
+ * q = x / d rounded to nearest (ties to even; a division rather than a product with 1 / d,
+ * which overflows for the smallest d), and the codes' sums per 16. A group with an inf or nan
+ * gets d = nan and zero codes, so that its products are nan. */
+void quantize_row8(const float *x, int64_t K, Codes8 *out) {
+    for (int64_t b = 0; b < K / BLOCK8; b++, out++) {
+        memset(out->q, 0, sizeof out->q);
+        memset(out->sums, 0, sizeof out->sums);
+        for (int g = 0; g < BLOCK8 / GROUP; g++) {
+            const float *xg = x + b * BLOCK8 + g * GROUP;
+            float amax = 0.0f;
+            for (int i = 0; i < GROUP; i++) {
+                float a = fabsf(xg[i]);
+                amax = a > amax ? a : amax;
+            }
+            float d = amax <= 3.4e38f ? amax / 127.0f : NAN;
+            out->d[g] = d;
+            if (!(d > 0.0f)) continue; /* zeros, values too small for a finite x / d, or inf and nan: codes 0 */
+            for (int i = 0; i < GROUP; i++) {
+                int v = (int)nearbyintf(xg[i] / d); /* |x / d| <= 127 (rounded) */
+                out->q[g * GROUP + i] = (int8_t)v;
+                out->sums[(g * GROUP + i) / 16] = (int16_t)(out->sums[(g * GROUP + i) / 16] + v);
+            }
+        }
     }
 }
 
@@ -784,7 +813,8 @@ static inline __attribute__((always_inline)) void row_tokens(int type, int split
 #define DOT_FLOAT(...) /* float rows: dot_tokens */
 #define DOT_CODES(number, unpack, weights, bytes, has_min) \
     case number: DOT_BLOCKS(unpack, weights, bytes, has_min)
-#define DOT_OWN(...)   /* Q2_K, Q3_K, Q6_K: kquant_dots.c */
+#define DOT_OWN(...)   /* Q6_K: kquant_dots.c */
+#define DOT_OWN8(...)  /* Q2_K, Q3_K: kquant8_dots.c */
 #define DOT_TILED(...) /* Q1_0: q1_tiles.c */
     switch (type) {
         QUANT_TYPES(DOT_CASE)
@@ -793,6 +823,7 @@ static inline __attribute__((always_inline)) void row_tokens(int type, int split
 #undef DOT_FLOAT
 #undef DOT_CODES
 #undef DOT_OWN
+#undef DOT_OWN8
 #undef DOT_TILED
 #undef DOT_BLOCKS
     for (int k = 0; k < N; k++) {
@@ -812,6 +843,7 @@ static inline __attribute__((always_inline)) void row_tokens(int type, int split
 #define DOT_FUNCTION_FLOAT(...)
 #define DOT_FUNCTION_TILED(...)
 #define DOT_FUNCTION_OWN(...) /* kquant_dots.c */
+#define DOT_FUNCTION_OWN8(...) /* kquant8_dots.c */
 #define DOT_FUNCTION_CODES(name, number, split)                                                                       \
     static __attribute__((noinline)) void dot_##name(const uint8_t *row, int64_t K, const int16_t *xq,              \
                                                      const float *xd, const float *xs, const float *xh, float *mins,  \
@@ -826,12 +858,13 @@ static inline __attribute__((always_inline)) void row_tokens(int type, int split
 QUANT_TYPES(DOT_FUNCTION)
 #undef DOT_FUNCTION_CODES
 #undef DOT_FUNCTION_OWN
+#undef DOT_FUNCTION_OWN8
 #undef DOT_FUNCTION_TILED
 #undef DOT_FUNCTION_FLOAT
 #undef DOT_FUNCTION
 
 void dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq, const float *xd, const float *xs,
-                    const float *xh, float *mins, int n, float *out, int64_t stride) {
+                    const float *xh, const Codes8 *x8, float *mins, int n, float *out, int64_t stride) {
     if (iq_dot_row_tokens(type, row, K, xq, xd, n, out, stride)) return; /* this tier's own (iq_dots.c) */
 #define CALL_CASE(name, number, weights, bytes, form, ...) CALL_##form(name, number)
 #define CALL_FLOAT(...)
@@ -839,6 +872,8 @@ void dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq, 
 #define CALL_CODES(name, number) \
     case number: dot_##name(row, K, xq, xd, xs, xh, mins, n, out, stride); break;
 #define CALL_OWN CALL_CODES
+#define CALL_OWN8(name, number) \
+    case number: dot_##name(row, K, x8, n, out, stride); break;
     switch (type) {
         QUANT_TYPES(CALL_CASE)
     }
@@ -847,6 +882,7 @@ void dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq, 
 #undef CALL_TILED
 #undef CALL_CODES
 #undef CALL_OWN
+#undef CALL_OWN8
 }
 
 

@@ -11,8 +11,8 @@
 - A product is x @ W.T within the error that quantizing x in groups of 32 allows (a bound
   worked out per element from the data), W dequantized by gguf-py: codes up to 32767 for
   the integer kernels, up to 2047 for Q1_0's lookup tables, up to 1023 for the ternary
-  types' (TQ1_0, TQ2_0). The float types take float activations: within float rounding.
-  So do the quantized types (the table-lookup ones aside) in products over 32 tokens or
+  types' (TQ1_0, TQ2_0), up to 127 for Q2_K's and Q3_K's 8-bit codes. The float types
+  take float activations: within float rounding. So do the quantized types (the table-lookup ones aside) in products over 32 tokens or
   more (prefill), whose rows are dequantized to float.
 """
 
@@ -44,7 +44,7 @@ E8M0_EXTREMES = np.array([0, 1, 2, 127, 128, 253, 254, 255], dtype=np.uint8)
 QUANT_TYPES = sorted([*SCALE_OFFSETS, *E8M0_TYPES], key=int)
 FLOAT_TYPES = [T.F32, T.F16, T.BF16]
 # Q1_0's tables sum 12-bit codes, the ternary types' tables 11-bit codes
-CODE_MAX = {t: {T.Q1_0: 2047, T.TQ1_0: 1023, T.TQ2_0: 1023}.get(t, 32767) for t in QUANT_TYPES}
+CODE_MAX = {t: {T.Q1_0: 2047, T.TQ1_0: 1023, T.TQ2_0: 1023, T.Q2_K: 127, T.Q3_K: 127}.get(t, 32767) for t in QUANT_TYPES}
 TABLE_TYPES = (T.Q1_0, T.TQ1_0, T.TQ2_0)  # multiplied by table lookup, from tiles of 32 rows
 GGUF_PY_QUANTIZES = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.TQ1_0, T.TQ2_0}  # gguf.quants.quantize
 EXTREME_SCALES = np.array([65504.0, -65504.0, 6e-8, 0.0, 1.0, -0.5], dtype=np.float16)

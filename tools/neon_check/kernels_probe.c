@@ -106,13 +106,17 @@ int main(void) {
 #define IQ1M_IQ1M 1
 #define IQ1M_NONE 0 /* MXFP4: its E8M0 byte (any value is finite) given an fp16 scale's low byte, as the others */
 #define PROBE_OWN PROBE_CODES
+#define PROBE_OWN8 PROBE_CODES
 #define PROBE_FLOAT(...)
 #define PROBE_TILED(...)
     static const struct { int type, iq1m, offsets[2], n_offsets; } types[] = {QUANT_TYPES(PROBE_ROW)};
     static int16_t xq[T * K];
     static float xd[T * K / GROUP], xs[T * K / GROUP], xh[T * K / GROUP * HALVES], mins[K / GROUP * HALVES];
-    for (int t = 0; t < T; t++)
+    static Codes8 x8[T * K / BLOCK8];
+    for (int t = 0; t < T; t++) {
         quantize_row(x + t * K, K, xq + t * K, xd + t * (K / GROUP), xs + t * (K / GROUP), xh + t * (K / GROUP * HALVES));
+        quantize_row8(x + t * K, K, x8 + t * (K / BLOCK8));
+    }
     static int8_t q[K];
     static float scale[K / GROUP * HALVES], min[K / GROUP * HALVES], f[K];
     RowBuffer buf = {q, scale, min, f};
@@ -130,7 +134,7 @@ int main(void) {
             float several[T];
             for (int t = 0; t < T; t += ROW_TOKENS) /* blocks of ROW_TOKENS tokens, and the rest */
                 dot_row_tokens(types[k].type, row, K, xq + t * K, xd + t * (K / GROUP), xs + t * (K / GROUP),
-                               xh + t * (K / GROUP * HALVES), mins,
+                               xh + t * (K / GROUP * HALVES), x8 + t * (K / BLOCK8), mins,
                                T - t < ROW_TOKENS ? T - t : ROW_TOKENS, several + t, 1);
             print(several, T);
             dequantize_row(types[k].type, row, K, &buf, dequantized + r * K);
