@@ -13,7 +13,9 @@
  *   Q2_K: mins[l] = m[2l] sums[2l] + m[2l + 1] sums[2l + 1]
  * all far below 2^24, so their floats are exact. Then, per token, in 8 float lanes, each fma
  * rounded once:
- *   part[l] = 0;  part[l] = fma(isum_g[l], xd[g], part[l])   for the block's 8 groups g in order
+ *   part_e[l] = fma(isum_g[l], xd[g], part_e[l])   from 0, for the block's groups g in order,
+ *                                                 e = g mod 2 (two chains of fmas, not one)
+ *   part[l] = part_0[l] + part_1[l]
  *   Q3_K: part[l] = fma(corr[l], xd[l], part[l])
  *   acc[l] = fma(part[l], d, acc[l])
  *   Q2_K: acc[l] = fma(mins[l] * xd[l], -dmin, acc[l])    (the product rounded first)
@@ -97,8 +99,8 @@ static inline __attribute__((always_inline)) void rows_tokens(int type, const ui
             d = f16(b + 108);
         }
         const __m256i half_scales[2] = {_mm256_permute4x64_epi64(sc16, 0x44), _mm256_permute4x64_epi64(sc16, 0xee)};
-        __m256 part[ROW_TOKENS];
-        for (int k = 0; k < N; k++) part[k] = _mm256_setzero_ps();
+        __m256 part[ROW_TOKENS][2];
+        for (int k = 0; k < N; k++) part[k][0] = part[k][1] = _mm256_setzero_ps();
 #pragma GCC unroll 2
         for (int n = 0; n < 2; n++) {
             const __m256i packed = _mm256_loadu_si256((const __m256i *)(qs + 32 * n));
@@ -115,14 +117,14 @@ static inline __attribute__((always_inline)) void rows_tokens(int type, const ui
                     const Codes8 *x = &x8[k * B + blk];
                     __m256i q = _mm256_loadu_si256((const __m256i *)(x->q + 32 * g));
                     __m256i isum = _mm256_madd_epi16(_mm256_maddubs_epi16(codes, q), scales);
-                    part[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_broadcast_ss(x->d + g), part[k]);
+                    part[k][j % 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_broadcast_ss(x->d + g), part[k][j % 2]);
                 }
             }
         }
         for (int k = 0; k < N; k++) {
             const Codes8 *x = &x8[k * B + blk];
             v8i lanes = (v8i)_mm256_madd_epi16(sums_factor, _mm256_loadu_si256((const __m256i *)x->sums));
-            acc[k] = add_block(type, acc[k], (v8f)part[k], lanes, d, dmin, x->d);
+            acc[k] = add_block(type, acc[k], (v8f)part[k][0] + (v8f)part[k][1], lanes, d, dmin, x->d);
         }
     }
     for (int k = 0; k < N; k++) out[k * stride] = reduce8(acc[k]);
@@ -169,7 +171,7 @@ static inline __attribute__((always_inline)) void rows_tokens(int type, const ui
         float d = f16(b + (type == T_Q2_K ? 80 : 108)), dmin = type == T_Q2_K ? f16(b + 82) : 0.0f;
         for (int k = 0; k < N; k++) {
             const Codes8 *x = &x8[k * B + blk];
-            v8f part = {0};
+            v8f part[2] = {{0}};
             for (int g = 0; g < 8; g++) { /* the module comment's lanes */
                 v8i isum;
                 for (int l = 0; l < 8; l++) {
@@ -177,11 +179,11 @@ static inline __attribute__((always_inline)) void rows_tokens(int type, const ui
                     for (int i = 32 * g + 4 * l; i < 32 * g + 4 * l + 4; i++) s += c[i] * x->q[i];
                     isum[l] = sc[2 * g + l / 4] * s;
                 }
-                part = fma8(__builtin_convertvector(isum, v8f), splat(x->d[g]), part);
+                part[g % 2] = fma8(__builtin_convertvector(isum, v8f), splat(x->d[g]), part[g % 2]);
             }
             v8i lanes;
             for (int l = 0; l < 8; l++) lanes[l] = factor[2 * l] * x->sums[2 * l] + factor[2 * l + 1] * x->sums[2 * l + 1];
-            acc[k] = add_block(type, acc[k], part, lanes, d, dmin, x->d);
+            acc[k] = add_block(type, acc[k], part[0] + part[1], lanes, d, dmin, x->d);
         }
     }
     for (int k = 0; k < N; k++) out[k * stride] = reduce8(acc[k]);
