@@ -52,10 +52,14 @@ def perplexity(
             window[0] = bos
         cache.truncate(0)
         step = chunk or ctx
-        logits = np.concatenate([
-            loaded.model.forward(np.asarray(window[at : at + step], dtype=np.int64), at, cache.storage, all_logits=True)
-            for at in range(0, ctx, step)
-        ])  # (ctx, vocab)
+        logits = np.concatenate(
+            [
+                loaded.model.forward(
+                    np.asarray(window[at : at + step], dtype=np.int64), at, cache.storage, all_logits=True
+                )
+                for at in range(0, ctx, step)
+            ]
+        )  # (ctx, vocab)
         first = ctx // 2
         logprobs = log_softmax(logits[first : ctx - 1])  # (ctx - 1 - first, vocab)
         targets = np.asarray(window[first + 1 :], dtype=np.int64)
