@@ -689,7 +689,7 @@ void quantize_row(const float *x, int64_t K, int16_t *q, float *d, float *xsum, 
         float amax = 0.0f;
         for (int i = 0; i < GROUP; i++) {
             float a = fabsf(xg[i]);
-            amax = a > amax ? a : amax;
+            amax = a > amax || a != a ? a : amax; /* a nan stays: the group is refused below */
         }
         if (!(amax <= 3.4e38f)) { /* inf or nan: the result must not look finite */
             memset(q + g * GROUP, 0, GROUP * sizeof *q);
@@ -725,7 +725,7 @@ void quantize_row8(const float *x, int64_t K, Codes8 *out) {
             float amax = 0.0f;
             for (int i = 0; i < GROUP; i++) {
                 float a = fabsf(xg[i]);
-                amax = a > amax ? a : amax;
+                amax = a > amax || a != a ? a : amax; /* a nan stays: the group is refused below */
             }
             float d = amax <= 3.4e38f ? amax / 127.0f : NAN;
             out->d[g] = d;

@@ -28,7 +28,7 @@ static inline int group_codes(const float *xg, float code_max, float *inverse, f
     float amax = 0.0f;
     for (int i = 0; i < GROUP; i++) {
         float a = fabsf(xg[i]);
-        amax = a > amax ? a : amax;
+        amax = a > amax || a != a ? a : amax; /* a nan stays: the group is refused below */
     }
     if (!(amax <= 3.4e38f)) {
         *xscale = NAN;

@@ -275,6 +275,24 @@ def test_every_native_type_is_multiplied_in_place_from_the_mapped_file(qtype, tm
     np.testing.assert_array_equal(backend.linear(x, matrix), product(TIERS[0], 1, qtype, blocks, cols, x))
 
 
+@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
+def test_an_infinite_activation_makes_its_token_s_products_nan_and_leaves_the_others(tier, qtype):
+    """A token whose row holds an inf (or a nan) cannot be quantized to codes (or to the table
+    types' tables): its products are nan, never a finite number that looks right, and the
+    tokens beside it keep theirs."""
+    rng = np.random.default_rng(9)
+    rows, cols = 37, 512  # 37: a tile of 32 rows and a padded one
+    raw = random_matrix(qtype, rows, cols, rng)
+    x = rng.standard_normal((3, cols)).astype(np.float32)
+    clean = product(tier, 1, qtype, raw, cols, x)
+    x[1, 300] = np.inf
+    x[2, 7] = np.nan
+    got = product(tier, 1, qtype, raw, cols, x)
+    assert np.all(np.isnan(got[1:])), got[1:]
+    np.testing.assert_array_equal(got[0], clean[0])
+
+
 @pytest.mark.parametrize("qtype", FLOAT_TYPES, ids=lambda t: t.name)
 def test_float_activations_are_not_quantized(qtype):
     rng = np.random.default_rng(5)
