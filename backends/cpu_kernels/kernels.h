@@ -19,8 +19,10 @@
  * go into int16 weights, a group's sums are 16 int32 lanes, and each group costs one fused
  * multiply-add per lane (that file's comment has the arithmetic).
  * Q2_K and Q3_K (form OWN8) take 8-bit activation codes instead, in the same groups of 32
- * (Codes8): the AVX2 byte products (maddubs) serve them at twice the int16 ones' width, and
- * their 2- and 3-bit weights, not the activations' 7 bits, bound the error (kquant8_dots.c).
+ * (Codes8), which the AVX2 byte products (maddubs) multiply at twice the int16 ones' width
+ * (kquant8_dots.c). That costs accuracy (logits ~1.5e-2 of the range, perplexity under 0.6%:
+ * docs/benchmarks.md), small beside their 2- and 3-bit weights' own; Q4_K to Q6_K failed the
+ * end-to-end Gemma test with it and keep int16 codes.
  * A product over FLOAT_TOKENS or more tokens (prefill) instead dequantizes FLOAT_ROWS rows at
  * a time to float and takes the float activations as they are, summing with fused
  * multiply-adds in 8 lanes (fma8, the same rounding in every tier; float_product in quants.c;
