@@ -15,6 +15,11 @@ static inline uint32_t u32(const uint8_t *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 static inline uint64_t u64(const uint8_t *p) { return (uint64_t)u32(p) | (uint64_t)u32(p + 4) << 32; }
+/* Q3_K's 6-bit scale of sub-block k (k < 16) from its 12 scale bytes, minus 32: low 4 bits from
+ * sc[k % 8] (its high nibble for k >= 8), high 2 bits from sc[8 + k % 4] >> 2 (k / 4). */
+static inline int q3_k_scale(const uint8_t *sc, int k) {
+    return (((sc[k % 8] >> (4 * (k / 8))) & 15) | (((sc[8 + k % 4] >> (2 * (k / 4))) & 3) << 4)) - 32;
+}
 #if defined(__F16C__)
 static inline float f16(const uint8_t *p) { return _cvtsh_ss(u16(p)); } /* exact, as fp16_to_float */
 #else

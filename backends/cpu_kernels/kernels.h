@@ -149,8 +149,9 @@ static inline int type_is_float(int type) { return type_form(type) == FORM_FLOAT
 static inline int type_takes_codes(int type) {
     return type_form(type) == FORM_CODES || type_form(type) == FORM_OWN || type_form(type) == FORM_OWN8;
 }
-/* of those, the ones whose codes are 8-bit (Codes8) rather than int16 */
+/* of those, the ones whose codes are 8-bit (Codes8), and the ones whose codes are int16 */
 static inline int type_takes_codes8(int type) { return type_form(type) == FORM_OWN8; }
+static inline int type_takes_codes16(int type) { return type_form(type) == FORM_CODES || type_form(type) == FORM_OWN; }
 
 /* 8-bit activation codes of a block of BLOCK8 values (the OWN8 types' form), in groups of 32:
  * the value at i is d[i / 32] * q[i], |q[i]| <= 127, d[g] = amax / 127 of group g (as

@@ -29,7 +29,7 @@
  * n <= ROW_TOKENS tokens. The portable form (scalar, NEON) sums the same lanes in C. */
 #include <string.h>
 
-#include "bytes.h" /* f16: a block's fp16 scales */
+#include "bytes.h" /* f16, q3_k_scale: a block's scales */
 #include "kernels.h"
 #include "simd.h"
 
@@ -52,9 +52,8 @@ static inline v8f add_block(int type, v8f acc, v8f part, v8i sums_terms, float d
 #if defined(__AVX2__)
 #include <immintrin.h>
 
-/* Q3_K's 16 six-bit scales minus 32, int8 in the order of its sub-blocks: low 4 bits from
- * scales[k % 8] (its high nibble for k >= 8), high 2 bits from scales[8 + k % 4] >> 2 (k / 4)
- * (unpack_q3_k in quants.c). */
+/* Q3_K's 16 six-bit scales minus 32 (q3_k_scale in bytes.h), int8 in the order of its
+ * sub-blocks, 16 at a time. */
 static inline __m128i q3_k_scales(const uint8_t *sc) {
     uint32_t top;
     memcpy(&top, sc + 8, 4);
@@ -132,12 +131,6 @@ static inline __attribute__((always_inline)) void rows_tokens(int type, const ui
 
 #else
 
-/* Q3_K's 16 six-bit scales minus 32, as the x86 q3_k_scales above draws them. */
-static inline void q3_k_scales(const uint8_t *sc, int32_t out[16]) {
-    for (int k = 0; k < 16; k++)
-        out[k] = (((sc[k % 8] >> (4 * (k / 8))) & 15) | (((sc[8 + k % 4] >> (2 * (k / 4))) & 3) << 4)) - 32;
-}
-
 /* A block's 16 sub-block scales, the factors of its sums terms (Q2_K: m; Q3_K: -4 sc), and its
  * 256 codes c (module comment). */
 static inline void block_codes(int type, const uint8_t *b, int32_t sc[16], int32_t factor[16], uint8_t c[256]) {
@@ -153,8 +146,10 @@ static inline void block_codes(int type, const uint8_t *b, int32_t sc[16], int32
             factor[k] = b[k] >> 4;
         }
     } else {
-        q3_k_scales(b + 96, sc);
-        for (int k = 0; k < 16; k++) factor[k] = -4 * sc[k];
+        for (int k = 0; k < 16; k++) {
+            sc[k] = q3_k_scale(b + 96, k);
+            factor[k] = -4 * sc[k];
+        }
     }
 }
 

@@ -174,7 +174,7 @@ static int linear(const Op *op, const char **error) {
     for (int m = 0; m < op->n_mats; m++) {
         c.tq_only &= op->mats[m].type == T_TQ_TILES;
         c.total_rows += op->mats[m].rows;
-        c.codes |= type_takes_codes(op->mats[m].type) && !type_takes_codes8(op->mats[m].type) && !c.dequantize;
+        c.codes |= type_takes_codes16(op->mats[m].type) && !c.dequantize;
         c.codes8 |= type_takes_codes8(op->mats[m].type) && !c.dequantize;
         c.tables |= op->mats[m].type == T_Q1_0_TILES;
         c.tq_tables |= op->mats[m].type == T_TQ_TILES;
@@ -590,7 +590,7 @@ static void activation_task(void *vctx, int chunk, int chunks, int thread) {
     const Op *op = c->op;
     int64_t lo, hi, F = c->F, G = F / GROUP;
     split_range(c->rows, chunk, chunks, &lo, &hi);
-    int codes8 = type_takes_codes8(op->mats[2].type), codes = type_takes_codes(op->mats[2].type) && !codes8;
+    int codes8 = type_takes_codes8(op->mats[2].type), codes = type_takes_codes16(op->mats[2].type);
     for (int64_t i = lo; i < hi; i++) {
         int64_t e = (int64_t)op->b[moe.token[i] * 2 * c->k + moe.token[c->rows + i]]; /* its expert */
         float *g = moe.gate + i * F, *u = moe.up + i * F;
@@ -692,7 +692,7 @@ static int experts(const Op *op, const char **error) {
     const int t0 = op->mats[0].type, t1 = op->mats[1].type, t2 = op->mats[2].type;
     int up_codes = type_takes_codes(t0) || type_takes_codes(t1);
     int up_codes8 = type_takes_codes8(t0) || type_takes_codes8(t1);
-    int up_codes16 = (type_takes_codes(t0) && !type_takes_codes8(t0)) || (type_takes_codes(t1) && !type_takes_codes8(t1));
+    int up_codes16 = type_takes_codes16(t0) || type_takes_codes16(t1);
     int up_floats = type_is_float(t0) || type_is_float(t1);
     int codes = up_codes16 && small, codes8 = up_codes8 && small, floats = up_floats || (up_codes && big);
     int64_t G = D / GROUP, H = F / GROUP;
@@ -703,7 +703,7 @@ static int experts(const Op *op, const char **error) {
         goto out_of_memory;
     if (codes8 && moe_grow(19, (void **)&moe.x8, sizeof(Codes8) * (size_t)(rows * (D / BLOCK8) + 1))) goto out_of_memory;
     if (floats && moe_grow(12, (void **)&moe.xf, sizeof(float) * (size_t)(rows * D))) goto out_of_memory;
-    if (type_takes_codes(t2) && !type_takes_codes8(t2) &&
+    if (type_takes_codes16(t2) &&
         (moe_grow(13, (void **)&moe.hq, sizeof(int16_t) * (size_t)(rows * F)) ||
          moe_grow(14, (void **)&moe.hd, sizeof(float) * (size_t)(rows * H + 1)) ||
          moe_grow(15, (void **)&moe.hs, sizeof(float) * (size_t)(rows * H + 1)) ||

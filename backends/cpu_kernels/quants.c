@@ -366,8 +366,7 @@ static inline INLINED void unpack_q3_k(const uint8_t *b, int8_t *q, float *scale
     const uint8_t *sc = b + 96;
     float d = f16(b + 108);
     for (int k = 0; k < 16; k++) {
-        int s = ((sc[k % 8] >> (4 * (k / 8))) & 15) | (((sc[8 + k % 4] >> (2 * (k / 4))) & 3) << 4);
-        scale[k] = d * (float)(s - 32);
+        scale[k] = d * (float)q3_k_scale(sc, k);
     }
     for (int g = 0; g < 8; g++) min[g] = 0.0f;
 }
@@ -686,11 +685,7 @@ void dequantize_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf, 
 void quantize_row(const float *x, int64_t K, int16_t *q, float *d, float *xsum, float *xhalf) {
     for (int64_t g = 0; g < K / GROUP; g++) {
         const float *xg = x + g * GROUP;
-        float amax = 0.0f;
-        for (int i = 0; i < GROUP; i++) {
-            float a = fabsf(xg[i]);
-            amax = a > amax || a != a ? a : amax; /* a nan stays: the group is refused below */
-        }
+        float amax = abs_max(xg, GROUP);
         if (!(amax <= 3.4e38f)) { /* inf or nan: the result must not look finite */
             memset(q + g * GROUP, 0, GROUP * sizeof *q);
             d[g] = NAN;
@@ -722,11 +717,7 @@ void quantize_row8(const float *x, int64_t K, Codes8 *out) {
         memset(out->sums, 0, sizeof out->sums);
         for (int g = 0; g < BLOCK8 / GROUP; g++) {
             const float *xg = x + b * BLOCK8 + g * GROUP;
-            float amax = 0.0f;
-            for (int i = 0; i < GROUP; i++) {
-                float a = fabsf(xg[i]);
-                amax = a > amax || a != a ? a : amax; /* a nan stays: the group is refused below */
-            }
+            float amax = abs_max(xg, GROUP);
             float d = amax <= 3.4e38f ? amax / 127.0f : NAN;
             out->d[g] = d;
             if (!(d > 0.0f)) continue; /* zeros, values too small for a finite x / d, or inf and nan: codes 0 */

@@ -112,6 +112,18 @@ static inline v8f widen8(const int8_t *q) {
 #include <math.h> /* INFINITY */
 #include <string.h>
 
+/* The largest |x[i]| of n values, nan if any is nan (a plain a > amax would pass over a nan,
+ * and a group holding one would be quantized as if finite); the activations' quantizers refuse
+ * a group whose result is not finite. */
+static inline float abs_max(const float *x, int n) {
+    float amax = 0.0f;
+    for (int i = 0; i < n; i++) {
+        float a = fabsf(x[i]);
+        amax = a > amax || a != a ? a : amax;
+    }
+    return amax;
+}
+
 static inline float reduce8(v8f a) { return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])); }
 
 /* sum of w[i] * x[i] in 8 lanes (lane i mod 8), then reduce8 */

@@ -7,6 +7,7 @@
 #include <math.h>
 
 #include "kernels.h"
+#include "simd.h" /* abs_max */
 
 /* The AVX2 kernels' lookups come out as int16 pairs, unpacked low/high within 128-bit
  * halves and then split into even and odd int32 lanes: result vector k, lane l belongs to
@@ -25,11 +26,7 @@ static inline void tile_lanes(int lane_row[Q1_TILE], int row_lane[Q1_TILE]) {
  * and the factor that makes the codes. 0 where the group holds an inf or a nan: then the
  * scale is nan (the result must not look finite) and the caller zeroes the group's tables. */
 static inline int group_codes(const float *xg, float code_max, float *inverse, float *xscale) {
-    float amax = 0.0f;
-    for (int i = 0; i < GROUP; i++) {
-        float a = fabsf(xg[i]);
-        amax = a > amax || a != a ? a : amax; /* a nan stays: the group is refused below */
-    }
+    float amax = abs_max(xg, GROUP);
     if (!(amax <= 3.4e38f)) {
         *xscale = NAN;
         return 0;
