@@ -13,7 +13,7 @@ from setuptools import Extension, setup
 SOURCES = [
     f"backends/cpu_kernels/{name}.c"
     for name in (
-        "module", "ops", "attention", "delta_net", "quants", "kquant_dots", "kquant8_dots", "iq_dots", "q1_tiles", "tq_tiles", "pool",
+        "module", "ops", "attention", "delta_net", "quants", "kquant_dots", "codes8_dots", "iq_dots", "q1_tiles", "tq_tiles", "pool",
         "scratch",
     )
 ]
@@ -37,7 +37,7 @@ def extension(tier: str, flags: list[str]) -> Extension:
     name = f"_cpu_{tier}"
     return Extension(f"backends.{name}", SOURCES, depends=["backends/cpu_kernels/kernels.h",
                      "backends/cpu_kernels/ops.h", "backends/cpu_kernels/simd.h",
-                     "backends/cpu_kernels/iq_grids.h", "backends/cpu_kernels/bytes.h",
+                     "backends/cpu_kernels/iq_grids.h", "backends/cpu_kernels/iq_signs.h", "backends/cpu_kernels/bytes.h",
                      "backends/cpu_kernels/tiles.h"],
                      extra_compile_args=COMMON_FLAGS + flags + [f"-DSPRIG_MODULE={name}"],
                      extra_link_args=["-pthread"], optional=True)

@@ -1,5 +1,5 @@
 /* Little-endian values read from GGUF block bytes (any alignment, any host byte order), for
- * the kernels that unpack blocks (quants.c, iq_dots.c, kquant_dots.c). */
+ * the kernels that unpack blocks (quants.c, iq_dots.c, kquant_dots.c, codes8_dots.c). */
 #ifndef SPRIG_BYTES_H
 #define SPRIG_BYTES_H
 
@@ -19,6 +19,12 @@ static inline uint64_t u64(const uint8_t *p) { return (uint64_t)u32(p) | (uint64
  * sc[k % 8] (its high nibble for k >= 8), high 2 bits from sc[8 + k % 4] >> 2 (k / 4). */
 static inline int q3_k_scale(const uint8_t *sc, int k) {
     return (((sc[k % 8] >> (4 * (k / 8))) & 15) | (((sc[8 + k % 4] >> (2 * (k / 4))) & 3) << 4)) - 32;
+}
+/* IQ4_XS's 6-bit scale of sub-block k (k < 8) of block b, minus 32: low 4 bits from
+ * scales_l[k / 2] (b[4 + k / 2], its high nibble for odd k), high 2 bits from scales_h (the
+ * 16-bit word at b + 2) >> 2k. */
+static inline int iq4_xs_scale(const uint8_t *b, int k) {
+    return (((b[4 + k / 2] >> (4 * (k % 2))) & 15) | (((u16(b + 2) >> (2 * k)) & 3) << 4)) - 32;
 }
 #if defined(__F16C__)
 static inline float f16(const uint8_t *p) { return _cvtsh_ss(u16(p)); } /* exact, as fp16_to_float */

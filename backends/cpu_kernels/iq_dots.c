@@ -1,5 +1,6 @@
-/* The IQ types' own products and dequantization on the AVX2 and AVX-512 tiers (IQ4_NL, IQ4_XS,
- * IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M): each block unpacked in registers, two
+/* The IQ types' own dequantization on the AVX2 and AVX-512 tiers (IQ4_NL, IQ4_XS, IQ3_XXS,
+ * IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M), and their products with int16 activation codes
+ * (all but IQ4_XS and IQ2_XXS, whose products take 8-bit ones: codes8_dots.c): each block unpacked in registers, two
  * groups of 32 at a time, and shared by the n <= ROW_TOKENS tokens of dot_row_tokens, with no
  * stack round trip. The arithmetic is the generic form's (kernels.h, row_tokens and
  * dequantize_row in quants.c), bit for bit: per group, exact int32 sums in 8 lanes, lane l
@@ -17,6 +18,7 @@
 
 #include "bytes.h"    /* u16, u32, u64, f16 */
 #include "iq_grids.h" /* kvalues_iq4nl, ksigns_iq2xs and the IQ grids */
+#include "iq_signs.h" /* aux_sign_words, iq2_xxs_aux, sign_bytes */
 #include "kernels.h"
 #include "simd.h"
 
@@ -25,24 +27,11 @@
 
 #define INLINED __attribute__((always_inline))
 
-typedef uint32_t u32x8 __attribute__((vector_size(32)));
 typedef uint16_t u16x16 __attribute__((vector_size(32)));
 
 #if !(defined(__AVX512BW__) && defined(__AVX512VL__))
-/* AVX2: the 32 codes of w negated where byte j of `spread` has its bit j % 8 set: that bit
- * alone, plus 127, is 127 where clear and 128-255 (negative) where set, and sign_epi8 takes
- * w's sign from it (never 0) */
-static inline __m256i negate_spread(__m256i w, __m256i spread) {
-    const __m256i select = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-    return _mm256_sign_epi8(w, _mm256_add_epi8(_mm256_and_si256(spread, select), _mm256_set1_epi8(127)));
-}
-
-/* the byte shuffle (each 128-bit half its own) that takes byte k + i of a 32 or 64-bit word
- * broadcast to every lane to the 8 positions 8i .. 8i + 7, i = 0-3: the word's 32 bits (k = 0)
- * or those of its second 32 (k = 4), one to each of the 32 bytes, for negate_spread */
-#define SPREAD_INDEX(k)                                                                                           \
-    _mm256_setr_epi8(k, k, k, k, k, k, k, k, k + 1, k + 1, k + 1, k + 1, k + 1, k + 1, k + 1, k + 1, k + 2, k + 2, \
-                     k + 2, k + 2, k + 2, k + 2, k + 2, k + 2, k + 3, k + 3, k + 3, k + 3, k + 3, k + 3, k + 3, k + 3)
+/* AVX2: the 32 codes of w negated where byte j of `spread` has its bit j % 8 set (sign_source) */
+static inline __m256i negate_spread(__m256i w, __m256i spread) { return _mm256_sign_epi8(w, sign_source(spread)); }
 #endif
 
 /* The 32 codes of w negated where bit j of `bits` is set (byte j). */
@@ -51,7 +40,7 @@ static inline __m256i negate_where(__m256i w, uint32_t bits) {
     return _mm256_mask_sub_epi8(w, (__mmask32)bits, _mm256_setzero_si256(), w);
 #else
     /* byte k of `bits` to the 8 positions 8k .. 8k + 7, then each position's own bit */
-    return negate_spread(w, _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), SPREAD_INDEX(0)));
+    return _mm256_sign_epi8(w, sign_bytes(bits));
 #endif
 }
 
@@ -103,22 +92,13 @@ static inline INLINED void pair_masks(u32x8 signs, uint32_t masks[8]) {
  * bits and their parity in bit 7: IQ2_XXS, IQ3_XXS) into masks (pair_masks), and the group
  * scales d * (0.5 + (aux >> 28)) * factor, from the groups' aux words. */
 static inline INLINED v8f aux_signs_scales(u32x8 aux, float d, float factor, uint32_t masks[8]) {
-    u32x8 bits = (aux & 0x7f) | ((aux << 1) & 0x7f00) | ((aux << 2) & 0x7f0000) | ((aux << 3) & 0x7f000000);
-    u32x8 parity = bits ^ (bits >> 4); /* bit 0 of each byte: the parity of its bits */
-    parity ^= parity >> 2;
-    parity ^= parity >> 1;
-    bits |= (parity & 0x01010101) << 7;
-    pair_masks(bits, masks);
+    pair_masks(aux_sign_words(aux), masks);
     return d * (0.5f + __builtin_convertvector((v8i)(aux >> 28), v8f)) * factor;
 }
 
 /* IQ2_XXS (layout in quants.c): group g's 8 bytes at 2 + 8g are 4 grid indices and aux */
 static inline INLINED v8f iq2_xxs_scales(const uint8_t *b, uint32_t masks[8]) {
-    /* the odd 32-bit words of bytes 2-65: [a0 a1 a4 a5 | a2 a3 a6 a7], then in order */
-    __m256 odd = _mm256_shuffle_ps(_mm256_loadu_ps((const float *)(b + 2)), _mm256_loadu_ps((const float *)(b + 34)),
-                                   _MM_SHUFFLE(3, 1, 3, 1));
-    u32x8 aux = (u32x8)_mm256_permute4x64_epi64(_mm256_castps_si256(odd), _MM_SHUFFLE(3, 1, 2, 0));
-    return aux_signs_scales(aux, f16(b), 0.25f, masks);
+    return aux_signs_scales(iq2_xxs_aux(b), f16(b), 0.25f, masks);
 }
 
 /* lo and hi of a pair negated where their masks (pair_masks) say */
@@ -457,9 +437,10 @@ static __attribute__((noinline)) void iq_dequantize(int type, const uint8_t *row
         default: iq_row(number, row, K, xq, xd, ROW_TOKENS, out, stride); break;                                  \
         }                                                                                                         \
     }
-#define IQ_TYPES(X) X(IQ4_NL) X(IQ4_XS) X(IQ3_XXS) X(IQ3_S) X(IQ2_XXS) X(IQ2_XS) X(IQ2_S) X(IQ1_S) X(IQ1_M)
+/* the types whose products are here: IQ4_XS and IQ2_XXS take 8-bit codes (codes8_dots.c) */
+#define IQ_DOT_TYPES(X) X(IQ4_NL) X(IQ3_XXS) X(IQ3_S) X(IQ2_XS) X(IQ2_S) X(IQ1_S) X(IQ1_M)
 #define IQ_DOT_TYPE(name) IQ_DOT(name, T_##name)
-IQ_TYPES(IQ_DOT_TYPE)
+IQ_DOT_TYPES(IQ_DOT_TYPE)
 #undef IQ_DOT_TYPE
 #undef IQ_DOT
 
@@ -468,7 +449,7 @@ int iq_dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq
 #define IQ_CASE(name) \
     case T_##name: iq_dot_##name(row, K, xq, xd, n, out, stride); return 1;
     switch (type) {
-        IQ_TYPES(IQ_CASE)
+        IQ_DOT_TYPES(IQ_CASE)
     default: return 0;
     }
 #undef IQ_CASE
@@ -477,7 +458,9 @@ int iq_dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq
 int iq_dequantize_row(int type, const uint8_t *row, int64_t K, float *out) {
 #define IQ_CASE(name) case T_##name:
     switch (type) {
-        IQ_TYPES(IQ_CASE)
+        IQ_DOT_TYPES(IQ_CASE)
+        IQ_CASE(IQ4_XS)
+        IQ_CASE(IQ2_XXS)
         iq_dequantize(type, row, K, out);
         return 1;
     default: return 0;

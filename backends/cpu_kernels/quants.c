@@ -431,16 +431,15 @@ static inline INLINED void unpack_iq4_nl(const uint8_t *b, int8_t *q, float *sca
 
 /* IQ4_XS, 256 weights in 136 bytes:  | d: fp16 | scales_h: 16 bits | scales_l: 4 bytes | qs: 128 |
  * 8 sub-blocks of 32; sub-block k has the 6-bit scale
- *   ((scales_l[k / 2] >> 4 (k % 2)) & 15) | ((scales_h >> 2k) & 3) << 4, taken minus 32,
+ *   ((scales_l[k / 2] >> 4 (k % 2)) & 15) | ((scales_h >> 2k) & 3) << 4, taken minus 32
+ *   (iq4_xs_scale in bytes.h),
  * and its weights are IQ4_NL's nibbles of qs[16k .. 16k + 15]; weight = d * (sc - 32) * kvalue. */
 static inline INLINED void unpack_iq4_xs(const uint8_t *b, int8_t *q, float *scale, float *min) {
     float d = f16(b);
-    uint16_t high = u16(b + 2);
     for (int k = 0; k < 8; k++) {
         i8x32 codes = lookup16(kvalues_iq4nl, nibbles32(b + 8 + 16 * k));
         memcpy(q + 32 * k, &codes, 32);
-        int s = ((b[4 + k / 2] >> (4 * (k % 2))) & 15) | (((high >> (2 * k)) & 3) << 4);
-        float ds = d * (float)(s - 32);
+        float ds = d * (float)iq4_xs_scale(b, k);
         set_scales(scale + HALVES * k, ds, ds);
         min[k] = 0.0f;
     }
@@ -805,7 +804,7 @@ static inline __attribute__((always_inline)) void row_tokens(int type, int split
 #define DOT_CODES(number, unpack, weights, bytes, has_min) \
     case number: DOT_BLOCKS(unpack, weights, bytes, has_min)
 #define DOT_OWN(...)   /* Q6_K: kquant_dots.c */
-#define DOT_OWN8(...)  /* Q2_K, Q3_K: kquant8_dots.c */
+#define DOT_OWN8(...)  /* Q2_K, Q3_K, IQ4_XS, IQ2_XXS: codes8_dots.c */
 #define DOT_TILED(...) /* Q1_0: q1_tiles.c */
     switch (type) {
         QUANT_TYPES(DOT_CASE)
@@ -834,7 +833,7 @@ static inline __attribute__((always_inline)) void row_tokens(int type, int split
 #define DOT_FUNCTION_FLOAT(...)
 #define DOT_FUNCTION_TILED(...)
 #define DOT_FUNCTION_OWN(...) /* kquant_dots.c */
-#define DOT_FUNCTION_OWN8(...) /* kquant8_dots.c */
+#define DOT_FUNCTION_OWN8(...) /* codes8_dots.c */
 #define DOT_FUNCTION_CODES(name, number, split)                                                                       \
     static __attribute__((noinline)) void dot_##name(const uint8_t *row, int64_t K, const int16_t *xq,              \
                                                      const float *xd, const float *xs, const float *xh, float *mins,  \

@@ -1,0 +1,291 @@
+/* Products with 8-bit activation codes (form OWN8 in kernels.h): Q2_K, Q3_K, IQ4_XS, IQ2_XXS.
+ *
+ * Each of these types' blocks of 256 weights is, per 16-weight sub-block j, an integer scale
+ * sc[j] times integer codes c, all times one float per block D (quants.c draws their bits:
+ * unpack_q2_k, unpack_q3_k, unpack_iq4_xs, unpack_iq2_xxs):
+ *   Q2_K:    weight = d * sc[j] * c - dmin * m[j]    (c 0 .. 3; sc and the min m 4-bit)     D = d
+ *   Q3_K:    weight = d * sc[j] * (c - 4)            (c = low 2 bits | high bit << 2, 0 .. 7;
+ *                                                     sc 6-bit minus 32)                    D = d
+ *   IQ4_XS:  weight = d * sc * c                     (c = kvalues_iq4nl[nibble], -127 .. 113;
+ *                                                     sc 6-bit minus 32, one per 32 weights) D = d
+ *   IQ2_XXS: weight = d / 8 * sc * c                 (c = an iq2xxs_grid value, 8, 25 or 43,
+ *                                                     with its sign; sc = 2 (aux >> 28) + 1,
+ *                                                     one per 32 weights)                   D = d / 8
+ * (d / 8 is exact, and gguf-py's d * (0.5 + (aux >> 28)) * 0.25 is the same number.)
+ * A token's block of 256 codes q has a scale xd[g] per group g of 32 and sums per 16 (Codes8).
+ * Each group's products are summed exactly in 8 int32 lanes, lane l taking weights 4l .. 4l + 3
+ * (so sub-block 2g + l / 4):
+ *   isum_g[l] = sc[2g + l / 4] * (c q summed over weights 32g + 4l .. 32g + 4l + 3)
+ * (at most 32 * 4 * 127 * 127, IQ4_XS's, below 2^24) and the sums terms, lane l taking group l
+ * (sub-blocks 2l and 2l + 1):
+ *   Q3_K: corr[l] = -4 * (sc[2l] sums[2l] + sc[2l + 1] sums[2l + 1])
+ *   Q2_K: mins[l] = m[2l] sums[2l] + m[2l + 1] sums[2l + 1]
+ * all far below 2^24, so their floats are exact. Then, per token, in 8 float lanes, each fma
+ * rounded once:
+ *   part_e[l] = fma(isum_g[l], xd[g], part_e[l])   from 0, for the block's groups g in order,
+ *                                                 e = g mod 2 (two chains of fmas, not one)
+ *   part[l] = part_0[l] + part_1[l]
+ *   Q3_K: part[l] = fma(corr[l], xd[l], part[l])
+ *   acc[l] = fma(part[l], D, acc[l])
+ *   Q2_K: acc[l] = fma(mins[l] * xd[l], -dmin, acc[l])    (the product rounded first)
+ * over the blocks in order, and out = reduce8(acc). Only the integer lanes come from tier code,
+ * and they are exact, so every tier agrees bit for bit.
+ *
+ * x86 (the avx2 and avx512 tiers) takes a group of 32 weights at a time: the codes as 32
+ * unsigned bytes (the IQ types': |c|, c's signs moved onto the token's codes by sign_epi8),
+ * _mm256_maddubs_epi16 with the token's 32 codes (pair sums of at most 2 * 127 * 127: no
+ * saturation), _mm256_madd_epi16 with the sub-block scales (words 0-7 the group's first
+ * sub-block, 8-15 its second): the lanes above. The codes and scales are unpacked once for the
+ * n <= ROW_TOKENS tokens. The portable form (scalar, NEON) sums the same lanes in C. */
+#include <string.h>
+
+#include "bytes.h"    /* f16, u32, u64, q3_k_scale, iq4_xs_scale: a block's scales */
+#include "iq_grids.h" /* kvalues_iq4nl, ksigns_iq2xs, iq2xxs_grid */
+#include "iq_signs.h" /* aux_sign_words, iq2_xxs_aux, sign_source */
+#include "kernels.h"
+#include "simd.h"
+
+/* the bytes of a block of each type, and its float D (module comment) */
+static inline int block_bytes(int type) {
+    return type == T_Q2_K ? 84 : type == T_Q3_K ? 110 : type == T_IQ4_XS ? 136 : 66;
+}
+static inline float block_scale(int type, const uint8_t *b) {
+    return type == T_Q2_K ? f16(b + 80) : type == T_Q3_K ? f16(b + 108) : type == T_IQ4_XS ? f16(b) : f16(b) * 0.125f;
+}
+/* whether the type's codes are signed (the IQ types; the k-quants' offsets are sums terms) */
+static inline int signed_codes(int type) { return type == T_IQ4_XS || type == T_IQ2_XXS; }
+
+/* IQ2_XXS: group g's scale 2 (aux >> 28) + 1, its aux word at 6 + 8g */
+static inline int iq2_xxs_scale(const uint8_t *b, int g) { return 2 * (int)(u32(b + 6 + 8 * g) >> 28) + 1; }
+
+static inline v8f splat(float v) { return (v8f){v, v, v, v, v, v, v, v}; }
+
+/* One token's block terms, given its groups' part and its sums terms (Q3_K: corr, Q2_K: mins;
+ * unused for the others): the module comment's float arithmetic, the same C in every tier. */
+static inline v8f add_block(int type, v8f acc, v8f part, v8i sums_terms, float D, float dmin, const float *xd) {
+    v8f xs, terms = __builtin_convertvector(sums_terms, v8f);
+    memcpy(&xs, xd, sizeof xs);
+    if (type == T_Q3_K) part = fma8(terms, xs, part);
+    acc = fma8(part, splat(D), acc);
+    if (type == T_Q2_K) acc = fma8(terms * xs, splat(-dmin), acc);
+    return acc;
+}
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+
+/* Q3_K's 16 six-bit scales minus 32 (q3_k_scale in bytes.h), int8 in the order of its
+ * sub-blocks, 16 at a time. */
+static inline __m128i q3_k_scales(const uint8_t *sc) {
+    uint32_t top;
+    memcpy(&top, sc + 8, 4);
+    __m128i a = _mm_loadl_epi64((const __m128i *)sc);
+    __m128i low = _mm_and_si128(_mm_unpacklo_epi64(a, _mm_srli_epi16(a, 4)), _mm_set1_epi8(15));
+    __m128i high = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)top), _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
+    return _mm_sub_epi8(_mm_or_si128(low, _mm_slli_epi16(high, 4)), _mm_set1_epi8(32));
+}
+
+/* pshufb controls: from a register holding 8 scale words in each 128-bit lane (sub-blocks
+ * 8h .. 8h + 7), words 0-7 <- word 2g mod 8, words 8-15 <- word 2g + 1 mod 8, for g mod 4. */
+static inline __m256i scale_control(int g) {
+    int lo = 4 * (g % 4), hi = lo + 2;
+    return _mm256_setr_epi8(lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo,
+                            lo + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1,
+                            hi, hi + 1);
+}
+
+/* What a block's groups share, unpacked once: Q2_K and Q3_K's 16 sub-block scales as int16
+ * (half_scales[n]: those of groups 4n .. 4n + 3 in each 128-bit half) and the factors of their
+ * sums terms (Q2_K: m; Q3_K: -4 sc), Q3_K's high bits; the IQ types' 8 group scales as int16 in
+ * each 128-bit half (half_scales[0]), IQ2_XXS's sign words (those of groups 4n .. 4n + 3 in
+ * each 128-bit half of sign_words[n]). */
+typedef struct {
+    __m256i half_scales[2], sums_factor, hm, sign_words[2];
+} Block8;
+
+/* 8 int32 scales as 8 int16 words in each 128-bit half */
+static inline __m256i words_twice(v8i v) {
+    __m256i w = (__m256i)v;
+    return _mm256_broadcastsi128_si256(_mm_packs_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
+}
+
+/* pshufb control: every word <- word g of each 128-bit half */
+static inline __m256i word_control(int g) {
+    return _mm256_set1_epi16((short)(2 * g | (2 * g + 1) << 8));
+}
+
+static inline __attribute__((always_inline)) Block8 unpack_block(int type, const uint8_t *b) {
+    Block8 s;
+    if (type == T_Q2_K) {
+        __m128i packed = _mm_loadu_si128((const __m128i *)b);
+        __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(packed, _mm_set1_epi8(15)));
+        s.sums_factor = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(15)));
+        s.half_scales[0] = _mm256_permute4x64_epi64(sc16, 0x44);
+        s.half_scales[1] = _mm256_permute4x64_epi64(sc16, 0xee);
+    } else if (type == T_Q3_K) {
+        __m256i sc16 = _mm256_cvtepi8_epi16(q3_k_scales(b + 96));
+        s.sums_factor = _mm256_slli_epi16(_mm256_sub_epi16(_mm256_setzero_si256(), sc16), 2);
+        s.half_scales[0] = _mm256_permute4x64_epi64(sc16, 0x44);
+        s.half_scales[1] = _mm256_permute4x64_epi64(sc16, 0xee);
+        s.hm = _mm256_loadu_si256((const __m256i *)b);
+    } else if (type == T_IQ4_XS) { /* iq4_xs_scale's bits, for the 8 groups at once */
+        const u32x8 k = {0, 1, 2, 3, 4, 5, 6, 7};
+        u32x8 low = (u32(b + 4) >> (4 * k)) & 15, high = ((uint32_t)u16(b + 2) >> (2 * k)) & 3;
+        s.half_scales[0] = words_twice((v8i)(low | high << 4) - 32);
+    } else {
+        u32x8 aux = iq2_xxs_aux(b);
+        __m256i words = (__m256i)aux_sign_words(aux);
+        s.sign_words[0] = _mm256_permute2x128_si256(words, words, 0x00); /* groups 0-3's in each half */
+        s.sign_words[1] = _mm256_permute2x128_si256(words, words, 0x11); /* groups 4-7's */
+        s.half_scales[0] = words_twice(2 * (v8i)(aux >> 28) + 1); /* iq2_xxs_scale */
+    }
+    return s;
+}
+
+/* 8-byte grid points as a 64-bit lane */
+#define POINT8(grid, i) ((long long)u64((grid)[i]))
+
+/* Group g of block b: its codes as unsigned bytes, the signs to give the token's codes (the
+ * IQ types: c itself for IQ4_XS, sign_bytes for IQ2_XXS) and its scales, 16 words. */
+static inline __attribute__((always_inline)) void unpack_group(int type, const uint8_t *b, const Block8 *s, int g,
+                                                               __m256i *codes, __m256i *signs, __m256i *scales) {
+    if (type == T_Q2_K || type == T_Q3_K) {
+        const int n = g / 4, j = g % 4;
+        const __m256i packed = _mm256_loadu_si256((const __m256i *)(b + (type == T_Q2_K ? 16 : 32) + 32 * n));
+        *codes = _mm256_and_si256(j ? _mm256_srli_epi16(packed, 2 * j) : packed, _mm256_set1_epi8(3));
+        if (type == T_Q3_K) { /* bit g of each hmask byte, moved to bit 2 */
+            __m256i bit = g < 2 ? _mm256_slli_epi16(s->hm, 2 - g) : g > 2 ? _mm256_srli_epi16(s->hm, g - 2) : s->hm;
+            *codes = _mm256_or_si256(*codes, _mm256_and_si256(bit, _mm256_set1_epi8(4)));
+        }
+        *scales = _mm256_shuffle_epi8(s->half_scales[n], scale_control(g));
+    } else if (type == T_IQ4_XS) { /* low nibbles of qs[16g ..] weights 0-15, high ones 16-31 */
+        const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kvalues_iq4nl));
+        __m128i packed = _mm_loadu_si128((const __m128i *)(b + 8 + 16 * g));
+        __m256i nibbles = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), _mm256_set1_epi8(15));
+        *signs = _mm256_shuffle_epi8(table, nibbles);
+        *codes = _mm256_abs_epi8(*signs);
+        *scales = _mm256_shuffle_epi8(s->half_scales[0], word_control(g));
+    } else { /* IQ2_XXS: weights 8l .. 8l + 7 the grid point of index byte l at 2 + 8g */
+        const uint8_t *at = b + 2 + 8 * g;
+        *codes = _mm256_setr_epi64x(POINT8(iq2xxs_grid, at[0]), POINT8(iq2xxs_grid, at[1]), POINT8(iq2xxs_grid, at[2]),
+                                    POINT8(iq2xxs_grid, at[3]));
+        *signs = sign_source(_mm256_shuffle_epi8(s->sign_words[g / 4], SPREAD_INDEX(4 * (g % 4))));
+        *scales = _mm256_shuffle_epi8(s->half_scales[0], word_control(g));
+    }
+}
+
+/* One block b of a row times N tokens into their acc, token k's codes of the block at x[k * B]. */
+static inline __attribute__((always_inline)) void block_tokens(int type, const uint8_t *b, const Codes8 *x,
+                                                               int64_t B, const int N, v8f *acc) {
+    const Block8 s = unpack_block(type, b);
+    __m256 part[ROW_TOKENS][2];
+    for (int k = 0; k < N; k++) part[k][0] = part[k][1] = _mm256_setzero_ps();
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; g++) {
+        __m256i codes, signs = _mm256_setzero_si256(), scales;
+        unpack_group(type, b, &s, g, &codes, &signs, &scales);
+        for (int k = 0; k < N; k++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(x[k * B].q + 32 * g));
+            if (signed_codes(type)) q = _mm256_sign_epi8(q, signs);
+            __m256i isum = _mm256_madd_epi16(_mm256_maddubs_epi16(codes, q), scales);
+            part[k][g % 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_broadcast_ss(x[k * B].d + g), part[k][g % 2]);
+        }
+    }
+    const float D = block_scale(type, b), dmin = type == T_Q2_K ? f16(b + 82) : 0.0f;
+    for (int k = 0; k < N; k++) {
+        v8i lanes = {0};
+        if (!signed_codes(type))
+            lanes = (v8i)_mm256_madd_epi16(s.sums_factor, _mm256_loadu_si256((const __m256i *)x[k * B].sums));
+        acc[k] = add_block(type, acc[k], (v8f)part[k][0] + (v8f)part[k][1], lanes, D, dmin, x[k * B].d);
+    }
+}
+
+#else
+
+/* A block's 16 sub-block scales, the factors of its sums terms (Q2_K: m; Q3_K: -4 sc; none for
+ * the others) and its 256 codes c (module comment). */
+static inline void block_codes(int type, const uint8_t *b, int32_t sc[16], int32_t factor[16], int8_t c[256]) {
+    memset(factor, 0, 16 * sizeof *factor);
+    if (type == T_Q2_K || type == T_Q3_K) {
+        const uint8_t *qs = b + (type == T_Q2_K ? 16 : 32);
+        for (int e = 0; e < 256; e++) {
+            int n = e / 128, j = (e / 32) % 4, l = e % 32;
+            c[e] = (int8_t)((qs[32 * n + l] >> (2 * j)) & 3);
+            if (type == T_Q3_K) c[e] |= (int8_t)(((b[l] >> (e / 32)) & 1) << 2); /* bit e / 32 of hmask[l] */
+        }
+    }
+    for (int k = 0; k < 16; k++) {
+        if (type == T_Q2_K) {
+            sc[k] = b[k] & 15;
+            factor[k] = b[k] >> 4;
+        } else if (type == T_Q3_K) {
+            sc[k] = q3_k_scale(b + 96, k);
+            factor[k] = -4 * sc[k];
+        } else {
+            sc[k] = type == T_IQ4_XS ? iq4_xs_scale(b, k / 2) : iq2_xxs_scale(b, k / 2);
+        }
+    }
+    if (type == T_IQ4_XS)
+        for (int e = 0; e < 256; e++) { /* group g's 16 bytes: low nibbles weights 0-15, high ones 16-31 */
+            int g = e / 32, l = e % 32;
+            c[e] = kvalues_iq4nl[(b[8 + 16 * g + l % 16] >> (4 * (l / 16))) & 15];
+        }
+    if (type == T_IQ2_XXS)
+        for (int e = 0; e < 256; e++) { /* byte l of group g: the grid point of weights 8l .. 8l + 7 */
+            int g = e / 32, l = (e % 32) / 8;
+            uint8_t signs = ksigns_iq2xs[(u32(b + 6 + 8 * g) >> (7 * l)) & 127];
+            int v = iq2xxs_grid[b[2 + 8 * g + l]][e % 8];
+            c[e] = (int8_t)((signs >> (e % 8)) & 1 ? -v : v);
+        }
+}
+
+static inline __attribute__((always_inline)) void block_tokens(int type, const uint8_t *b, const Codes8 *x8,
+                                                               int64_t B, const int N, v8f *acc) {
+    int32_t sc[16], factor[16];
+    int8_t c[256];
+    block_codes(type, b, sc, factor, c);
+    const float D = block_scale(type, b), dmin = type == T_Q2_K ? f16(b + 82) : 0.0f;
+    for (int k = 0; k < N; k++) {
+        const Codes8 *x = &x8[k * B];
+        v8f part[2] = {{0}};
+        for (int g = 0; g < 8; g++) { /* the module comment's lanes */
+            v8i isum;
+            for (int l = 0; l < 8; l++) {
+                int32_t s = 0;
+                for (int i = 32 * g + 4 * l; i < 32 * g + 4 * l + 4; i++) s += c[i] * x->q[i];
+                isum[l] = sc[2 * g + l / 4] * s;
+            }
+            part[g % 2] = fma8(__builtin_convertvector(isum, v8f), splat(x->d[g]), part[g % 2]);
+        }
+        v8i lanes;
+        for (int l = 0; l < 8; l++) lanes[l] = factor[2 * l] * x->sums[2 * l] + factor[2 * l + 1] * x->sums[2 * l + 1];
+        acc[k] = add_block(type, acc[k], part[0] + part[1], lanes, D, dmin, x->d);
+    }
+}
+
+#endif
+
+static inline __attribute__((always_inline)) void rows_tokens(int type, const uint8_t *row, int64_t K,
+                                                              const Codes8 *x8, const int N, float *out,
+                                                              int64_t stride) {
+    const int64_t B = K / BLOCK8;
+    v8f acc[ROW_TOKENS] = {{0}};
+    for (int64_t blk = 0; blk < B; blk++) block_tokens(type, row + blk * block_bytes(type), x8 + blk, B, N, acc);
+    for (int k = 0; k < N; k++) out[k * stride] = reduce8(acc[k]);
+}
+
+/* dot_<type> (kernels.h's product functions of the OWN8 types): one body per count of tokens,
+ * so that the loop over them unrolls. */
+#define CODES8_DOT(name)                                                                                        \
+    void dot_##name(const uint8_t *row, int64_t K, const Codes8 *x8, int n, float *out, int64_t stride) {      \
+        switch (n) {                                                                                            \
+        case 1: rows_tokens(T_##name, row, K, x8, 1, out, stride); break;                                       \
+        case 2: rows_tokens(T_##name, row, K, x8, 2, out, stride); break;                                       \
+        case 3: rows_tokens(T_##name, row, K, x8, 3, out, stride); break;                                       \
+        default: rows_tokens(T_##name, row, K, x8, ROW_TOKENS, out, stride); break;                            \
+        }                                                                                                       \
+    }
+CODES8_DOT(Q2_K)
+CODES8_DOT(Q3_K)
+CODES8_DOT(IQ4_XS)
+CODES8_DOT(IQ2_XXS)
