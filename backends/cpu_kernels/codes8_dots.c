@@ -1,17 +1,21 @@
-/* Products with 8-bit activation codes (form OWN8 in kernels.h): Q2_K, Q3_K, IQ4_XS, IQ2_XXS.
+/* Products with 8-bit activation codes (form OWN8 in kernels.h): Q2_K, Q3_K, IQ4_XS, IQ3_XXS,
+ * IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S.
  *
  * Each of these types' blocks of 256 weights is, per 16-weight sub-block j, an integer scale
  * sc[j] times integer codes c, all times one float per block D (quants.c draws their bits:
- * unpack_q2_k, unpack_q3_k, unpack_iq4_xs, unpack_iq2_xxs):
+ * unpack_q2_k, unpack_q3_k and the unpack functions of the IQ types):
  *   Q2_K:    weight = d * sc[j] * c - dmin * m[j]    (c 0 .. 3; sc and the min m 4-bit)     D = d
  *   Q3_K:    weight = d * sc[j] * (c - 4)            (c = low 2 bits | high bit << 2, 0 .. 7;
  *                                                     sc 6-bit minus 32)                    D = d
  *   IQ4_XS:  weight = d * sc * c                     (c = kvalues_iq4nl[nibble], -127 .. 113;
  *                                                     sc 6-bit minus 32, one per 32 weights) D = d
- *   IQ2_XXS: weight = d / 8 * sc * c                 (c = an iq2xxs_grid value, 8, 25 or 43,
- *                                                     with its sign; sc = 2 (aux >> 28) + 1,
- *                                                     one per 32 weights)                   D = d / 8
- * (d / 8 is exact, and gguf-py's d * (0.5 + (aux >> 28)) * 0.25 is the same number.)
+ *   the IQ grids: weight = D * sc * c, c a grid value with its sign (iq_scale: sc):
+ *     IQ3_XXS: sc = 2 (aux >> 28) + 1 per 32 weights, grid values up to 62,   D = d / 4
+ *     IQ3_S:   sc = 1 + 2 (4-bit scale) per 32 weights, values up to 15,      D = d
+ *     IQ2_XXS: sc = 2 (aux >> 28) + 1 per 32 weights, values 8, 25 or 43,     D = d / 8
+ *     IQ2_XS, IQ2_S: sc = 2 (4-bit scale) + 1 per 16 weights, values to 43,   D = d / 8
+ * (d / 4 and d / 8 are exact, and gguf-py's d * (0.5 + s) * 0.25 is the same number as
+ * d / 8 * (2s + 1).)
  * A token's block of 256 codes q has a scale xd[g] per group g of 32 and sums per 16 (Codes8).
  * Each group's products are summed exactly in 8 int32 lanes, lane l taking weights 4l .. 4l + 3
  * (so sub-block 2g + l / 4):
@@ -36,27 +40,55 @@
  * _mm256_maddubs_epi16 with the token's 32 codes (pair sums of at most 2 * 127 * 127: no
  * saturation), _mm256_madd_epi16 with the sub-block scales (words 0-7 the group's first
  * sub-block, 8-15 its second): the lanes above. The codes and scales are unpacked once for the
- * n <= ROW_TOKENS tokens. The portable form (scalar, NEON) sums the same lanes in C. */
+ * n <= ROW_TOKENS tokens. The portable form (scalar, NEON) sums the same lanes in C, the IQ
+ * types' signed codes as the generic form unpacks them (unpack_row). */
 #include <string.h>
 
 #include "bytes.h"    /* f16, u32, u64, q3_k_scale, iq4_xs_scale: a block's scales */
-#include "iq_grids.h" /* kvalues_iq4nl, ksigns_iq2xs, iq2xxs_grid */
-#include "iq_signs.h" /* aux_sign_words, iq2_xxs_aux, sign_source */
+#include "iq_grids.h" /* kvalues_iq4nl, ksigns_iq2xs and the IQ grids */
+#include "iq_signs.h" /* aux_sign_words, iq2_xxs_aux, sign_source, sign_bytes */
 #include "kernels.h"
 #include "simd.h"
 
 /* the bytes of a block of each type, and its float D (module comment) */
 static inline int block_bytes(int type) {
-    return type == T_Q2_K ? 84 : type == T_Q3_K ? 110 : type == T_IQ4_XS ? 136 : 66;
+    switch (type) {
+    case T_Q2_K: return 84;
+    case T_Q3_K: case T_IQ3_S: return 110;
+    case T_IQ4_XS: return 136;
+    case T_IQ3_XXS: return 98;
+    case T_IQ2_XS: return 74;
+    case T_IQ2_S: return 82;
+    default: return 66; /* IQ2_XXS */
+    }
 }
 static inline float block_scale(int type, const uint8_t *b) {
-    return type == T_Q2_K ? f16(b + 80) : type == T_Q3_K ? f16(b + 108) : type == T_IQ4_XS ? f16(b) : f16(b) * 0.125f;
+    switch (type) {
+    case T_Q2_K: return f16(b + 80);
+    case T_Q3_K: return f16(b + 108);
+    case T_IQ4_XS: case T_IQ3_S: return f16(b);
+    case T_IQ3_XXS: return f16(b) * 0.25f;
+    default: return f16(b) * 0.125f; /* IQ2_XXS, IQ2_XS, IQ2_S */
+    }
 }
 /* whether the type's codes are signed (the IQ types; the k-quants' offsets are sums terms) */
-static inline int signed_codes(int type) { return type == T_IQ4_XS || type == T_IQ2_XXS; }
+static inline int signed_codes(int type) { return type != T_Q2_K && type != T_Q3_K; }
+/* whether its two halves of a group have scales of their own (else one per group of 32) */
+static inline int split_scales(int type) {
+    return type == T_Q2_K || type == T_Q3_K || type == T_IQ2_XS || type == T_IQ2_S;
+}
 
-/* IQ2_XXS: group g's scale 2 (aux >> 28) + 1, its aux word at 6 + 8g */
-static inline int iq2_xxs_scale(const uint8_t *b, int g) { return 2 * (int)(u32(b + 6 + 8 * g) >> 28) + 1; }
+/* The IQ types' integer scale of sub-block k (k < 16; module comment). */
+static inline int iq_scale(int type, const uint8_t *b, int k) {
+    int g = k / 2;
+    switch (type) {
+    case T_IQ4_XS: return iq4_xs_scale(b, g);
+    case T_IQ2_XXS: return 2 * (int)(u32(b + 6 + 8 * g) >> 28) + 1;
+    case T_IQ3_XXS: return 2 * (int)(u32(b + 66 + 4 * g) >> 28) + 1;
+    case T_IQ3_S: return 1 + 2 * ((b[106 + g / 2] >> (4 * (g % 2))) & 15);
+    default: return 2 * ((b[(type == T_IQ2_XS ? 66 : 74) + k / 2] >> (4 * (k % 2))) & 15) + 1; /* IQ2_XS, IQ2_S */
+    }
+}
 
 static inline v8f splat(float v) { return (v8f){v, v, v, v, v, v, v, v}; }
 
@@ -96,9 +128,10 @@ static inline __m256i scale_control(int g) {
 
 /* What a block's groups share, unpacked once: Q2_K and Q3_K's 16 sub-block scales as int16
  * (half_scales[n]: those of groups 4n .. 4n + 3 in each 128-bit half) and the factors of their
- * sums terms (Q2_K: m; Q3_K: -4 sc), Q3_K's high bits; the IQ types' 8 group scales as int16 in
- * each 128-bit half (half_scales[0]), IQ2_XXS's sign words (those of groups 4n .. 4n + 3 in
- * each 128-bit half of sign_words[n]). */
+ * sums terms (Q2_K: m; Q3_K: -4 sc), Q3_K's high bits; IQ2_XS's and IQ2_S's 16 scales as Q2_K's;
+ * the other IQ types' 8 group scales as int16 in each 128-bit half (half_scales[0]); IQ2_XXS's
+ * and IQ3_XXS's sign words (those of groups 4n .. 4n + 3 in each 128-bit half of
+ * sign_words[n]). */
 typedef struct {
     __m256i half_scales[2], sums_factor, hm, sign_words[2];
 } Block8;
@@ -114,39 +147,59 @@ static inline __m256i word_control(int g) {
     return _mm256_set1_epi16((short)(2 * g | (2 * g + 1) << 8));
 }
 
+/* 16 sub-block scales (int16, sub-block order) as half_scales */
+static inline void set_half_scales(Block8 *s, __m256i sc16) {
+    s->half_scales[0] = _mm256_permute4x64_epi64(sc16, 0x44);
+    s->half_scales[1] = _mm256_permute4x64_epi64(sc16, 0xee);
+}
+
+/* IQ2_XXS's and IQ3_XXS's sign words (aux_sign_words) as sign_words, their scales as half_scales[0] */
+static inline void set_aux(Block8 *s, u32x8 aux) {
+    __m256i words = (__m256i)aux_sign_words(aux);
+    s->sign_words[0] = _mm256_permute2x128_si256(words, words, 0x00); /* groups 0-3's in each half */
+    s->sign_words[1] = _mm256_permute2x128_si256(words, words, 0x11); /* groups 4-7's */
+    s->half_scales[0] = words_twice(2 * (v8i)(aux >> 28) + 1);        /* iq_scale */
+}
+
 static inline __attribute__((always_inline)) Block8 unpack_block(int type, const uint8_t *b) {
     Block8 s;
+    const u32x8 k = {0, 1, 2, 3, 4, 5, 6, 7};
     if (type == T_Q2_K) {
         __m128i packed = _mm_loadu_si128((const __m128i *)b);
         __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(packed, _mm_set1_epi8(15)));
         s.sums_factor = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(15)));
-        s.half_scales[0] = _mm256_permute4x64_epi64(sc16, 0x44);
-        s.half_scales[1] = _mm256_permute4x64_epi64(sc16, 0xee);
+        set_half_scales(&s, sc16);
     } else if (type == T_Q3_K) {
         __m256i sc16 = _mm256_cvtepi8_epi16(q3_k_scales(b + 96));
         s.sums_factor = _mm256_slli_epi16(_mm256_sub_epi16(_mm256_setzero_si256(), sc16), 2);
-        s.half_scales[0] = _mm256_permute4x64_epi64(sc16, 0x44);
-        s.half_scales[1] = _mm256_permute4x64_epi64(sc16, 0xee);
+        set_half_scales(&s, sc16);
         s.hm = _mm256_loadu_si256((const __m256i *)b);
     } else if (type == T_IQ4_XS) { /* iq4_xs_scale's bits, for the 8 groups at once */
-        const u32x8 k = {0, 1, 2, 3, 4, 5, 6, 7};
         u32x8 low = (u32(b + 4) >> (4 * k)) & 15, high = ((uint32_t)u16(b + 2) >> (2 * k)) & 3;
         s.half_scales[0] = words_twice((v8i)(low | high << 4) - 32);
-    } else {
-        u32x8 aux = iq2_xxs_aux(b);
-        __m256i words = (__m256i)aux_sign_words(aux);
-        s.sign_words[0] = _mm256_permute2x128_si256(words, words, 0x00); /* groups 0-3's in each half */
-        s.sign_words[1] = _mm256_permute2x128_si256(words, words, 0x11); /* groups 4-7's */
-        s.half_scales[0] = words_twice(2 * (v8i)(aux >> 28) + 1); /* iq2_xxs_scale */
+    } else if (type == T_IQ2_XXS) {
+        set_aux(&s, iq2_xxs_aux(b));
+    } else if (type == T_IQ3_XXS) {
+        u32x8 aux;
+        memcpy(&aux, b + 66, sizeof aux);
+        set_aux(&s, aux);
+    } else if (type == T_IQ3_S) { /* iq_scale's nibbles of the word at 106, 8 at once */
+        s.half_scales[0] = words_twice(1 + 2 * (v8i)((u32(b + 106) >> (4 * k)) & 15));
+    } else { /* IQ2_XS, IQ2_S: the 16 nibbles of 8 bytes, low nibble first, as 2n + 1 */
+        __m128i bytes = _mm_loadl_epi64((const __m128i *)(b + (type == T_IQ2_XS ? 66 : 74)));
+        __m128i nibbles = _mm_and_si128(_mm_unpacklo_epi8(bytes, _mm_srli_epi16(bytes, 4)), _mm_set1_epi8(15));
+        set_half_scales(&s, _mm256_add_epi16(_mm256_slli_epi16(_mm256_cvtepu8_epi16(nibbles), 1), _mm256_set1_epi16(1)));
     }
     return s;
 }
 
-/* 8-byte grid points as a 64-bit lane */
+/* 8-byte grid points as a 64-bit lane, 4-byte ones as a 32-bit lane */
 #define POINT8(grid, i) ((long long)u64((grid)[i]))
+#define POINT4(grid, i) ((int)u32((grid)[i]))
 
 /* Group g of block b: its codes as unsigned bytes, the signs to give the token's codes (the
- * IQ types: c itself for IQ4_XS, sign_bytes for IQ2_XXS) and its scales, 16 words. */
+ * IQ types: c itself for IQ4_XS, the grid points' sign bits (sign_source) for the others) and
+ * its scales, 16 words. */
 static inline __attribute__((always_inline)) void unpack_group(int type, const uint8_t *b, const Block8 *s, int g,
                                                                __m256i *codes, __m256i *signs, __m256i *scales) {
     if (type == T_Q2_K || type == T_Q3_K) {
@@ -164,14 +217,43 @@ static inline __attribute__((always_inline)) void unpack_group(int type, const u
         __m256i nibbles = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), _mm256_set1_epi8(15));
         *signs = _mm256_shuffle_epi8(table, nibbles);
         *codes = _mm256_abs_epi8(*signs);
-        *scales = _mm256_shuffle_epi8(s->half_scales[0], word_control(g));
-    } else { /* IQ2_XXS: weights 8l .. 8l + 7 the grid point of index byte l at 2 + 8g */
+    } else if (type == T_IQ2_XXS) { /* weights 8l .. 8l + 7 the grid point of index byte l at 2 + 8g */
         const uint8_t *at = b + 2 + 8 * g;
         *codes = _mm256_setr_epi64x(POINT8(iq2xxs_grid, at[0]), POINT8(iq2xxs_grid, at[1]), POINT8(iq2xxs_grid, at[2]),
                                     POINT8(iq2xxs_grid, at[3]));
         *signs = sign_source(_mm256_shuffle_epi8(s->sign_words[g / 4], SPREAD_INDEX(4 * (g % 4))));
-        *scales = _mm256_shuffle_epi8(s->half_scales[0], word_control(g));
+    } else if (type == T_IQ3_XXS) { /* weights 4l .. 4l + 3 the grid point of index byte l at 2 + 8g */
+        const uint8_t *at = b + 2 + 8 * g;
+        *codes = _mm256_setr_epi32(POINT4(iq3xxs_grid, at[0]), POINT4(iq3xxs_grid, at[1]), POINT4(iq3xxs_grid, at[2]),
+                                   POINT4(iq3xxs_grid, at[3]), POINT4(iq3xxs_grid, at[4]), POINT4(iq3xxs_grid, at[5]),
+                                   POINT4(iq3xxs_grid, at[6]), POINT4(iq3xxs_grid, at[7]));
+        *signs = sign_source(_mm256_shuffle_epi8(s->sign_words[g / 4], SPREAD_INDEX(4 * (g % 4))));
+    } else if (type == T_IQ3_S) { /* weights 4l .. 4l + 3: qs[8g + l] and bit l of qh[g] as index */
+        const uint8_t *qs = b + 2 + 8 * g;
+        const unsigned qh = b[66 + g];
+#define AT(l) POINT4(iq3s_grid, qs[l] | ((qh >> (l)) & 1) << 8)
+        *codes = _mm256_setr_epi32(AT(0), AT(1), AT(2), AT(3), AT(4), AT(5), AT(6), AT(7));
+#undef AT
+        *signs = sign_bytes(u32(b + 74 + 4 * g));
+    } else if (type == T_IQ2_XS) { /* weights 8l .. 8l + 7: the 16-bit word l at 2 + 8g, 9 bits of index, 7 of signs */
+        const uint8_t *at = b + 2 + 8 * g;
+#define AT(l) POINT8(iq2xs_grid, u16(at + 2 * (l)) & 511)
+        *codes = _mm256_setr_epi64x(AT(0), AT(1), AT(2), AT(3));
+#undef AT
+        uint32_t bits = 0;
+        for (int l = 0; l < 4; l++) bits |= (uint32_t)ksigns_iq2xs[u16(at + 2 * l) >> 9] << (8 * l);
+        *signs = sign_bytes(bits);
+    } else { /* IQ2_S: weights 8l .. 8l + 7: qs[4g + l] and bits 2l, 2l + 1 of qh[g] as index */
+        const uint8_t *qs = b + 2 + 4 * g;
+        const unsigned qh = b[66 + g];
+#define AT(l) POINT8(iq2s_grid, qs[l] | ((qh >> (2 * (l))) & 3) << 8)
+        *codes = _mm256_setr_epi64x(AT(0), AT(1), AT(2), AT(3));
+#undef AT
+        *signs = sign_bytes(u32(b + 34 + 4 * g));
     }
+    if (type != T_Q2_K && type != T_Q3_K)
+        *scales = split_scales(type) ? _mm256_shuffle_epi8(s->half_scales[g / 4], scale_control(g))
+                                     : _mm256_shuffle_epi8(s->half_scales[0], word_control(g));
 }
 
 /* One block b of a row times N tokens into their acc, token k's codes of the block at x[k * B]. */
@@ -222,21 +304,14 @@ static inline void block_codes(int type, const uint8_t *b, int32_t sc[16], int32
             sc[k] = q3_k_scale(b + 96, k);
             factor[k] = -4 * sc[k];
         } else {
-            sc[k] = type == T_IQ4_XS ? iq4_xs_scale(b, k / 2) : iq2_xxs_scale(b, k / 2);
+            sc[k] = iq_scale(type, b, k);
         }
     }
-    if (type == T_IQ4_XS)
-        for (int e = 0; e < 256; e++) { /* group g's 16 bytes: low nibbles weights 0-15, high ones 16-31 */
-            int g = e / 32, l = e % 32;
-            c[e] = kvalues_iq4nl[(b[8 + 16 * g + l % 16] >> (4 * (l / 16))) & 15];
-        }
-    if (type == T_IQ2_XXS)
-        for (int e = 0; e < 256; e++) { /* byte l of group g: the grid point of weights 8l .. 8l + 7 */
-            int g = e / 32, l = (e % 32) / 8;
-            uint8_t signs = ksigns_iq2xs[(u32(b + 6 + 8 * g) >> (7 * l)) & 127];
-            int v = iq2xxs_grid[b[2 + 8 * g + l]][e % 8];
-            c[e] = (int8_t)((signs >> (e % 8)) & 1 ? -v : v);
-        }
+    if (signed_codes(type)) { /* the IQ types' codes, as the generic form unpacks them (quants.c) */
+        float scale[BLOCK8 / GROUP * HALVES], min[BLOCK8 / GROUP];
+        RowBuffer buf = {.q = c, .scale = scale, .min = min};
+        unpack_row(type, b, BLOCK8, &buf);
+    }
 }
 
 static inline __attribute__((always_inline)) void block_tokens(int type, const uint8_t *b, const Codes8 *x8,
@@ -288,4 +363,8 @@ static inline __attribute__((always_inline)) void rows_tokens(int type, const ui
 CODES8_DOT(Q2_K)
 CODES8_DOT(Q3_K)
 CODES8_DOT(IQ4_XS)
+CODES8_DOT(IQ3_XXS)
+CODES8_DOT(IQ3_S)
 CODES8_DOT(IQ2_XXS)
+CODES8_DOT(IQ2_XS)
+CODES8_DOT(IQ2_S)

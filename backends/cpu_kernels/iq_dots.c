@@ -1,6 +1,6 @@
 /* The IQ types' own dequantization on the AVX2 and AVX-512 tiers (IQ4_NL, IQ4_XS, IQ3_XXS,
- * IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M), and their products with int16 activation codes
- * (all but IQ4_XS and IQ2_XXS, whose products take 8-bit ones: codes8_dots.c): each block unpacked in registers, two
+ * IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M), and the products with int16 activation codes
+ * of IQ4_NL, IQ1_S and IQ1_M (the others' take 8-bit ones: codes8_dots.c): each block unpacked in registers, two
  * groups of 32 at a time, and shared by the n <= ROW_TOKENS tokens of dot_row_tokens, with no
  * stack round trip. The arithmetic is the generic form's (kernels.h, row_tokens and
  * dequantize_row in quants.c), bit for bit: per group, exact int32 sums in 8 lanes, lane l
@@ -437,8 +437,8 @@ static __attribute__((noinline)) void iq_dequantize(int type, const uint8_t *row
         default: iq_row(number, row, K, xq, xd, ROW_TOKENS, out, stride); break;                                  \
         }                                                                                                         \
     }
-/* the types whose products are here: IQ4_XS and IQ2_XXS take 8-bit codes (codes8_dots.c) */
-#define IQ_DOT_TYPES(X) X(IQ4_NL) X(IQ3_XXS) X(IQ3_S) X(IQ2_XS) X(IQ2_S) X(IQ1_S) X(IQ1_M)
+/* the types whose products are here: the others take 8-bit codes (codes8_dots.c) */
+#define IQ_DOT_TYPES(X) X(IQ4_NL) X(IQ1_S) X(IQ1_M)
 #define IQ_DOT_TYPE(name) IQ_DOT(name, T_##name)
 IQ_DOT_TYPES(IQ_DOT_TYPE)
 #undef IQ_DOT_TYPE
@@ -460,7 +460,11 @@ int iq_dequantize_row(int type, const uint8_t *row, int64_t K, float *out) {
     switch (type) {
         IQ_DOT_TYPES(IQ_CASE)
         IQ_CASE(IQ4_XS)
+        IQ_CASE(IQ3_XXS)
+        IQ_CASE(IQ3_S)
         IQ_CASE(IQ2_XXS)
+        IQ_CASE(IQ2_XS)
+        IQ_CASE(IQ2_S)
         iq_dequantize(type, row, K, out);
         return 1;
     default: return 0;

@@ -804,7 +804,7 @@ static inline __attribute__((always_inline)) void row_tokens(int type, int split
 #define DOT_CODES(number, unpack, weights, bytes, has_min) \
     case number: DOT_BLOCKS(unpack, weights, bytes, has_min)
 #define DOT_OWN(...)   /* Q6_K: kquant_dots.c */
-#define DOT_OWN8(...)  /* Q2_K, Q3_K, IQ4_XS, IQ2_XXS: codes8_dots.c */
+#define DOT_OWN8(...)  /* Q2_K, Q3_K, six IQ types: codes8_dots.c */
 #define DOT_TILED(...) /* Q1_0: q1_tiles.c */
     switch (type) {
         QUANT_TYPES(DOT_CASE)

@@ -79,10 +79,11 @@ def test_a_type_without_a_kernel_is_converted_once_and_the_load_says_so(tmp_path
 
 # Of the logits' range. The ternary types' table lookups take the activations as 11-bit codes
 # (cpu_kernels/tq_tiles.c), 32 times coarser than the 16-bit codes of the other products; Q2_K's,
-# Q3_K's, IQ4_XS's and IQ2_XXS's products take 8-bit codes (cpu_kernels/codes8_dots.c), 8 times
+# Q3_K's and most IQ types' products take 8-bit codes (cpu_kernels/codes8_dots.c), 8 times
 # coarser again (these random weights give 0.6% and 1.1% of the range for Q2_K and Q3_K;
 # perplexity on real models moves less than 0.6%: tests/engine/test_requantized_perplexity.py).
-LOGIT_TOLERANCE = {"TQ1_0": 2e-3, "TQ2_0": 2e-3, "Q2_K": 2e-2, "Q3_K": 2e-2, "IQ4_XS": 2e-2, "IQ2_XXS": 2e-2}
+CODES8_TYPES = ("Q2_K", "Q3_K", "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S")
+LOGIT_TOLERANCE = {"TQ1_0": 2e-3, "TQ2_0": 2e-3} | dict.fromkeys(CODES8_TYPES, 2e-2)
 
 
 @pytest.mark.parametrize("qtype", [GGMLQuantizationType[name] for name in IN_PLACE_TYPES])

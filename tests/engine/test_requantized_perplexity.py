@@ -12,8 +12,8 @@ by tools/make_imatrix.py. Then, over 2 windows of 128 tokens of tests/fixtures/p
 - the cpu backend loads it without converting anything (no load note);
 - its perplexity is within 1% of NumPy's on the same file and within 2% of llama.cpp's, both
   with each window fed at once (a prefill: float activations) and 16 tokens at a time (the
-  products that quantize the activations: int16 codes, or 8-bit ones for Q2_K, Q3_K, IQ4_XS
-  and IQ2_XXS).
+  products that quantize the activations: int16 codes, or 8-bit ones for Q2_K, Q3_K and the IQ
+  types but IQ4_NL, IQ1_S and IQ1_M).
 
 Left out, with what covers them instead (tests/backends/test_cpu_kernels.py: unpacking equal
 to gguf-py's, every tier equal to scalar, products within the rounding bound):
