@@ -26,6 +26,11 @@ static inline int q3_k_scale(const uint8_t *sc, int k) {
 static inline int iq4_xs_scale(const uint8_t *b, int k) {
     return (((b[4 + k / 2] >> (4 * (k % 2))) & 15) | (((u16(b + 2) >> (2 * k)) & 3) << 4)) - 32;
 }
+/* IQ1_M's fp16 super-block scale: the top 4 bits of its 4 16-bit scale words at sc, low word first. */
+static inline uint16_t iq1m_d(const uint8_t *sc) {
+    return (uint16_t)((u16(sc) >> 12) | ((u16(sc + 2) >> 8) & 0x00f0) | ((u16(sc + 4) >> 4) & 0x0f00) |
+                      (u16(sc + 6) & 0xf000));
+}
 #if defined(__F16C__)
 static inline float f16(const uint8_t *p) { return _cvtsh_ss(u16(p)); } /* exact, as fp16_to_float */
 #else

@@ -1,5 +1,5 @@
 /* Products with 8-bit activation codes (form OWN8 in kernels.h): Q2_K, Q3_K, IQ4_XS, IQ3_XXS,
- * IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S.
+ * IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M.
  *
  * Each of these types' blocks of 256 weights is, per 16-weight sub-block j, an integer scale
  * sc[j] times integer codes c, all times one float per block D (quants.c draws their bits:
@@ -14,6 +14,9 @@
  *     IQ3_S:   sc = 1 + 2 (4-bit scale) per 32 weights, values up to 15,      D = d
  *     IQ2_XXS: sc = 2 (aux >> 28) + 1 per 32 weights, values 8, 25 or 43,     D = d / 8
  *     IQ2_XS, IQ2_S: sc = 2 (4-bit scale) + 1 per 16 weights, values to 43,   D = d / 8
+ *     IQ1_S:   sc = 2 (3-bit scale) + 1 per 32 weights,                       D = d / 8
+ *     IQ1_M:   sc = 2 (3-bit scale) + 1 per 16 weights,                       D = d / 8
+ *              (the IQ1 codes: 8 v + delta, v a grid value -1, 0 or 1, delta -1 or 1: eighths)
  * (d / 4 and d / 8 are exact, and gguf-py's d * (0.5 + s) * 0.25 is the same number as
  * d / 8 * (2s + 1).)
  * A token's block of 256 codes q has a scale xd[g] per group g of 32 and sums per 16 (Codes8).
@@ -59,6 +62,8 @@ static inline int block_bytes(int type) {
     case T_IQ3_XXS: return 98;
     case T_IQ2_XS: return 74;
     case T_IQ2_S: return 82;
+    case T_IQ1_S: return 50;
+    case T_IQ1_M: return 56;
     default: return 66; /* IQ2_XXS */
     }
 }
@@ -68,14 +73,15 @@ static inline float block_scale(int type, const uint8_t *b) {
     case T_Q3_K: return f16(b + 108);
     case T_IQ4_XS: case T_IQ3_S: return f16(b);
     case T_IQ3_XXS: return f16(b) * 0.25f;
-    default: return f16(b) * 0.125f; /* IQ2_XXS, IQ2_XS, IQ2_S */
+    case T_IQ1_M: return fp16_to_float(iq1m_d(b + 48)) * 0.125f;
+    default: return f16(b) * 0.125f; /* IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S */
     }
 }
 /* whether the type's codes are signed (the IQ types; the k-quants' offsets are sums terms) */
 static inline int signed_codes(int type) { return type != T_Q2_K && type != T_Q3_K; }
 /* whether its two halves of a group have scales of their own (else one per group of 32) */
 static inline int split_scales(int type) {
-    return type == T_Q2_K || type == T_Q3_K || type == T_IQ2_XS || type == T_IQ2_S;
+    return type == T_Q2_K || type == T_Q3_K || type == T_IQ2_XS || type == T_IQ2_S || type == T_IQ1_M;
 }
 
 /* The IQ types' integer scale of sub-block k (k < 16; module comment). */
@@ -86,6 +92,8 @@ static inline int iq_scale(int type, const uint8_t *b, int k) {
     case T_IQ2_XXS: return 2 * (int)(u32(b + 6 + 8 * g) >> 28) + 1;
     case T_IQ3_XXS: return 2 * (int)(u32(b + 66 + 4 * g) >> 28) + 1;
     case T_IQ3_S: return 1 + 2 * ((b[106 + g / 2] >> (4 * (g % 2))) & 15);
+    case T_IQ1_S: return 2 * ((u16(b + 34 + 2 * g) >> 12) & 7) + 1;
+    case T_IQ1_M: return 2 * ((u16(b + 48 + 2 * (k / 4)) >> (3 * (k % 4))) & 7) + 1;
     default: return 2 * ((b[(type == T_IQ2_XS ? 66 : 74) + k / 2] >> (4 * (k % 2))) & 15) + 1; /* IQ2_XS, IQ2_S */
     }
 }
@@ -185,6 +193,17 @@ static inline __attribute__((always_inline)) Block8 unpack_block(int type, const
         set_aux(&s, aux);
     } else if (type == T_IQ3_S) { /* iq_scale's nibbles of the word at 106, 8 at once */
         s.half_scales[0] = words_twice(1 + 2 * (v8i)((u32(b + 106) >> (4 * k)) & 15));
+    } else if (type == T_IQ1_S) { /* iq_scale's 3 bits of the 8 words at 34 */
+        __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(b + 34)));
+        s.half_scales[0] = words_twice(2 * (v8i)_mm256_and_si256(_mm256_srli_epi32(h, 12), _mm256_set1_epi32(7)) + 1);
+    } else if (type == T_IQ1_M) { /* iq_scale: bits 3 (k % 4) of word k / 4, moved to the top 3 and back */
+        __m128i w8 = _mm_loadl_epi64((const __m128i *)(b + 48));
+        __m256i w = _mm256_setr_m128i(_mm_shuffle_epi8(w8, _mm_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3)),
+                                      _mm_shuffle_epi8(w8, _mm_setr_epi8(4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7)));
+        __m256i top = _mm256_mullo_epi16(w, _mm256_setr_epi16(1 << 13, 1 << 10, 1 << 7, 1 << 4, 1 << 13, 1 << 10, 1 << 7,
+                                                              1 << 4, 1 << 13, 1 << 10, 1 << 7, 1 << 4, 1 << 13, 1 << 10,
+                                                              1 << 7, 1 << 4));
+        set_half_scales(&s, _mm256_add_epi16(_mm256_slli_epi16(_mm256_srli_epi16(top, 13), 1), _mm256_set1_epi16(1)));
     } else { /* IQ2_XS, IQ2_S: the 16 nibbles of 8 bytes, low nibble first, as 2n + 1 */
         __m128i bytes = _mm_loadl_epi64((const __m128i *)(b + (type == T_IQ2_XS ? 66 : 74)));
         __m128i nibbles = _mm_and_si128(_mm_unpacklo_epi8(bytes, _mm_srli_epi16(bytes, 4)), _mm_set1_epi8(15));
@@ -194,8 +213,14 @@ static inline __attribute__((always_inline)) Block8 unpack_block(int type, const
 }
 
 /* 8-byte grid points as a 64-bit lane, 4-byte ones as a 32-bit lane */
-#define POINT8(grid, i) ((long long)u64((grid)[i]))
+#define POINT8(grid, i) ((long long)u64((const uint8_t *)(grid)[i]))
 #define POINT4(grid, i) ((int)u32((grid)[i]))
+
+/* IQ1 codes (module comment) of grid values v, the delta -1 where `negative`'s bytes are -1, else 1 */
+static inline __m256i iq1_eighths(__m256i v, __m256i negative) {
+    __m256i eight = _mm256_and_si256(_mm256_slli_epi16(v, 3), _mm256_set1_epi8((char)0xf8));
+    return _mm256_add_epi8(eight, _mm256_or_si256(negative, _mm256_set1_epi8(1)));
+}
 
 /* Group g of block b: its codes as unsigned bytes, the signs to give the token's codes (the
  * IQ types: c itself for IQ4_XS, the grid points' sign bits (sign_source) for the others) and
@@ -243,6 +268,22 @@ static inline __attribute__((always_inline)) void unpack_group(int type, const u
         uint32_t bits = 0;
         for (int l = 0; l < 4; l++) bits |= (uint32_t)ksigns_iq2xs[u16(at + 2 * l) >> 9] << (8 * l);
         *signs = sign_bytes(bits);
+    } else if (type == T_IQ1_S) { /* weights 8l .. 8l + 7: qs[4g + l] and bits 3l .. 3l + 2 of the word at 34 + 2g */
+        const uint8_t *qs = b + 2 + 4 * g;
+        const unsigned h = u16(b + 34 + 2 * g);
+#define AT(l) POINT8(iq1s_grid, qs[l] | ((h >> (3 * (l))) & 7) << 8)
+        *signs = iq1_eighths(_mm256_setr_epi64x(AT(0), AT(1), AT(2), AT(3)), _mm256_set1_epi8(h & 0x8000 ? -1 : 0));
+#undef AT
+        *codes = _mm256_abs_epi8(*signs);
+    } else if (type == T_IQ1_M) { /* weights 8l .. 8l + 7: qs[4g + l] and nibble 4g + l of qh (3 bits, the delta's sign) */
+        const uint8_t *qs = b + 4 * g;
+        const unsigned nib = u16(b + 32 + 2 * g);
+#define AT(l) POINT8(iq1s_grid, qs[l] | ((nib >> (4 * (l))) & 7) << 8)
+#define NEG(l) ((nib >> (4 * (l) + 3)) & 1 ? -1LL : 0LL)
+        *signs = iq1_eighths(_mm256_setr_epi64x(AT(0), AT(1), AT(2), AT(3)), _mm256_setr_epi64x(NEG(0), NEG(1), NEG(2), NEG(3)));
+#undef NEG
+#undef AT
+        *codes = _mm256_abs_epi8(*signs);
     } else { /* IQ2_S: weights 8l .. 8l + 7: qs[4g + l] and bits 2l, 2l + 1 of qh[g] as index */
         const uint8_t *qs = b + 2 + 4 * g;
         const unsigned qh = b[66 + g];
@@ -368,3 +409,5 @@ CODES8_DOT(IQ3_S)
 CODES8_DOT(IQ2_XXS)
 CODES8_DOT(IQ2_XS)
 CODES8_DOT(IQ2_S)
+CODES8_DOT(IQ1_S)
+CODES8_DOT(IQ1_M)

@@ -1,6 +1,7 @@
 /* The IQ types' own dequantization on the AVX2 and AVX-512 tiers (IQ4_NL, IQ4_XS, IQ3_XXS,
- * IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M), and the products with int16 activation codes
- * of IQ4_NL, IQ1_S and IQ1_M (the others' take 8-bit ones: codes8_dots.c): each block unpacked in registers, two
+ * IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M), and IQ4_NL's products with int16 activation
+ * codes (the others' take 8-bit ones: codes8_dots.c; IQ4_NL's 32-weight blocks do not fit
+ * their 256-weight groups of codes): each block unpacked in registers, two
  * groups of 32 at a time, and shared by the n <= ROW_TOKENS tokens of dot_row_tokens, with no
  * stack round trip. The arithmetic is the generic form's (kernels.h, row_tokens and
  * dequantize_row in quants.c), bit for bit: per group, exact int32 sums in 8 lanes, lane l
@@ -244,8 +245,7 @@ static inline INLINED void iq1_s_pair(const uint8_t *b, int p, __m256i *lo, __m2
  * the words at 48, d their top 4 bits (low word first) as fp16 */
 static inline INLINED void iq1_m_scales(const uint8_t *b, v8f *lo, v8f *hi) {
     const uint8_t *sc = b + 48;
-    uint16_t d = (uint16_t)((u16(sc) >> 12) | ((u16(sc + 2) >> 8) & 0x00f0) | ((u16(sc + 4) >> 4) & 0x0f00) |
-                            (u16(sc + 6) & 0xf000));
+    uint16_t d = iq1m_d(sc);
     const u32x8 k = {0, 1, 2, 3, 4, 5, 6, 7};
     u32x8 word = {u16(sc), u16(sc), u16(sc + 2), u16(sc + 2), u16(sc + 4), u16(sc + 4), u16(sc + 6), u16(sc + 6)};
     u32x8 half0 = (word >> (3 * (2 * k % 4))) & 7, half1 = (word >> (3 * (2 * k % 4 + 1))) & 7; /* k = 2g, 2g + 1 */
@@ -438,7 +438,7 @@ static __attribute__((noinline)) void iq_dequantize(int type, const uint8_t *row
         }                                                                                                         \
     }
 /* the types whose products are here: the others take 8-bit codes (codes8_dots.c) */
-#define IQ_DOT_TYPES(X) X(IQ4_NL) X(IQ1_S) X(IQ1_M)
+#define IQ_DOT_TYPES(X) X(IQ4_NL)
 #define IQ_DOT_TYPE(name) IQ_DOT(name, T_##name)
 IQ_DOT_TYPES(IQ_DOT_TYPE)
 #undef IQ_DOT_TYPE
@@ -465,6 +465,8 @@ int iq_dequantize_row(int type, const uint8_t *row, int64_t K, float *out) {
         IQ_CASE(IQ2_XXS)
         IQ_CASE(IQ2_XS)
         IQ_CASE(IQ2_S)
+        IQ_CASE(IQ1_S)
+        IQ_CASE(IQ1_M)
         iq_dequantize(type, row, K, out);
         return 1;
     default: return 0;

@@ -18,7 +18,7 @@
  * Q6_K (form OWN below) has a product of its own (kquant_dots.c): its integer sub-block scales
  * go into int16 weights, a group's sums are 16 int32 lanes, and each group costs one fused
  * multiply-add per lane (that file's comment has the arithmetic).
- * Q2_K, Q3_K and the IQ types but IQ4_NL, IQ1_S and IQ1_M (form OWN8) take 8-bit activation
+ * Q2_K, Q3_K and the IQ types but IQ4_NL (form OWN8) take 8-bit activation
  * codes instead, in the same groups of 32 (Codes8), which the AVX2 byte products (maddubs)
  * multiply at twice the int16 ones' width (codes8_dots.c). That costs accuracy (logits ~1.5e-2 of the range, perplexity
  * under 0.6%: docs/benchmarks.md), small beside their 2- to 4-bit weights' own; Q4_K to Q6_K
@@ -89,8 +89,8 @@
     X(IQ2_XXS, 16, 256, 66, OWN8, unpack_iq2_xxs, 0, 0, FP16, 0) \
     X(IQ2_XS, 17, 256, 74, OWN8, unpack_iq2_xs, 0, 1, FP16, 0)   \
     X(IQ2_S, 22, 256, 82, OWN8, unpack_iq2_s, 0, 1, FP16, 0)     \
-    X(IQ1_S, 19, 256, 50, CODES, unpack_iq1_s, 0, 0, FP16, 0)     \
-    X(IQ1_M, 29, 256, 56, CODES, unpack_iq1_m, 0, 1, IQ1M, 48)
+    X(IQ1_S, 19, 256, 50, OWN8, unpack_iq1_s, 0, 0, FP16, 0)     \
+    X(IQ1_M, 29, 256, 56, OWN8, unpack_iq1_m, 0, 1, IQ1M, 48)
 
 #define TYPE_ENUM(name, number, ...) T_##name = number,
 enum {
@@ -190,7 +190,7 @@ int iq_dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq
 int iq_dequantize_row(int type, const uint8_t *row, int64_t K, float *out); /* the same for dequantize_row */
 
 /* The OWN types' product functions (kquant_dots.c: Q6_K; OWN8, codes8_dots.c: Q2_K, Q3_K and
- * six IQ types), dot_<name>, which dot_row_tokens calls as it calls the CODES types' */
+ * the IQ types but IQ4_NL), dot_<name>, which dot_row_tokens calls as it calls the CODES types' */
 #define OWN_DOT(name, number, weights, bytes, form, ...) OWN_DOT_##form(name)
 #define OWN_DOT_FLOAT(name)
 #define OWN_DOT_CODES(name)

@@ -576,12 +576,6 @@ static inline INLINED void unpack_iq1_s(const uint8_t *b, int8_t *q, float *scal
     }
 }
 
-/* IQ1_M's fp16 super-block scale: the top 4 bits of its 4 16-bit scale words, low word first. */
-static inline uint16_t iq1m_d(const uint8_t *sc) {
-    return (uint16_t)((u16(sc) >> 12) | ((u16(sc + 2) >> 8) & 0x00f0) | ((u16(sc + 4) >> 4) & 0x0f00) |
-                      (u16(sc + 6) & 0xf000));
-}
-
 /* IQ1_M, 256 weights in 56 bytes:  | qs: 32 | qh: 16 | scales: 4 x 16 bits |
  * nibble i of qh (low nibble of qh[i / 2] first) holds 3 high grid-index bits and a delta bit:
  * weights 8i .. 8i + 7 are iq1s_grid[qs[i] | (nibble & 7) << 8] plus -1/8 if nibble & 8, else
@@ -804,7 +798,7 @@ static inline __attribute__((always_inline)) void row_tokens(int type, int split
 #define DOT_CODES(number, unpack, weights, bytes, has_min) \
     case number: DOT_BLOCKS(unpack, weights, bytes, has_min)
 #define DOT_OWN(...)   /* Q6_K: kquant_dots.c */
-#define DOT_OWN8(...)  /* Q2_K, Q3_K, six IQ types: codes8_dots.c */
+#define DOT_OWN8(...)  /* Q2_K, Q3_K, the IQ types but IQ4_NL: codes8_dots.c */
 #define DOT_TILED(...) /* Q1_0: q1_tiles.c */
     switch (type) {
         QUANT_TYPES(DOT_CASE)

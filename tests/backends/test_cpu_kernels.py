@@ -45,7 +45,7 @@ QUANT_TYPES = sorted([*SCALE_OFFSETS, *E8M0_TYPES], key=int)
 FLOAT_TYPES = [T.F32, T.F16, T.BF16]
 # Q1_0's tables sum 12-bit codes, the ternary types' tables 11-bit codes
 # 7 bits (+ sign) for the types on 8-bit codes (cpu_kernels/codes8_dots.c), 15 for the others
-CODES8_TYPES = (T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ3_XXS, T.IQ3_S, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S)
+CODES8_TYPES = (T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ3_XXS, T.IQ3_S, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ1_S, T.IQ1_M)
 CODE_MAX = {t: {T.Q1_0: 2047, T.TQ1_0: 1023, T.TQ2_0: 1023}.get(t, 127 if t in CODES8_TYPES else 32767) for t in QUANT_TYPES}
 TABLE_TYPES = (T.Q1_0, T.TQ1_0, T.TQ2_0)  # multiplied by table lookup, from tiles of 32 rows
 GGUF_PY_QUANTIZES = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.TQ1_0, T.TQ2_0}  # gguf.quants.quantize

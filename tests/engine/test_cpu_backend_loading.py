@@ -82,7 +82,7 @@ def test_a_type_without_a_kernel_is_converted_once_and_the_load_says_so(tmp_path
 # Q3_K's and most IQ types' products take 8-bit codes (cpu_kernels/codes8_dots.c), 8 times
 # coarser again (these random weights give 0.6% and 1.1% of the range for Q2_K and Q3_K;
 # perplexity on real models moves less than 0.6%: tests/engine/test_requantized_perplexity.py).
-CODES8_TYPES = ("Q2_K", "Q3_K", "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S")
+CODES8_TYPES = ("Q2_K", "Q3_K", "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M")
 LOGIT_TOLERANCE = {"TQ1_0": 2e-3, "TQ2_0": 2e-3} | dict.fromkeys(CODES8_TYPES, 2e-2)
 
 

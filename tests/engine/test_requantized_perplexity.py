@@ -13,7 +13,7 @@ by tools/make_imatrix.py. Then, over 2 windows of 128 tokens of tests/fixtures/p
 - its perplexity is within 1% of NumPy's on the same file and within 2% of llama.cpp's, both
   with each window fed at once (a prefill: float activations) and 16 tokens at a time (the
   products that quantize the activations: int16 codes, or 8-bit ones for Q2_K, Q3_K and the IQ
-  types but IQ4_NL, IQ1_S and IQ1_M).
+  types but IQ4_NL).
 
 Left out, with what covers them instead (tests/backends/test_cpu_kernels.py: unpacking equal
 to gguf-py's, every tier equal to scalar, products within the rounding bound):
