@@ -1,12 +1,11 @@
 /* The IQ types' own dequantization on the AVX2 and AVX-512 tiers (IQ4_NL, IQ4_XS, IQ3_XXS,
  * IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M), and IQ4_NL's products with int16 activation
  * codes (the others' take 8-bit ones: codes8_dots.c; IQ4_NL's 32-weight blocks do not fit
- * their 256-weight groups of codes): each block unpacked in registers, two
- * groups of 32 at a time, and shared by the n <= ROW_TOKENS tokens of dot_row_tokens, with no
- * stack round trip. The arithmetic is the generic form's (kernels.h, row_tokens and
- * dequantize_row in quants.c), bit for bit: per group, exact int32 sums in 8 lanes, lane l
- * taking weights 2l, 2l + 1, 16 + 2l and 17 + 2l; acc[l] += sums * (scale * xscale) (split
- * types: each half's sums times its own scale, added, then to acc), the groups in order;
+ * their 256-weight groups of codes): each block unpacked in registers, two groups of 32 at a
+ * time (the product's shared by the n <= ROW_TOKENS tokens of dot_row_tokens, with no stack
+ * round trip). The arithmetic is the generic form's (kernels.h, row_tokens and dequantize_row
+ * in quants.c), bit for bit: per group, exact int32 sums in 8 lanes, lane l taking weights
+ * 2l, 2l + 1, 16 + 2l and 17 + 2l; acc[l] += sums * (scale * xscale), the groups in order;
  * reduce8. Only the integer sums are formed differently, and they are exact.
  *
  * A pair of groups g, h = g + 1 is two vectors of 32 int8 codes:
@@ -272,12 +271,11 @@ static inline INLINED void iq1_m_pair(const uint8_t *b, int p, __m256i *lo, __m2
     *hi = iq1_eighths(*hi, neg[1]);
 }
 
-/* -- a pair's products with n tokens --------------------------------------------------------
+/* -- a pair's products with n tokens (IQ4_NL's) ------------------------------------------------
  * acc[k] += group g's terms, then group h's (both: whether h exists), for token k whose codes
- * of group g start at x + k * K; flo[k] holds scale * xscale of g at index i, of h at i + 1
- * (split: of weights 0-15, and fhi[k] of weights 16-31; else flo[k] for the whole group). */
-static inline INLINED void pair_terms(__m256i lo, __m256i hi, const int16_t *x, int64_t K, const v8f *flo,
-                                      const v8f *fhi, int i, int both, int split, const int n, v8f *acc) {
+ * of group g start at x + k * K; flo[k] holds scale * xscale of g at index i, of h at i + 1. */
+static inline INLINED void pair_terms(__m256i lo, __m256i hi, const int16_t *x, int64_t K, const v8f *flo, int i,
+                                      int both, const int n, v8f *acc) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
     __m512i wlo = _mm512_cvtepi8_epi16(lo), whi = _mm512_cvtepi8_epi16(hi);
     const __m512i at = _mm512_setr_epi32(i, i, i, i, i, i, i, i, i + 1, i + 1, i + 1, i + 1, i + 1, i + 1, i + 1, i + 1);
@@ -290,15 +288,9 @@ static inline INLINED void pair_terms(__m256i lo, __m256i hi, const int16_t *x, 
             xlo = _mm512_inserti64x4(xlo, _mm256_loadu_si256((const __m256i *)(xk + 32)), 1);
             xhi = _mm512_inserti64x4(xhi, _mm256_loadu_si256((const __m256i *)(xk + 48)), 1);
         }
-        __m512 terms, slo = _mm512_permutexvar_ps(at, _mm512_castps256_ps512((__m256)flo[k]));
-        if (split) {
-            __m512 shi = _mm512_permutexvar_ps(at, _mm512_castps256_ps512((__m256)fhi[k]));
-            terms = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_madd_epi16(wlo, xlo)), slo),
-                                  _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_madd_epi16(whi, xhi)), shi));
-        } else {
-            __m512i sums = _mm512_dpwssd_epi32(_mm512_madd_epi16(wlo, xlo), whi, xhi);
-            terms = _mm512_mul_ps(_mm512_cvtepi32_ps(sums), slo);
-        }
+        __m512 slo = _mm512_permutexvar_ps(at, _mm512_castps256_ps512((__m256)flo[k]));
+        __m512i sums = _mm512_dpwssd_epi32(_mm512_madd_epi16(wlo, xlo), whi, xhi);
+        __m512 terms = _mm512_mul_ps(_mm512_cvtepi32_ps(sums), slo);
         acc[k] += (v8f)_mm512_castps512_ps256(terms);
         if (both) acc[k] += (v8f)_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(terms), 1));
     }
@@ -313,19 +305,15 @@ static inline INLINED void pair_terms(__m256i lo, __m256i hi, const int16_t *x, 
             __m256i shi = _mm256_madd_epi16(w[2 * j + 1], _mm256_loadu_si256((const __m256i *)(xk + 32 * j + 16)));
             /* the group's scale in every lane (no index register: the compiler picks the shuffles) */
             __m256 scale = _mm256_set1_ps(flo[k][i + j]);
-            if (split)
-                acc[k] += (v8f)_mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(slo), scale),
-                                             _mm256_mul_ps(_mm256_cvtepi32_ps(shi),
-                                                           _mm256_set1_ps(fhi[k][i + j])));
-            else
-                acc[k] += (v8f)_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(slo, shi)), scale);
+            acc[k] += (v8f)_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(slo, shi)), scale);
         }
     }
 #endif
 }
 
 /* A pair's 64 weights as floats, as dequantize_row gives them: code * scale + 0 (its min term),
- * group g at out[0 .. 31], h (if both) at out[32 .. 63]; scales as pair_terms' f. */
+ * group g at out[0 .. 31], h (if both) at out[32 .. 63]; the scales of g at index i of slo, of h
+ * at i + 1 (split: of weights 0-15, and of weights 16-31 in shi). */
 static inline INLINED void pair_floats(__m256i lo, __m256i hi, v8f slo, v8f shi, int i, int both, int split,
                                        float *out) {
     for (int j = 0; j < 1 + both; j++) {
@@ -356,7 +344,7 @@ static inline INLINED void pair_floats(__m256i lo, __m256i hi, v8f slo, v8f shi,
         const uint8_t *b = row + blk * (bytes);                                                            \
         uint32_t aux[8];                                                                                   \
         v8f slo, shi = {0};                                                                                \
-        (void)aux;                                                                                         \
+        (void)aux, (void)shi;                                                                              \
         scales;                                                                                            \
         prepare;                                                                                           \
         _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {                                              \
@@ -394,24 +382,23 @@ static inline INLINED void pair_floats(__m256i lo, __m256i hi, v8f slo, v8f shi,
         __VA_ARGS__;                                                                      \
     }
 
-/* n tokens times one row of `type`, as row_tokens would give them */
-static inline INLINED void iq_row(int type, const uint8_t *row, int64_t K, const int16_t *xq, const float *xd,
-                                  const int n, float *out, int64_t stride) {
-    v8f acc[ROW_TOKENS] = {{0}}, flo[ROW_TOKENS], fhi[ROW_TOKENS];
+/* n tokens times one IQ4_NL row, as row_tokens would give them */
+static inline INLINED void iq4_nl_row(const uint8_t *row, int64_t K, const int16_t *xq, const float *xd, const int n,
+                                      float *out, int64_t stride) {
+    const int type = T_IQ4_NL;
+    v8f acc[ROW_TOKENS] = {{0}}, f[ROW_TOKENS];
     int64_t G = K / GROUP;
-#define TOKEN_SCALES(split)                                    \
+#define TOKEN_SCALES                                           \
     for (int k = 0; k < n; k++) { /* scale * xscale */         \
         v8f xs;                                                \
         memcpy(&xs, xd + k * G + 8 * blk, sizeof xs);          \
-        flo[k] = slo * xs;                                     \
-        if (split) fhi[k] = shi * xs;                          \
+        f[k] = slo * xs;                                       \
     }
-#define TERMS(split) pair_terms(lo, hi, xq + blk * 256 + 64 * p, K, flo, fhi, 2 * p, 1, split, n, acc)
-    switch (type) { IQ_BLOCKS(TOKEN_SCALES, TERMS) }
+    BLOCKS_256(8 * 18, 0, slo = iq4_nl_scales(b), iq4_nl_pair(b + 36 * p, 1, &lo, &hi), TOKEN_SCALES,
+               pair_terms(lo, hi, xq + blk * 256 + 64 * p, K, f, 2 * p, 1, n, acc))
 #undef TOKEN_SCALES
-#undef TERMS
-    IQ4_NL_TAIL(for (int k = 0; k < n; k++) flo[k] = sc * (v8f){xd[k * G + g], both ? xd[k * G + g + 1] : 0.0f};
-                pair_terms(lo, hi, xq + g * GROUP, K, flo, flo, 0, both, 0, n, acc))
+    IQ4_NL_TAIL(for (int k = 0; k < n; k++) f[k] = sc * (v8f){xd[k * G + g], both ? xd[k * G + g + 1] : 0.0f};
+                pair_terms(lo, hi, xq + g * GROUP, K, f, 0, both, n, acc))
     for (int k = 0; k < n; k++) out[k * stride] = reduce8(acc[k]);
 }
 
@@ -427,38 +414,28 @@ static __attribute__((noinline)) void iq_dequantize(int type, const uint8_t *row
 #undef IQ_BLOCKS
 #undef BLOCKS_256
 
-#define IQ_DOT(name, number)                                                                                       \
-    static __attribute__((noinline)) void iq_dot_##name(const uint8_t *row, int64_t K, const int16_t *xq,        \
-                                                        const float *xd, int n, float *out, int64_t stride) {      \
-        switch (n) { /* one body per count, each block's codes shared by the tokens */                           \
-        case 1: iq_row(number, row, K, xq, xd, 1, out, stride); break;                                            \
-        case 2: iq_row(number, row, K, xq, xd, 2, out, stride); break;                                            \
-        case 3: iq_row(number, row, K, xq, xd, 3, out, stride); break;                                            \
-        default: iq_row(number, row, K, xq, xd, ROW_TOKENS, out, stride); break;                                  \
-        }                                                                                                         \
+/* IQ4_NL is the only type whose product is here: the others take 8-bit codes (codes8_dots.c) */
+static __attribute__((noinline)) void iq4_nl_dot(const uint8_t *row, int64_t K, const int16_t *xq, const float *xd,
+                                                 int n, float *out, int64_t stride) {
+    switch (n) { /* one body per count, each block's codes shared by the tokens */
+    case 1: iq4_nl_row(row, K, xq, xd, 1, out, stride); break;
+    case 2: iq4_nl_row(row, K, xq, xd, 2, out, stride); break;
+    case 3: iq4_nl_row(row, K, xq, xd, 3, out, stride); break;
+    default: iq4_nl_row(row, K, xq, xd, ROW_TOKENS, out, stride); break;
     }
-/* the types whose products are here: the others take 8-bit codes (codes8_dots.c) */
-#define IQ_DOT_TYPES(X) X(IQ4_NL)
-#define IQ_DOT_TYPE(name) IQ_DOT(name, T_##name)
-IQ_DOT_TYPES(IQ_DOT_TYPE)
-#undef IQ_DOT_TYPE
-#undef IQ_DOT
+}
 
 int iq_dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq, const float *xd, int n, float *out,
                       int64_t stride) {
-#define IQ_CASE(name) \
-    case T_##name: iq_dot_##name(row, K, xq, xd, n, out, stride); return 1;
-    switch (type) {
-        IQ_DOT_TYPES(IQ_CASE)
-    default: return 0;
-    }
-#undef IQ_CASE
+    if (type != T_IQ4_NL) return 0;
+    iq4_nl_dot(row, K, xq, xd, n, out, stride);
+    return 1;
 }
 
 int iq_dequantize_row(int type, const uint8_t *row, int64_t K, float *out) {
 #define IQ_CASE(name) case T_##name:
     switch (type) {
-        IQ_DOT_TYPES(IQ_CASE)
+        IQ_CASE(IQ4_NL)
         IQ_CASE(IQ4_XS)
         IQ_CASE(IQ3_XXS)
         IQ_CASE(IQ3_S)

@@ -183,11 +183,11 @@ int64_t count_bad_scales(int type, const uint8_t *data, int64_t n_blocks);
 void float_product(const float *w, int n, int64_t K, const float *x, int64_t t0, int64_t t1, float *out,
                    int64_t stride);
 
-/* iq_dots.c: the IQ types' products on the AVX2 and AVX-512 tiers, the same bits as
+/* iq_dots.c: IQ4_NL's product on the AVX2 and AVX-512 tiers, the same bits as
  * dot_row_tokens' generic form; 0 (nothing done) for other types and tiers */
 int iq_dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq, const float *xd, int n, float *out,
                       int64_t stride);
-int iq_dequantize_row(int type, const uint8_t *row, int64_t K, float *out); /* the same for dequantize_row */
+int iq_dequantize_row(int type, const uint8_t *row, int64_t K, float *out); /* the IQ types' dequantize_row */
 
 /* The OWN types' product functions (kquant_dots.c: Q6_K; OWN8, codes8_dots.c: Q2_K, Q3_K and
  * the IQ types but IQ4_NL), dot_<name>, which dot_row_tokens calls as it calls the CODES types' */
