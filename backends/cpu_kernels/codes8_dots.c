@@ -292,7 +292,7 @@ static inline __attribute__((always_inline)) void unpack_group(int type, const u
 #undef AT
         *signs = sign_bytes(u32(b + 34 + 4 * g));
     }
-    if (type != T_Q2_K && type != T_Q3_K)
+    if (signed_codes(type)) /* the IQ types' scales */
         *scales = split_scales(type) ? _mm256_shuffle_epi8(s->half_scales[g / 4], scale_control(g))
                                      : _mm256_shuffle_epi8(s->half_scales[0], word_control(g));
 }
