@@ -28,7 +28,7 @@ from backends.cpu_backend import CpuBackend, CpuMatrix
 from backends.cpu_runner import RecordingRunner
 from backends.dequant import dequantize
 from backends.numpy_backend import NumpyBackend
-from tests.backends.test_cpu_kernels import random_matrix
+from tests.backends.test_cpu_kernels import CODES8_TYPES, random_matrix
 
 T = GGMLQuantizationType
 TIERS = cpu_native.runnable_tiers()
@@ -47,8 +47,6 @@ TYPE_SETS = [
     (T.IQ2_XXS, T.Q2_K, T.IQ4_XS),  # on 8-bit activation codes (cpu_kernels/codes8_dots.c)
 ]
 E, F, D = 8, 256, 256  # experts, expert FFN width, model width (multiples of the K-quants' 256)
-# the largest activation code: 15 bits, or 7 for the types on 8-bit codes
-CODES8_TYPES = (T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ3_XXS, T.IQ3_S, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ1_S, T.IQ1_M)
 
 
 # -- MXFP4 ------------------------------------------------------------------------------------
