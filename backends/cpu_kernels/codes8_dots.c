@@ -53,20 +53,7 @@
 #include "kernels.h"
 #include "simd.h"
 
-/* the bytes of a block of each type, and its float D (module comment) */
-static inline int block_bytes(int type) {
-    switch (type) {
-    case T_Q2_K: return 84;
-    case T_Q3_K: case T_IQ3_S: return 110;
-    case T_IQ4_XS: return 136;
-    case T_IQ3_XXS: return 98;
-    case T_IQ2_XS: return 74;
-    case T_IQ2_S: return 82;
-    case T_IQ1_S: return 50;
-    case T_IQ1_M: return 56;
-    default: return 66; /* IQ2_XXS */
-    }
-}
+/* the float D of a block of each type (module comment) */
 static inline float block_scale(int type, const uint8_t *b) {
     switch (type) {
     case T_Q2_K: return f16(b + 80);
@@ -79,10 +66,6 @@ static inline float block_scale(int type, const uint8_t *b) {
 }
 /* whether the type's codes are signed (the IQ types; the k-quants' offsets are sums terms) */
 static inline int signed_codes(int type) { return type != T_Q2_K && type != T_Q3_K; }
-/* whether its two halves of a group have scales of their own (else one per group of 32) */
-static inline int split_scales(int type) {
-    return type == T_Q2_K || type == T_Q3_K || type == T_IQ2_XS || type == T_IQ2_S || type == T_IQ1_M;
-}
 
 /* The IQ types' integer scale of sub-block k (k < 16; module comment). */
 static inline int iq_scale(int type, const uint8_t *b, int k) {
@@ -293,7 +276,7 @@ static inline __attribute__((always_inline)) void unpack_group(int type, const u
         *signs = sign_bytes(u32(b + 34 + 4 * g));
     }
     if (signed_codes(type)) /* the IQ types' scales */
-        *scales = split_scales(type) ? _mm256_shuffle_epi8(s->half_scales[g / 4], scale_control(g))
+        *scales = type_split(type) ? _mm256_shuffle_epi8(s->half_scales[g / 4], scale_control(g))
                                      : _mm256_shuffle_epi8(s->half_scales[0], word_control(g));
 }
 
@@ -386,7 +369,7 @@ static inline __attribute__((always_inline)) void rows_tokens(int type, const ui
                                                               int64_t stride) {
     const int64_t B = K / BLOCK8;
     v8f acc[ROW_TOKENS] = {{0}};
-    for (int64_t blk = 0; blk < B; blk++) block_tokens(type, row + blk * block_bytes(type), x8 + blk, B, N, acc);
+    for (int64_t blk = 0; blk < B; blk++) block_tokens(type, row + blk * type_bytes(type), x8 + blk, B, N, acc);
     for (int k = 0; k < N; k++) out[k * stride] = reduce8(acc[k]);
 }
 

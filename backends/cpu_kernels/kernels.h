@@ -40,7 +40,7 @@
 #include <stdint.h>
 
 /* Every type the kernels read, one row each (X-macro): from it come the T_ enum, block
- * sizes (type_block), the unpacking switch, each CODES type's own product function
+ * sizes (type_block, type_bytes), the unpacking switch, each CODES type's own product function
  * (dot_<name>, which dot_row_tokens calls) and the scale check (quants.c), and the module's
  * NATIVE_TYPES (module.c). A new block format is its unpack
  * function in quants.c (its bit layout drawn above it) and one row here.
@@ -111,6 +111,26 @@ static inline int type_form(int type) {
     default: return -1;
     }
 #undef FORM_CASE
+}
+
+/* Its bytes per block, and its `split` (0 for types not in the table); constants where the type is. */
+static inline int type_bytes(int type) {
+#define BYTES_CASE(name, number, weights, bytes, ...) \
+    case number: return bytes;
+    switch (type) {
+        QUANT_TYPES(BYTES_CASE)
+    default: return 0;
+    }
+#undef BYTES_CASE
+}
+static inline int type_split(int type) {
+#define SPLIT_CASE(name, number, weights, bytes, form, unpack, mins, split, ...) \
+    case number: return split;
+    switch (type) {
+        QUANT_TYPES(SPLIT_CASE)
+    default: return 0;
+    }
+#undef SPLIT_CASE
 }
 
 #define GROUP 32 /* weights per quantization group of the activations */
