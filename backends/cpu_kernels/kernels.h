@@ -23,10 +23,11 @@
  * multiply at twice the int16 ones' width (codes8_dots.c). That costs accuracy (logits ~1.5e-2 of the range, perplexity
  * under 0.6%: docs/benchmarks.md), small beside their 2- to 4-bit weights' own; Q4_K to Q6_K
  * failed the end-to-end Gemma test with it and keep int16 codes.
- * A product over FLOAT_TOKENS or more tokens (prefill) instead dequantizes FLOAT_ROWS rows at
- * a time to float and takes the float activations as they are, summing with fused
- * multiply-adds in 8 lanes (fma8, the same rounding in every tier; float_product in quants.c;
- * AVX-512 holds two tokens' 8 lanes in one register).
+ * A product over FLOAT_TOKENS or more tokens (prefill) instead dequantizes a panel of rows
+ * (float_panel_rows) to float once for all its tokens and takes the float activations as they
+ * are, FLOAT_ROWS rows at a time, summing with fused multiply-adds in 8 lanes (fma8, the same
+ * rounding in every tier; float_product in quants.c; AVX-512 holds two tokens' 8 lanes in one
+ * register).
  * On AVX2 and AVX-512 the IQ types have dequantization, and those on int16 codes products, of
  * their own, unpacked in registers (iq_dots.c), with the bits of the form above.
  * The float types take the float activations as they are. Q1_0 is multiplied by table
@@ -145,6 +146,17 @@ static inline int type_split(int type) {
 #define FLOAT_ROWS 3
 #endif
 #define FLOAT_BLOCK 4   /* tokens register-blocked with those rows */
+#define FLOAT_PANEL_BYTES 196608 /* float weights dequantized at once, for all the tokens (ops.c) */
+/* Rows of K columns in a panel: whole groups of FLOAT_ROWS, at least one; they take at most
+ * float_panel_floats(K) floats, for any K up to `cols` (a RowBuffer's f). */
+static inline int64_t float_panel_rows(int64_t K) {
+    int64_t rows = FLOAT_PANEL_BYTES / (int64_t)sizeof(float) / K / FLOAT_ROWS * FLOAT_ROWS;
+    return rows > FLOAT_ROWS ? rows : FLOAT_ROWS;
+}
+static inline int64_t float_panel_floats(int64_t cols) {
+    int64_t least = FLOAT_PANEL_BYTES / (int64_t)sizeof(float);
+    return FLOAT_ROWS * cols > least ? FLOAT_ROWS * cols : least;
+}
 
 /* A weight matrix as it lies in the model file: `rows` rows of `row_bytes` bytes. */
 typedef struct {
@@ -161,7 +173,7 @@ typedef struct {
     int8_t *q;
     float *scale;
     float *min;
-    float *f; /* float weights (F32/F16/BF16 rows), or FLOAT_ROWS rows dequantized */
+    float *f; /* float weights (F32/F16/BF16 rows), or a panel of rows dequantized (float_panel_rows) */
 } RowBuffer;
 
 static inline int type_is_float(int type) { return type_form(type) == FORM_FLOAT; }

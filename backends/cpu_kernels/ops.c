@@ -113,6 +113,24 @@ static void tq_tiles_product(const Matrix *w, int64_t K, int64_t r0, int64_t r1,
         }
 }
 
+/* Rows r0 .. r1 - 1 of a matrix (row r at data + r * row_bytes) times the float tokens
+ * t0 .. t1 - 1 of x (rows of K), into out[t * stride + r], by dequantized rows: a panel of
+ * rows (float_panel_rows) is dequantized once for all the tokens, which it then meets a tile of
+ * FLOAT_TILE_BYTES of activations at a time, panel and tile both held in the core's L2. */
+static void float_panels(const uint8_t *data, int type, size_t row_bytes, int64_t K, int64_t r0, int64_t r1,
+                         const float *x, int64_t t0, int64_t t1, RowBuffer *buf, float *out, int64_t stride) {
+    int64_t panel = float_panel_rows(K), tile = FLOAT_TILE_BYTES / (int64_t)sizeof(float) / K;
+    if (tile < TOKEN_TILE) tile = TOKEN_TILE;
+    for (int64_t r = r0; r < r1; r += panel) {
+        int64_t n = r1 - r < panel ? r1 - r : panel;
+        for (int64_t i = 0; i < n; i++) dequantize_row(type, data + (r + i) * row_bytes, K, buf, buf->f + i * K);
+        for (int64_t s = t0; s < t1; s += tile)
+            for (int64_t i = 0; i < n; i += FLOAT_ROWS)
+                float_product(buf->f + i * K, n - i < FLOAT_ROWS ? (int)(n - i) : FLOAT_ROWS, K, x, s,
+                              s + tile < t1 ? s + tile : t1, out + r + i, stride);
+    }
+}
+
 /* One token reads each row once, in order: ask for a row a few rows ahead of the one being
  * multiplied, so that memory works while the core computes. */
 #define PREFETCH_ROWS 4
@@ -126,10 +144,8 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
     int64_t lo, hi, K = c->K, G = K / GROUP;
     split_range(c->total_rows, chunk, chunks, &lo, &hi);
     RowBuffer *buf = scratch_row(thread);
-    /* dequantized rows: as many tokens as keep their activations in a core's L2 */
-    int64_t tile = c->dequantize ? FLOAT_TILE_BYTES / (int64_t)sizeof(float) / K : TOKEN_TILE;
-    if (tile < TOKEN_TILE) tile = TOKEN_TILE;
-    if (c->tq_only) tile = c->T;
+    /* dequantized rows take all the tokens at once (float_panels tiles them) */
+    int64_t tile = c->dequantize || c->tq_only ? c->T : TOKEN_TILE;
     for (int64_t t0 = 0; t0 < c->T; t0 += tile) {
         int64_t t1 = t0 + tile < c->T ? t0 + tile : c->T;
         int64_t base = 0;
@@ -141,12 +157,7 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
             } else if (w->type == T_TQ_TILES) {
                 tq_tiles_product(w, K, r0, r1, t0, t1, op->outs[m]);
             } else if (c->dequantize && type_takes_codes(w->type)) {
-                for (int64_t r = r0; r < r1; r += FLOAT_ROWS) {
-                    int n = r1 - r < FLOAT_ROWS ? (int)(r1 - r) : FLOAT_ROWS;
-                    for (int i = 0; i < n; i++)
-                        dequantize_row(w->type, w->data + (r + i) * w->row_bytes, K, buf, buf->f + i * K);
-                    float_product(buf->f, n, K, op->a, t0, t1, op->outs[m] + r, w->rows);
-                }
+                float_panels(w->data, w->type, w->row_bytes, K, r0, r1, op->a, t0, t1, buf, op->outs[m], w->rows);
             } else if (type_takes_codes(w->type)) { /* a few tokens: each row read once, no row buffer */
                 for (int64_t r = r0; r < r1; r++) {
                     const uint8_t *row = w->data + r * w->row_bytes;
@@ -523,16 +534,7 @@ static void expert_rows(const Matrix *w, int64_t e, int64_t R, int64_t r0, int64
             dot_tokens(buf, xf + s * K, K, 0, n, out + r, R);
         }
     } else if (n >= FLOAT_TOKENS) { /* rows dequantized, float activations */
-        int64_t tile = FLOAT_TILE_BYTES / (int64_t)sizeof(float) / K;
-        if (tile < TOKEN_TILE) tile = TOKEN_TILE;
-        for (int64_t t0 = 0; t0 < n; t0 += tile) {
-            int64_t t1 = t0 + tile < n ? t0 + tile : n;
-            for (int64_t r = r0; r < r1; r += FLOAT_ROWS) {
-                int m = r1 - r < FLOAT_ROWS ? (int)(r1 - r) : FLOAT_ROWS;
-                for (int i = 0; i < m; i++) dequantize_row(w->type, base + (r + i) * w->row_bytes, K, buf, buf->f + i * K);
-                float_product(buf->f, m, K, xf + s * K, t0, t1, out + r, R);
-            }
-        }
+        float_panels(base, w->type, w->row_bytes, K, r0, r1, xf + s * K, 0, n, buf, out, R);
     } else { /* each row read once for the expert's few tokens */
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *row = base + r * w->row_bytes;

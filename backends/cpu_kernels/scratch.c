@@ -27,7 +27,7 @@ int scratch_reserve(int64_t cols, int64_t floats) {
     for (int i = 0; i < n && i < MAX_SLOTS; i++) {
         RowBuffer *r = &slots[i].row;
         void *q = grow(r->q, (size_t)cols), *s = grow(r->scale, sizeof(float) * (size_t)(cols / GROUP * HALVES)),
-             *m = grow(r->min, sizeof(float) * (size_t)(cols / GROUP * HALVES)), *f = grow(r->f, sizeof(float) * FLOAT_ROWS * (size_t)cols),
+             *m = grow(r->min, sizeof(float) * (size_t)(cols / GROUP * HALVES)), *f = grow(r->f, sizeof(float) * (size_t)float_panel_floats(cols)),
              *w = grow(slots[i].floats, sizeof(float) * (size_t)floats);
         if (q) r->q = q;
         if (s) r->scale = s;
