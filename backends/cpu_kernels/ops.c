@@ -144,8 +144,10 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
     int64_t lo, hi, K = c->K, G = K / GROUP;
     split_range(c->total_rows, chunk, chunks, &lo, &hi);
     RowBuffer *buf = scratch_row(thread);
-    /* dequantized rows take all the tokens at once (float_panels tiles them) */
-    int64_t tile = c->dequantize || c->tq_only ? c->T : TOKEN_TILE;
+    /* the tables of Q1_0 and ternary tiles: as many tokens as keep their activations in a core's L2 */
+    int64_t tile = c->dequantize ? FLOAT_TILE_BYTES / (int64_t)sizeof(float) / K : TOKEN_TILE;
+    if (tile < TOKEN_TILE) tile = TOKEN_TILE;
+    if (c->tq_only) tile = c->T;
     for (int64_t t0 = 0; t0 < c->T; t0 += tile) {
         int64_t t1 = t0 + tile < c->T ? t0 + tile : c->T;
         int64_t base = 0;
@@ -156,8 +158,8 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
                 tiles_product(w, K, r0, r1, t0, t1, op->outs[m]);
             } else if (w->type == T_TQ_TILES) {
                 tq_tiles_product(w, K, r0, r1, t0, t1, op->outs[m]);
-            } else if (c->dequantize && type_takes_codes(w->type)) {
-                float_panels(w->data, w->type, w->row_bytes, K, r0, r1, op->a, t0, t1, buf, op->outs[m], w->rows);
+            } else if (c->dequantize && type_takes_codes(w->type)) { /* all the tokens at once: float_panels tiles them */
+                if (t0 == 0) float_panels(w->data, w->type, w->row_bytes, K, r0, r1, op->a, 0, c->T, buf, op->outs[m], w->rows);
             } else if (type_takes_codes(w->type)) { /* a few tokens: each row read once, no row buffer */
                 for (int64_t r = r0; r < r1; r++) {
                     const uint8_t *row = w->data + r * w->row_bytes;
