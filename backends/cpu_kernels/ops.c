@@ -144,7 +144,8 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
     int64_t lo, hi, K = c->K, G = K / GROUP;
     split_range(c->total_rows, chunk, chunks, &lo, &hi);
     RowBuffer *buf = scratch_row(thread);
-    /* the tables of Q1_0 and ternary tiles: as many tokens as keep their activations in a core's L2 */
+    /* tokens per pass of the matrices not dequantized (Q1_0 and ternary tiles, float rows, codes):
+     * in prefill, as many as keep their activations in a core's L2 */
     int64_t tile = c->dequantize ? FLOAT_TILE_BYTES / (int64_t)sizeof(float) / K : TOKEN_TILE;
     if (tile < TOKEN_TILE) tile = TOKEN_TILE;
     if (c->tq_only) tile = c->T;
