@@ -113,14 +113,20 @@ static void tq_tiles_product(const Matrix *w, int64_t K, int64_t r0, int64_t r1,
         }
 }
 
+/* Tokens of K float activations taken together in a prefill: FLOAT_TILE_BYTES of them (a
+ * core's L2 holds them), at least TOKEN_TILE. */
+static inline int64_t prefill_tile(int64_t K) {
+    int64_t tile = FLOAT_TILE_BYTES / (int64_t)sizeof(float) / K;
+    return tile > TOKEN_TILE ? tile : TOKEN_TILE;
+}
+
 /* Rows r0 .. r1 - 1 of a matrix (row r at data + r * row_bytes) times the float tokens
  * t0 .. t1 - 1 of x (rows of K), into out[t * stride + r], by dequantized rows: a panel of
  * rows (float_panel_rows) is dequantized once for all the tokens, which it then meets a tile of
  * FLOAT_TILE_BYTES of activations at a time, panel and tile both held in the core's L2. */
 static void float_panels(const uint8_t *data, int type, size_t row_bytes, int64_t K, int64_t r0, int64_t r1,
                          const float *x, int64_t t0, int64_t t1, RowBuffer *buf, float *out, int64_t stride) {
-    int64_t panel = float_panel_rows(K), tile = FLOAT_TILE_BYTES / (int64_t)sizeof(float) / K;
-    if (tile < TOKEN_TILE) tile = TOKEN_TILE;
+    int64_t panel = float_panel_rows(K), tile = prefill_tile(K);
     for (int64_t r = r0; r < r1; r += panel) {
         int64_t n = r1 - r < panel ? r1 - r : panel;
         for (int64_t i = 0; i < n; i++) dequantize_row(type, data + (r + i) * row_bytes, K, buf, buf->f + i * K);
@@ -146,9 +152,7 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
     RowBuffer *buf = scratch_row(thread);
     /* tokens per pass of the matrices not dequantized (Q1_0 and ternary tiles, float rows, codes):
      * in prefill, as many as keep their activations in a core's L2 */
-    int64_t tile = c->dequantize ? FLOAT_TILE_BYTES / (int64_t)sizeof(float) / K : TOKEN_TILE;
-    if (tile < TOKEN_TILE) tile = TOKEN_TILE;
-    if (c->tq_only) tile = c->T;
+    int64_t tile = c->tq_only ? c->T : c->dequantize ? prefill_tile(K) : TOKEN_TILE;
     for (int64_t t0 = 0; t0 < c->T; t0 += tile) {
         int64_t t1 = t0 + tile < c->T ? t0 + tile : c->T;
         int64_t base = 0;
