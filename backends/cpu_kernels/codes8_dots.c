@@ -280,6 +280,79 @@ static inline __attribute__((always_inline)) void unpack_group(int type, const u
                                      : _mm256_shuffle_epi8(s->half_scales[0], word_control(g));
 }
 
+#if defined(__AVX512BW__)
+
+/* Groups 2i and 2i + 1 of block b in one 512-bit register each (the first group in the low 256
+ * bits): their codes as unsigned bytes, the bytes of the token's codes to negate (the IQ types'
+ * signs; AVX-512 has no byte sign instruction) and their scales, 32 words. Q2_K, Q3_K and IQ4_XS
+ * unpack both groups at once, the other types each group as unpack_group does. */
+static inline __attribute__((always_inline)) void unpack_pair(int type, const uint8_t *b, const Block8 *s, int i,
+                                                              __m512i *codes, __mmask64 *negative, __m512i *scales) {
+    const int g = 2 * i;
+    *negative = 0;
+    if (type == T_Q2_K || type == T_Q3_K) { /* unpack_group's fields j and j + 1 of the same 32 bytes */
+        const int n = g / 4, j = g % 4;
+        const __m512i packed = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + (type == T_Q2_K ? 16 : 32) + 32 * n)));
+        const __m512i shifts = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * j)), _mm256_set1_epi16((short)(2 * j + 2)), 1);
+        *codes = _mm512_and_si512(_mm512_srlv_epi16(packed, shifts), _mm512_set1_epi8(3));
+        if (type == T_Q3_K) { /* bit g (g + 1) of each hmask byte rotated to bit 2 */
+            const __m512i turns = _mm512_inserti64x4(_mm512_set1_epi64((g - 2) & 63), _mm256_set1_epi64x((g - 1) & 63), 1);
+            const __m512i bit = _mm512_rorv_epi64(_mm512_broadcast_i64x4(s->hm), turns);
+            *codes = _mm512_or_si512(*codes, _mm512_and_si512(bit, _mm512_set1_epi8(4)));
+        }
+    } else if (type == T_IQ4_XS) { /* the 32 bytes of both groups as [low nibbles, high nibbles] of each */
+        const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)kvalues_iq4nl));
+        const __m512i packed = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b + 8 + 16 * g)));
+        const __m512i twice = _mm512_shuffle_i64x2(packed, packed, _MM_SHUFFLE(1, 1, 0, 0));
+        const __m512i nibbles = _mm512_and_si512(_mm512_mask_srli_epi16(twice, 0xff00ff00, twice, 4), _mm512_set1_epi8(15));
+        const __m512i values = _mm512_shuffle_epi8(table, nibbles);
+        *negative = _mm512_movepi8_mask(values);
+        *codes = _mm512_abs_epi8(values);
+    } else {
+        __m256i c[2], sg[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, sc;
+        for (int h = 0; h < 2; h++) unpack_group(type, b, s, g + h, &c[h], &sg[h], &sc);
+        *codes = _mm512_inserti64x4(_mm512_castsi256_si512(c[0]), c[1], 1);
+        if (signed_codes(type)) *negative = _mm512_movepi8_mask(_mm512_inserti64x4(_mm512_castsi256_si512(sg[0]), sg[1], 1));
+    }
+    const __m512i control = _mm512_inserti64x4(_mm512_castsi256_si512(type_split(type) ? scale_control(g) : word_control(g)),
+                                               type_split(type) ? scale_control(g + 1) : word_control(g + 1), 1);
+    *scales = _mm512_shuffle_epi8(_mm512_broadcast_i64x4(s->half_scales[type_split(type) ? g / 4 : 0]), control);
+}
+
+/* One block b of a row times N tokens into their acc, token k's codes of the block at x[k * B]:
+ * a pair of groups at a time, the even group's fma chain (part_0 of the module comment) in the
+ * low 8 lanes and the odd group's (part_1) in the high 8, so the same operations as AVX2's. */
+static inline __attribute__((always_inline)) void block_tokens(int type, const uint8_t *b, const Codes8 *x,
+                                                               int64_t B, const int N, v8f *acc) {
+    const Block8 s = unpack_block(type, b);
+    __m512 part[ROW_TOKENS];
+    for (int k = 0; k < N; k++) part[k] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        __m512i codes, scales;
+        __mmask64 negative;
+        unpack_pair(type, b, &s, i, &codes, &negative, &scales);
+        const __m512i pair = _mm512_inserti64x4(_mm512_set1_epi32(2 * i), _mm256_set1_epi32(2 * i + 1), 1);
+        for (int k = 0; k < N; k++) {
+            __m512i q = _mm512_loadu_si512((const __m512i *)(x[k * B].q + 64 * i));
+            if (signed_codes(type)) q = _mm512_mask_sub_epi8(q, negative, _mm512_setzero_si512(), q);
+            __m512i isum = _mm512_madd_epi16(_mm512_maddubs_epi16(codes, q), scales);
+            __m512 xs = _mm512_permutexvar_ps(pair, _mm512_castps256_ps512(_mm256_loadu_ps(x[k * B].d)));
+            part[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), xs, part[k]);
+        }
+    }
+    const float D = block_scale(type, b), dmin = type == T_Q2_K ? f16(b + 82) : 0.0f;
+    for (int k = 0; k < N; k++) {
+        v8i lanes = {0};
+        if (!signed_codes(type))
+            lanes = (v8i)_mm256_madd_epi16(s.sums_factor, _mm256_loadu_si256((const __m256i *)x[k * B].sums));
+        v8f even = (v8f)_mm512_castps512_ps256(part[k]), odd = (v8f)_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(part[k]), 1));
+        acc[k] = add_block(type, acc[k], even + odd, lanes, D, dmin, x[k * B].d);
+    }
+}
+
+#else
+
 /* One block b of a row times N tokens into their acc, token k's codes of the block at x[k * B]. */
 static inline __attribute__((always_inline)) void block_tokens(int type, const uint8_t *b, const Codes8 *x,
                                                                int64_t B, const int N, v8f *acc) {
@@ -305,6 +378,8 @@ static inline __attribute__((always_inline)) void block_tokens(int type, const u
         acc[k] = add_block(type, acc[k], (v8f)part[k][0] + (v8f)part[k][1], lanes, D, dmin, x[k * B].d);
     }
 }
+
+#endif
 
 #else
 
