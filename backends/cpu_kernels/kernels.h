@@ -15,6 +15,8 @@
  *     acc[l] += (float)(isum_lo[l] + isum_hi[l]) * (wscale * xscale)
  * (the types whose halves have scales of their own, `split` below, add the two separately).
  * The row's result is reduce8(acc) + the min terms, wmin[g] * xsum[g], summed in lanes g mod 8.
+ * AVX-512 takes two groups at a time in 16 lanes (pair_terms in quants.c) and adds their terms
+ * to acc one after the other, the same operations.
  * Q6_K (form OWN below) has a product of its own (kquant_dots.c): its integer sub-block scales
  * go into int16 weights, a group's sums are 16 int32 lanes, and each group costs one fused
  * multiply-add per lane (that file's comment has the arithmetic).

@@ -732,6 +732,60 @@ static inline INLINED v8f group_term(const int8_t *w, const int16_t *x, const fl
     return __builtin_convertvector(lo, v8f) * (scale[0] * xd) + __builtin_convertvector(hi, v8f) * (scale[1] * xd);
 }
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define PAIR_WEIGHTS 64 /* weights that chunk_terms takes at a time: a pair of groups */
+
+/* Two groups' terms for N tokens (AVX-512), group_term's arithmetic for each: the first
+ * halves of both groups' weights in one register of 32 int16 and their second halves in
+ * another, each token's codes permuted to match, so that two dpwssd give both groups' lanes
+ * (lo + hi exactly, or each half apart where `split`); then the float products of both groups
+ * at once, and acc += group g's term, then group g + 1's, as in the loop over groups. */
+static inline INLINED void pair_terms(const int8_t *q, const int16_t *xq, int64_t K, const float *scale,
+                                      const float *xd, int64_t G, int split, const int N, v8f *acc) {
+    const __m512i w_lo = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)q)), _mm_loadu_si128((const __m128i *)(q + 32)), 1));
+    const __m512i w_hi = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(q + 16))), _mm_loadu_si128((const __m128i *)(q + 48)), 1));
+    const __m512i lo_words = _mm512_setr_epi64(0, 1, 2, 3, 8, 9, 10, 11), hi_words = _mm512_setr_epi64(4, 5, 6, 7, 12, 13, 14, 15);
+    const __m512i first = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1); /* [v0 x 8 | v1 x 8] */
+    const __m512 scales = _mm512_castps128_ps512(_mm_loadu_ps(scale)); /* lo_g, hi_g, lo_g+1, hi_g+1 */
+    const __m512 s_lo = _mm512_permutexvar_ps(_mm512_add_epi32(first, first), scales);
+    const __m512 s_hi = _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_add_epi32(first, first), _mm512_set1_epi32(1)), scales);
+    for (int k = 0; k < N; k++) {
+        const __m512i x1 = _mm512_loadu_si512((const void *)(xq + k * K)), x2 = _mm512_loadu_si512((const void *)(xq + k * K + GROUP));
+        const __m512i x_lo = _mm512_permutex2var_epi64(x1, lo_words, x2), x_hi = _mm512_permutex2var_epi64(x1, hi_words, x2);
+        const __m512 xs = _mm512_permutexvar_ps(first, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)(xd + k * G)))));
+        __m512 term;
+        if (!split) {
+            __m512i sums = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_setzero_si512(), w_lo, x_lo), w_hi, x_hi);
+            term = _mm512_mul_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(s_lo, xs));
+        } else {
+            __m512i lo = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w_lo, x_lo);
+            __m512i hi = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w_hi, x_hi);
+            term = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(lo), _mm512_mul_ps(s_lo, xs)),
+                                 _mm512_mul_ps(_mm512_cvtepi32_ps(hi), _mm512_mul_ps(s_hi, xs)));
+        }
+        acc[k] += (v8f)_mm512_castps512_ps256(term);
+        acc[k] += (v8f)_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(term), 1));
+    }
+}
+#else
+#define PAIR_WEIGHTS GROUP
+#endif
+
+/* `groups` groups' terms for N tokens into acc: token k's codes of the first at xq + k * K,
+ * its scale at xd[k * G]; the weights' codes at q, their scales at scale (HALVES a group). */
+static inline INLINED void chunk_terms(int groups, const int8_t *q, const int16_t *xq, int64_t K, const float *scale,
+                                       const float *xd, int64_t G, int split, const int N, v8f *acc) {
+    int g = 0;
+#if PAIR_WEIGHTS > GROUP
+    for (; g + 1 < groups; g += 2) pair_terms(q + g * GROUP, xq + g * GROUP, K, scale + g * HALVES, xd + g, G, split, N, acc);
+#endif
+    for (; g < groups; g++)
+        _Pragma("GCC unroll 4") for (int k = 0; k < N; k++) acc[k] +=
+            group_term(q + g * GROUP, xq + k * K + g * GROUP, scale + g * HALVES, xd[k * G + g], split);
+}
+
 /* Whether a value of each check format (QUANT_TYPES) at `p` is inf or nan. */
 static inline int bad_FP16(const uint8_t *p) { return ((u16(p) >> 10) & 31) == 31; }
 static inline int bad_BF16(const uint8_t *p) { return ((u16(p) >> 7) & 0xff) == 0xff; }
@@ -781,14 +835,26 @@ static inline __attribute__((always_inline)) void row_tokens(int type, int split
     int with_mins = 0;
     float no_mins[8]; /* the zero min terms of types without any: stores the compiler drops */
 #define DOT_BLOCKS(unpack, weights, bytes, has_min)                                                     \
-    _Pragma("GCC unroll 2") for (int64_t blk = 0; blk < K / (weights); blk++) {                         \
-        int8_t q[weights];                                                                              \
-        float scale[(weights) / GROUP * HALVES];                                                        \
-        int64_t g0 = blk * ((weights) / GROUP);                                                         \
-        unpack(row + blk * (bytes), q, scale, (has_min) ? mins + g0 * (has_min) : no_mins);             \
-        for (int g = 0; g < (weights) / GROUP; g++)                                                     \
-            _Pragma("GCC unroll 4") for (int k = 0; k < N; k++) acc[k] +=                               \
-                group_term(q + g * GROUP, xq + k * K + (g0 + g) * GROUP, scale + g * HALVES, xd[k * G + g0 + g], split); \
+    {                                                                                                   \
+        /* blocks unpacked at a time: enough for PAIR_WEIGHTS (two 32-weight blocks on AVX-512) */    \
+        enum { PER = (weights) >= PAIR_WEIGHTS ? 1 : PAIR_WEIGHTS / (weights), GROUPS = (weights) / GROUP };  \
+        int64_t blk = 0;                                                                                \
+        _Pragma("GCC unroll 2") for (; blk + PER <= K / (weights); blk += PER) {                        \
+            int8_t q[PER * (weights)];                                                                  \
+            float scale[PER * GROUPS * HALVES];                                                         \
+            int64_t g0 = blk * GROUPS;                                                                  \
+            for (int p = 0; p < PER; p++)                                                               \
+                unpack(row + (blk + p) * (bytes), q + p * (weights), scale + p * GROUPS * HALVES,      \
+                       (has_min) ? mins + (g0 + p * GROUPS) * (has_min) : no_mins);                     \
+            chunk_terms(PER * GROUPS, q, xq + g0 * GROUP, K, scale, xd + g0, G, split, N, acc);        \
+        }                                                                                               \
+        if (PER > 1 && blk < K / (weights)) { /* the last block alone, where the count is odd */       \
+            int8_t q[weights];                                                                          \
+            float scale[GROUPS * HALVES];                                                               \
+            int64_t g0 = blk * GROUPS;                                                                  \
+            unpack(row + blk * (bytes), q, scale, (has_min) ? mins + g0 * (has_min) : no_mins);         \
+            chunk_terms(GROUPS, q, xq + g0 * GROUP, K, scale, xd + g0, G, split, N, acc);              \
+        }                                                                                               \
     }                                                                                                   \
     with_mins = (has_min);                                                                              \
     break;

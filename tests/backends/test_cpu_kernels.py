@@ -182,17 +182,19 @@ def test_every_tier_matches_scalar_bit_for_bit(tier, qtype):
 
 @pytest.mark.parametrize("tier", [t for t in TIERS if t != "scalar"] or
                          [pytest.param("none", marks=pytest.mark.skip(reason="this CPU runs only the scalar tier"))])
-def test_iq4_nl_rows_of_any_group_count_match_scalar_bit_for_bit(tier):
-    """IQ4_NL's blocks are single groups, taken 8 and then 2 at a time by the x86 tiers
+@pytest.mark.parametrize("qtype", [t for t in QUANT_TYPES if GGML_QUANT_SIZES[t][0] == 32], ids=lambda t: t.name)
+def test_rows_of_single_group_blocks_of_any_count_match_scalar_bit_for_bit(tier, qtype):
+    """The types whose blocks are single groups are taken in pairs of blocks by the AVX-512
+    tier's products (quants.c's pair_terms), and IQ4_NL 8 and then 2 at a time by the x86 tiers
     (iq_dots.c): rows of 79 groups (9 runs of 8, 3 pairs, one alone) and of 3 groups give the
     scalar tier's bits, in products (up to 7 tokens) and dequantized (33 tokens)."""
     rng = np.random.default_rng(7)
     for cols in (79 * 32, 3 * 32):
         for n_tokens in (1, 2, 3, 4, 7, 33):
-            raw = random_matrix(T.IQ4_NL, 9, cols, rng)
+            raw = random_matrix(qtype, 9, cols, rng)
             x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
-            expected = product("scalar", 1, T.IQ4_NL, raw, cols, x)
-            np.testing.assert_array_equal(product(tier, 2, T.IQ4_NL, raw, cols, x), expected, err_msg=f"{cols=}")
+            expected = product("scalar", 1, qtype, raw, cols, x)
+            np.testing.assert_array_equal(product(tier, 2, qtype, raw, cols, x), expected, err_msg=f"{cols=} T={n_tokens}")
 
 
 @pytest.mark.parametrize("tier", [t for t in TIERS if t != "scalar"] or
