@@ -1,5 +1,5 @@
 /* Little-endian values read from GGUF block bytes (any alignment, any host byte order), for
- * the kernels that unpack blocks (quants.c, iq_dots.c, kquant_dots.c, codes8_dots.c). */
+ * the kernels that unpack blocks (quants.c, iq_dots.c, kquant_dots.c, codes8_dots.c, int16_panels.c). */
 #ifndef SPRIG_BYTES_H
 #define SPRIG_BYTES_H
 
@@ -36,5 +36,19 @@ static inline float f16(const uint8_t *p) { return _cvtsh_ss(u16(p)); } /* exact
 #else
 static inline float f16(const uint8_t *p) { return fp16_to_float(u16(p)); }
 #endif
+
+/* The float D of a block of the types with integer sub-block scales: weight = D * sc * code
+ * (codes8_dots.c's module comment; Q4_K, Q5_K: d * sc * code - dmin * m; Q6_K: d * sc * (q - 32)). */
+static inline float block_scale(int type, const uint8_t *b) {
+    switch (type) {
+    case T_Q2_K: return f16(b + 80);
+    case T_Q3_K: return f16(b + 108);
+    case T_Q6_K: return f16(b + 208);
+    case T_Q4_K: case T_Q5_K: case T_IQ4_XS: case T_IQ3_S: return f16(b);
+    case T_IQ3_XXS: return f16(b) * 0.25f;
+    case T_IQ1_M: return fp16_to_float(iq1m_d(b + 48)) * 0.125f;
+    default: return f16(b) * 0.125f; /* IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S */
+    }
+}
 
 #endif

@@ -53,17 +53,6 @@
 #include "kernels.h"
 #include "simd.h"
 
-/* the float D of a block of each type (module comment) */
-static inline float block_scale(int type, const uint8_t *b) {
-    switch (type) {
-    case T_Q2_K: return f16(b + 80);
-    case T_Q3_K: return f16(b + 108);
-    case T_IQ4_XS: case T_IQ3_S: return f16(b);
-    case T_IQ3_XXS: return f16(b) * 0.25f;
-    case T_IQ1_M: return fp16_to_float(iq1m_d(b + 48)) * 0.125f;
-    default: return f16(b) * 0.125f; /* IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S */
-    }
-}
 /* whether the type's codes are signed (the IQ types; the k-quants' offsets are sums terms) */
 static inline int signed_codes(int type) { return type != T_Q2_K && type != T_Q3_K; }
 

@@ -116,7 +116,7 @@ static inline int type_form(int type) {
 #undef FORM_CASE
 }
 
-/* Its bytes per block, and its `split` (0 for types not in the table); constants where the type is. */
+/* Its bytes per block, its `mins` and its `split` (0 for types not in the table); constants where the type is. */
 static inline int type_bytes(int type) {
 #define BYTES_CASE(name, number, weights, bytes, ...) \
     case number: return bytes;
@@ -125,6 +125,15 @@ static inline int type_bytes(int type) {
     default: return 0;
     }
 #undef BYTES_CASE
+}
+static inline int type_mins(int type) {
+#define MINS_CASE(name, number, weights, bytes, form, unpack, mins, ...) \
+    case number: return mins;
+    switch (type) {
+        QUANT_TYPES(MINS_CASE)
+    default: return 0;
+    }
+#undef MINS_CASE
 }
 static inline int type_split(int type) {
 #define SPLIT_CASE(name, number, weights, bytes, form, unpack, mins, split, ...) \
@@ -149,6 +158,7 @@ static inline int type_split(int type) {
 #endif
 #define FLOAT_BLOCK 4   /* tokens register-blocked with those rows */
 #define FLOAT_PANEL_BYTES 196608 /* float weights dequantized at once, for all the tokens (ops.c) */
+#define FLOAT_TILE_BYTES 262144 /* activations per tile of tokens that meets a panel (ops.c, int16_panels.c) */
 /* Rows of K columns in a panel: whole groups of FLOAT_ROWS, at least one; they take at most
  * float_panel_floats(K) floats, for any K up to `cols` (a RowBuffer's f). */
 static inline int64_t float_panel_rows(int64_t K) {
@@ -187,6 +197,18 @@ static inline int type_takes_codes(int type) {
 static inline int type_takes_codes8(int type) { return type_form(type) == FORM_OWN8; }
 static inline int type_takes_codes16(int type) { return type_form(type) == FORM_CODES || type_form(type) == FORM_OWN; }
 
+/* Prefill (FLOAT_TOKENS or more tokens) in integers (int16_panels.c): the 256-weight types with
+ * integer sub-block scales, their rows as int16 weights, the activations as int16 codes with one
+ * scale per WIDE values. The others (32-weight blocks: a float scale per group) dequantize. */
+#define WIDE 256
+static inline int type_takes_int16_panels(int type) {
+    return (type_form(type) == FORM_OWN8 || type == T_Q4_K || type == T_Q5_K || type == T_Q6_K);
+}
+void int16_panel_row(int type, const uint8_t *row, int64_t K, RowBuffer *buf, int16_t *w, float *D, float *mins);
+void int16_product(const int16_t *w, const float *D, const float *mins, int slots, int n, int64_t K, const int16_t *xq,
+                   const float *xd, const float *xm, int64_t T, float *out, int64_t stride);
+int64_t int16_panel_rows(int64_t K);
+
 /* 8-bit activation codes of a block of BLOCK8 values (the OWN8 types' form), in groups of 32:
  * the value at i is d[i / 32] * q[i], |q[i]| <= 127, d[g] = amax / 127 of group g (as
  * llama.cpp's Q8_0 activations); sums[j] = q[16j] + ... + q[16j + 15]. */
@@ -202,8 +224,9 @@ int type_block(int type, int *weights, int *bytes); /* 0 if the type is not nati
 float fp16_to_float(uint16_t h);
 void unpack_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf);
 void dequantize_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf, float *out);
-/* codes q, and per group of 32 its scale d, its sum xsum; per half group its sum xhalf */
-void quantize_row(const float *x, int64_t K, int16_t *q, float *d, float *xsum, float *xhalf);
+/* codes q with a scale d per `span` values (GROUP, or WIDE for int16_product); per group of 32
+ * the sum xsum of its values as the codes give them, per half group xhalf */
+void quantize_row(const float *x, int64_t K, int span, int16_t *q, float *d, float *xsum, float *xhalf);
 void quantize_row8(const float *x, int64_t K, Codes8 *out); /* K a multiple of BLOCK8 */
 #define ROW_TOKENS 4 /* tokens one pass over a packed row serves (dot_row_tokens) */
 /* n (1 .. ROW_TOKENS) tokens times one packed row: out[k * stride] for token k, whose codes

@@ -8,7 +8,6 @@
 #include "simd.h"
 
 #define TOKEN_TILE 32  /* tokens dotted with one unpacked weight row before the next row */
-#define FLOAT_TILE_BYTES 262144 /* float activations per tile of tokens, when rows are dequantized */
 #define PARALLEL_ELEMENTS 65536
 
 /* -- activations quantized once per product, shared by every matrix of a fused op ------ */
@@ -27,10 +26,14 @@ static struct {
     int64_t tq_capacity;
 } acts;
 
+/* A buffer of at least `bytes` in place of *p (its contents not kept), on a cache line: the
+ * prefill kernels load whole lines of it (int16_panels.c). */
 static int grow(void **p, size_t bytes) {
-    void *q = realloc(*p, bytes);
-    if (q) *p = q;
-    return q ? 0 : -1;
+    void *q = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!q) return -1;
+    free(*p);
+    *p = q;
+    return 0;
 }
 
 static int reserve_acts(int64_t elements, int codes, int codes8, int tables, int tq_tables) {
@@ -62,6 +65,7 @@ typedef struct {
     const Op *op;
     int64_t T, K, total_rows;
     int codes, codes8, tables, tq_tables; /* which forms of the activations the matrices take */
+    int wide;          /* int16 codes with a scale per WIDE values (int16_panels), in acts.q and acts.d */
     int tq_only;       /* every matrix is ternary tiles: one pass takes all the tokens (tq_tiles_product) */
     int dequantize;    /* quantized rows to float for FLOAT_TOKENS or more tokens */
 } LinearCtx;
@@ -72,7 +76,8 @@ static void quantize_task(void *vctx, int chunk, int chunks, int thread) {
     split_range(c->T, chunk, chunks, &lo, &hi);
     for (int64_t t = lo; t < hi; t++) {
         const float *x = c->op->a + t * K;
-        if (c->codes) quantize_row(x, K, acts.q + t * K, acts.d + t * G, acts.xsum + t * G, acts.xhalf + t * HALVES * G);
+        if (c->codes) quantize_row(x, K, GROUP, acts.q + t * K, acts.d + t * G, acts.xsum + t * G, acts.xhalf + t * HALVES * G);
+        if (c->wide) quantize_row(x, K, WIDE, acts.q + t * K, acts.d + t * (K / WIDE), acts.xsum + t * G, acts.xhalf + t * HALVES * G);
         if (c->codes8) quantize_row8(x, K, acts.q8 + t * (K / BLOCK8));
         if (c->tables) q1_tables(x, K, acts.tables + t * q1_table_bytes(K), acts.tscale + t * G);
         if (c->tq_tables) tq_tables(x, K, acts.tq_tables + t * tq_table_bytes(K), acts.tq_scale + t * G);
@@ -137,6 +142,26 @@ static void float_panels(const uint8_t *data, int type, size_t row_bytes, int64_
     }
 }
 
+/* Rows r0 .. r1 - 1 of a matrix of a type_takes_int16_panels type times all T tokens (their
+ * int16 codes in acts), into out[t * stride + r]: a panel of rows (int16_panel_rows) unpacked
+ * once into int16 weights, their block scales and min terms (int16_panel_row, in the row
+ * buffer's float area), then multiplied with all the tokens (int16_product). */
+static void int16_panels(const Matrix *w, int64_t K, int64_t r0, int64_t r1, int64_t T, RowBuffer *buf, float *out,
+                         int64_t stride) {
+    const int64_t panel = int16_panel_rows(K), G = K / GROUP, slots = MIN_SLOTS(type_mins(w->type));
+    const float *sums = slots == 2 ? acts.xhalf : acts.xsum;
+    int16_t *weights = (int16_t *)buf->f;                                  /* panel * K int16 */
+    float *D = buf->f + panel * K / 2, *mins = D + panel * (K / WIDE);    /* then panel * K / WIDE, panel * G * 2 */
+    for (int64_t r = r0; r < r1; r += panel) {
+        int64_t n = r1 - r < panel ? r1 - r : panel;
+        for (int64_t i = 0; i < n; i++)
+            int16_panel_row(w->type, w->data + (r + i) * w->row_bytes, K, buf, weights + i * K, D + i * (K / WIDE),
+                            mins + i * G * slots);
+        int16_product(weights, D, mins, type_mins(w->type) ? (int)slots : 0, (int)n, K, acts.q, acts.d, sums, T, out + r,
+                      stride);
+    }
+}
+
 /* One token reads each row once, in order: ask for a row a few rows ahead of the one being
  * multiplied, so that memory works while the core computes. */
 #define PREFETCH_ROWS 4
@@ -163,6 +188,8 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
                 tiles_product(w, K, r0, r1, t0, t1, op->outs[m]);
             } else if (w->type == T_TQ_TILES) {
                 tq_tiles_product(w, K, r0, r1, t0, t1, op->outs[m]);
+            } else if (c->wide && type_takes_int16_panels(w->type)) { /* all the tokens at once, in tiles */
+                if (t0 == 0) int16_panels(w, K, r0, r1, c->T, buf, op->outs[m], w->rows);
             } else if (c->dequantize && type_takes_codes(w->type)) { /* all the tokens at once: float_panels tiles them */
                 if (t0 == 0) float_panels(w->data, w->type, w->row_bytes, K, r0, r1, op->a, 0, c->T, buf, op->outs[m], w->rows);
             } else if (type_takes_codes(w->type)) { /* a few tokens: each row read once, no row buffer */
@@ -194,14 +221,15 @@ static int linear(const Op *op, const char **error) {
         c.total_rows += op->mats[m].rows;
         c.codes |= type_takes_codes16(op->mats[m].type) && !c.dequantize;
         c.codes8 |= type_takes_codes8(op->mats[m].type) && !c.dequantize;
+        c.wide |= type_takes_int16_panels(op->mats[m].type) && c.dequantize;
         c.tables |= op->mats[m].type == T_Q1_0_TILES;
         c.tq_tables |= op->mats[m].type == T_TQ_TILES;
     }
-    if (scratch_reserve(c.K, 0) != 0 || reserve_acts(c.T * c.K, c.codes, c.codes8, c.tables, c.tq_tables) != 0) {
+    if (scratch_reserve(c.K, 0) != 0 || reserve_acts(c.T * c.K, c.codes || c.wide, c.codes8, c.tables, c.tq_tables) != 0) {
         *error = "out of memory for the matrix product's buffers";
         return -1;
     }
-    if (c.codes || c.codes8 || c.tables || c.tq_tables) {
+    if (c.codes || c.codes8 || c.wide || c.tables || c.tq_tables) {
         if (c.T > 1) pool_run(quantize_task, &c);
         else quantize_task(&c, 0, 1, 0);
     }
@@ -609,7 +637,7 @@ static void activation_task(void *vctx, int chunk, int chunks, int thread) {
             for (int64_t r = 0; r < F; r++) u[r] += op->bias[1][e * F + r];
         for (int64_t r = 0; r < F; r += 8) gated8(g + r, u + r, g + r, F - r < 8 ? F - r : 8, (int)op->ints.experts.activation);
         if (codes && moe.count[e] < FLOAT_TOKENS)
-            quantize_row(g, F, moe.hq + i * F, moe.hd + i * G, moe.hs + i * G, moe.hh + i * HALVES * G);
+            quantize_row(g, F, GROUP, moe.hq + i * F, moe.hd + i * G, moe.hs + i * G, moe.hh + i * HALVES * G);
         if (codes8 && moe.count[e] < FLOAT_TOKENS) quantize_row8(g, F, moe.h8 + i * (F / BLOCK8));
     }
 }

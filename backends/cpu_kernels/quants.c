@@ -675,28 +675,30 @@ void dequantize_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf, 
         }
 }
 
-void quantize_row(const float *x, int64_t K, int16_t *q, float *d, float *xsum, float *xhalf) {
-    for (int64_t g = 0; g < K / GROUP; g++) {
-        const float *xg = x + g * GROUP;
-        float amax = abs_max(xg, GROUP);
+void quantize_row(const float *x, int64_t K, int span, int16_t *q, float *d, float *xsum, float *xhalf) {
+    for (int64_t s = 0; s < K / span; s++) {
+        const float *xs = x + s * span;
+        float amax = abs_max(xs, span);
+        const int64_t g0 = s * (span / GROUP);
         if (!(amax <= 3.4e38f)) { /* inf or nan: the result must not look finite */
-            memset(q + g * GROUP, 0, GROUP * sizeof *q);
-            d[g] = NAN;
-            xsum[g] = NAN;
-            xhalf[HALVES * g] = xhalf[HALVES * g + 1] = NAN;
+            memset(q + s * span, 0, (size_t)span * sizeof *q);
+            d[s] = NAN;
+            for (int64_t g = g0; g < g0 + span / GROUP; g++) xsum[g] = xhalf[HALVES * g] = xhalf[HALVES * g + 1] = NAN;
             continue;
         }
         float scale = amax / 32767.0f, inverse = amax > 0.0f ? 32767.0f / amax : 0.0f;
-        int32_t sum[HALVES] = {0, 0};
-        for (int i = 0; i < GROUP; i++) {
-            int32_t v = (int32_t)nearbyintf(xg[i] * inverse);
-            q[g * GROUP + i] = (int16_t)v;
-            sum[i / 16] += v;
+        for (int64_t g = g0; g < g0 + span / GROUP; g++) {
+            int32_t sum[HALVES] = {0, 0};
+            for (int i = 0; i < GROUP; i++) {
+                int32_t v = (int32_t)nearbyintf(x[g * GROUP + i] * inverse);
+                q[g * GROUP + i] = (int16_t)v;
+                sum[i / 16] += v;
+            }
+            xsum[g] = scale * (float)(sum[0] + sum[1]); /* exact integer sums: as one sum's bits */
+            xhalf[HALVES * g] = scale * (float)sum[0];
+            xhalf[HALVES * g + 1] = scale * (float)sum[1];
         }
-        d[g] = scale;
-        xsum[g] = scale * (float)(sum[0] + sum[1]); /* exact integer sums: as one sum's bits */
-        xhalf[HALVES * g] = scale * (float)sum[0];
-        xhalf[HALVES * g + 1] = scale * (float)sum[1];
+        d[s] = scale;
     }
 }
 

@@ -13,8 +13,11 @@ static struct {
 static int64_t reserved_cols, reserved_floats;
 static int reserved_threads;
 
+/* A buffer of at least `bytes` in place of p (its contents not kept; p freed only when the new
+ * one is there), on a cache line: the prefill kernels load whole lines of the row buffer's f. */
 static void *grow(void *p, size_t bytes) {
-    void *q = realloc(p, bytes ? bytes : 1);
+    void *q = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    if (q) free(p);
     return q;
 }
 

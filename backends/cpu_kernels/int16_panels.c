@@ -1,0 +1,181 @@
+/* Prefill products of the 256-weight types with integer sub-block scales (type_takes_int16_panels
+ * in kernels.h: Q2_K to Q6_K and the IQ types but IQ4_NL), in integers.
+ *
+ * Each of these types' blocks is one float D times integer sub-block scales sc times integer
+ * codes c (codes8_dots.c draws them), plus, for Q2_K, Q4_K and Q5_K, min terms. A row is unpacked
+ * once per product into int16 weights w = sc * c (int16_panel_row): the generic unpacking's
+ * float scale of each half group is D * sc exactly (an fp16 times an integer of at most 8 bits,
+ * or that times a power of two), so sc = scale / D is exact, and |w| <= 4096 (Q6_K's 128 * 32;
+ * IQ4_XS's 32 * 127 = 4064). The tokens' activations are int16 codes with one scale per block of
+ * 256 (quantize_row with span WIDE: amax / 32767, as llama.cpp's Q8_K keeps one per block, with
+ * 15 bits where it keeps 7). Then, for a row and a token, block by block, in 16 int32 lanes,
+ * lane l < 8 taking weights 32m + 2l and 32m + 2l + 1 of the block's chunks m = 0 .. 7, lane
+ * l >= 8 weights 32m + 16 + 2(l - 8) and the next:
+ *     isum[l] = sum of w x over its 16 weights      (|isum| <= 16 * 4096 * 32767 < 2^31: exact)
+ *     y[l] = fma(float(isum[l]), D * d, y[l])       (D * d rounded once; y from 0, blocks in order)
+ * and the result is reduce8(y[0..7] + y[8..15]) + the min terms, dot_float of the row's (as the
+ * generic unpacking makes them) with the token's group or half-group sums (xsum, xhalf: the
+ * codes' exact integer sums times the block's scale). The integer sums are exact in every tier
+ * and the float operations the same C, so every tier gives the same bits. Two multiply-adds of
+ * 16-bit pairs (AVX-512 VNNI's dpwssd, AVX2's madd) take 64 weights where float weights take four
+ * fused multiply-adds: the float form's prefill did a quarter of this one's work per instruction
+ * and, held by one float per group and token, the 8-bit codes of decode no better. */
+#include <math.h>
+#include <string.h>
+
+#include "bytes.h"
+#include "kernels.h"
+#include "simd.h"
+
+typedef int8_t i8x16 __attribute__((vector_size(16)));
+typedef int16_t i16x16 __attribute__((vector_size(32)));
+
+/* Row `row` as int16 weights w[K], its blocks' D[K / WIDE] and its min terms (as unpack_row
+ * makes them: MIN_SLOTS per group) at mins; buf is the unpacking's scratch. */
+void int16_panel_row(int type, const uint8_t *row, int64_t K, RowBuffer *buf, int16_t *w, float *D, float *mins) {
+    unpack_row(type, row, K, buf);
+    for (int64_t blk = 0; blk < K / WIDE; blk++) {
+        const float d = block_scale(type, row + blk * type_bytes(type));
+        D[blk] = d;
+        for (int h = 0; h < WIDE / 16; h++) {
+            const int64_t at = blk * WIDE + 16 * h;
+            const int16_t sc = d != 0.0f ? (int16_t)lrintf(buf->scale[at / 16] / d) : 0; /* exact (module comment) */
+            i8x16 codes;
+            memcpy(&codes, buf->q + at, sizeof codes);
+            const i16x16 weights = __builtin_convertvector(codes, i16x16) * sc;
+            memcpy(w + at, &weights, sizeof weights);
+        }
+    }
+    memcpy(mins, buf->min, sizeof(float) * (size_t)(K / GROUP * MIN_SLOTS(type_mins(type))));
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define TILE_ROWS 4
+#define TILE_TOKENS 3
+
+/* R rows by N tokens: the module comment's lanes, y in one register per (row, token) */
+static inline __attribute__((always_inline)) void tile(const int16_t *w, const float *D, int64_t K, const int16_t *xq,
+                                                       const float *xd, const int R, const int N, v8f y[][2]) {
+    const int64_t B = K / WIDE;
+    __m512 acc[TILE_ROWS][TILE_TOKENS];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < N; t++) acc[r][t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < B; b++) {
+        __m512i sums[TILE_ROWS][TILE_TOKENS];
+        for (int r = 0; r < R; r++)
+            for (int t = 0; t < N; t++) sums[r][t] = _mm512_setzero_si512();
+        for (int m = 0; m < WIDE / 32; m++) {
+            __m512i x[TILE_TOKENS];
+            for (int t = 0; t < N; t++) x[t] = _mm512_loadu_si512((const void *)(xq + t * K + b * WIDE + 32 * m));
+            for (int r = 0; r < R; r++) {
+                const __m512i wv = _mm512_loadu_si512((const void *)(w + r * K + b * WIDE + 32 * m));
+                for (int t = 0; t < N; t++) sums[r][t] = _mm512_dpwssd_epi32(sums[r][t], wv, x[t]);
+            }
+        }
+        for (int r = 0; r < R; r++)
+            for (int t = 0; t < N; t++)
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r][t]), _mm512_set1_ps(D[r * B + b] * xd[t * B + b]),
+                                            acc[r][t]);
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < N; t++) memcpy(y[r * TILE_TOKENS + t], &acc[r][t], sizeof acc[r][t]);
+}
+
+#else
+#define TILE_ROWS 2
+#define TILE_TOKENS 2
+
+/* 8 lanes of the module comment's: 16 weights' pair sums (lane l: weights 2l, 2l + 1) */
+static inline v8i pair_sums16(const int16_t *w, const int16_t *x) {
+#if defined(__AVX2__)
+    return (v8i)_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)w), _mm256_loadu_si256((const __m256i *)x));
+#else
+    v8i out;
+    for (int l = 0; l < 8; l++) out[l] = w[2 * l] * x[2 * l] + w[2 * l + 1] * x[2 * l + 1];
+    return out;
+#endif
+}
+
+static inline __attribute__((always_inline)) void tile(const int16_t *w, const float *D, int64_t K, const int16_t *xq,
+                                                       const float *xd, const int R, const int N, v8f y[][2]) {
+    const int64_t B = K / WIDE;
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < N; t++) y[r * TILE_TOKENS + t][0] = y[r * TILE_TOKENS + t][1] = (v8f){0};
+    for (int64_t b = 0; b < B; b++) {
+        v8i sums[TILE_ROWS][TILE_TOKENS][2] = {{{{0}}}};
+        for (int m = 0; m < WIDE / 32; m++)
+            for (int r = 0; r < R; r++)
+                for (int t = 0; t < N; t++)
+                    for (int h = 0; h < 2; h++)
+                        sums[r][t][h] += pair_sums16(w + r * K + b * WIDE + 32 * m + 16 * h, xq + t * K + b * WIDE + 32 * m + 16 * h);
+        for (int r = 0; r < R; r++)
+            for (int t = 0; t < N; t++) {
+                const float s = D[r * B + b] * xd[t * B + b];
+                const v8f sv = {s, s, s, s, s, s, s, s};
+                for (int h = 0; h < 2; h++)
+                    y[r * TILE_TOKENS + t][h] = fma8(__builtin_convertvector(sums[r][t][h], v8f), sv, y[r * TILE_TOKENS + t][h]);
+            }
+    }
+}
+#endif
+
+/* One tile's results: reduce8(y[0..7] + y[8..15]) and the min terms (module comment). */
+static inline __attribute__((always_inline)) void tile_out(const int16_t *w, const float *D, const float *mins,
+                                                           int slots, int64_t K, const int16_t *xq, const float *xd,
+                                                           const float *xm, const int R, const int N, float *out,
+                                                           int64_t stride) {
+    v8f y[TILE_ROWS * TILE_TOKENS][2];
+    tile(w, D, K, xq, xd, R, N, y);
+    const int64_t M = K / GROUP * slots;
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < N; t++) {
+            float total = reduce8(y[r * TILE_TOKENS + t][0] + y[r * TILE_TOKENS + t][1]);
+            out[t * stride + r] = slots ? total + dot_float(mins + r * M, xm + t * M, M) : total;
+        }
+}
+
+/* A whole tile, TILE_ROWS by TILE_TOKENS, in a function of its own: its loops unroll, and its
+ * registers are not shared with the edges' code. */
+static __attribute__((noinline)) void full_tile(const int16_t *w, const float *D, const float *mins, int slots,
+                                                int64_t K, const int16_t *xq, const float *xd, const float *xm,
+                                                float *out, int64_t stride) {
+    tile_out(w, D, mins, slots, K, xq, xd, xm, TILE_ROWS, TILE_TOKENS, out, stride);
+}
+
+/* Rows of K int16 weights in a panel, whole tiles of TILE_ROWS (at least one): they, their
+ * block scales and their min terms take at most float_panel_floats(K) floats (ops.c). */
+int64_t int16_panel_rows(int64_t K) {
+    int64_t bytes = float_panel_floats(K) * (int64_t)sizeof(float), row = 2 * K + 4 * (K / WIDE) + 4 * (K / GROUP) * HALVES;
+    int64_t rows = bytes / row / TILE_ROWS * TILE_ROWS;
+    return rows > TILE_ROWS ? rows : TILE_ROWS;
+}
+
+/* n rows of the panel (int16 weights w, rows of K; D and mins as int16_panel_row makes them)
+ * times tokens 0 .. T - 1 (codes xq, block scales xd, and the sums of `slots` per group xm: 0
+ * for types without min terms, 1 xsum, 2 xhalf), into out[t * stride + r]: tiles of TILE_ROWS
+ * rows by TILE_TOKENS tokens over runs of tokens whose codes a core's L2 holds beside the panel. */
+void int16_product(const int16_t *w, const float *D, const float *mins, int slots, int n, int64_t K, const int16_t *xq,
+                   const float *xd, const float *xm, int64_t T, float *out, int64_t stride) {
+    const int64_t B = K / WIDE, M = K / GROUP * slots;
+    int64_t run = FLOAT_TILE_BYTES / (2 * K) / TILE_TOKENS * TILE_TOKENS;
+    if (run < TILE_TOKENS) run = TILE_TOKENS;
+    for (int64_t t0 = 0; t0 < T; t0 += run) {
+        const int64_t t1 = t0 + run < T ? t0 + run : T;
+        for (int r = 0; r < n; r += TILE_ROWS) {
+            const int R = n - r < TILE_ROWS ? n - r : TILE_ROWS;
+            for (int64_t t = t0; t < t1; t += TILE_TOKENS) {
+                const int N = t1 - t < TILE_TOKENS ? (int)(t1 - t) : TILE_TOKENS;
+                const int16_t *wr = w + r * K, *xt = xq + t * K;
+                const float *Dr = D + r * B, *mr = mins + r * M, *dt = xd + t * B, *mt = xm + t * M;
+                if (R == TILE_ROWS && N == TILE_TOKENS)
+                    full_tile(wr, Dr, mr, slots, K, xt, dt, mt, out + t * stride + r, stride);
+                else
+                    for (int i = 0; i < R; i++) /* the edges, a row and a token at a time */
+                        for (int j = 0; j < N; j++)
+                            tile_out(wr + i * K, Dr + i * B, mr + i * M, slots, K, xt + j * K, dt + j * B, mt + j * M, 1, 1,
+                                     out + (t + j) * stride + r + i, stride);
+            }
+        }
+    }
+}
