@@ -54,14 +54,16 @@ void int16_panel_row(int type, const uint8_t *row, int64_t K, RowBuffer *buf, in
 #define TILE_ROWS 4
 #define TILE_TOKENS 3
 
-/* R rows by N tokens: the module comment's lanes, y in one register per (row, token) */
+/* R rows by N tokens over blocks b0 .. b1 - 1 (rows and tokens of K): the module comment's
+ * lanes, y[r * TILE_TOKENS + t] carried in and out, in one register per (row, token) between. */
 static inline __attribute__((always_inline)) void tile(const int16_t *w, const float *D, int64_t K, const int16_t *xq,
-                                                       const float *xd, const int R, const int N, v8f y[][2]) {
+                                                       const float *xd, int64_t b0, int64_t b1, const int R, const int N,
+                                                       v8f y[][2]) {
     const int64_t B = K / WIDE;
     __m512 acc[TILE_ROWS][TILE_TOKENS];
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < N; t++) acc[r][t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < B; b++) {
+        for (int t = 0; t < N; t++) memcpy(&acc[r][t], y[r * TILE_TOKENS + t], sizeof acc[r][t]);
+    for (int64_t b = b0; b < b1; b++) {
         __m512i sums[TILE_ROWS][TILE_TOKENS];
         for (int r = 0; r < R; r++)
             for (int t = 0; t < N; t++) sums[r][t] = _mm512_setzero_si512();
@@ -98,11 +100,10 @@ static inline v8i pair_sums16(const int16_t *w, const int16_t *x) {
 }
 
 static inline __attribute__((always_inline)) void tile(const int16_t *w, const float *D, int64_t K, const int16_t *xq,
-                                                       const float *xd, const int R, const int N, v8f y[][2]) {
+                                                       const float *xd, int64_t b0, int64_t b1, const int R, const int N,
+                                                       v8f y[][2]) {
     const int64_t B = K / WIDE;
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < N; t++) y[r * TILE_TOKENS + t][0] = y[r * TILE_TOKENS + t][1] = (v8f){0};
-    for (int64_t b = 0; b < B; b++) {
+    for (int64_t b = b0; b < b1; b++) {
         v8i sums[TILE_ROWS][TILE_TOKENS][2] = {{{{0}}}};
         for (int m = 0; m < WIDE / 32; m++)
             for (int r = 0; r < R; r++)
@@ -120,27 +121,21 @@ static inline __attribute__((always_inline)) void tile(const int16_t *w, const f
 }
 #endif
 
-/* One tile's results: reduce8(y[0..7] + y[8..15]) and the min terms (module comment). */
-static inline __attribute__((always_inline)) void tile_out(const int16_t *w, const float *D, const float *mins,
-                                                           int slots, int64_t K, const int16_t *xq, const float *xd,
-                                                           const float *xm, const int R, const int N, float *out,
-                                                           int64_t stride) {
-    v8f y[TILE_ROWS * TILE_TOKENS][2];
-    tile(w, D, K, xq, xd, R, N, y);
-    const int64_t M = K / GROUP * slots;
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < N; t++) {
-            float total = reduce8(y[r * TILE_TOKENS + t][0] + y[r * TILE_TOKENS + t][1]);
-            out[t * stride + r] = slots ? total + dot_float(mins + r * M, xm + t * M, M) : total;
-        }
+#define RUN_TILES 16 /* tiles of tokens in a run at most (their y stay on the stack between K segments) */
+#define SEGMENT_BLOCKS 8 /* blocks of K at most per pass of a row tile: 4 rows' 16 KB stay in L1 */
+
+/* A whole tile, TILE_ROWS by TILE_TOKENS, over blocks b0 .. b1 - 1, in a function of its own: its
+ * loops unroll, and its registers are not shared with the edges' code. */
+static __attribute__((noinline)) void full_tile(const int16_t *w, const float *D, int64_t K, const int16_t *xq,
+                                                const float *xd, int64_t b0, int64_t b1, v8f y[][2]) {
+    tile(w, D, K, xq, xd, b0, b1, TILE_ROWS, TILE_TOKENS, y);
 }
 
-/* A whole tile, TILE_ROWS by TILE_TOKENS, in a function of its own: its loops unroll, and its
- * registers are not shared with the edges' code. */
-static __attribute__((noinline)) void full_tile(const int16_t *w, const float *D, const float *mins, int slots,
-                                                int64_t K, const int16_t *xq, const float *xd, const float *xm,
-                                                float *out, int64_t stride) {
-    tile_out(w, D, mins, slots, K, xq, xd, xm, TILE_ROWS, TILE_TOKENS, out, stride);
+/* The result of row r and token t from its lanes: reduce8(y[0..7] + y[8..15]) and the min
+ * terms (module comment). */
+static inline float finish(const v8f y[2], const float *mins, const float *xm, int64_t M) {
+    float total = reduce8(y[0] + y[1]);
+    return M ? total + dot_float(mins, xm, M) : total;
 }
 
 /* Rows of K int16 weights in a panel, whole tiles of TILE_ROWS (at least one): they, their
@@ -153,29 +148,40 @@ int64_t int16_panel_rows(int64_t K) {
 
 /* n rows of the panel (int16 weights w, rows of K; D and mins as int16_panel_row makes them)
  * times tokens 0 .. T - 1 (codes xq, block scales xd, and the sums of `slots` per group xm: 0
- * for types without min terms, 1 xsum, 2 xhalf), into out[t * stride + r]: tiles of TILE_ROWS
- * rows by TILE_TOKENS tokens over runs of tokens whose codes a core's L2 holds beside the panel. */
+ * for types without min terms, 1 xsum, 2 xhalf), into out[t * stride + r]. The tokens go in
+ * runs whose codes a core's L2 holds beside the panel; in a run, a tile of TILE_ROWS rows meets
+ * every whole tile of TILE_TOKENS tokens a segment of K at a time (its rows' segment held in L1),
+ * the lanes kept between segments; the edges take a row and a token at a time. Each (row,
+ * token) sees its blocks in order, whatever the tiling: the same bits. */
 void int16_product(const int16_t *w, const float *D, const float *mins, int slots, int n, int64_t K, const int16_t *xq,
                    const float *xd, const float *xm, int64_t T, float *out, int64_t stride) {
-    const int64_t B = K / WIDE, M = K / GROUP * slots;
+    const int64_t B = K / WIDE, M = K / GROUP * slots, segments = (B + SEGMENT_BLOCKS - 1) / SEGMENT_BLOCKS;
+    const int64_t segment = (B + segments - 1) / segments;
     int64_t run = FLOAT_TILE_BYTES / (2 * K) / TILE_TOKENS * TILE_TOKENS;
-    if (run < TILE_TOKENS) run = TILE_TOKENS;
+    run = run < TILE_TOKENS ? TILE_TOKENS : run > RUN_TILES * TILE_TOKENS ? RUN_TILES * TILE_TOKENS : run;
+    v8f y[RUN_TILES][TILE_ROWS * TILE_TOKENS][2];
     for (int64_t t0 = 0; t0 < T; t0 += run) {
-        const int64_t t1 = t0 + run < T ? t0 + run : T;
+        const int64_t t1 = t0 + run < T ? t0 + run : T, tiles = n >= TILE_ROWS ? (t1 - t0) / TILE_TOKENS : 0;
         for (int r = 0; r < n; r += TILE_ROWS) {
             const int R = n - r < TILE_ROWS ? n - r : TILE_ROWS;
-            for (int64_t t = t0; t < t1; t += TILE_TOKENS) {
-                const int N = t1 - t < TILE_TOKENS ? (int)(t1 - t) : TILE_TOKENS;
-                const int16_t *wr = w + r * K, *xt = xq + t * K;
-                const float *Dr = D + r * B, *mr = mins + r * M, *dt = xd + t * B, *mt = xm + t * M;
-                if (R == TILE_ROWS && N == TILE_TOKENS)
-                    full_tile(wr, Dr, mr, slots, K, xt, dt, mt, out + t * stride + r, stride);
-                else
-                    for (int i = 0; i < R; i++) /* the edges, a row and a token at a time */
-                        for (int j = 0; j < N; j++)
-                            tile_out(wr + i * K, Dr + i * B, mr + i * M, slots, K, xt + j * K, dt + j * B, mt + j * M, 1, 1,
-                                     out + (t + j) * stride + r + i, stride);
-            }
+            const int64_t whole = R == TILE_ROWS ? tiles : 0; /* token tiles taken whole */
+            memset(y, 0, sizeof y);
+            for (int64_t b0 = 0; b0 < B; b0 += segment)
+                for (int64_t j = 0; j < whole; j++)
+                    full_tile(w + r * K, D + r * B, K, xq + (t0 + j * TILE_TOKENS) * K, xd + (t0 + j * TILE_TOKENS) * B, b0,
+                              b0 + segment < B ? b0 + segment : B, y[j]);
+            for (int64_t j = 0; j < whole; j++)
+                for (int i = 0; i < TILE_ROWS; i++)
+                    for (int k = 0; k < TILE_TOKENS; k++) {
+                        int64_t t = t0 + j * TILE_TOKENS + k;
+                        out[t * stride + r + i] = finish(y[j][i * TILE_TOKENS + k], mins + (r + i) * M, xm + t * M, M);
+                    }
+            for (int i = 0; i < R; i++) /* the edges */
+                for (int64_t t = t0 + whole * TILE_TOKENS; t < t1; t++) {
+                    v8f one[1][2] = {{{0}}};
+                    tile(w + (r + i) * K, D + (r + i) * B, K, xq + t * K, xd + t * B, 0, B, 1, 1, one);
+                    out[t * stride + r + i] = finish(one[0], mins + (r + i) * M, xm + t * M, M);
+                }
         }
     }
 }

@@ -116,12 +116,40 @@ static inline v8f widen8(const int8_t *q) {
  * and a group holding one would be quantized as if finite); the activations' quantizers refuse
  * a group whose result is not finite. */
 static inline float abs_max(const float *x, int n) {
+    v8f top = {0};
+    v8i nan = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8) { /* 8 lanes: the largest is the same number in any order */
+        v8f a;
+        memcpy(&a, x + i, sizeof a);
+        a = (v8f)((v8i)a & 0x7fffffff);
+        v8i larger = a > top;
+        top = (v8f)(((v8i)a & larger) | ((v8i)top & ~larger));
+        nan |= a != a;
+    }
     float amax = 0.0f;
-    for (int i = 0; i < n; i++) {
+    for (int l = 0; l < 8; l++) amax = top[l] > amax || nan[l] ? (nan[l] ? NAN : top[l]) : amax;
+    for (; i < n; i++) {
         float a = fabsf(x[i]);
         amax = a > amax || a != a ? a : amax;
     }
     return amax;
+}
+
+/* round to the nearest integer, ties to even (nearbyintf in the default rounding mode), 8 lanes */
+static inline v8i round8(v8f v) {
+#if defined(__AVX2__)
+    return (v8i)_mm256_cvtps_epi32((__m256)v);
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+    v8i out;
+    vst1q_s32((int32_t *)&out, vcvtnq_s32_f32(vld1q_f32((const float *)&v)));
+    vst1q_s32((int32_t *)&out + 4, vcvtnq_s32_f32(vld1q_f32((const float *)&v + 4)));
+    return out;
+#else
+    v8i out;
+    for (int l = 0; l < 8; l++) out[l] = (int32_t)nearbyintf(v[l]);
+    return out;
+#endif
 }
 
 static inline float reduce8(v8f a) { return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])); }
