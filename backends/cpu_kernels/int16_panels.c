@@ -31,22 +31,41 @@ typedef int8_t i8x16 __attribute__((vector_size(16)));
 typedef int16_t i16x16 __attribute__((vector_size(32)));
 
 /* Row `row` as int16 weights w[K], its blocks' D[K / WIDE] and its min terms (as unpack_row
- * makes them: MIN_SLOTS per group) at mins; buf is the unpacking's scratch. */
+ * makes them: MIN_SLOTS per group) at mins; buf is the unpacking's scratch. A block's codes come
+ * from the generic unpacking, sc = scale / D per half group; where this tier dequantizes the IQ
+ * types in registers (iq_dots.c), from those floats instead: D * sc * code exactly, so
+ * round(weight * (1 / D)) is sc * code (off by at most 4096 * 2^-23 before rounding). */
 void int16_panel_row(int type, const uint8_t *row, int64_t K, RowBuffer *buf, int16_t *w, float *D, float *mins) {
-    unpack_row(type, row, K, buf);
+    const int in_registers = iq_dequantize_row(type, row, 0, NULL); /* whether this tier has it for the type */
+    if (!in_registers) {
+        unpack_row(type, row, K, buf);
+        memcpy(mins, buf->min, sizeof(float) * (size_t)(K / GROUP * MIN_SLOTS(type_mins(type))));
+    }
     for (int64_t blk = 0; blk < K / WIDE; blk++) {
         const float d = block_scale(type, row + blk * type_bytes(type));
+        int16_t *wb = w + blk * WIDE;
         D[blk] = d;
+        if (in_registers) {
+            float weights[WIDE];
+            iq_dequantize_row(type, row + blk * type_bytes(type), WIDE, weights);
+            const float inverse = d != 0.0f ? 1.0f / d : 0.0f;
+            for (int i = 0; i < WIDE; i += 8) {
+                v8f v;
+                memcpy(&v, weights + i, sizeof v);
+                i16x8 codes = __builtin_convertvector(round8(v * inverse), i16x8);
+                memcpy(wb + i, &codes, sizeof codes);
+            }
+            continue;
+        }
         for (int h = 0; h < WIDE / 16; h++) {
             const int64_t at = blk * WIDE + 16 * h;
             const int16_t sc = d != 0.0f ? (int16_t)lrintf(buf->scale[at / 16] / d) : 0; /* exact (module comment) */
             i8x16 codes;
             memcpy(&codes, buf->q + at, sizeof codes);
-            const i16x16 weights = __builtin_convertvector(codes, i16x16) * sc;
-            memcpy(w + at, &weights, sizeof weights);
+            const i16x16 weights16 = __builtin_convertvector(codes, i16x16) * sc;
+            memcpy(wb + 16 * h, &weights16, sizeof weights16);
         }
     }
-    memcpy(mins, buf->min, sizeof(float) * (size_t)(K / GROUP * MIN_SLOTS(type_mins(type))));
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)

@@ -38,7 +38,6 @@ typedef int8_t i8x16 __attribute__((vector_size(16)));
 typedef uint8_t u8x32 __attribute__((vector_size(32)));
 typedef int8_t i8x32 __attribute__((vector_size(32)));
 typedef uint16_t u16x16 __attribute__((vector_size(32)));
-typedef int16_t i16x8 __attribute__((vector_size(16)));
 
 /* Byte vectors shifted in 16-bit lanes (one instruction, where a byte shift takes several);
  * the caller masks off the bits that crossed from the neighbouring byte. */

@@ -13,6 +13,7 @@
 
 typedef int32_t v8i __attribute__((vector_size(32)));
 typedef float v8f __attribute__((vector_size(32)));
+typedef int16_t i16x8 __attribute__((vector_size(16))); /* 8 codes, narrowed from v8i */
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #include <immintrin.h>
