@@ -56,7 +56,12 @@ BENCHMARK_SET = [
     ("qwen3-4b", "TQ2_0"),
     ("bonsai-8b", "TQ2_0"),
 ]
-BASE_TYPE = {"Q3_K_M": T.Q3_K, "Q2_K": T.Q2_K, "IQ4_XS": T.IQ4_XS, "IQ2_XXS": T.IQ2_XXS, "TQ2_0": T.TQ2_0}
+BASE_TYPE = {"Q3_K_M": T.Q3_K, "Q2_K": T.Q2_K, "IQ4_XS": T.IQ4_XS, "IQ2_XXS": T.IQ2_XXS, "TQ2_0": T.TQ2_0, "Q4_K_M": T.Q4_K}
+
+
+def use_more_bits(layer: int, n_layers: int) -> bool:
+    """llama.cpp's use_more_bits: the first and last eighth of the layers, and every third between."""
+    return layer < n_layers // 8 or layer >= 7 * n_layers // 8 or (layer - n_layers // 8) % 3 == 2
 
 
 def mix_type(mix: str, name: str, layer: int, n_layers: int, tied: bool) -> T:
@@ -67,6 +72,8 @@ def mix_type(mix: str, name: str, layer: int, n_layers: int, tied: bool) -> T:
     if name == "token_embd.weight":
         return {T.IQ2_XXS: T.Q2_K, T.TQ2_0: T.Q4_K}.get(base, base)
     role = name.rsplit(".", 2)[-2]  # blk.3.attn_v.weight -> attn_v
+    if mix == "Q4_K_M" and role in ("attn_v", "ffn_down"):
+        return T.Q6_K if use_more_bits(layer, n_layers) else T.Q4_K
     if role == "attn_v":
         return {"Q3_K_M": T.Q5_K if layer < 2 else T.Q4_K, "Q2_K": T.Q4_K, "IQ4_XS": T.Q5_K, "IQ2_XXS": T.Q4_K}.get(
             mix, base

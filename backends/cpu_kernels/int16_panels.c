@@ -13,9 +13,11 @@
  * l >= 8 weights 32m + 16 + 2(l - 8) and the next:
  *     isum[l] = sum of w x over its 16 weights      (|isum| <= 16 * 4096 * 32767 < 2^31: exact)
  *     y[l] = fma(float(isum[l]), D * d, y[l])       (D * d rounded once; y from 0, blocks in order)
- * and the result is reduce8(y[0..7] + y[8..15]) + the min terms, dot_float of the row's (as the
- * generic unpacking makes them) with the token's group or half-group sums (xsum, xhalf: the
- * codes' exact integer sums times the block's scale). The integer sums are exact in every tier
+ * then the min terms, the row's (as the generic unpacking makes them, M of them) times the
+ * token's group or half-group sums (xsum, xhalf: the codes' exact integer sums times the
+ * block's scale), each product rounded, then added:
+ *     y[i mod 16] += mins[i] * xm[i]                (i = 0 .. M - 1 in order)
+ * and the result is reduce8(y[0..7] + y[8..15]). The integer sums are exact in every tier
  * and the float operations the same C, so every tier gives the same bits. Two multiply-adds of
  * 16-bit pairs (AVX-512 VNNI's dpwssd, AVX2's madd) take 64 weights where float weights take four
  * fused multiply-adds: the float form's prefill did a quarter of this one's work per instruction
@@ -150,11 +152,23 @@ static __attribute__((noinline)) void full_tile(const int16_t *w, const float *D
     tile(w, D, K, xq, xd, b0, b1, TILE_ROWS, TILE_TOKENS, y);
 }
 
-/* The result of row r and token t from its lanes: reduce8(y[0..7] + y[8..15]) and the min
- * terms (module comment). */
-static inline float finish(const v8f y[2], const float *mins, const float *xm, int64_t M) {
-    float total = reduce8(y[0] + y[1]);
-    return M ? total + dot_float(mins, xm, M) : total;
+/* The min terms of R rows (mins, M each) and N tokens (their sums xm, M each) into their lanes:
+ * y[i mod 16] += mins[i] * xm[i], i ascending (module comment), 8 at a time. */
+static inline __attribute__((always_inline)) void min_terms(const float *mins, const float *xm, int64_t M, const int R,
+                                                            const int N, v8f y[][2]) {
+    for (int64_t i = 0; i < M; i += 8)
+        for (int r = 0; r < R; r++) {
+            v8f m;
+            memcpy(&m, mins + r * M + i, sizeof m);
+            for (int t = 0; t < N; t++) {
+                v8f x;
+                memcpy(&x, xm + t * M + i, sizeof x);
+                y[r * TILE_TOKENS + t][(i / 8) % 2] += m * x;
+            }
+        }
+}
+static __attribute__((noinline)) void full_min_terms(const float *mins, const float *xm, int64_t M, v8f y[][2]) {
+    min_terms(mins, xm, M, TILE_ROWS, TILE_TOKENS, y);
 }
 
 /* Rows of K int16 weights in a panel, whole tiles of TILE_ROWS (at least one): they, their
@@ -189,17 +203,19 @@ void int16_product(const int16_t *w, const float *D, const float *mins, int slot
                 for (int64_t j = 0; j < whole; j++)
                     full_tile(w + r * K, D + r * B, K, xq + (t0 + j * TILE_TOKENS) * K, xd + (t0 + j * TILE_TOKENS) * B, b0,
                               b0 + segment < B ? b0 + segment : B, y[j]);
-            for (int64_t j = 0; j < whole; j++)
+            for (int64_t j = 0; j < whole; j++) {
+                if (M) full_min_terms(mins + r * M, xm + (t0 + j * TILE_TOKENS) * M, M, y[j]);
                 for (int i = 0; i < TILE_ROWS; i++)
-                    for (int k = 0; k < TILE_TOKENS; k++) {
-                        int64_t t = t0 + j * TILE_TOKENS + k;
-                        out[t * stride + r + i] = finish(y[j][i * TILE_TOKENS + k], mins + (r + i) * M, xm + t * M, M);
-                    }
+                    for (int k = 0; k < TILE_TOKENS; k++)
+                        out[(t0 + j * TILE_TOKENS + k) * stride + r + i] =
+                            reduce8(y[j][i * TILE_TOKENS + k][0] + y[j][i * TILE_TOKENS + k][1]);
+            }
             for (int i = 0; i < R; i++) /* the edges */
                 for (int64_t t = t0 + whole * TILE_TOKENS; t < t1; t++) {
                     v8f one[1][2] = {{{0}}};
                     tile(w + (r + i) * K, D + (r + i) * B, K, xq + t * K, xd + t * B, 0, B, 1, 1, one);
-                    out[t * stride + r + i] = finish(one[0], mins + (r + i) * M, xm + t * M, M);
+                    min_terms(mins + (r + i) * M, xm + t * M, M, 1, 1, one);
+                    out[t * stride + r + i] = reduce8(one[0][0] + one[0][1]);
                 }
         }
     }

@@ -25,11 +25,13 @@
  * multiply at twice the int16 ones' width (codes8_dots.c). That costs accuracy (logits ~1.5e-2 of the range, perplexity
  * under 0.6%: docs/benchmarks.md), small beside their 2- to 4-bit weights' own; Q4_K to Q6_K
  * failed the end-to-end Gemma test with it and keep int16 codes.
- * A product over FLOAT_TOKENS or more tokens (prefill) instead dequantizes a panel of rows
- * (float_panel_rows) to float once for all its tokens and takes the float activations as they
- * are, FLOAT_ROWS rows at a time, summing with fused multiply-adds in 8 lanes (fma8, the same
- * rounding in every tier; float_product in quants.c; AVX-512 holds two tokens' 8 lanes in one
- * register).
+ * A product over FLOAT_TOKENS or more tokens (prefill) of the 256-weight types with integer
+ * sub-block scales (type_takes_int16_panels) unpacks a panel of rows to int16 weights once and
+ * multiplies them with int16 activation codes, one scale per WIDE values (int16_panels.c); the
+ * other types' prefill dequantizes a panel of rows (float_panel_rows) to float once for all its
+ * tokens and takes the float activations as they are, FLOAT_ROWS rows at a time, summing with
+ * fused multiply-adds in 8 lanes (fma8, the same rounding in every tier; float_product in
+ * quants.c; AVX-512 holds two tokens' 8 lanes in one register).
  * On AVX2 and AVX-512 the IQ types have dequantization, and those on int16 codes products, of
  * their own, unpacked in registers (iq_dots.c), with the bits of the form above.
  * The float types take the float activations as they are. Q1_0 is multiplied by table
