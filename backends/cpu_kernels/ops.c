@@ -29,7 +29,7 @@ static struct {
 /* A buffer of at least `bytes` in place of *p (its contents not kept), on a cache line: the
  * prefill kernels load whole lines of it (int16_panels.c). */
 static int grow(void **p, size_t bytes) {
-    void *q = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    void *q = aligned_alloc(64, (bytes / 64 + 1) * 64); /* a whole number of lines, never 0 */
     if (!q) return -1;
     free(*p);
     *p = q;

@@ -16,7 +16,7 @@ static int reserved_threads;
 /* A buffer of at least `bytes` in place of p (its contents not kept; p freed only when the new
  * one is there), on a cache line: the prefill kernels load whole lines of the row buffer's f. */
 static void *grow(void *p, size_t bytes) {
-    void *q = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    void *q = aligned_alloc(64, (bytes / 64 + 1) * 64); /* a whole number of lines, never 0 */
     if (q) free(p);
     return q;
 }
