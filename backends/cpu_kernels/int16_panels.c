@@ -194,10 +194,10 @@ void int16_product(const int16_t *w, const float *D, const float *mins, int slot
     run = run < TILE_TOKENS ? TILE_TOKENS : run > RUN_TILES * TILE_TOKENS ? RUN_TILES * TILE_TOKENS : run;
     v8f y[RUN_TILES][TILE_ROWS * TILE_TOKENS][2];
     for (int64_t t0 = 0; t0 < T; t0 += run) {
-        const int64_t t1 = t0 + run < T ? t0 + run : T, tiles = n >= TILE_ROWS ? (t1 - t0) / TILE_TOKENS : 0;
+        const int64_t t1 = t0 + run < T ? t0 + run : T;
         for (int r = 0; r < n; r += TILE_ROWS) {
             const int R = n - r < TILE_ROWS ? n - r : TILE_ROWS;
-            const int64_t whole = R == TILE_ROWS ? tiles : 0; /* token tiles taken whole */
+            const int64_t whole = R == TILE_ROWS ? (t1 - t0) / TILE_TOKENS : 0; /* token tiles taken whole */
             memset(y, 0, sizeof y);
             for (int64_t b0 = 0; b0 < B; b0 += segment)
                 for (int64_t j = 0; j < whole; j++)

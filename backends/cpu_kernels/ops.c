@@ -148,7 +148,8 @@ static void float_panels(const uint8_t *data, int type, size_t row_bytes, int64_
  * buffer's float area), then multiplied with all the tokens (int16_product). */
 static void int16_panels(const Matrix *w, int64_t K, int64_t r0, int64_t r1, int64_t T, RowBuffer *buf, float *out,
                          int64_t stride) {
-    const int64_t panel = int16_panel_rows(K), G = K / GROUP, slots = MIN_SLOTS(type_mins(w->type));
+    const int64_t panel = int16_panel_rows(K), G = K / GROUP, per_group = MIN_SLOTS(type_mins(w->type));
+    const int slots = type_mins(w->type) ? (int)per_group : 0; /* min terms per group, 0 for none */
     const float *sums = slots == 2 ? acts.xhalf : acts.xsum;
     int16_t *weights = (int16_t *)buf->f;                                  /* panel * K int16 */
     float *D = buf->f + panel * K / 2, *mins = D + panel * (K / WIDE);    /* then panel * K / WIDE, panel * G * 2 */
@@ -156,9 +157,8 @@ static void int16_panels(const Matrix *w, int64_t K, int64_t r0, int64_t r1, int
         int64_t n = r1 - r < panel ? r1 - r : panel;
         for (int64_t i = 0; i < n; i++)
             int16_panel_row(w->type, w->data + (r + i) * w->row_bytes, K, buf, weights + i * K, D + i * (K / WIDE),
-                            mins + i * G * slots);
-        int16_product(weights, D, mins, type_mins(w->type) ? (int)slots : 0, (int)n, K, acts.q, acts.d, sums, T, out + r,
-                      stride);
+                            mins + i * G * per_group);
+        int16_product(weights, D, mins, slots, (int)n, K, acts.q, acts.d, sums, T, out + r, stride);
     }
 }
 

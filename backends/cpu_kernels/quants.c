@@ -885,8 +885,8 @@ static inline __attribute__((always_inline)) void row_tokens(int type, int split
 #define DOT_TILED(...) /* Q1_0: q1_tiles.c */
 #if PAIR_WEIGHTS > GROUP
     if (type == T_Q4_K) { /* its codes from the blocks straight into pair_terms' registers */
-        for (int64_t blk = 0; blk < K / 256; blk++) {
-            const uint8_t *b = row + blk * 144;
+        for (int64_t blk = 0; blk < K / 256; blk++) { /* unpack_q4_k's layout, 8 groups a block */
+            const uint8_t *b = row + blk * type_bytes(T_Q4_K);
             const int64_t g0 = blk * 8;
             float scale[8 * HALVES];
             k_scales(b, scale, mins + g0);
