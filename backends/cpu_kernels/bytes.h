@@ -31,6 +31,16 @@ static inline uint16_t iq1m_d(const uint8_t *sc) {
     return (uint16_t)((u16(sc) >> 12) | ((u16(sc + 2) >> 8) & 0x00f0) | ((u16(sc + 4) >> 4) & 0x0f00) |
                       (u16(sc + 6) & 0xf000));
 }
+/* Q4_K's and Q5_K's 6-bit sub-block scales and mins from their 12 bytes at b + 4, one byte each:
+ * sc[k] is byte k of *sc, m[k] byte k of *m (k < 8). Scales and mins 0-3 are the low 6 bits of
+ * bytes 0-3 and 4-7; 4-7 take their low 4 bits from bytes 8-11 (low and high nibbles) and
+ * their top 2 from the top 2 bits of bytes 0-3 and 4-7. */
+static inline void k_scale_bytes(const uint8_t *b, uint64_t *sc, uint64_t *m) {
+    const uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, low2 = 0x03030303;
+    const uint32_t a = u32(b + 4), c = u32(b + 8), e = u32(b + 12);
+    *sc = (a & low6) | (uint64_t)((e & low4) | (((a >> 6) & low2) << 4)) << 32;
+    *m = (c & low6) | (uint64_t)(((e >> 4) & low4) | (((c >> 6) & low2) << 4)) << 32;
+}
 #if defined(__F16C__)
 static inline float f16(const uint8_t *p) { return _cvtsh_ss(u16(p)); } /* exact, as fp16_to_float */
 #else

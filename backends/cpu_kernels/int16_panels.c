@@ -1,5 +1,6 @@
 /* Prefill products of the 256-weight types with integer sub-block scales (type_takes_int16_panels
- * in kernels.h: Q2_K to Q6_K and the IQ types but IQ4_NL), in integers.
+ * in kernels.h: Q2_K to Q6_K and the IQ types but IQ4_NL), in integers; and Q4_K's and Q5_K's
+ * products of any count of tokens (type_decodes_int16).
  *
  * Each of these types' blocks is one float D times integer sub-block scales sc times integer
  * codes c (codes8_dots.c draws them), plus, for Q2_K, Q4_K and Q5_K, min terms. A row is unpacked
@@ -21,7 +22,10 @@
  * and the float operations the same C, so every tier gives the same bits. Two multiply-adds of
  * 16-bit pairs (AVX-512 VNNI's dpwssd, AVX2's madd) take 64 weights where float weights take four
  * fused multiply-adds: the float form's prefill did a quarter of this one's work per instruction
- * and, held by one float per group and token, the 8-bit codes of decode no better. */
+ * and, held by one float per group and token, the 8-bit codes of decode no better.
+ * Q4_K's and Q5_K's blocks give their integers straight (k_block_int16); for up to
+ * DIRECT_TOKENS tokens the x86 tiers multiply them in registers, never writing the weights out
+ * (k_direct), in the same lanes: every path gives the same bits. */
 #include <math.h>
 #include <string.h>
 
@@ -31,6 +35,114 @@
 
 typedef int8_t i8x16 __attribute__((vector_size(16)));
 typedef int16_t i16x16 __attribute__((vector_size(32)));
+typedef uint8_t u8x16 __attribute__((vector_size(16)));
+
+/* The x86 tiers' int16 vectors (vw, VW_WORDS words) and the float vectors of their lanes (vf):
+ * vw_u8 widens bytes to words, vw_times multiplies by the word pair of an int32, vw_bit4 sets
+ * bit 4 where `bits` has it, vw_dot adds the pair sums of a * b to acc's int32 lanes (exact),
+ * vf_fma adds float(sums) * s to acc. */
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define VW_WORDS 32
+typedef __m512i vw;
+typedef __m512 vf;
+static inline vw vw_u8(const uint8_t *p) { return _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)p)); }
+static inline vw vw_load(const int16_t *p) { return _mm512_loadu_si512((const void *)p); }
+static inline void vw_store(int16_t *p, vw v) { _mm512_storeu_si512((void *)p, v); }
+static inline vw vw_zero(void) { return _mm512_setzero_si512(); }
+static inline vw vw_low4(vw a) { return _mm512_and_si512(a, _mm512_set1_epi16(15)); }
+#define vw_srli _mm512_srli_epi16
+#define vw_slli _mm512_slli_epi16
+static inline vw vw_times(vw a, int32_t pair) { return _mm512_mullo_epi16(a, _mm512_set1_epi32(pair)); }
+static inline vw vw_bit4(vw a, vw bits) { return _mm512_ternarylogic_epi32(a, bits, _mm512_set1_epi16(16), 0xf8); }
+static inline vw vw_dot(vw acc, vw a, vw b) { return _mm512_dpwssd_epi32(acc, a, b); }
+static inline vf vf_zero(void) { return _mm512_setzero_ps(); }
+static inline vf vf_fma(vf acc, vw sums, float s) { return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_set1_ps(s), acc); }
+#elif defined(__AVX2__)
+#include <immintrin.h>
+#define VW_WORDS 16
+typedef __m256i vw;
+typedef __m256 vf;
+static inline vw vw_u8(const uint8_t *p) { return _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p)); }
+static inline vw vw_load(const int16_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+static inline void vw_store(int16_t *p, vw v) { _mm256_storeu_si256((__m256i *)p, v); }
+static inline vw vw_zero(void) { return _mm256_setzero_si256(); }
+static inline vw vw_low4(vw a) { return _mm256_and_si256(a, _mm256_set1_epi16(15)); }
+#define vw_srli _mm256_srli_epi16
+#define vw_slli _mm256_slli_epi16
+static inline vw vw_times(vw a, int32_t pair) { return _mm256_mullo_epi16(a, _mm256_set1_epi32(pair)); }
+static inline vw vw_bit4(vw a, vw bits) { return _mm256_or_si256(a, _mm256_and_si256(bits, _mm256_set1_epi16(16))); }
+static inline vw vw_dot(vw acc, vw a, vw b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
+static inline vf vf_zero(void) { return _mm256_setzero_ps(); }
+static inline vf vf_fma(vf acc, vw sums, float s) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(s), acc); }
+#endif
+
+/* A Q4_K or Q5_K block's 8 sub-block scales, each in both words of an int32 (vw_times), 0 where
+ * d is (as sc = scale / D makes it), and its min terms -(dmin * m) per group, the bits k_scales
+ * gives. */
+static inline void k_block_scales(const uint8_t *b, int32_t *pairs, float *mins) {
+    uint64_t sc, m;
+    k_scale_bytes(b, &sc, &m);
+    const v8f min_terms = -(f16(b + 2) * widen8u(m));
+    memcpy(mins, &min_terms, sizeof min_terms);
+    if (f16(b) == 0.0f) sc = 0;
+    for (int j = 0; j < 8; j++) pairs[j] = (int32_t)((sc >> 8 * j) & 255) * 0x10001;
+}
+
+#if defined(VW_WORDS)
+/* Words VW_WORDS * h .. of groups 2c and 2c + 1 of a Q4_K block (Q5_K's: `fifth`, its qh bytes
+ * of those words as words in `high`) as int16 weights sc * code, lo and hi: the 32 bytes c of
+ * qs hold group 2c in their low nibbles, 2c + 1 in their high; the fifth bits are bits 2c and
+ * 2c + 1 of qh. */
+static inline __attribute__((always_inline)) void k_pair(const uint8_t *b, const int fifth, vw high, const int c,
+                                                         const int h, const int32_t *pairs, vw *lo, vw *hi) {
+    const vw codes = vw_u8(b + (fifth ? 48 : 16) + 32 * c + VW_WORDS * h);
+    vw l = vw_low4(codes), u = vw_srli(codes, 4);
+    if (fifth) { /* bit 2c (2c + 1) of each qh byte to bit 4 */
+        l = vw_bit4(l, 2 * c <= 4 ? vw_slli(high, 4 - 2 * c) : vw_srli(high, 2 * c - 4));
+        u = vw_bit4(u, 2 * c + 1 <= 4 ? vw_slli(high, 3 - 2 * c) : vw_srli(high, 2 * c - 3));
+    }
+    *lo = vw_times(l, pairs[2 * c]);
+    *hi = vw_times(u, pairs[2 * c + 1]);
+}
+#endif
+
+/* A Q4_K block (Q5_K's with its fifth bits, `fifth`) as int16 weights sc * code in w[256], in
+ * unpack_q4_k's and unpack_q5_k's order, and its min terms (k_block_scales): the integers
+ * straight from the bytes, without the generic unpacking's floats. */
+static inline void k_block_int16(const uint8_t *b, int fifth, int16_t *w, float *mins) {
+    int32_t pairs[8];
+    k_block_scales(b, pairs, mins);
+#if defined(VW_WORDS)
+    for (int h = 0; h < 32 / VW_WORDS; h++) {
+        const vw high = fifth ? vw_u8(b + 16 + VW_WORDS * h) : vw_zero();
+        for (int c = 0; c < 4; c++) {
+            vw lo, hi;
+            k_pair(b, fifth, high, c, h, pairs, &lo, &hi);
+            vw_store(w + 64 * c + VW_WORDS * h, lo);
+            vw_store(w + 64 * c + 32 + VW_WORDS * h, hi);
+        }
+    }
+#else
+    const uint8_t *qh = b + 16, *qs = fifth ? b + 48 : b + 16;
+    for (int c = 0; c < 4; c++)
+        for (int h = 0; h < 2; h++) {
+            u8x16 packed, high;
+            memcpy(&packed, qs + 32 * c + 16 * h, sizeof packed);
+            i16x16 codes = __builtin_convertvector(packed, i16x16), lo = codes & 15, hi = codes >> 4;
+            if (fifth) {
+                memcpy(&high, qh + 16 * h, sizeof high);
+                i16x16 bits = __builtin_convertvector(high, i16x16);
+                lo |= ((bits >> (2 * c)) & 1) << 4;
+                hi |= ((bits >> (2 * c + 1)) & 1) << 4;
+            }
+            lo *= (int16_t)pairs[2 * c];
+            hi *= (int16_t)pairs[2 * c + 1];
+            memcpy(w + 64 * c + 16 * h, &lo, sizeof lo);
+            memcpy(w + 64 * c + 32 + 16 * h, &hi, sizeof hi);
+        }
+#endif
+}
 
 /* Row `row` as int16 weights w[K], its blocks' D[K / WIDE] and its min terms (as unpack_row
  * makes them: MIN_SLOTS per group) at mins; buf is the unpacking's scratch. A block's codes come
@@ -38,6 +150,13 @@ typedef int16_t i16x16 __attribute__((vector_size(32)));
  * types in registers (iq_dots.c), from those floats instead: D * sc * code exactly, so
  * round(weight * (1 / D)) is sc * code (off by at most 4096 * 2^-23 before rounding). */
 void int16_panel_row(int type, const uint8_t *row, int64_t K, RowBuffer *buf, int16_t *w, float *D, float *mins) {
+    if (type == T_Q4_K || type == T_Q5_K) {
+        for (int64_t blk = 0; blk < K / WIDE; blk++) {
+            D[blk] = block_scale(type, row + blk * type_bytes(type));
+            k_block_int16(row + blk * type_bytes(type), type == T_Q5_K, w + blk * WIDE, mins + blk * (WIDE / GROUP));
+        }
+        return;
+    }
     const int in_registers = iq_dequantize_row(type, row, 0, NULL); /* whether this tier has it for the type */
     if (!in_registers) {
         unpack_row(type, row, K, buf);
@@ -71,7 +190,6 @@ void int16_panel_row(int type, const uint8_t *row, int64_t K, RowBuffer *buf, in
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-#include <immintrin.h>
 #define TILE_ROWS 4
 #define TILE_TOKENS 3
 
@@ -145,11 +263,13 @@ static inline __attribute__((always_inline)) void tile(const int16_t *w, const f
 #define RUN_TILES 16 /* tiles of tokens in a run at most (their y stay on the stack between K segments) */
 #define SEGMENT_BLOCKS 8 /* blocks of K at most per pass of a row tile: 4 rows' 16 KB stay in L1 */
 
-/* A whole tile, TILE_ROWS by TILE_TOKENS, over blocks b0 .. b1 - 1, in a function of its own: its
- * loops unroll, and its registers are not shared with the edges' code. */
-static __attribute__((noinline)) void full_tile(const int16_t *w, const float *D, int64_t K, const int16_t *xq,
-                                                const float *xd, int64_t b0, int64_t b1, v8f y[][2]) {
-    tile(w, D, K, xq, xd, b0, b1, TILE_ROWS, TILE_TOKENS, y);
+/* A tile of TILE_ROWS rows by N tokens (N <= TILE_TOKENS) over blocks b0 .. b1 - 1, in a function of
+ * its own: its loops unroll, and its registers are not shared with the edges' code. */
+static __attribute__((noinline)) void row_tile(const int16_t *w, const float *D, int64_t K, const int16_t *xq,
+                                               const float *xd, int64_t b0, int64_t b1, int N, v8f y[][2]) {
+    if (N == TILE_TOKENS) tile(w, D, K, xq, xd, b0, b1, TILE_ROWS, TILE_TOKENS, y);
+    else if (N == 1) tile(w, D, K, xq, xd, b0, b1, TILE_ROWS, 1, y);
+    else tile(w, D, K, xq, xd, b0, b1, TILE_ROWS, 2, y); /* (AVX-512's 3 tokens: 2 left) */
 }
 
 /* The min terms of R rows (mins, M each) and N tokens (their sums xm, M each) into their lanes:
@@ -167,16 +287,20 @@ static inline __attribute__((always_inline)) void min_terms(const float *mins, c
             }
         }
 }
-static __attribute__((noinline)) void full_min_terms(const float *mins, const float *xm, int64_t M, v8f y[][2]) {
-    min_terms(mins, xm, M, TILE_ROWS, TILE_TOKENS, y);
+static __attribute__((noinline)) void row_min_terms(const float *mins, const float *xm, int64_t M, int N, v8f y[][2]) {
+    if (N == TILE_TOKENS) min_terms(mins, xm, M, TILE_ROWS, TILE_TOKENS, y);
+    else if (N == 1) min_terms(mins, xm, M, TILE_ROWS, 1, y);
+    else min_terms(mins, xm, M, TILE_ROWS, 2, y);
 }
 
-/* Rows of K int16 weights in a panel, whole tiles of TILE_ROWS (at least one): they, their
- * block scales and their min terms take at most float_panel_floats(K) floats (ops.c). */
-int64_t int16_panel_rows(int64_t K) {
+/* Rows of K int16 weights in a panel for T tokens, whole tiles of TILE_ROWS (at least one): one
+ * tile for fewer than FLOAT_TOKENS tokens (decode: the tile's rows stay in L1 between their
+ * unpacking and their products), else as many as, with their block scales and min terms, take
+ * at most float_panel_floats(K) floats (ops.c). */
+int64_t int16_panel_rows(int64_t K, int64_t T) {
     int64_t bytes = float_panel_floats(K) * (int64_t)sizeof(float), row = 2 * K + 4 * (K / WIDE) + 4 * (K / GROUP) * HALVES;
     int64_t rows = bytes / row / TILE_ROWS * TILE_ROWS;
-    return rows > TILE_ROWS ? rows : TILE_ROWS;
+    return rows > TILE_ROWS && T >= FLOAT_TOKENS ? rows : TILE_ROWS;
 }
 
 /* n rows of the panel (int16 weights w, rows of K; D and mins as int16_panel_row makes them)
@@ -196,27 +320,135 @@ void int16_product(const int16_t *w, const float *D, const float *mins, int slot
     for (int64_t t0 = 0; t0 < T; t0 += run) {
         const int64_t t1 = t0 + run < T ? t0 + run : T;
         for (int r = 0; r < n; r += TILE_ROWS) {
-            const int R = n - r < TILE_ROWS ? n - r : TILE_ROWS;
-            const int64_t whole = R == TILE_ROWS ? (t1 - t0) / TILE_TOKENS : 0; /* token tiles taken whole */
-            memset(y, 0, sizeof y);
-            for (int64_t b0 = 0; b0 < B; b0 += segment)
-                for (int64_t j = 0; j < whole; j++)
-                    full_tile(w + r * K, D + r * B, K, xq + (t0 + j * TILE_TOKENS) * K, xd + (t0 + j * TILE_TOKENS) * B, b0,
-                              b0 + segment < B ? b0 + segment : B, y[j]);
-            for (int64_t j = 0; j < whole; j++) {
-                if (M) full_min_terms(mins + r * M, xm + (t0 + j * TILE_TOKENS) * M, M, y[j]);
-                for (int i = 0; i < TILE_ROWS; i++)
-                    for (int k = 0; k < TILE_TOKENS; k++)
-                        out[(t0 + j * TILE_TOKENS + k) * stride + r + i] =
-                            reduce8(y[j][i * TILE_TOKENS + k][0] + y[j][i * TILE_TOKENS + k][1]);
+            if (n - r < TILE_ROWS) { /* the edge rows, a token at a time */
+                for (int i = r; i < n; i++)
+                    for (int64_t t = t0; t < t1; t++) {
+                        v8f one[1][2] = {{{0}}};
+                        tile(w + i * K, D + i * B, K, xq + t * K, xd + t * B, 0, B, 1, 1, one);
+                        min_terms(mins + i * M, xm + t * M, M, 1, 1, one);
+                        out[t * stride + i] = reduce8(one[0][0] + one[0][1]);
+                    }
+                break;
             }
-            for (int i = 0; i < R; i++) /* the edges */
-                for (int64_t t = t0 + whole * TILE_TOKENS; t < t1; t++) {
-                    v8f one[1][2] = {{{0}}};
-                    tile(w + (r + i) * K, D + (r + i) * B, K, xq + t * K, xd + t * B, 0, B, 1, 1, one);
-                    min_terms(mins + (r + i) * M, xm + t * M, M, 1, 1, one);
-                    out[t * stride + r + i] = reduce8(one[0][0] + one[0][1]);
+            const int64_t tiles = (t1 - t0 + TILE_TOKENS - 1) / TILE_TOKENS; /* the last one maybe partial */
+            memset(y, 0, (size_t)tiles * sizeof y[0]);
+            for (int64_t b0 = 0; b0 < B; b0 += segment)
+                for (int64_t j = 0; j < tiles; j++) {
+                    const int64_t t = t0 + j * TILE_TOKENS;
+                    row_tile(w + r * K, D + r * B, K, xq + t * K, xd + t * B, b0, b0 + segment < B ? b0 + segment : B,
+                             (int)(t1 - t < TILE_TOKENS ? t1 - t : TILE_TOKENS), y[j]);
                 }
+            for (int64_t j = 0; j < tiles; j++) {
+                const int64_t t = t0 + j * TILE_TOKENS;
+                const int N = (int)(t1 - t < TILE_TOKENS ? t1 - t : TILE_TOKENS);
+                if (M) row_min_terms(mins + r * M, xm + t * M, M, N, y[j]);
+                for (int i = 0; i < TILE_ROWS; i++)
+                    for (int k = 0; k < N; k++)
+                        out[(t + k) * stride + r + i] = reduce8(y[j][i * TILE_TOKENS + k][0] + y[j][i * TILE_TOKENS + k][1]);
+            }
         }
     }
+}
+
+#if defined(VW_WORDS)
+#define VECS (32 / VW_WORDS) /* vectors per group of 32 weights */
+#define DIRECT_TOKENS 4     /* tokens k_direct takes at most: up to 2 with DIRECT_ROWS rows, more with one */
+#if VW_WORDS == 32
+#define DIRECT_ROWS TILE_ROWS /* AVX-512's 32 registers hold 4 rows' sums and lanes */
+#else
+#define DIRECT_ROWS 1 /* AVX2's 16 do not hold two rows' (measured: two rows 0.9x one) */
+#endif
+
+/* R rows of a Q4_K matrix (Q5_K's: `fifth`) at `rows`, row_bytes apart, times N tokens, every
+ * block, straight from the bytes (k_pair, in registers), in tile's arithmetic (the same lanes,
+ * int32 sums, one fma per block), into y, and the rows' min terms into mins (K / GROUP a row).
+ * For one or two tokens a row's int16 weights would be written out and read back for next to
+ * nothing: here they never leave the registers. */
+static inline __attribute__((always_inline)) void k_direct(const uint8_t *rows, size_t row_bytes, size_t ahead, const int fifth,
+                                                           int64_t K, const int16_t *xq, const float *xd, const int R,
+                                                           const int N, v8f y[][2], float *mins) {
+    const int64_t B = K / WIDE, G = K / GROUP;
+    const size_t bytes = fifth ? 176 : 144;
+    vf acc[DIRECT_ROWS][DIRECT_TOKENS][VECS];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < N; t++)
+            for (int h = 0; h < VECS; h++) acc[r][t][h] = vf_zero();
+    for (int64_t b = 0; b < B; b++) {
+        int32_t pairs[DIRECT_ROWS][8];
+        vw sums[DIRECT_ROWS][DIRECT_TOKENS][VECS];
+        for (int r = 0; r < R; r++) {
+            const uint8_t *blk = rows + r * row_bytes + b * bytes;
+            for (size_t at = 0; at < bytes; at += 64) __builtin_prefetch(blk + ahead + at);
+            k_block_scales(blk, pairs[r], mins + r * G + 8 * b);
+            for (int t = 0; t < N; t++)
+                for (int h = 0; h < VECS; h++) sums[r][t][h] = vw_zero();
+        }
+        for (int h = 0; h < VECS; h++) {
+            vw high[DIRECT_ROWS];
+            for (int r = 0; r < R; r++) high[r] = fifth ? vw_u8(rows + r * row_bytes + b * bytes + 16 + VW_WORDS * h) : vw_zero();
+            for (int c = 0; c < 4; c++) {
+                vw x_lo[DIRECT_TOKENS], x_hi[DIRECT_TOKENS];
+                for (int t = 0; t < N; t++) {
+                    x_lo[t] = vw_load(xq + t * K + b * WIDE + 64 * c + VW_WORDS * h);
+                    x_hi[t] = vw_load(xq + t * K + b * WIDE + 64 * c + 32 + VW_WORDS * h);
+                }
+                for (int r = 0; r < R; r++) {
+                    vw lo, hi;
+                    k_pair(rows + r * row_bytes + b * bytes, fifth, high[r], c, h, pairs[r], &lo, &hi);
+                    for (int t = 0; t < N; t++) sums[r][t][h] = vw_dot(vw_dot(sums[r][t][h], lo, x_lo[t]), hi, x_hi[t]);
+                }
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            const float d = f16(rows + r * row_bytes + b * bytes);
+            for (int t = 0; t < N; t++)
+                for (int h = 0; h < VECS; h++) acc[r][t][h] = vf_fma(acc[r][t][h], sums[r][t][h], d * xd[t * B + b]);
+        }
+    }
+    for (int r = 0; r < R; r++) /* lanes 0-15 of a (row, token): y[..][0] then y[..][1] */
+        for (int t = 0; t < N; t++)
+            for (int h = 0; h < VECS; h++) memcpy((float *)y[r * TILE_TOKENS + t] + 16 / VECS * h, &acc[r][t][h], sizeof acc[r][t][h]);
+}
+
+#define K_DIRECT(fifth, R, N) k_direct(rows, row_bytes, PREFETCH_ROWS * row_bytes, fifth, K, xq, xd, R, N, y, mins)
+#define K_DIRECT_ANY(fifth)                                                                             \
+    do {                                                                                                \
+        if (R > 1) N == 1 ? K_DIRECT(fifth, DIRECT_ROWS, 1) : K_DIRECT(fifth, DIRECT_ROWS, 2);          \
+        else if (N <= 2) N == 1 ? K_DIRECT(fifth, 1, 1) : K_DIRECT(fifth, 1, 2);                        \
+        else N == 3 ? K_DIRECT(fifth, 1, 3) : K_DIRECT(fifth, 1, 4);                                    \
+    } while (0)
+/* R rows (DIRECT_ROWS, with up to 2 tokens; or 1) times N tokens */
+static __attribute__((noinline)) void k_direct_tile(int type, const uint8_t *rows, size_t row_bytes, int64_t K,
+                                                    const int16_t *xq, const float *xd, int R, int N, v8f y[][2],
+                                                    float *mins) {
+    if (type == T_Q4_K) K_DIRECT_ANY(0);
+    else K_DIRECT_ANY(1);
+}
+#undef K_DIRECT_ANY
+#undef K_DIRECT
+#endif
+
+/* Rows r0 .. r1 - 1 of w times T tokens (int16_product's codes, scales and sums), into
+ * out[t * stride + r], with int16_product's bits, where this tier multiplies the type's rows
+ * straight from their bytes (k_direct: Q4_K and Q5_K, up to DIRECT_TOKENS tokens, AVX-512 and
+ * AVX2); `scratch` holds DIRECT_ROWS * K / GROUP floats. 0, and nothing done, elsewhere. */
+int int16_direct_product(const Matrix *w, int64_t r0, int64_t r1, const int16_t *xq, const float *xd, const float *xm,
+                         int64_t T, float *out, int64_t stride, float *scratch) {
+#if defined(VW_WORDS)
+    if ((w->type != T_Q4_K && w->type != T_Q5_K) || T > DIRECT_TOKENS) return 0;
+    const int64_t K = w->cols, M = K / GROUP;
+    for (int64_t r = r0; r < r1;) {
+        const int R = r1 - r >= DIRECT_ROWS && T <= 2 ? DIRECT_ROWS : 1;
+        v8f y[TILE_ROWS * DIRECT_TOKENS][2];
+        k_direct_tile(w->type, w->data + r * w->row_bytes, w->row_bytes, K, xq, xd, R, (int)T, y, scratch);
+        if (R == TILE_ROWS) row_min_terms(scratch, xm, M, (int)T, y); /* (AVX-512's DIRECT_ROWS) */
+        else min_terms(scratch, xm, M, 1, (int)T, y);
+        for (int i = 0; i < R; i++)
+            for (int k = 0; k < T; k++) out[k * stride + r + i] = reduce8(y[i * TILE_TOKENS + k][0] + y[i * TILE_TOKENS + k][1]);
+        r += R;
+    }
+    return 1;
+#else
+    return 0;
+#endif
 }

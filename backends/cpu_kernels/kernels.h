@@ -27,7 +27,12 @@
  * failed the end-to-end Gemma test with it and keep int16 codes.
  * A product over FLOAT_TOKENS or more tokens (prefill) of the 256-weight types with integer
  * sub-block scales (type_takes_int16_panels) unpacks a panel of rows to int16 weights once and
- * multiplies them with int16 activation codes, one scale per WIDE values (int16_panels.c); the
+ * multiplies them with int16 activation codes, one scale per WIDE values (int16_panels.c).
+ * Q4_K and Q5_K (type_decodes_int16) take that arithmetic for any count of tokens: a token's
+ * products are the same bits in decode, in a batch and in a prefill. Their decode unpacks
+ * the blocks straight from the bytes into registers and multiplies them there (AVX2 and
+ * AVX-512, int16_direct_product), one float multiply-add per block where the per-group codes
+ * took one per group, and asks for the rows ahead block by block as it goes. The
  * other types' prefill dequantizes a panel of rows (float_panel_rows) to float once for all its
  * tokens and takes the float activations as they are, FLOAT_ROWS rows at a time, summing with
  * fused multiply-adds in 8 lanes (fma8, the same rounding in every tier; float_product in
@@ -172,6 +177,13 @@ static inline int64_t float_panel_floats(int64_t cols) {
     return FLOAT_ROWS * cols > least ? FLOAT_ROWS * cols : least;
 }
 
+/* One token reads each row once, in order: ask for a row a few rows ahead of the one being
+ * multiplied, so that memory works while the core computes. */
+#define PREFETCH_ROWS 8
+static inline void prefetch_row(const uint8_t *row, size_t bytes) {
+    for (size_t at = 0; at < bytes; at += 64) __builtin_prefetch(row + at);
+}
+
 /* A weight matrix as it lies in the model file: `rows` rows of `row_bytes` bytes. */
 typedef struct {
     const uint8_t *data;
@@ -206,10 +218,14 @@ static inline int type_takes_codes16(int type) { return type_form(type) == FORM_
 static inline int type_takes_int16_panels(int type) {
     return (type_form(type) == FORM_OWN8 || type == T_Q4_K || type == T_Q5_K || type == T_Q6_K);
 }
+/* ... and, of those, the ones that take it for fewer tokens too (decode, batches, verification) */
+static inline int type_decodes_int16(int type) { return type == T_Q4_K || type == T_Q5_K; }
 void int16_panel_row(int type, const uint8_t *row, int64_t K, RowBuffer *buf, int16_t *w, float *D, float *mins);
 void int16_product(const int16_t *w, const float *D, const float *mins, int slots, int n, int64_t K, const int16_t *xq,
                    const float *xd, const float *xm, int64_t T, float *out, int64_t stride);
-int64_t int16_panel_rows(int64_t K);
+int64_t int16_panel_rows(int64_t K, int64_t T);
+int int16_direct_product(const Matrix *w, int64_t r0, int64_t r1, const int16_t *xq, const float *xd, const float *xm,
+                         int64_t T, float *out, int64_t stride, float *scratch);
 
 /* 8-bit activation codes of a block of BLOCK8 values (the OWN8 types' form), in groups of 32:
  * the value at i is d[i / 32] * q[i], |q[i]| <= 127, d[g] = amax / 127 of group g (as

@@ -12,10 +12,15 @@
 
 /* -- activations quantized once per product, shared by every matrix of a fused op ------ */
 
-static struct {
+/* int16 activation codes with a scale per `span` values, and the sums of each group and half group */
+typedef struct {
     int16_t *q;
     float *d, *xsum, *xhalf;
     int64_t capacity;
+} Codes16;
+
+static struct {
+    Codes16 group, wide; /* a scale per GROUP (dot_row_tokens), per WIDE (int16_panels) */
     Codes8 *q8; /* 8-bit codes, for the OWN8 types */
     int64_t capacity8;
     uint8_t *tables; /* Q1_0's lookup tables, and their groups' scales */
@@ -36,14 +41,19 @@ static int grow(void **p, size_t bytes) {
     return 0;
 }
 
-static int reserve_acts(int64_t elements, int codes, int codes8, int tables, int tq_tables) {
+static int reserve_codes16(Codes16 *c, int64_t elements) {
     size_t groups = (size_t)(elements / GROUP + 1);
-    if (codes && elements > acts.capacity) {
-        if (grow((void **)&acts.q, sizeof(int16_t) * (size_t)elements) || grow((void **)&acts.d, sizeof(float) * groups) ||
-            grow((void **)&acts.xsum, sizeof(float) * groups) || grow((void **)&acts.xhalf, sizeof(float) * HALVES * groups))
-            return -1;
-        acts.capacity = elements;
-    }
+    if (elements <= c->capacity) return 0;
+    if (grow((void **)&c->q, sizeof(int16_t) * (size_t)elements) || grow((void **)&c->d, sizeof(float) * groups) ||
+        grow((void **)&c->xsum, sizeof(float) * groups) || grow((void **)&c->xhalf, sizeof(float) * HALVES * groups))
+        return -1;
+    c->capacity = elements;
+    return 0;
+}
+
+static int reserve_acts(int64_t elements, int codes, int wide, int codes8, int tables, int tq_tables) {
+    size_t groups = (size_t)(elements / GROUP + 1);
+    if ((codes && reserve_codes16(&acts.group, elements)) || (wide && reserve_codes16(&acts.wide, elements))) return -1;
     if (codes8 && elements > acts.capacity8) {
         if (grow((void **)&acts.q8, sizeof(Codes8) * (size_t)(elements / BLOCK8 + 1))) return -1;
         acts.capacity8 = elements;
@@ -65,10 +75,15 @@ typedef struct {
     const Op *op;
     int64_t T, K, total_rows;
     int codes, codes8, tables, tq_tables; /* which forms of the activations the matrices take */
-    int wide;          /* int16 codes with a scale per WIDE values (int16_panels), in acts.q and acts.d */
+    int wide;          /* int16 codes with a scale per WIDE values (int16_panels), in acts.wide */
     int tq_only;       /* every matrix is ternary tiles: one pass takes all the tokens (tq_tiles_product) */
     int dequantize;    /* quantized rows to float for FLOAT_TOKENS or more tokens */
 } LinearCtx;
+
+/* Whether a matrix of `type` takes int16 weights and codes per WIDE (int16_panels) in this product. */
+static inline int int16_rows(const LinearCtx *c, int type) {
+    return type_takes_int16_panels(type) && (c->dequantize || type_decodes_int16(type));
+}
 
 static void quantize_task(void *vctx, int chunk, int chunks, int thread) {
     const LinearCtx *c = vctx;
@@ -76,8 +91,10 @@ static void quantize_task(void *vctx, int chunk, int chunks, int thread) {
     split_range(c->T, chunk, chunks, &lo, &hi);
     for (int64_t t = lo; t < hi; t++) {
         const float *x = c->op->a + t * K;
-        if (c->codes) quantize_row(x, K, GROUP, acts.q + t * K, acts.d + t * G, acts.xsum + t * G, acts.xhalf + t * HALVES * G);
-        if (c->wide) quantize_row(x, K, WIDE, acts.q + t * K, acts.d + t * (K / WIDE), acts.xsum + t * G, acts.xhalf + t * HALVES * G);
+        if (c->codes) quantize_row(x, K, GROUP, acts.group.q + t * K, acts.group.d + t * G, acts.group.xsum + t * G,
+                                   acts.group.xhalf + t * HALVES * G);
+        if (c->wide) quantize_row(x, K, WIDE, acts.wide.q + t * K, acts.wide.d + t * (K / WIDE), acts.wide.xsum + t * G,
+                                  acts.wide.xhalf + t * HALVES * G);
         if (c->codes8) quantize_row8(x, K, acts.q8 + t * (K / BLOCK8));
         if (c->tables) q1_tables(x, K, acts.tables + t * q1_table_bytes(K), acts.tscale + t * G);
         if (c->tq_tables) tq_tables(x, K, acts.tq_tables + t * tq_table_bytes(K), acts.tq_scale + t * G);
@@ -148,25 +165,22 @@ static void float_panels(const uint8_t *data, int type, size_t row_bytes, int64_
  * buffer's float area), then multiplied with all the tokens (int16_product). */
 static void int16_panels(const Matrix *w, int64_t K, int64_t r0, int64_t r1, int64_t T, RowBuffer *buf, float *out,
                          int64_t stride) {
-    const int64_t panel = int16_panel_rows(K), G = K / GROUP, per_group = MIN_SLOTS(type_mins(w->type));
+    const int64_t panel = int16_panel_rows(K, T), G = K / GROUP, per_group = MIN_SLOTS(type_mins(w->type));
     const int slots = type_mins(w->type) ? (int)per_group : 0; /* min terms per group, 0 for none */
-    const float *sums = slots == 2 ? acts.xhalf : acts.xsum;
+    const float *sums = slots == 2 ? acts.wide.xhalf : acts.wide.xsum;
     int16_t *weights = (int16_t *)buf->f;                                  /* panel * K int16 */
     float *D = buf->f + panel * K / 2, *mins = D + panel * (K / WIDE);    /* then panel * K / WIDE, panel * G * 2 */
+    if (int16_direct_product(w, r0, r1, acts.wide.q, acts.wide.d, sums, T, out, stride, buf->f)) return;
+    if (int16_direct_product(w, r0, r1, acts.wide.q, acts.wide.d, sums, T, out, stride, buf->f)) return;
     for (int64_t r = r0; r < r1; r += panel) {
         int64_t n = r1 - r < panel ? r1 - r : panel;
-        for (int64_t i = 0; i < n; i++)
-            int16_panel_row(w->type, w->data + (r + i) * w->row_bytes, K, buf, weights + i * K, D + i * (K / WIDE),
-                            mins + i * G * per_group);
-        int16_product(weights, D, mins, slots, (int)n, K, acts.q, acts.d, sums, T, out + r, stride);
+        for (int64_t i = 0; i < n; i++) {
+            const uint8_t *row = w->data + (r + i) * w->row_bytes;
+            if (T < FLOAT_TOKENS && r + i + PREFETCH_ROWS < r1) prefetch_row(row + PREFETCH_ROWS * w->row_bytes, w->row_bytes);
+            int16_panel_row(w->type, row, K, buf, weights + i * K, D + i * (K / WIDE), mins + i * G * per_group);
+        }
+        int16_product(weights, D, mins, slots, (int)n, K, acts.wide.q, acts.wide.d, sums, T, out + r, stride);
     }
-}
-
-/* One token reads each row once, in order: ask for a row a few rows ahead of the one being
- * multiplied, so that memory works while the core computes. */
-#define PREFETCH_ROWS 4
-static inline void prefetch_row(const uint8_t *row, size_t bytes) {
-    for (size_t at = 0; at < bytes; at += 64) __builtin_prefetch(row + at);
 }
 
 static void linear_task(void *vctx, int chunk, int chunks, int thread) {
@@ -188,7 +202,7 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
                 tiles_product(w, K, r0, r1, t0, t1, op->outs[m]);
             } else if (w->type == T_TQ_TILES) {
                 tq_tiles_product(w, K, r0, r1, t0, t1, op->outs[m]);
-            } else if (c->wide && type_takes_int16_panels(w->type)) { /* all the tokens at once, in tiles */
+            } else if (int16_rows(c, w->type)) { /* all the tokens at once, in tiles */
                 if (t0 == 0) int16_panels(w, K, r0, r1, c->T, buf, op->outs[m], w->rows);
             } else if (c->dequantize && type_takes_codes(w->type)) { /* all the tokens at once: float_panels tiles them */
                 if (t0 == 0) float_panels(w->data, w->type, w->row_bytes, K, r0, r1, op->a, 0, c->T, buf, op->outs[m], w->rows);
@@ -198,8 +212,8 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
                     if (r + PREFETCH_ROWS < r1) prefetch_row(row + PREFETCH_ROWS * w->row_bytes, w->row_bytes);
                     for (int64_t t = t0; t < t1; t += ROW_TOKENS) {
                         int n = t1 - t < ROW_TOKENS ? (int)(t1 - t) : ROW_TOKENS;
-                        dot_row_tokens(w->type, row, K, acts.q + t * K, acts.d + t * G, acts.xsum + t * G,
-                                       acts.xhalf + t * HALVES * G, acts.q8 + t * (K / BLOCK8), buf->min, n,
+                        dot_row_tokens(w->type, row, K, acts.group.q + t * K, acts.group.d + t * G, acts.group.xsum + t * G,
+                                       acts.group.xhalf + t * HALVES * G, acts.q8 + t * (K / BLOCK8), buf->min, n,
                                        op->outs[m] + t * w->rows + r, w->rows);
                     }
                 }
@@ -219,13 +233,13 @@ static int linear(const Op *op, const char **error) {
     for (int m = 0; m < op->n_mats; m++) {
         c.tq_only &= op->mats[m].type == T_TQ_TILES;
         c.total_rows += op->mats[m].rows;
-        c.codes |= type_takes_codes16(op->mats[m].type) && !c.dequantize;
+        c.codes |= type_takes_codes16(op->mats[m].type) && !c.dequantize && !type_decodes_int16(op->mats[m].type);
         c.codes8 |= type_takes_codes8(op->mats[m].type) && !c.dequantize;
-        c.wide |= type_takes_int16_panels(op->mats[m].type) && c.dequantize;
+        c.wide |= int16_rows(&c, op->mats[m].type);
         c.tables |= op->mats[m].type == T_Q1_0_TILES;
         c.tq_tables |= op->mats[m].type == T_TQ_TILES;
     }
-    if (scratch_reserve(c.K, 0) != 0 || reserve_acts(c.T * c.K, c.codes || c.wide, c.codes8, c.tables, c.tq_tables) != 0) {
+    if (scratch_reserve(c.K, 0) != 0 || reserve_acts(c.T * c.K, c.codes, c.wide, c.codes8, c.tables, c.tq_tables) != 0) {
         *error = "out of memory for the matrix product's buffers";
         return -1;
     }
@@ -670,10 +684,10 @@ static void gather_task(void *vctx, int chunk, int chunks, int thread) {
     for (int64_t i = lo; i < hi; i++) {
         int64_t t = moe.token[i];
         if (moe.xq) {
-            memcpy(moe.xq + i * D, acts.q + t * D, sizeof(int16_t) * (size_t)D);
-            memcpy(moe.xd + i * G, acts.d + t * G, sizeof(float) * (size_t)G);
-            memcpy(moe.xs + i * G, acts.xsum + t * G, sizeof(float) * (size_t)G);
-            memcpy(moe.xh + i * HALVES * G, acts.xhalf + t * HALVES * G, sizeof(float) * (size_t)(HALVES * G));
+            memcpy(moe.xq + i * D, acts.group.q + t * D, sizeof(int16_t) * (size_t)D);
+            memcpy(moe.xd + i * G, acts.group.d + t * G, sizeof(float) * (size_t)G);
+            memcpy(moe.xs + i * G, acts.group.xsum + t * G, sizeof(float) * (size_t)G);
+            memcpy(moe.xh + i * HALVES * G, acts.group.xhalf + t * HALVES * G, sizeof(float) * (size_t)(HALVES * G));
         }
         if (moe.x8) memcpy(moe.x8 + i * (D / BLOCK8), acts.q8 + t * (D / BLOCK8), sizeof(Codes8) * (size_t)(D / BLOCK8));
         if (moe.xf) memcpy(moe.xf + i * D, c->op->a + t * D, sizeof(float) * (size_t)D);
@@ -748,7 +762,7 @@ static int experts(const Op *op, const char **error) {
         goto out_of_memory;
     if (type_takes_codes8(t2) && moe_grow(20, (void **)&moe.h8, sizeof(Codes8) * (size_t)(rows * (F / BLOCK8) + 1)))
         goto out_of_memory;
-    if (scratch_reserve(D > F ? D : F, 0) != 0 || reserve_acts(T * D, codes, codes8, 0, 0) != 0) goto out_of_memory;
+    if (scratch_reserve(D > F ? D : F, 0) != 0 || reserve_acts(T * D, codes, 0, codes8, 0, 0) != 0) goto out_of_memory;
     /* x quantized once per token, then gathered */
     LinearCtx q = {.op = op, .T = T, .K = D, .codes = codes, .codes8 = codes8};
     if (codes || codes8) {

@@ -183,19 +183,13 @@ static inline INLINED void unpack_q1_0(const uint8_t *b, int8_t *q, float *scale
     }
 }
 
-/* The 8 sub-block scales (d * sc) and min terms (-dmin * m) of a Q4_K or Q5_K block. Its 12
- * scale bytes hold 6-bit values (ggml's get_scale_min_k4): for j < 4, sc[j] and m[j] are the
- * low 6 bits of bytes j and j + 4; for j >= 4, the low (sc) and high (m) nibble of byte j + 4,
- * with bits 4-5 from the top 2 bits of bytes j - 4 (sc) and j (m). Unpacked 4 at a time in
- * 32-bit words, as ggml's vec_dot does. */
+/* The 8 sub-block scales (d * sc) and min terms (-dmin * m) of a Q4_K or Q5_K block (its 6-bit
+ * values as bytes.h's k_scale_bytes unpacks them, 4 at a time in 32-bit words, as ggml's vec_dot does). */
 static inline void k_scales(const uint8_t *b, float *scale, float *min) {
-    const uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, low2 = 0x03030303;
-    const uint8_t *s = b + 4;
-    uint32_t a = u32(s), c = u32(s + 4), e = u32(s + 8);
-    uint32_t packed[4] = {a & low6, (e & low4) | (((a >> 6) & low2) << 4), /* sc 0-3, 4-7 */
-                          c & low6, ((e >> 4) & low4) | (((c >> 6) & low2) << 4)}; /* m 0-3, 4-7 */
-    v8f ds = f16(b) * widen8u(packed[0] | (uint64_t)packed[1] << 32); /* d * sc */
-    v8f mins = -(f16(b + 2) * widen8u(packed[2] | (uint64_t)packed[3] << 32)); /* -(dmin * m) */
+    uint64_t sc, m;
+    k_scale_bytes(b, &sc, &m);
+    v8f ds = f16(b) * widen8u(sc); /* d * sc */
+    v8f mins = -(f16(b + 2) * widen8u(m)); /* -(dmin * m) */
     v8f lo = __builtin_shufflevector(ds, ds, 0, 0, 1, 1, 2, 2, 3, 3), hi = __builtin_shufflevector(ds, ds, 4, 4, 5, 5, 6, 6, 7, 7);
     memcpy(scale, &lo, sizeof lo); /* both halves of group j: scale[2j], scale[2j + 1] */
     memcpy(scale + 8, &hi, sizeof hi);

@@ -50,6 +50,8 @@ CODE_MAX = {t: {T.Q1_0: 2047, T.TQ1_0: 1023, T.TQ2_0: 1023}.get(t, 127 if t in C
 TABLE_TYPES = (T.Q1_0, T.TQ1_0, T.TQ2_0)  # multiplied by table lookup, from tiles of 32 rows
 # prefill (32 tokens or more) in int16 weights and codes, one activation scale per 256 (cpu_kernels/int16_panels.c)
 INT16_PANEL_TYPES = (*CODES8_TYPES, T.Q4_K, T.Q5_K, T.Q6_K)
+# ... and decode too: activation codes with one scale per 256 for any count of tokens
+INT16_DECODE_TYPES = (T.Q4_K, T.Q5_K)
 GGUF_PY_QUANTIZES = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.TQ1_0, T.TQ2_0}  # gguf.quants.quantize
 EXTREME_SCALES = np.array([65504.0, -65504.0, 6e-8, 0.0, 1.0, -0.5], dtype=np.float16)
 TIERS = cpu_native.runnable_tiers()
@@ -240,10 +242,12 @@ def test_products_are_within_the_activation_quantization_bound(qtype, threads):
         x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
         got = product(TIERS[0], threads, qtype, raw, cols, x)
         exact = x.astype(np.float64) @ weights.T
-        # each x is off by at most half a step, amax / (2 code max), of its group of 32; then float32 sums
-        step = np.abs(x).reshape(n_tokens, cols // 32, 32).max(-1) / (2.0 * CODE_MAX[qtype])  # (T, groups)
+        # each x is off by at most half a step, amax / (2 code max), of its group of 32 (of 256 for
+        # the types decoded in int16 per 256); then float32 sums
+        span = 256 if qtype in INT16_DECODE_TYPES else 32
+        step = np.abs(x).reshape(n_tokens, cols // span, span).max(-1) / (2.0 * CODE_MAX[qtype])  # (T, spans)
         magnitude = np.abs(x).astype(np.float64) @ np.abs(weights).T  # (T, rows)
-        bound = (step @ np.abs(weights).reshape(rows, cols // 32, 32).sum(-1).T) * 1.001 + 1e-6 * magnitude
+        bound = (step @ np.abs(weights).reshape(rows, cols // span, span).sum(-1).T) * 1.001 + 1e-6 * magnitude
         assert np.all(np.abs(got - exact) <= bound), np.max(np.abs(got - exact) - bound)
 
 
@@ -285,6 +289,23 @@ def test_products_over_32_tokens_or_more_of_256_weight_types_take_int16_codes_pe
     assert np.all(np.abs(got - exact) <= bound), np.max(np.abs(got - exact) - bound)
     float_bound = 8e-6 * magnitude  # what float activations would meet: these codes do not
     assert np.any(np.abs(got - exact) > float_bound)
+
+
+@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("qtype", INT16_DECODE_TYPES, ids=lambda t: t.name)
+def test_a_token_s_products_are_the_same_bits_alone_in_a_batch_and_in_a_prefill(tier, qtype):
+    """Q4_K and Q5_K take int16 codes per 256 in decode as in prefill (cpu_kernels/int16_panels.c:
+    straight from the bytes for one or two tokens on AVX-512, through unpacked rows otherwise), so
+    a token's logits do not depend on how many tokens it was multiplied with: alone, 2, 3, 5 or
+    40 at once (a prefill), on 9 rows (tiles of 4 and a row left)."""
+    rng = np.random.default_rng(500 + int(qtype))
+    rows, cols = 9, 1024
+    raw = random_matrix(qtype, rows, cols, rng)
+    x = rng.standard_normal((40, cols)).astype(np.float32)
+    x[:, ::32] *= 30.0
+    alone = np.stack([product(tier, 1, qtype, raw, cols, x[t:t + 1])[0] for t in range(40)])
+    for n in (2, 3, 5, 40):
+        np.testing.assert_array_equal(product(tier, 2, qtype, raw, cols, x[:n]), alone[:n], err_msg=f"T={n}")
 
 
 @pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
