@@ -433,7 +433,11 @@ static inline __attribute__((always_inline)) void rows_tokens(int type, const ui
                                                               int64_t stride) {
     const int64_t B = K / BLOCK8;
     v8f acc[ROW_TOKENS] = {{0}};
-    for (int64_t blk = 0; blk < B; blk++) block_tokens(type, row + blk * type_bytes(type), x8 + blk, B, N, acc);
+    const size_t ahead = prefetch_ahead((size_t)(B * type_bytes(type)));
+    for (int64_t blk = 0; blk < B; blk++) {
+        prefetch_block(row + blk * type_bytes(type), type_bytes(type), ahead);
+        block_tokens(type, row + blk * type_bytes(type), x8 + blk, B, N, acc);
+    }
     for (int k = 0; k < N; k++) out[k * stride] = reduce8(acc[k]);
 }
 

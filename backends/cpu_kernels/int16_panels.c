@@ -378,7 +378,7 @@ static inline __attribute__((always_inline)) void k_direct(const uint8_t *rows, 
         vw sums[DIRECT_ROWS][DIRECT_TOKENS][VECS];
         for (int r = 0; r < R; r++) {
             const uint8_t *blk = rows + r * row_bytes + b * bytes;
-            for (size_t at = 0; at < bytes; at += 64) __builtin_prefetch(blk + ahead + at);
+            prefetch_block(blk, bytes, ahead);
             k_block_scales(blk, pairs[r], mins + r * G + 8 * b);
             for (int t = 0; t < N; t++)
                 for (int h = 0; h < VECS; h++) sums[r][t][h] = vw_zero();
@@ -410,7 +410,7 @@ static inline __attribute__((always_inline)) void k_direct(const uint8_t *rows, 
             for (int h = 0; h < VECS; h++) memcpy((float *)y[r * TILE_TOKENS + t] + 16 / VECS * h, &acc[r][t][h], sizeof acc[r][t][h]);
 }
 
-#define K_DIRECT(fifth, R, N) k_direct(rows, row_bytes, PREFETCH_ROWS * row_bytes, fifth, K, xq, xd, R, N, y, mins)
+#define K_DIRECT(fifth, R, N) k_direct(rows, row_bytes, prefetch_ahead(row_bytes), fifth, K, xq, xd, R, N, y, mins)
 #define K_DIRECT_ANY(fifth)                                                                             \
     do {                                                                                                \
         if (R > 1) N == 1 ? K_DIRECT(fifth, DIRECT_ROWS, 1) : K_DIRECT(fifth, DIRECT_ROWS, 2);          \

@@ -388,7 +388,9 @@ static inline INLINED void iq4_nl_row(const uint8_t *row, int64_t K, const int16
     const int type = T_IQ4_NL;
     v8f acc[ROW_TOKENS] = {{0}}, f[ROW_TOKENS];
     int64_t G = K / GROUP;
+    const size_t ahead = prefetch_ahead((size_t)(G * 18));
 #define TOKEN_SCALES                                           \
+    prefetch_block(b, 8 * 18, ahead);                          \
     for (int k = 0; k < n; k++) { /* scale * xscale */         \
         v8f xs;                                                \
         memcpy(&xs, xd + k * G + 8 * blk, sizeof xs);          \

@@ -50,6 +50,7 @@ static inline __attribute__((always_inline)) void rows_tokens(const uint8_t *row
     for (int64_t blk = 0; blk < K / 256; blk++) {
         const uint8_t *b = row + blk * Q6_K_BYTES;
         const int64_t g0 = blk * BLOCK_GROUPS;
+        prefetch_block(b, Q6_K_BYTES, prefetch_ahead((size_t)(K / 256 * Q6_K_BYTES)));
         const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192))));
         __m512 part[ROW_TOKENS];
         for (int k = 0; k < N; k++) part[k] = _mm512_setzero_ps();
@@ -98,6 +99,7 @@ static inline __attribute__((always_inline)) void rows_tokens(const uint8_t *row
     for (int64_t blk = 0; blk < K / 256; blk++) {
         const uint8_t *b = row + blk * Q6_K_BYTES;
         const int64_t g0 = blk * BLOCK_GROUPS;
+        prefetch_block(b, Q6_K_BYTES, prefetch_ahead((size_t)(K / 256 * Q6_K_BYTES)));
         int16_t sc[16];
         _mm256_storeu_si256((__m256i *)sc, _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192))));
         __m256 part[ROW_TOKENS][2];
@@ -185,6 +187,7 @@ static inline __attribute__((always_inline)) void rows_tokens(const uint8_t *row
         int16_t w[256];
         float d;
         const int64_t g0 = blk * BLOCK_GROUPS;
+        prefetch_block(row + blk * Q6_K_BYTES, Q6_K_BYTES, prefetch_ahead((size_t)(K / 256 * Q6_K_BYTES)));
         block_weights(row + blk * Q6_K_BYTES, w, &d);
         const v8f dv = {d, d, d, d, d, d, d, d};
         for (int k = 0; k < N; k++) {

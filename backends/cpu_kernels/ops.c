@@ -176,7 +176,7 @@ static void int16_panels(const Matrix *w, int64_t K, int64_t r0, int64_t r1, int
         int64_t n = r1 - r < panel ? r1 - r : panel;
         for (int64_t i = 0; i < n; i++) {
             const uint8_t *row = w->data + (r + i) * w->row_bytes;
-            if (T < FLOAT_TOKENS && r + i + PREFETCH_ROWS < r1) prefetch_row(row + PREFETCH_ROWS * w->row_bytes, w->row_bytes);
+            if (T < FLOAT_TOKENS && r + i + PREFETCH_ROWS < r1) prefetch_block(row, w->row_bytes, prefetch_ahead(w->row_bytes));
             int16_panel_row(w->type, row, K, buf, weights + i * K, D + i * (K / WIDE), mins + i * G * per_group);
         }
         int16_product(weights, D, mins, slots, (int)n, K, acts.wide.q, acts.wide.d, sums, T, out + r, stride);
@@ -209,7 +209,6 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
             } else if (type_takes_codes(w->type)) { /* a few tokens: each row read once, no row buffer */
                 for (int64_t r = r0; r < r1; r++) {
                     const uint8_t *row = w->data + r * w->row_bytes;
-                    if (r + PREFETCH_ROWS < r1) prefetch_row(row + PREFETCH_ROWS * w->row_bytes, w->row_bytes);
                     for (int64_t t = t0; t < t1; t += ROW_TOKENS) {
                         int n = t1 - t < ROW_TOKENS ? (int)(t1 - t) : ROW_TOKENS;
                         dot_row_tokens(w->type, row, K, acts.group.q + t * K, acts.group.d + t * G, acts.group.xsum + t * G,
@@ -587,7 +586,6 @@ static void expert_rows(const Matrix *w, int64_t e, int64_t R, int64_t r0, int64
     } else { /* each row read once for the expert's few tokens */
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *row = base + r * w->row_bytes;
-            if (r + PREFETCH_ROWS < r1) prefetch_row(row + PREFETCH_ROWS * w->row_bytes, w->row_bytes);
             for (int64_t t = 0; t < n; t += ROW_TOKENS) {
                 int m = n - t < ROW_TOKENS ? (int)(n - t) : ROW_TOKENS;
                 dot_row_tokens(w->type, row, K, xq + (s + t) * K, xd + (s + t) * G, xs + (s + t) * G,

@@ -28,6 +28,7 @@
 
 #define STEPS 16                                /* bytes of bits per row and block of 128 */
 #define BLOCK_BYTES (Q1_TILE * 2 + STEPS * Q1_TILE) /* scales, then the steps */
+#define Q1_AHEAD 16384 /* bytes of tiles asked for ahead (prefetch_block): 8 to 32 KB measured the same */
 #define QUAD_BYTES 32                           /* a quad's table: 16 low bytes, 16 high bytes */
 #define CODE_MAX 2047.0f
 
@@ -86,6 +87,7 @@ static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *tables, 
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t b = 0; b < K / 128; b++) {
         const uint8_t *block = tile + b * BLOCK_BYTES, *bits = block + 2 * Q1_TILE;
+        prefetch_block(block, BLOCK_BYTES, Q1_AHEAD);
         __m256 d[4];
         for (int k = 0; k < 4; k++) d[k] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(block + 16 * k)));
         for (int g = 0; g < 4; g++) { /* groups of 32 weights: 4 steps */
@@ -124,6 +126,7 @@ static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *tables, 
     for (int k = 0; k < 8; k++) acc[k] = vdupq_n_f32(0.0f);
     for (int64_t b = 0; b < K / 128; b++) {
         const uint8_t *block = tile + b * BLOCK_BYTES, *bits = block + 2 * Q1_TILE;
+        prefetch_block(block, BLOCK_BYTES, Q1_AHEAD);
         float d[Q1_TILE];
         neon_scales(block, lane_row, d);
         for (int g = 0; g < 4; g++) {
@@ -149,6 +152,8 @@ static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *tables, 
         float acc = 0.0f;
         for (int64_t b = 0; b < K / 128; b++) {
             const uint8_t *block = tile + b * BLOCK_BYTES, *bits = block + 2 * Q1_TILE;
+            prefetch_block(block, BLOCK_BYTES, Q1_AHEAD);
+        prefetch_block(block, BLOCK_BYTES, Q1_AHEAD);
             float d = fp16_to_float((uint16_t)(block[2 * r] | block[2 * r + 1] << 8));
             for (int g = 0; g < 4; g++) {
                 int32_t isum = 0;

@@ -849,11 +849,13 @@ static inline __attribute__((always_inline)) void row_tokens(int type, int split
     {                                                                                                   \
         /* blocks unpacked at a time: enough for PAIR_WEIGHTS (two 32-weight blocks on AVX-512) */    \
         enum { PER = (weights) >= PAIR_WEIGHTS ? 1 : PAIR_WEIGHTS / (weights), GROUPS = (weights) / GROUP };  \
+        const size_t ahead = prefetch_ahead((size_t)(K / (weights) * (bytes)));                         \
         int64_t blk = 0;                                                                                \
         _Pragma("GCC unroll 2") for (; blk + PER <= K / (weights); blk += PER) {                        \
             int8_t q[PER * (weights)];                                                                  \
             float scale[PER * GROUPS * HALVES];                                                         \
             int64_t g0 = blk * GROUPS;                                                                  \
+            for (int p = 0; p < PER; p++) prefetch_block(row + (blk + p) * (bytes), bytes, ahead);      \
             for (int p = 0; p < PER; p++)                                                               \
                 unpack(row + (blk + p) * (bytes), q + p * (weights), scale + p * GROUPS * HALVES,      \
                        (has_min) ? mins + (g0 + p * GROUPS) * (has_min) : no_mins);                     \
@@ -882,6 +884,7 @@ static inline __attribute__((always_inline)) void row_tokens(int type, int split
         for (int64_t blk = 0; blk < K / 256; blk++) { /* unpack_q4_k's layout, 8 groups a block */
             const uint8_t *b = row + blk * type_bytes(T_Q4_K);
             const int64_t g0 = blk * 8;
+            prefetch_block(b, type_bytes(T_Q4_K), prefetch_ahead((size_t)(K / 256 * type_bytes(T_Q4_K))));
             float scale[8 * HALVES];
             k_scales(b, scale, mins + g0);
             for (int c = 0; c < 4; c++)
