@@ -86,7 +86,12 @@ static inline void k_block_scales(const uint8_t *b, int32_t *pairs, float *mins)
     const v8f min_terms = -(f16(b + 2) * widen8u(m));
     memcpy(mins, &min_terms, sizeof min_terms);
     if (f16(b) == 0.0f) sc = 0;
+#if defined(__AVX2__)
+    _mm256_storeu_si256((__m256i *)pairs, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc)),
+                                                            _mm256_set1_epi32(0x10001)));
+#else
     for (int j = 0; j < 8; j++) pairs[j] = (int32_t)((sc >> 8 * j) & 255) * 0x10001;
+#endif
 }
 
 #if defined(VW_WORDS)
@@ -353,6 +358,10 @@ void int16_product(const int16_t *w, const float *D, const float *mins, int slot
 #if defined(VW_WORDS)
 #define VECS (32 / VW_WORDS) /* vectors per group of 32 weights */
 #define DIRECT_TOKENS 4     /* tokens k_direct takes at most: up to 2 with DIRECT_ROWS rows, more with one */
+/* rows ahead that k_direct asks for, block by block: the next tile of 4 (2 threads, from memory,
+ * Q4_K 75-82 G/s, where PREFETCH_ROWS' 8 gave 59-71 and 16 63-75) */
+#define DIRECT_AHEAD_ROWS 4
+#define DIRECT_CODES_BYTES 24576 /* the most tokens' codes that one row meets at once (half a 48 KB L1) */
 #if VW_WORDS == 32
 #define DIRECT_ROWS TILE_ROWS /* AVX-512's 32 registers hold 4 rows' sums and lanes */
 #else
@@ -410,7 +419,7 @@ static inline __attribute__((always_inline)) void k_direct(const uint8_t *rows, 
             for (int h = 0; h < VECS; h++) memcpy((float *)y[r * TILE_TOKENS + t] + 16 / VECS * h, &acc[r][t][h], sizeof acc[r][t][h]);
 }
 
-#define K_DIRECT(fifth, R, N) k_direct(rows, row_bytes, prefetch_ahead(row_bytes), fifth, K, xq, xd, R, N, y, mins)
+#define K_DIRECT(fifth, R, N) k_direct(rows, row_bytes, DIRECT_AHEAD_ROWS * row_bytes, fifth, K, xq, xd, R, N, y, mins)
 #define K_DIRECT_ANY(fifth)                                                                             \
     do {                                                                                                \
         if (R > 1) N == 1 ? K_DIRECT(fifth, DIRECT_ROWS, 1) : K_DIRECT(fifth, DIRECT_ROWS, 2);          \
@@ -438,13 +447,24 @@ int int16_direct_product(const Matrix *w, int64_t r0, int64_t r1, const int16_t 
     if ((w->type != T_Q4_K && w->type != T_Q5_K) || T > DIRECT_TOKENS) return 0;
     const int64_t K = w->cols, M = K / GROUP;
     for (int64_t r = r0; r < r1;) {
-        const int R = r1 - r >= DIRECT_ROWS && T <= 2 ? DIRECT_ROWS : 1;
-        v8f y[TILE_ROWS * DIRECT_TOKENS][2];
-        k_direct_tile(w->type, w->data + r * w->row_bytes, w->row_bytes, K, xq, xd, R, (int)T, y, scratch);
-        if (R == TILE_ROWS) row_min_terms(scratch, xm, M, (int)T, y); /* (AVX-512's DIRECT_ROWS) */
-        else min_terms(scratch, xm, M, 1, (int)T, y);
-        for (int i = 0; i < R; i++)
-            for (int k = 0; k < T; k++) out[k * stride + r + i] = reduce8(y[i * TILE_TOKENS + k][0] + y[i * TILE_TOKENS + k][1]);
+        /* DIRECT_ROWS rows take up to two tokens a pass, and more tokens in passes of two (their
+         * rows' blocks still in L1 for the next two) where one row with them all would read more
+         * codes than L1 keeps beside the row: at K = 9728, 4 tokens' are 78 KB, each streamed
+         * from L2 per row (measured, 4 tokens from memory: K = 9728, 92 -> 124 G/s; K = 2560, one
+         * row with them all 178, passes of two 121) */
+        const int pairs = T > 2 && T * K * (int64_t)sizeof(int16_t) > DIRECT_CODES_BYTES;
+        const int R = r1 - r >= DIRECT_ROWS && (T <= 2 || pairs) ? DIRECT_ROWS : 1, per = R > 1 ? 2 : (int)T;
+        for (int64_t t = 0; t < T; t += per) {
+            const int n = T - t < per ? (int)(T - t) : per;
+            v8f y[TILE_ROWS * DIRECT_TOKENS][2];
+            k_direct_tile(w->type, w->data + r * w->row_bytes, w->row_bytes, K, xq + t * K, xd + t * (K / WIDE), R, n, y,
+                          scratch);
+            if (R == TILE_ROWS) row_min_terms(scratch, xm + t * M, M, n, y); /* (AVX-512's DIRECT_ROWS) */
+            else min_terms(scratch, xm + t * M, M, 1, n, y);
+            for (int i = 0; i < R; i++)
+                for (int k = 0; k < n; k++)
+                    out[(t + k) * stride + r + i] = reduce8(y[i * TILE_TOKENS + k][0] + y[i * TILE_TOKENS + k][1]);
+        }
         r += R;
     }
     return 1;
