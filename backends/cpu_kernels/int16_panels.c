@@ -155,10 +155,12 @@ static inline void k_block_int16(const uint8_t *b, int fifth, int16_t *w, float 
  * types in registers (iq_dots.c), from those floats instead: D * sc * code exactly, so
  * round(weight * (1 / D)) is sc * code (off by at most 4096 * 2^-23 before rounding). */
 void int16_panel_row(int type, const uint8_t *row, int64_t K, RowBuffer *buf, int16_t *w, float *D, float *mins) {
-    if (type == T_Q4_K || type == T_Q5_K) {
+    if (type == T_Q4_K || type == T_Q5_K || type == T_Q6_K) { /* the integers straight from the bytes */
         for (int64_t blk = 0; blk < K / WIDE; blk++) {
-            D[blk] = block_scale(type, row + blk * type_bytes(type));
-            k_block_int16(row + blk * type_bytes(type), type == T_Q5_K, w + blk * WIDE, mins + blk * (WIDE / GROUP));
+            const uint8_t *b = row + blk * type_bytes(type);
+            D[blk] = block_scale(type, b);
+            if (type == T_Q6_K) q6_k_block_int16(b, w + blk * WIDE);
+            else k_block_int16(b, type == T_Q5_K, w + blk * WIDE, mins + blk * (WIDE / GROUP));
         }
         return;
     }

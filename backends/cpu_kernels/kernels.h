@@ -227,6 +227,7 @@ void int16_panel_row(int type, const uint8_t *row, int64_t K, RowBuffer *buf, in
 void int16_product(const int16_t *w, const float *D, const float *mins, int slots, int n, int64_t K, const int16_t *xq,
                    const float *xd, const float *xm, int64_t T, float *out, int64_t stride);
 int64_t int16_panel_rows(int64_t K, int64_t T);
+void q6_k_block_int16(const uint8_t *b, int16_t *w); /* kquant_dots.c: a Q6_K block's 256 weights sc * (q - 32) */
 int int16_direct_product(const Matrix *w, int64_t r0, int64_t r1, const int16_t *xq, const float *xd, const float *xm,
                          int64_t T, float *out, int64_t stride, float *scratch);
 

@@ -13,7 +13,8 @@
  * does exactly these operations, so they agree bit for bit: AVX-512 unpacks each group into one
  * 512-bit register of 32 int16 weights (its 16 lanes the 16 of the group), AVX2 into two 256-bit
  * ones, and the portable form (scalar, NEON) writes the block's weights to the stack. A block is
- * unpacked once for the n <= ROW_TOKENS tokens. */
+ * unpacked once for the n <= ROW_TOKENS tokens. q6_k_block_int16 writes a block's int16 weights
+ * out, each tier as its products make them, for the int16 prefill (int16_panels.c). */
 #include <string.h>
 
 #include "bytes.h" /* f16: a block's fp16 scales */
@@ -80,6 +81,17 @@ static inline __attribute__((always_inline)) void rows_tokens(const uint8_t *row
     }
 }
 
+void q6_k_block_int16(const uint8_t *b, int16_t *w) {
+    const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192))));
+    for (int n = 0; n < 2; n++) {
+        __m512i p = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 64 * n)));
+        __m512i p1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 64 * n + 32)));
+        __m512i qh = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 128 + 32 * n)));
+        for (int j = 0; j < 4; j++)
+            _mm512_storeu_si512((void *)(w + 32 * (4 * n + j)), _mm512_mullo_epi16(q6_k_codes(p, p1, qh, j), half_scales(sc, 4 * n + j)));
+    }
+}
+
 #elif defined(__AVX2__)
 
 /* Q6_K's codes minus 32 of group j of a block half, in the form of q6_k_codes above for one
@@ -135,6 +147,20 @@ static inline __attribute__((always_inline)) void rows_tokens(const uint8_t *row
     for (int k = 0; k < N; k++) out[k * stride] = reduce8((v8f)acc[k][0] + (v8f)acc[k][1]);
 }
 
+void q6_k_block_int16(const uint8_t *b, int16_t *w) {
+    for (int n = 0; n < 2; n++)
+        for (int h = 0; h < 2; h++) {
+            __m256i p = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(b + 64 * n + 16 * h)));
+            __m256i p1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(b + 64 * n + 32 + 16 * h)));
+            __m256i qh = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(b + 128 + 32 * n + 16 * h)));
+            for (int j = 0; j < 4; j++) {
+                const int g = 4 * n + j;
+                _mm256_storeu_si256((__m256i *)(w + 32 * g + 16 * h),
+                                    _mm256_mullo_epi16(q6_k_codes(p, p1, qh, j), _mm256_set1_epi16((int8_t)b[192 + 2 * g + h])));
+            }
+        }
+}
+
 #else
 
 typedef uint8_t u8x32 __attribute__((vector_size(32)));
@@ -164,6 +190,11 @@ static inline void block_weights(const uint8_t *b, int16_t *w, float *d) {
         }
     }
     *d = f16(b + 208);
+}
+
+void q6_k_block_int16(const uint8_t *b, int16_t *w) {
+    float d;
+    block_weights(b, w, &d);
 }
 
 /* isum[l] = w[2l] x[2l] + w[2l + 1] x[2l + 1] for the 8 lanes of 16 weights */
