@@ -1,6 +1,6 @@
 /* Prefill products of the 256-weight types with integer sub-block scales (type_takes_int16_panels
- * in kernels.h: Q2_K to Q6_K and the IQ types but IQ4_NL), in integers; and Q4_K's and Q5_K's
- * products of any count of tokens (type_decodes_int16).
+ * in kernels.h: Q2_K to Q6_K and the IQ types but IQ4_NL), in integers; and Q4_K's, Q5_K's and
+ * Q6_K's products of any count of tokens (type_decodes_int16).
  *
  * Each of these types' blocks is one float D times integer sub-block scales sc times integer
  * codes c (codes8_dots.c draws them), plus, for Q2_K, Q4_K and Q5_K, min terms. A row is unpacked
@@ -23,9 +23,9 @@
  * 16-bit pairs (AVX-512 VNNI's dpwssd, AVX2's madd) take 64 weights where float weights take four
  * fused multiply-adds: the float form's prefill did a quarter of this one's work per instruction
  * and, held by one float per group and token, the 8-bit codes of decode no better.
- * Q4_K's and Q5_K's blocks give their integers straight (k_block_int16); for up to
- * DIRECT_TOKENS tokens the x86 tiers multiply them in registers, never writing the weights out
- * (k_direct), in the same lanes: every path gives the same bits. */
+ * Q4_K's, Q5_K's and Q6_K's blocks give their integers straight (k_block_int16,
+ * q6_k_block_int16); for up to DIRECT_TOKENS tokens the x86 tiers multiply them in registers,
+ * never writing the weights out (k_direct), in the same lanes: every path gives the same bits. */
 #include <math.h>
 #include <string.h>
 
@@ -39,8 +39,8 @@ typedef uint8_t u8x16 __attribute__((vector_size(16)));
 
 /* The x86 tiers' int16 vectors (vw, VW_WORDS words) and the float vectors of their lanes (vf):
  * vw_u8 widens bytes to words, vw_times multiplies by the word pair of an int32, vw_bit4 sets
- * bit 4 where `bits` has it, vw_dot adds the pair sums of a * b to acc's int32 lanes (exact),
- * vf_fma adds float(sums) * s to acc. */
+ * bit 4 where `bits` has it (vw_top2 bits 4-5), vw_sub32 takes 32 off, vw_dot adds the pair
+ * sums of a * b to acc's int32 lanes (exact), vf_fma adds float(sums) * s to acc. */
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #include <immintrin.h>
 #define VW_WORDS 32
@@ -55,6 +55,8 @@ static inline vw vw_low4(vw a) { return _mm512_and_si512(a, _mm512_set1_epi16(15
 #define vw_slli _mm512_slli_epi16
 static inline vw vw_times(vw a, int32_t pair) { return _mm512_mullo_epi16(a, _mm512_set1_epi32(pair)); }
 static inline vw vw_bit4(vw a, vw bits) { return _mm512_ternarylogic_epi32(a, bits, _mm512_set1_epi16(16), 0xf8); }
+static inline vw vw_top2(vw a, vw bits) { return _mm512_ternarylogic_epi32(a, bits, _mm512_set1_epi16(48), 0xf8); }
+static inline vw vw_sub32(vw a) { return _mm512_sub_epi16(a, _mm512_set1_epi16(32)); }
 static inline vw vw_dot(vw acc, vw a, vw b) { return _mm512_dpwssd_epi32(acc, a, b); }
 static inline vf vf_zero(void) { return _mm512_setzero_ps(); }
 static inline vf vf_fma(vf acc, vw sums, float s) { return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_set1_ps(s), acc); }
@@ -72,6 +74,8 @@ static inline vw vw_low4(vw a) { return _mm256_and_si256(a, _mm256_set1_epi16(15
 #define vw_slli _mm256_slli_epi16
 static inline vw vw_times(vw a, int32_t pair) { return _mm256_mullo_epi16(a, _mm256_set1_epi32(pair)); }
 static inline vw vw_bit4(vw a, vw bits) { return _mm256_or_si256(a, _mm256_and_si256(bits, _mm256_set1_epi16(16))); }
+static inline vw vw_top2(vw a, vw bits) { return _mm256_or_si256(a, _mm256_and_si256(bits, _mm256_set1_epi16(48))); }
+static inline vw vw_sub32(vw a) { return _mm256_sub_epi16(a, _mm256_set1_epi16(32)); }
 static inline vw vw_dot(vw acc, vw a, vw b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
 static inline vf vf_zero(void) { return _mm256_setzero_ps(); }
 static inline vf vf_fma(vf acc, vw sums, float s) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(s), acc); }
@@ -95,6 +99,28 @@ static inline void k_block_scales(const uint8_t *b, int32_t *pairs, float *mins)
 }
 
 #if defined(VW_WORDS)
+/* A Q6_K block's 16 int8 sub-block scales as q6_k_group takes them: AVX-512, as 16 words (a
+ * permute picks a group's two); AVX2, each in both words of an int32 (vw_times). */
+#if VW_WORDS == 32
+typedef vw Q6Scales;
+static inline Q6Scales q6_k_block_scales(const uint8_t *b) {
+    return _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192))));
+}
+#else
+typedef struct {
+    int32_t pairs[16];
+} Q6Scales;
+static inline Q6Scales q6_k_block_scales(const uint8_t *b) {
+    Q6Scales s;
+    const __m256i words = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
+    const __m256i low = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(words));
+    const __m256i high = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(words, 1));
+    _mm256_storeu_si256((__m256i *)s.pairs, _mm256_mullo_epi32(low, _mm256_set1_epi32(0x10001)));
+    _mm256_storeu_si256((__m256i *)(s.pairs + 8), _mm256_mullo_epi32(high, _mm256_set1_epi32(0x10001)));
+    return s;
+}
+#endif
+
 /* Words VW_WORDS * h .. of groups 2c and 2c + 1 of a Q4_K block (Q5_K's: `fifth`, its qh bytes
  * of those words as words in `high`) as int16 weights sc * code, lo and hi: the 32 bytes c of
  * qs hold group 2c in their low nibbles, 2c + 1 in their high; the fifth bits are bits 2c and
@@ -109,6 +135,25 @@ static inline __attribute__((always_inline)) void k_pair(const uint8_t *b, const
     }
     *lo = vw_times(l, pairs[2 * c]);
     *hi = vw_times(u, pairs[2 * c + 1]);
+}
+
+/* Words VW_WORDS * h .. of group g of a Q6_K block as int16 weights sc * (q - 32) (unpack_q6_k's
+ * layout: group 4n + j of half n takes its low 4 bits from ql bytes 64n .. 64n + 31 (j even) or
+ * 64n + 32 .. (j odd), their high nibble for j >= 2, its top 2 bits from bits 2j of qh bytes
+ * 128 + 32n ..), its scales `sc` (q6_k_block_scales). */
+static inline __attribute__((always_inline)) vw q6_k_group(const uint8_t *b, const int g, const int h, const Q6Scales *sc) {
+    const int n = g / 4, j = g % 4;
+    const vw ql = vw_u8(b + 64 * n + 32 * (j & 1) + VW_WORDS * h), qh = vw_u8(b + 128 + 32 * n + VW_WORDS * h);
+    const vw low = vw_low4(j >= 2 ? vw_srli(ql, 4) : ql);
+    const vw top = j <= 1 ? vw_slli(qh, 4 - 2 * j) : vw_srli(qh, 2 * j - 4); /* bits 4-5 */
+    const vw code = vw_sub32(vw_top2(low, top));
+#if VW_WORDS == 32 /* words 0-15 times sc[2g], 16-31 times sc[2g + 1] */
+    const __m512i halves = _mm512_set_epi16(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                            0, 0, 0, 0, 0, 0, 0);
+    return _mm512_mullo_epi16(code, _mm512_permutexvar_epi16(_mm512_add_epi16(halves, _mm512_set1_epi16((short)(2 * g))), *sc));
+#else
+    return vw_times(code, sc->pairs[2 * g + h]);
+#endif
 }
 #endif
 
@@ -360,9 +405,9 @@ void int16_product(const int16_t *w, const float *D, const float *mins, int slot
 #if defined(VW_WORDS)
 #define VECS (32 / VW_WORDS) /* vectors per group of 32 weights */
 #define DIRECT_TOKENS 4     /* tokens k_direct takes at most: up to 2 with DIRECT_ROWS rows, more with one */
-/* rows ahead that k_direct asks for, block by block: the next tile of 4 (2 threads, from memory,
- * Q4_K 75-82 G/s, where PREFETCH_ROWS' 8 gave 59-71 and 16 63-75) */
-#define DIRECT_AHEAD_ROWS 4
+/* rows ahead that k_direct asks for, block by block, measured (2 threads, from memory): Q4_K the
+ * next tile of 4 (75-82 G/s, where 8 rows gave 59-71 and 16 63-75), Q6_K 8 (58 G/s, 4: 48-50) */
+#define DIRECT_AHEAD_ROWS(type) ((type) == T_Q6_K ? 8 : 4)
 #define DIRECT_CODES_BYTES 24576 /* the most tokens' codes that one row meets at once (half a 48 KB L1) */
 #if VW_WORDS == 32
 #define DIRECT_ROWS TILE_ROWS /* AVX-512's 32 registers hold 4 rows' sums and lanes */
@@ -370,27 +415,30 @@ void int16_product(const int16_t *w, const float *D, const float *mins, int slot
 #define DIRECT_ROWS 1 /* AVX2's 16 do not hold two rows' (measured: two rows 0.9x one) */
 #endif
 
-/* R rows of a Q4_K matrix (Q5_K's: `fifth`) at `rows`, row_bytes apart, times N tokens, every
- * block, straight from the bytes (k_pair, in registers), in tile's arithmetic (the same lanes,
- * int32 sums, one fma per block), into y, and the rows' min terms into mins (K / GROUP a row).
- * For one or two tokens a row's int16 weights would be written out and read back for next to
- * nothing: here they never leave the registers. */
-static inline __attribute__((always_inline)) void k_direct(const uint8_t *rows, size_t row_bytes, size_t ahead, const int fifth,
+/* R rows of a Q4_K, Q5_K or Q6_K matrix (`type`, a constant) at `rows`, row_bytes apart, times
+ * N tokens, every block, straight from the bytes (k_pair, q6_k_group: in registers), in tile's
+ * arithmetic (the same lanes, int32 sums, one fma per block), into y, and the rows' min terms
+ * (Q4_K, Q5_K) into mins (K / GROUP a row). For a few tokens a row's int16 weights would be
+ * written out and read back for next to nothing: here they never leave the registers. */
+static inline __attribute__((always_inline)) void k_direct(const uint8_t *rows, size_t row_bytes, size_t ahead, const int type,
                                                            int64_t K, const int16_t *xq, const float *xd, const int R,
                                                            const int N, v8f y[][2], float *mins) {
     const int64_t B = K / WIDE, G = K / GROUP;
-    const size_t bytes = fifth ? 176 : 144;
+    const int fifth = type == T_Q5_K;
+    const size_t bytes = type == T_Q6_K ? 210 : fifth ? 176 : 144;
     vf acc[DIRECT_ROWS][DIRECT_TOKENS][VECS];
     for (int r = 0; r < R; r++)
         for (int t = 0; t < N; t++)
             for (int h = 0; h < VECS; h++) acc[r][t][h] = vf_zero();
     for (int64_t b = 0; b < B; b++) {
         int32_t pairs[DIRECT_ROWS][8];
+        Q6Scales q6[DIRECT_ROWS];
         vw sums[DIRECT_ROWS][DIRECT_TOKENS][VECS];
         for (int r = 0; r < R; r++) {
             const uint8_t *blk = rows + r * row_bytes + b * bytes;
             prefetch_block(blk, bytes, ahead);
-            k_block_scales(blk, pairs[r], mins + r * G + 8 * b);
+            if (type == T_Q6_K) q6[r] = q6_k_block_scales(blk);
+            else k_block_scales(blk, pairs[r], mins + r * G + 8 * b);
             for (int t = 0; t < N; t++)
                 for (int h = 0; h < VECS; h++) sums[r][t][h] = vw_zero();
         }
@@ -404,14 +452,20 @@ static inline __attribute__((always_inline)) void k_direct(const uint8_t *rows, 
                     x_hi[t] = vw_load(xq + t * K + b * WIDE + 64 * c + 32 + VW_WORDS * h);
                 }
                 for (int r = 0; r < R; r++) {
+                    const uint8_t *blk = rows + r * row_bytes + b * bytes;
                     vw lo, hi;
-                    k_pair(rows + r * row_bytes + b * bytes, fifth, high[r], c, h, pairs[r], &lo, &hi);
+                    if (type == T_Q6_K) {
+                        lo = q6_k_group(blk, 2 * c, h, &q6[r]);
+                        hi = q6_k_group(blk, 2 * c + 1, h, &q6[r]);
+                    } else {
+                        k_pair(blk, fifth, high[r], c, h, pairs[r], &lo, &hi);
+                    }
                     for (int t = 0; t < N; t++) sums[r][t][h] = vw_dot(vw_dot(sums[r][t][h], lo, x_lo[t]), hi, x_hi[t]);
                 }
             }
         }
         for (int r = 0; r < R; r++) {
-            const float d = f16(rows + r * row_bytes + b * bytes);
+            const float d = block_scale(type, rows + r * row_bytes + b * bytes);
             for (int t = 0; t < N; t++)
                 for (int h = 0; h < VECS; h++) acc[r][t][h] = vf_fma(acc[r][t][h], sums[r][t][h], d * xd[t * B + b]);
         }
@@ -421,19 +475,20 @@ static inline __attribute__((always_inline)) void k_direct(const uint8_t *rows, 
             for (int h = 0; h < VECS; h++) memcpy((float *)y[r * TILE_TOKENS + t] + 16 / VECS * h, &acc[r][t][h], sizeof acc[r][t][h]);
 }
 
-#define K_DIRECT(fifth, R, N) k_direct(rows, row_bytes, DIRECT_AHEAD_ROWS * row_bytes, fifth, K, xq, xd, R, N, y, mins)
-#define K_DIRECT_ANY(fifth)                                                                             \
+#define K_DIRECT(type, R, N) k_direct(rows, row_bytes, DIRECT_AHEAD_ROWS(type) * row_bytes, type, K, xq, xd, R, N, y, mins)
+#define K_DIRECT_ANY(type)                                                                              \
     do {                                                                                                \
-        if (R > 1) N == 1 ? K_DIRECT(fifth, DIRECT_ROWS, 1) : K_DIRECT(fifth, DIRECT_ROWS, 2);          \
-        else if (N <= 2) N == 1 ? K_DIRECT(fifth, 1, 1) : K_DIRECT(fifth, 1, 2);                        \
-        else N == 3 ? K_DIRECT(fifth, 1, 3) : K_DIRECT(fifth, 1, 4);                                    \
+        if (R > 1) N == 1 ? K_DIRECT(type, DIRECT_ROWS, 1) : K_DIRECT(type, DIRECT_ROWS, 2);            \
+        else if (N <= 2) N == 1 ? K_DIRECT(type, 1, 1) : K_DIRECT(type, 1, 2);                          \
+        else N == 3 ? K_DIRECT(type, 1, 3) : K_DIRECT(type, 1, 4);                                      \
     } while (0)
 /* R rows (DIRECT_ROWS, with up to 2 tokens; or 1) times N tokens */
 static __attribute__((noinline)) void k_direct_tile(int type, const uint8_t *rows, size_t row_bytes, int64_t K,
                                                     const int16_t *xq, const float *xd, int R, int N, v8f y[][2],
                                                     float *mins) {
-    if (type == T_Q4_K) K_DIRECT_ANY(0);
-    else K_DIRECT_ANY(1);
+    if (type == T_Q4_K) K_DIRECT_ANY(T_Q4_K);
+    else if (type == T_Q5_K) K_DIRECT_ANY(T_Q5_K);
+    else K_DIRECT_ANY(T_Q6_K);
 }
 #undef K_DIRECT_ANY
 #undef K_DIRECT
@@ -441,13 +496,13 @@ static __attribute__((noinline)) void k_direct_tile(int type, const uint8_t *row
 
 /* Rows r0 .. r1 - 1 of w times T tokens (int16_product's codes, scales and sums), into
  * out[t * stride + r], with int16_product's bits, where this tier multiplies the type's rows
- * straight from their bytes (k_direct: Q4_K and Q5_K, up to DIRECT_TOKENS tokens, AVX-512 and
+ * straight from their bytes (k_direct: Q4_K, Q5_K and Q6_K, up to DIRECT_TOKENS tokens, AVX-512 and
  * AVX2); `scratch` holds DIRECT_ROWS * K / GROUP floats. 0, and nothing done, elsewhere. */
 int int16_direct_product(const Matrix *w, int64_t r0, int64_t r1, const int16_t *xq, const float *xd, const float *xm,
                          int64_t T, float *out, int64_t stride, float *scratch) {
 #if defined(VW_WORDS)
-    if ((w->type != T_Q4_K && w->type != T_Q5_K) || T > DIRECT_TOKENS) return 0;
-    const int64_t K = w->cols, M = K / GROUP;
+    if (!type_decodes_int16(w->type) || T > DIRECT_TOKENS) return 0;
+    const int64_t K = w->cols, M = w->type == T_Q6_K ? 0 : K / GROUP; /* min terms: Q4_K, Q5_K */
     for (int64_t r = r0; r < r1;) {
         /* DIRECT_ROWS rows take up to two tokens a pass, and more tokens in passes of two (their
          * rows' blocks still in L1 for the next two) where one row with them all would read more
@@ -461,8 +516,8 @@ int int16_direct_product(const Matrix *w, int64_t r0, int64_t r1, const int16_t 
             v8f y[TILE_ROWS * DIRECT_TOKENS][2];
             k_direct_tile(w->type, w->data + r * w->row_bytes, w->row_bytes, K, xq + t * K, xd + t * (K / WIDE), R, n, y,
                           scratch);
-            if (R == TILE_ROWS) row_min_terms(scratch, xm + t * M, M, n, y); /* (AVX-512's DIRECT_ROWS) */
-            else min_terms(scratch, xm + t * M, M, 1, n, y);
+            if (M && R == TILE_ROWS) row_min_terms(scratch, xm + t * M, M, n, y); /* (AVX-512's DIRECT_ROWS) */
+            else if (M) min_terms(scratch, xm + t * M, M, 1, n, y);
             for (int i = 0; i < R; i++)
                 for (int k = 0; k < n; k++)
                     out[(t + k) * stride + r + i] = reduce8(y[i * TILE_TOKENS + k][0] + y[i * TILE_TOKENS + k][1]);

@@ -19,7 +19,9 @@
  * to acc one after the other, the same operations.
  * Q6_K (form OWN below) has a product of its own (kquant_dots.c): its integer sub-block scales
  * go into int16 weights, a group's sums are 16 int32 lanes, and each group costs one fused
- * multiply-add per lane (that file's comment has the arithmetic).
+ * multiply-add per lane (that file's comment has the arithmetic). The dense products of Q4_K,
+ * Q5_K and Q6_K take the int16 arithmetic below instead; the per-group forms serve the experts
+ * of a mixture (ops.c's expert_rows).
  * Q2_K, Q3_K and the IQ types but IQ4_NL (form OWN8) take 8-bit activation
  * codes instead, in the same groups of 32 (Codes8), which the AVX2 byte products (maddubs)
  * multiply at twice the int16 ones' width (codes8_dots.c). That costs accuracy (logits ~1.5e-2 of the range, perplexity
@@ -28,8 +30,8 @@
  * A product over FLOAT_TOKENS or more tokens (prefill) of the 256-weight types with integer
  * sub-block scales (type_takes_int16_panels) unpacks a panel of rows to int16 weights once and
  * multiplies them with int16 activation codes, one scale per WIDE values (int16_panels.c).
- * Q4_K and Q5_K (type_decodes_int16) take that arithmetic for any count of tokens: a token's
- * products are the same bits in decode, in a batch and in a prefill. Their decode unpacks
+ * Q4_K, Q5_K and Q6_K (type_decodes_int16) take that arithmetic for any count of tokens: a
+ * token's products are the same bits in decode, in a batch and in a prefill. Their decode unpacks
  * the blocks straight from the bytes into registers and multiplies them there (AVX2 and
  * AVX-512, int16_direct_product), one float multiply-add per block where the per-group codes
  * took one per group, and asks for the rows ahead block by block as it goes. The
@@ -222,7 +224,7 @@ static inline int type_takes_int16_panels(int type) {
     return (type_form(type) == FORM_OWN8 || type == T_Q4_K || type == T_Q5_K || type == T_Q6_K);
 }
 /* ... and, of those, the ones that take it for fewer tokens too (decode, batches, verification) */
-static inline int type_decodes_int16(int type) { return type == T_Q4_K || type == T_Q5_K; }
+static inline int type_decodes_int16(int type) { return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K; }
 void int16_panel_row(int type, const uint8_t *row, int64_t K, RowBuffer *buf, int16_t *w, float *D, float *mins);
 void int16_product(const int16_t *w, const float *D, const float *mins, int slots, int n, int64_t K, const int16_t *xq,
                    const float *xd, const float *xm, int64_t T, float *out, int64_t stride);

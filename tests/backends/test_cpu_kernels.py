@@ -8,8 +8,8 @@
 - Every tier this machine runs (AVX2, AVX-512, NEON) gives the scalar tier's products bit
   for bit, for T = 1..16 tokens, 1-3 threads, odd row counts, extreme and zero scales
   and blocks with every bit set.
-- A product is x @ W.T within the error that quantizing x in groups of 32 allows (a bound
-  worked out per element from the data), W dequantized by gguf-py: codes up to 32767 for
+- A product is x @ W.T within the error that quantizing x in groups of 32 allows (of 256 for
+  Q4_K, Q5_K and Q6_K; a bound worked out per element from the data), W dequantized by gguf-py: codes up to 32767 for
   the integer kernels, up to 2047 for Q1_0's lookup tables, up to 1023 for the ternary
   types' (TQ1_0, TQ2_0), up to 127 for Q2_K's and Q3_K's 8-bit codes. The float types
   take float activations: within float rounding. So do the quantized types (the table-lookup ones aside) in products over 32 tokens or
@@ -51,7 +51,7 @@ TABLE_TYPES = (T.Q1_0, T.TQ1_0, T.TQ2_0)  # multiplied by table lookup, from til
 # prefill (32 tokens or more) in int16 weights and codes, one activation scale per 256 (cpu_kernels/int16_panels.c)
 INT16_PANEL_TYPES = (*CODES8_TYPES, T.Q4_K, T.Q5_K, T.Q6_K)
 # ... and decode too: activation codes with one scale per 256 for any count of tokens
-INT16_DECODE_TYPES = (T.Q4_K, T.Q5_K)
+INT16_DECODE_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K)
 GGUF_PY_QUANTIZES = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.TQ1_0, T.TQ2_0}  # gguf.quants.quantize
 EXTREME_SCALES = np.array([65504.0, -65504.0, 6e-8, 0.0, 1.0, -0.5], dtype=np.float16)
 TIERS = cpu_native.runnable_tiers()
@@ -294,8 +294,8 @@ def test_products_over_32_tokens_or_more_of_256_weight_types_take_int16_codes_pe
 @pytest.mark.parametrize("tier", TIERS)
 @pytest.mark.parametrize("qtype", INT16_DECODE_TYPES, ids=lambda t: t.name)
 def test_a_token_s_products_are_the_same_bits_alone_in_a_batch_and_in_a_prefill(tier, qtype):
-    """Q4_K and Q5_K take int16 codes per 256 in decode as in prefill (cpu_kernels/int16_panels.c:
-    straight from the bytes for one or two tokens on AVX-512, through unpacked rows otherwise), so
+    """Q4_K, Q5_K and Q6_K take int16 codes per 256 in decode as in prefill (cpu_kernels/int16_panels.c:
+    straight from the bytes for up to 4 tokens on the x86 tiers, through unpacked rows otherwise), so
     a token's logits do not depend on how many tokens it was multiplied with: alone, 2, 3, 5 or
     40 at once (a prefill), on 9 rows (tiles of 4 and a row left)."""
     rng = np.random.default_rng(500 + int(qtype))
