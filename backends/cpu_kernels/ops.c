@@ -162,7 +162,9 @@ static void float_panels(const uint8_t *data, int type, size_t row_bytes, int64_
 /* Rows r0 .. r1 - 1 of a matrix of a type_takes_int16_panels type times all T tokens (their
  * int16 codes in acts), into out[t * stride + r]: a panel of rows (int16_panel_rows) unpacked
  * once into int16 weights, their block scales and min terms (int16_panel_row, in the row
- * buffer's float area), then multiplied with all the tokens (int16_product). */
+ * buffer's float area), then multiplied with all the tokens (int16_product); or, for a few
+ * tokens where the tier has it, each row multiplied straight from its bytes
+ * (int16_direct_product). */
 static void int16_panels(const Matrix *w, int64_t K, int64_t r0, int64_t r1, int64_t T, RowBuffer *buf, float *out,
                          int64_t stride) {
     const int64_t panel = int16_panel_rows(K, T), G = K / GROUP, per_group = MIN_SLOTS(type_mins(w->type));
@@ -170,7 +172,6 @@ static void int16_panels(const Matrix *w, int64_t K, int64_t r0, int64_t r1, int
     const float *sums = slots == 2 ? acts.wide.xhalf : acts.wide.xsum;
     int16_t *weights = (int16_t *)buf->f;                                  /* panel * K int16 */
     float *D = buf->f + panel * K / 2, *mins = D + panel * (K / WIDE);    /* then panel * K / WIDE, panel * G * 2 */
-    if (int16_direct_product(w, r0, r1, acts.wide.q, acts.wide.d, sums, T, out, stride, buf->f)) return;
     if (int16_direct_product(w, r0, r1, acts.wide.q, acts.wide.d, sums, T, out, stride, buf->f)) return;
     for (int64_t r = r0; r < r1; r += panel) {
         int64_t n = r1 - r < panel ? r1 - r : panel;

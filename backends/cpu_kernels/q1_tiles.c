@@ -153,7 +153,6 @@ static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *tables, 
         for (int64_t b = 0; b < K / 128; b++) {
             const uint8_t *block = tile + b * BLOCK_BYTES, *bits = block + 2 * Q1_TILE;
             prefetch_block(block, BLOCK_BYTES, Q1_AHEAD);
-        prefetch_block(block, BLOCK_BYTES, Q1_AHEAD);
             float d = fp16_to_float((uint16_t)(block[2 * r] | block[2 * r + 1] << 8));
             for (int g = 0; g < 4; g++) {
                 int32_t isum = 0;
