@@ -297,15 +297,18 @@ def test_a_token_s_products_are_the_same_bits_alone_in_a_batch_and_in_a_prefill(
     """Q4_K, Q5_K and Q6_K take int16 codes per 256 in decode as in prefill (cpu_kernels/int16_panels.c:
     straight from the bytes for up to 4 tokens on the x86 tiers, through unpacked rows otherwise), so
     a token's logits do not depend on how many tokens it was multiplied with: alone, 2, 3, 5 or
-    40 at once (a prefill), on 9 rows (tiles of 4 and a row left)."""
+    40 at once (a prefill), on 33 rows (each thread's chunks of rows in tiles of 4 and rows
+    left); and 4 tokens on rows of 4096 columns, whose codes (32 KB) AVX-512 takes two tokens a
+    pass over 4 rows."""
     rng = np.random.default_rng(500 + int(qtype))
-    rows, cols = 9, 1024
-    raw = random_matrix(qtype, rows, cols, rng)
-    x = rng.standard_normal((40, cols)).astype(np.float32)
-    x[:, ::32] *= 30.0
-    alone = np.stack([product(tier, 1, qtype, raw, cols, x[t:t + 1])[0] for t in range(40)])
-    for n in (2, 3, 5, 40):
-        np.testing.assert_array_equal(product(tier, 2, qtype, raw, cols, x[:n]), alone[:n], err_msg=f"T={n}")
+    rows = 33
+    for cols, counts in ((1024, (2, 3, 5, 40)), (4096, (4,))):
+        raw = random_matrix(qtype, rows, cols, rng)
+        x = rng.standard_normal((max(counts), cols)).astype(np.float32)
+        x[:, ::32] *= 30.0
+        alone = np.stack([product(tier, 1, qtype, raw, cols, x[t:t + 1])[0] for t in range(max(counts))])
+        for n in counts:
+            np.testing.assert_array_equal(product(tier, 2, qtype, raw, cols, x[:n]), alone[:n], err_msg=f"{cols=} T={n}")
 
 
 @pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
