@@ -38,7 +38,7 @@ def extension(tier: str, flags: list[str]) -> Extension:
     return Extension(f"backends.{name}", SOURCES, depends=["backends/cpu_kernels/kernels.h",
                      "backends/cpu_kernels/ops.h", "backends/cpu_kernels/simd.h",
                      "backends/cpu_kernels/iq_grids.h", "backends/cpu_kernels/iq_signs.h", "backends/cpu_kernels/bytes.h",
-                     "backends/cpu_kernels/tiles.h"],
+                     "backends/cpu_kernels/tiles.h", "backends/cpu_kernels/int16_words.h"],
                      extra_compile_args=COMMON_FLAGS + flags + [f"-DSPRIG_MODULE={name}"],
                      extra_link_args=["-pthread"], optional=True)
 

@@ -20,27 +20,12 @@
 #include "bytes.h" /* f16: a block's fp16 scales */
 #include "kernels.h"
 #include "simd.h"
+#include "int16_words.h" /* q6_k_group: a group's int16 weights (x86) */
 
 #define BLOCK_GROUPS 8 /* groups of 32 in a block of 256 */
 #define Q6_K_BYTES 210
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-
-/* Words 0-15 sc[2g], words 16-31 sc[2g + 1], of 16 scale words (one per sub-block). */
-static inline __m512i half_scales(__m512i sc, int g) {
-    const __m512i halves = _mm512_set_epi16(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                            0, 0, 0, 0, 0, 0, 0);
-    return _mm512_permutexvar_epi16(_mm512_add_epi16(halves, _mm512_set1_epi16((short)(2 * g))), sc);
-}
-
-/* Q6_K's codes minus 32 of group j of a block half, whose ql bytes 0-31 and 32-63 are the words
- * ql0 and ql1, its qh bytes the words qh: low 4 bits from ql0 (j = 0, 2) or ql1 (j = 1, 3), their
- * high nibble for j >= 2, high 2 bits from field j of qh (see unpack_q6_k in quants.c). */
-static inline __m512i q6_k_codes(__m512i ql0, __m512i ql1, __m512i qh, int j) {
-    __m512i low = _mm512_and_si512(_mm512_srli_epi16(j & 1 ? ql1 : ql0, 4 * (j >> 1)), _mm512_set1_epi16(15));
-    __m512i top = j <= 1 ? _mm512_slli_epi16(qh, 4 - 2 * j) : _mm512_srli_epi16(qh, 2 * j - 4);
-    return _mm512_sub_epi16(_mm512_or_si512(low, _mm512_and_si512(top, _mm512_set1_epi16(48))), _mm512_set1_epi16(32));
-}
 
 /* n tokens times one row: the module comment's arithmetic in 16 lanes of one register. */
 static inline __attribute__((always_inline)) void rows_tokens(const uint8_t *row, int64_t K, const int16_t *xq,
@@ -52,18 +37,15 @@ static inline __attribute__((always_inline)) void rows_tokens(const uint8_t *row
         const uint8_t *b = row + blk * Q6_K_BYTES;
         const int64_t g0 = blk * BLOCK_GROUPS;
         prefetch_block(b, Q6_K_BYTES, prefetch_ahead((size_t)(K / 256 * Q6_K_BYTES)));
-        const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192))));
+        const Q6Scales sc = q6_k_block_scales(b);
         __m512 part[ROW_TOKENS];
         for (int k = 0; k < N; k++) part[k] = _mm512_setzero_ps();
 #pragma GCC unroll 2
         for (int n = 0; n < 2; n++) {
-            __m512i p = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 64 * n)));
-            __m512i p1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 64 * n + 32)));
-            __m512i qh = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 128 + 32 * n)));
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
                 int g = 4 * n + j;
-                __m512i w = _mm512_mullo_epi16(q6_k_codes(p, p1, qh, j), half_scales(sc, g));
+                __m512i w = q6_k_group(b, g, 0, &sc);
                 for (int k = 0; k < N; k++) {
                     __m512i isum = _mm512_madd_epi16(w, _mm512_loadu_si512(xq + k * K + (g0 + g) * GROUP));
                     part[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(xd[k * G + g0 + g]), part[k]);
@@ -81,26 +63,7 @@ static inline __attribute__((always_inline)) void rows_tokens(const uint8_t *row
     }
 }
 
-void q6_k_block_int16(const uint8_t *b, int16_t *w) {
-    const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192))));
-    for (int n = 0; n < 2; n++) {
-        __m512i p = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 64 * n)));
-        __m512i p1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 64 * n + 32)));
-        __m512i qh = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 128 + 32 * n)));
-        for (int j = 0; j < 4; j++)
-            _mm512_storeu_si512((void *)(w + 32 * (4 * n + j)), _mm512_mullo_epi16(q6_k_codes(p, p1, qh, j), half_scales(sc, 4 * n + j)));
-    }
-}
-
 #elif defined(__AVX2__)
-
-/* Q6_K's codes minus 32 of group j of a block half, in the form of q6_k_codes above for one
- * register of 16 words. */
-static inline __m256i q6_k_codes(__m256i ql0, __m256i ql1, __m256i qh, int j) {
-    __m256i low = _mm256_and_si256(_mm256_srli_epi16(j & 1 ? ql1 : ql0, 4 * (j >> 1)), _mm256_set1_epi16(15));
-    __m256i top = j <= 1 ? _mm256_slli_epi16(qh, 4 - 2 * j) : _mm256_srli_epi16(qh, 2 * j - 4);
-    return _mm256_sub_epi16(_mm256_or_si256(low, _mm256_and_si256(top, _mm256_set1_epi16(48))), _mm256_set1_epi16(32));
-}
 
 /* A group as two registers of 16 int16 weights: weights 0-15 (lanes 0-7), 16-31 (lanes 8-15). */
 static inline __attribute__((always_inline)) void rows_tokens(const uint8_t *row, int64_t K, const int16_t *xq,
@@ -112,24 +75,16 @@ static inline __attribute__((always_inline)) void rows_tokens(const uint8_t *row
         const uint8_t *b = row + blk * Q6_K_BYTES;
         const int64_t g0 = blk * BLOCK_GROUPS;
         prefetch_block(b, Q6_K_BYTES, prefetch_ahead((size_t)(K / 256 * Q6_K_BYTES)));
-        int16_t sc[16];
-        _mm256_storeu_si256((__m256i *)sc, _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192))));
+        const Q6Scales sc = q6_k_block_scales(b);
         __m256 part[ROW_TOKENS][2];
         for (int k = 0; k < N; k++) part[k][0] = part[k][1] = _mm256_setzero_ps();
 #pragma GCC unroll 2
         for (int n = 0; n < 2; n++) {
-            __m256i p[2], p1[2], qh[2];
-            for (int h = 0; h < 2; h++) {
-                p[h] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(b + 64 * n + 16 * h)));
-                p1[h] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(b + 64 * n + 32 + 16 * h)));
-                qh[h] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(b + 128 + 32 * n + 16 * h)));
-            }
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
                 int g = 4 * n + j;
                 __m256i w[2];
-                for (int h = 0; h < 2; h++)
-                    w[h] = _mm256_mullo_epi16(q6_k_codes(p[h], p1[h], qh[h], j), _mm256_set1_epi16(sc[2 * g + h]));
+                for (int h = 0; h < 2; h++) w[h] = q6_k_group(b, g, h, &sc);
                 for (int k = 0; k < N; k++) {
                     const int16_t *x = xq + k * K + (g0 + g) * GROUP;
                     __m256 xs = _mm256_set1_ps(xd[k * G + g0 + g]);
@@ -145,20 +100,6 @@ static inline __attribute__((always_inline)) void rows_tokens(const uint8_t *row
             for (int h = 0; h < 2; h++) acc[k][h] = _mm256_fmadd_ps(part[k][h], _mm256_set1_ps(d), acc[k][h]);
     }
     for (int k = 0; k < N; k++) out[k * stride] = reduce8((v8f)acc[k][0] + (v8f)acc[k][1]);
-}
-
-void q6_k_block_int16(const uint8_t *b, int16_t *w) {
-    for (int n = 0; n < 2; n++)
-        for (int h = 0; h < 2; h++) {
-            __m256i p = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(b + 64 * n + 16 * h)));
-            __m256i p1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(b + 64 * n + 32 + 16 * h)));
-            __m256i qh = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(b + 128 + 32 * n + 16 * h)));
-            for (int j = 0; j < 4; j++) {
-                const int g = 4 * n + j;
-                _mm256_storeu_si256((__m256i *)(w + 32 * g + 16 * h),
-                                    _mm256_mullo_epi16(q6_k_codes(p, p1, qh, j), _mm256_set1_epi16((int8_t)b[192 + 2 * g + h])));
-            }
-        }
 }
 
 #else
@@ -236,6 +177,14 @@ static inline __attribute__((always_inline)) void rows_tokens(const uint8_t *row
     for (int k = 0; k < N; k++) out[k * stride] = reduce8(acc[k][0] + acc[k][1]);
 }
 
+#endif
+
+#if defined(VW_WORDS) /* the x86 tiers (the others: block_weights, above) */
+void q6_k_block_int16(const uint8_t *b, int16_t *w) {
+    const Q6Scales sc = q6_k_block_scales(b);
+    for (int g = 0; g < BLOCK_GROUPS; g++)
+        for (int h = 0; h < 32 / VW_WORDS; h++) vw_store(w + 32 * g + VW_WORDS * h, q6_k_group(b, g, h, &sc));
+}
 #endif
 
 /* dot_Q6_K (kernels.h's product function of the OWN type): one body per count of tokens, so that
