@@ -13,7 +13,7 @@ from setuptools import Extension, setup
 SOURCES = [
     f"backends/cpu_kernels/{name}.c"
     for name in (
-        "module", "ops", "attention", "delta_net", "quants", "kquant_dots", "codes8_dots", "int16_panels", "iq_dots", "q1_tiles", "tq_tiles", "pool",
+        "module", "ops", "attention", "delta_net", "quants", "kquant_dots", "codes8_dots", "int16_panels", "byte_panels", "iq_dots", "q1_tiles", "tq_tiles", "pool",
         "scratch",
     )
 ]
@@ -38,7 +38,8 @@ def extension(tier: str, flags: list[str]) -> Extension:
     return Extension(f"backends.{name}", SOURCES, depends=["backends/cpu_kernels/kernels.h",
                      "backends/cpu_kernels/ops.h", "backends/cpu_kernels/simd.h",
                      "backends/cpu_kernels/iq_grids.h", "backends/cpu_kernels/iq_signs.h", "backends/cpu_kernels/bytes.h",
-                     "backends/cpu_kernels/tiles.h", "backends/cpu_kernels/int16_words.h"],
+                     "backends/cpu_kernels/tiles.h", "backends/cpu_kernels/int16_words.h",
+                     "backends/cpu_kernels/panels.h"],
                      extra_compile_args=COMMON_FLAGS + flags + [f"-DSPRIG_MODULE={name}"],
                      extra_link_args=["-pthread"], optional=True)
 

@@ -428,6 +428,62 @@ static inline __attribute__((always_inline)) void block_tokens(int type, const u
 
 #endif
 
+/* A block's 256 codes, signed (Q3_K's minus 4, as unpack_row gives them), its 16 sub-block
+ * scales D * sc and its min factors (Q2_K: -dmin * m, unpack_q2_k's; zeros for the others):
+ * unpack_row's values, the x86 tiers' from the registers above (D * sc is exact: module comment). */
+static inline __attribute__((always_inline)) void block_of(int type, const uint8_t *b, int8_t *c, float *scale,
+                                                           float *min) {
+#if defined(__AVX2__)
+    const Block8 s = unpack_block(type, b);
+#if defined(__AVX512BW__)
+    for (int i = 0; i < 4; i++) {
+        __m512i codes, scales;
+        __mmask64 negative;
+        unpack_pair(type, b, &s, i, &codes, &negative, &scales);
+        codes = _mm512_mask_sub_epi8(codes, negative, _mm512_setzero_si512(), codes);
+        if (type == T_Q3_K) codes = _mm512_sub_epi8(codes, _mm512_set1_epi8(4));
+        _mm512_storeu_si512((void *)(c + 64 * i), codes);
+    }
+#else
+    for (int g = 0; g < 8; g++) {
+        __m256i codes, signs = _mm256_setzero_si256(), scales;
+        unpack_group(type, b, &s, g, &codes, &signs, &scales);
+        if (signed_codes(type)) codes = _mm256_sign_epi8(codes, signs);
+        if (type == T_Q3_K) codes = _mm256_sub_epi8(codes, _mm256_set1_epi8(4));
+        _mm256_storeu_si256((__m256i *)(c + 32 * g), codes);
+    }
+#endif
+    /* the integer scales of sub-blocks 0-7 and 8-15 (Block8's words; one per group: each twice) */
+    const __m128i first = _mm256_castsi256_si128(s.half_scales[0]);
+    const __m256i pairs = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+    const int split = type == T_Q2_K || type == T_Q3_K || type_split(type);
+    const __m256i lo = split ? _mm256_cvtepi16_epi32(first) : _mm256_permutevar8x32_epi32(_mm256_cvtepi16_epi32(first), pairs);
+    const __m256i hi = split ? _mm256_cvtepi16_epi32(_mm256_castsi256_si128(s.half_scales[1]))
+                             : _mm256_permutevar8x32_epi32(_mm256_cvtepi16_epi32(first), _mm256_add_epi32(pairs, _mm256_set1_epi32(4)));
+    const v8f D = splat(block_scale(type, b));
+    const v8f scales[2] = {D * __builtin_convertvector((v8i)lo, v8f), D * __builtin_convertvector((v8i)hi, v8f)};
+    memcpy(scale, scales, sizeof scales);
+    v8f mins[2] = {{0}, {0}};
+    if (type == T_Q2_K) { /* -(dmin * m), as unpack_q2_k */
+        const v8f dmin = splat(f16(b + 82));
+        mins[0] = -(dmin * __builtin_convertvector((v8i)_mm256_cvtepi16_epi32(_mm256_castsi256_si128(s.sums_factor)), v8f));
+        mins[1] = -(dmin * __builtin_convertvector((v8i)_mm256_cvtepi16_epi32(_mm256_extracti128_si256(s.sums_factor, 1)), v8f));
+    }
+    memcpy(min, mins, type == T_Q2_K ? sizeof mins : sizeof mins[0]);
+#else
+    RowBuffer buf = {.q = c, .scale = scale, .min = min};
+    unpack_row(type, b, BLOCK8, &buf);
+#endif
+}
+void codes8_block(int type, const uint8_t *b, int8_t *c, float *scale, float *min) {
+    switch (type) { /* one body per type: its branches fold */
+#define BLOCK_OF(name) case T_##name: block_of(T_##name, b, c, scale, min); break;
+    BLOCK_OF(Q2_K) BLOCK_OF(Q3_K) BLOCK_OF(IQ4_XS) BLOCK_OF(IQ3_XXS) BLOCK_OF(IQ3_S) BLOCK_OF(IQ2_XXS) BLOCK_OF(IQ2_XS)
+    BLOCK_OF(IQ2_S) BLOCK_OF(IQ1_S) BLOCK_OF(IQ1_M)
+#undef BLOCK_OF
+    }
+}
+
 static inline __attribute__((always_inline)) void rows_tokens(int type, const uint8_t *row, int64_t K,
                                                               const Codes8 *x8, const int N, float *out,
                                                               int64_t stride) {

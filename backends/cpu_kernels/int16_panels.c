@@ -1,38 +1,31 @@
-/* Prefill products of the 256-weight types with integer sub-block scales (type_takes_int16_panels
- * in kernels.h: Q2_K to Q6_K and the IQ types but IQ4_NL), in integers; and Q4_K's, Q5_K's and
- * Q6_K's products of any count of tokens (type_decodes_int16).
+/* Products of Q4_K, Q5_K and Q6_K in int16 (type_decodes_int16 in kernels.h), for any count of
+ * tokens; and the walk of every prefill panel over its rows and tokens (panels.h: panel_product).
  *
  * Each of these types' blocks is one float D times integer sub-block scales sc times integer
- * codes c (codes8_dots.c draws them), plus, for Q2_K, Q4_K and Q5_K, min terms. A row is unpacked
- * once per product into int16 weights w = sc * c (int16_panel_row): the generic unpacking's
- * float scale of each half group is D * sc exactly (an fp16 times an integer of at most 8 bits,
- * or that times a power of two), so sc = scale / D is exact, and |w| <= 4096 (Q6_K's 128 * 32;
- * IQ4_XS's 32 * 127 = 4064). The tokens' activations are int16 codes with one scale per block of
- * 256 (quantize_row with span WIDE: amax / 32767, as llama.cpp's Q8_K keeps one per block, with
- * 15 bits where it keeps 7). Then, for a row and a token, block by block, in 16 int32 lanes,
- * lane l < 8 taking weights 32m + 2l and 32m + 2l + 1 of the block's chunks m = 0 .. 7, lane
- * l >= 8 weights 32m + 16 + 2(l - 8) and the next:
+ * codes c, plus, for Q4_K and Q5_K, min terms. A row is unpacked once per product into int16
+ * weights w = sc * c (int16_panel_row), |w| <= 4096 (Q6_K's 128 * 32). The tokens' activations
+ * are int16 codes with one scale per block of 256 (quantize_row with span WIDE: amax / 32767, as
+ * llama.cpp's Q8_K keeps one per block, with 15 bits where it keeps 7). Then, for a row and a
+ * token, block by block, in 16 int32 lanes, lane l < 8 taking weights 32m + 2l and 32m + 2l + 1
+ * of the block's chunks m = 0 .. 7, lane l >= 8 weights 32m + 16 + 2(l - 8) and the next:
  *     isum[l] = sum of w x over its 16 weights      (|isum| <= 16 * 4096 * 32767 < 2^31: exact)
  *     y[l] = fma(float(isum[l]), D * d, y[l])       (D * d rounded once; y from 0, blocks in order)
- * then the min terms, the row's (as the generic unpacking makes them, M of them) times the
- * token's group or half-group sums (xsum, xhalf: the codes' exact integer sums times the
- * block's scale), each product rounded, then added:
+ * then the min terms, the row's (M of them) times the token's group or half-group sums (xsum,
+ * xhalf: the codes' exact integer sums times the block's scale), each product rounded, then added:
  *     y[i mod 16] += mins[i] * xm[i]                (i = 0 .. M - 1 in order)
  * and the result is reduce8(y[0..7] + y[8..15]). The integer sums are exact in every tier
  * and the float operations the same C, so every tier gives the same bits. Two multiply-adds of
  * 16-bit pairs (AVX-512 VNNI's dpwssd, AVX2's madd) take 64 weights where float weights take four
- * fused multiply-adds: the float form's prefill did a quarter of this one's work per instruction
- * and, held by one float per group and token, the 8-bit codes of decode no better.
- * Q4_K's, Q5_K's and Q6_K's blocks give their integers straight (k_block_int16,
- * q6_k_block_int16); for up to DIRECT_TOKENS tokens the x86 tiers multiply them in registers,
- * never writing the weights out (k_direct), in the same lanes: every path gives the same bits. */
+ * fused multiply-adds.
+ * The blocks give their integers straight (k_block_int16, q6_k_block_int16); for up to
+ * DIRECT_TOKENS tokens the x86 tiers multiply them in registers, never writing the weights out
+ * (k_direct), in the same lanes: every path gives the same bits. */
 #include <math.h>
 #include <string.h>
 
 #include "bytes.h"
-#include "kernels.h"
-#include "simd.h"
 #include "int16_words.h"
+#include "panels.h"
 
 typedef int8_t i8x16 __attribute__((vector_size(16)));
 typedef int16_t i16x16 __attribute__((vector_size(32)));
@@ -110,56 +103,18 @@ static inline void k_block_int16(const uint8_t *b, int fifth, int16_t *w, float 
 #endif
 }
 
-/* Row `row` as int16 weights w[K], its blocks' D[K / WIDE] and its min terms (as unpack_row
- * makes them: MIN_SLOTS per group) at mins; buf is the unpacking's scratch. A block's codes come
- * from the generic unpacking, sc = scale / D per half group; where this tier dequantizes the IQ
- * types in registers (iq_dots.c), from those floats instead: D * sc * code exactly, so
- * round(weight * (1 / D)) is sc * code (off by at most 4096 * 2^-23 before rounding). */
-void int16_panel_row(int type, const uint8_t *row, int64_t K, RowBuffer *buf, int16_t *w, float *D, float *mins) {
-    if (type == T_Q4_K || type == T_Q5_K || type == T_Q6_K) { /* the integers straight from the bytes */
-        for (int64_t blk = 0; blk < K / WIDE; blk++) {
-            const uint8_t *b = row + blk * type_bytes(type);
-            D[blk] = block_scale(type, b);
-            if (type == T_Q6_K) q6_k_block_int16(b, w + blk * WIDE);
-            else k_block_int16(b, type == T_Q5_K, w + blk * WIDE, mins + blk * (WIDE / GROUP));
-        }
-        return;
-    }
-    const int in_registers = iq_dequantize_row(type, row, 0, NULL); /* whether this tier has it for the type */
-    if (!in_registers) {
-        unpack_row(type, row, K, buf);
-        memcpy(mins, buf->min, sizeof(float) * (size_t)(K / GROUP * MIN_SLOTS(type_mins(type))));
-    }
-    for (int64_t blk = 0; blk < K / WIDE; blk++) {
-        const float d = block_scale(type, row + blk * type_bytes(type));
-        int16_t *wb = w + blk * WIDE;
-        D[blk] = d;
-        if (in_registers) {
-            float weights[WIDE];
-            iq_dequantize_row(type, row + blk * type_bytes(type), WIDE, weights);
-            const float inverse = d != 0.0f ? 1.0f / d : 0.0f;
-            for (int i = 0; i < WIDE; i += 8) {
-                v8f v;
-                memcpy(&v, weights + i, sizeof v);
-                i16x8 codes = __builtin_convertvector(round8(v * inverse), i16x8);
-                memcpy(wb + i, &codes, sizeof codes);
-            }
-            continue;
-        }
-        for (int h = 0; h < WIDE / 16; h++) {
-            const int64_t at = blk * WIDE + 16 * h;
-            const int16_t sc = d != 0.0f ? (int16_t)lrintf(buf->scale[at / 16] / d) : 0; /* exact (module comment) */
-            i8x16 codes;
-            memcpy(&codes, buf->q + at, sizeof codes);
-            const i16x16 weights16 = __builtin_convertvector(codes, i16x16) * sc;
-            memcpy(wb + 16 * h, &weights16, sizeof weights16);
-        }
+/* Row `row` (Q4_K, Q5_K or Q6_K) as int16 weights w[K], its blocks' D[K / WIDE] and, for Q4_K
+ * and Q5_K, its min terms (as unpack_row makes them: one per group) at mins. */
+void int16_panel_row(int type, const uint8_t *row, int64_t K, int16_t *w, float *D, float *mins) {
+    for (int64_t blk = 0; blk < K / WIDE; blk++) { /* the integers straight from the bytes */
+        const uint8_t *b = row + blk * type_bytes(type);
+        D[blk] = block_scale(type, b);
+        if (type == T_Q6_K) q6_k_block_int16(b, w + blk * WIDE);
+        else k_block_int16(b, type == T_Q5_K, w + blk * WIDE, mins + blk * (WIDE / GROUP));
     }
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-#define TILE_ROWS 4
-#define TILE_TOKENS 3
 
 /* R rows by N tokens over blocks b0 .. b1 - 1 (rows and tokens of K): the module comment's
  * lanes, y[r * TILE_TOKENS + t] carried in and out, in one register per (row, token) between. */
@@ -192,8 +147,6 @@ static inline __attribute__((always_inline)) void tile(const int16_t *w, const f
 }
 
 #else
-#define TILE_ROWS 2
-#define TILE_TOKENS 2
 
 /* 8 lanes of the module comment's: 16 weights' pair sums (lane l: weights 2l, 2l + 1) */
 static inline v8i pair_sums16(const int16_t *w, const int16_t *x) {
@@ -229,7 +182,7 @@ static inline __attribute__((always_inline)) void tile(const int16_t *w, const f
 #endif
 
 #define RUN_TILES 16 /* tiles of tokens in a run at most (their y stay on the stack between K segments) */
-#define SEGMENT_BLOCKS 8 /* blocks of K at most per pass of a row tile: 4 rows' 16 KB stay in L1 */
+#define SEGMENT_BLOCKS 8 /* blocks of K at most per pass of a row tile, int16 (bytes: twice as many): 4 rows' 16 KB stay in L1 */
 
 /* A tile of TILE_ROWS rows by N tokens (N <= TILE_TOKENS) over blocks b0 .. b1 - 1, in a function of
  * its own: its loops unroll, and its registers are not shared with the edges' code. */
@@ -238,6 +191,16 @@ static __attribute__((noinline)) void row_tile(const int16_t *w, const float *D,
     if (N == TILE_TOKENS) tile(w, D, K, xq, xd, b0, b1, TILE_ROWS, TILE_TOKENS, y);
     else if (N == 1) tile(w, D, K, xq, xd, b0, b1, TILE_ROWS, 1, y);
     else tile(w, D, K, xq, xd, b0, b1, TILE_ROWS, 2, y); /* (AVX-512's 3 tokens: 2 left) */
+}
+
+/* panels.h's PanelTile for int16 panels */
+void int16_tile(const Panel *p, int64_t r, int R, const PanelCodes *x, int64_t t, int N, int64_t b0, int64_t b1,
+                v8f y[][2]) {
+    const int64_t K = p->K, B = K / WIDE;
+    const int16_t *w = (const int16_t *)p->w + r * K, *xq = (const int16_t *)x->q + t * K;
+    const float *D = p->scale + r * B, *xd = x->d + t * B;
+    if (R == 1) tile(w, D, K, xq, xd, b0, b1, 1, 1, y);
+    else row_tile(w, D, K, xq, xd, b0, b1, N, y);
 }
 
 /* The min terms of R rows (mins, M each) and N tokens (their sums xm, M each) into their lanes:
@@ -261,39 +224,41 @@ static __attribute__((noinline)) void row_min_terms(const float *mins, const flo
     else min_terms(mins, xm, M, TILE_ROWS, 2, y);
 }
 
-/* Rows of K int16 weights in a panel for T tokens, whole tiles of TILE_ROWS (at least one): one
- * tile for fewer than FLOAT_TOKENS tokens (decode: the tile's rows stay in L1 between their
- * unpacking and their products), else as many as, with their block scales and min terms, take
- * at most float_panel_floats(K) floats (ops.c). */
-int64_t int16_panel_rows(int64_t K, int64_t T) {
-    int64_t bytes = float_panel_floats(K) * (int64_t)sizeof(float), row = 2 * K + 4 * (K / WIDE) + 4 * (K / GROUP) * HALVES;
-    int64_t rows = bytes / row / TILE_ROWS * TILE_ROWS;
+/* Bytes a row of K columns takes in a panel: weights, scales, offsets, min terms (Panel) */
+static inline int64_t panel_row_bytes(int64_t K, int bytes) {
+    return bytes ? K + 8 * (K / 16) + 4 * (K / GROUP) * HALVES : 2 * K + 4 * (K / WIDE) + 4 * (K / GROUP) * HALVES;
+}
+
+/* Rows of K columns in a panel for T tokens, whole tiles of TILE_ROWS (at least one): one tile
+ * for fewer than FLOAT_TOKENS tokens (decode: the tile's rows stay in L1 between their
+ * unpacking and their products), else as many as take at most float_panel_floats(K) floats (ops.c). */
+int64_t panel_rows(int64_t K, int64_t T, int bytes) {
+    int64_t rows = float_panel_floats(K) * (int64_t)sizeof(float) / panel_row_bytes(K, bytes) / TILE_ROWS * TILE_ROWS;
     return rows > TILE_ROWS && T >= FLOAT_TOKENS ? rows : TILE_ROWS;
 }
 
-/* n rows of the panel (int16 weights w, rows of K; D and mins as int16_panel_row makes them)
- * times tokens 0 .. T - 1 (codes xq, block scales xd, and the sums of `slots` per group xm: 0
- * for types without min terms, 1 xsum, 2 xhalf), into out[t * stride + r]. The tokens go in
- * runs whose codes a core's L2 holds beside the panel; in a run, a tile of TILE_ROWS rows meets
- * every whole tile of TILE_TOKENS tokens a segment of K at a time (its rows' segment held in L1),
- * the lanes kept between segments; the edges take a row and a token at a time. Each (row,
- * token) sees its blocks in order, whatever the tiling: the same bits. */
-void int16_product(const int16_t *w, const float *D, const float *mins, int slots, int n, int64_t K, const int16_t *xq,
-                   const float *xd, const float *xm, int64_t T, float *out, int64_t stride) {
-    const int64_t B = K / WIDE, M = K / GROUP * slots, segments = (B + SEGMENT_BLOCKS - 1) / SEGMENT_BLOCKS;
+/* The panel's n rows times tokens 0 .. T - 1, into out[t * stride + r]. The tokens go in runs
+ * whose codes a core's L2 holds beside the panel; in a run, a tile of TILE_ROWS rows meets every
+ * whole tile of TILE_TOKENS tokens a segment of K at a time (its rows' segment held in L1), the
+ * lanes kept between segments; the edges take a row and a token at a time. Each (row, token)
+ * sees its blocks in order, whatever the tiling: the same bits. */
+void panel_product(const Panel *p, const PanelCodes *x, int64_t T, float *out, int64_t stride) {
+    PanelTile *const tiled = p->bytes ? byte_tile : int16_tile;
+    const int64_t K = p->K, B = K / WIDE, M = K / GROUP * p->slots, width = p->bytes ? 1 : 2;
+    const int64_t most = SEGMENT_BLOCKS * 2 / width, segments = (B + most - 1) / most;
     const int64_t segment = (B + segments - 1) / segments;
-    int64_t run = FLOAT_TILE_BYTES / (2 * K) / TILE_TOKENS * TILE_TOKENS;
+    int64_t run = FLOAT_TILE_BYTES / (width * K) / TILE_TOKENS * TILE_TOKENS;
     run = run < TILE_TOKENS ? TILE_TOKENS : run > RUN_TILES * TILE_TOKENS ? RUN_TILES * TILE_TOKENS : run;
     v8f y[RUN_TILES][TILE_ROWS * TILE_TOKENS][2];
     for (int64_t t0 = 0; t0 < T; t0 += run) {
         const int64_t t1 = t0 + run < T ? t0 + run : T;
-        for (int r = 0; r < n; r += TILE_ROWS) {
-            if (n - r < TILE_ROWS) { /* the edge rows, a token at a time */
-                for (int i = r; i < n; i++)
+        for (int r = 0; r < p->n; r += TILE_ROWS) {
+            if (p->n - r < TILE_ROWS) { /* the edge rows, a token at a time */
+                for (int i = r; i < p->n; i++)
                     for (int64_t t = t0; t < t1; t++) {
                         v8f one[1][2] = {{{0}}};
-                        tile(w + i * K, D + i * B, K, xq + t * K, xd + t * B, 0, B, 1, 1, one);
-                        min_terms(mins + i * M, xm + t * M, M, 1, 1, one);
+                        tiled(p, i, 1, x, t, 1, 0, B, one);
+                        min_terms(p->mins + i * M, x->m + t * M, M, 1, 1, one);
                         out[t * stride + i] = reduce8(one[0][0] + one[0][1]);
                     }
                 break;
@@ -303,13 +268,13 @@ void int16_product(const int16_t *w, const float *D, const float *mins, int slot
             for (int64_t b0 = 0; b0 < B; b0 += segment)
                 for (int64_t j = 0; j < tiles; j++) {
                     const int64_t t = t0 + j * TILE_TOKENS;
-                    row_tile(w + r * K, D + r * B, K, xq + t * K, xd + t * B, b0, b0 + segment < B ? b0 + segment : B,
-                             (int)(t1 - t < TILE_TOKENS ? t1 - t : TILE_TOKENS), y[j]);
+                    tiled(p, r, TILE_ROWS, x, t, (int)(t1 - t < TILE_TOKENS ? t1 - t : TILE_TOKENS), b0,
+                          b0 + segment < B ? b0 + segment : B, y[j]);
                 }
             for (int64_t j = 0; j < tiles; j++) {
                 const int64_t t = t0 + j * TILE_TOKENS;
                 const int N = (int)(t1 - t < TILE_TOKENS ? t1 - t : TILE_TOKENS);
-                if (M) row_min_terms(mins + r * M, xm + t * M, M, N, y[j]);
+                if (M) row_min_terms(p->mins + r * M, x->m + t * M, M, N, y[j]);
                 for (int i = 0; i < TILE_ROWS; i++)
                     for (int k = 0; k < N; k++)
                         out[(t + k) * stride + r + i] = reduce8(y[j][i * TILE_TOKENS + k][0] + y[j][i * TILE_TOKENS + k][1]);
@@ -410,8 +375,8 @@ static __attribute__((noinline)) void k_direct_tile(int type, const uint8_t *row
 #undef K_DIRECT
 #endif
 
-/* Rows r0 .. r1 - 1 of w times T tokens (int16_product's codes, scales and sums), into
- * out[t * stride + r], with int16_product's bits, where this tier multiplies the type's rows
+/* Rows r0 .. r1 - 1 of w times T tokens (panel_product's codes, scales and sums), into
+ * out[t * stride + r], with panel_product's bits, where this tier multiplies the type's rows
  * straight from their bytes (k_direct: Q4_K, Q5_K and Q6_K, up to DIRECT_TOKENS tokens, AVX-512 and
  * AVX2); `scratch` holds DIRECT_ROWS * K / GROUP floats. 0, and nothing done, elsewhere. */
 int int16_direct_product(const Matrix *w, int64_t r0, int64_t r1, const int16_t *xq, const float *xd, const float *xm,

@@ -28,9 +28,11 @@
  * under 0.6%: docs/benchmarks.md), small beside their 2- to 4-bit weights' own; Q4_K to Q6_K
  * failed the end-to-end Gemma test with it and keep int16 codes.
  * A product over FLOAT_TOKENS or more tokens (prefill) of the 256-weight types with integer
- * sub-block scales (type_takes_int16_panels) unpacks a panel of rows to int16 weights once and
- * multiplies them with int16 activation codes, one scale per WIDE values (int16_panels.c).
- * Q4_K, Q5_K and Q6_K (type_decodes_int16) take that arithmetic for any count of tokens: a
+ * sub-block scales unpacks a panel of rows to integers once and multiplies them with activation
+ * codes (panels.h): Q4_K, Q5_K and Q6_K as int16 weights against int16 codes with one scale per
+ * WIDE values (int16_panels.c), the OWN8 types as 8-bit codes and scales per 16 weights against
+ * decode's 8-bit codes, a scale per group (byte_panels.c: twice the products per instruction).
+ * Q4_K, Q5_K and Q6_K (type_decodes_int16) take the int16 arithmetic for any count of tokens: a
  * token's products are the same bits in decode, in a batch and in a prefill. Their decode unpacks
  * the blocks straight from the bytes into registers and multiplies them there (AVX2 and
  * AVX-512, int16_direct_product), one float multiply-add per block where the per-group codes
@@ -217,19 +219,14 @@ static inline int type_takes_codes(int type) {
 static inline int type_takes_codes8(int type) { return type_form(type) == FORM_OWN8; }
 static inline int type_takes_codes16(int type) { return type_form(type) == FORM_CODES || type_form(type) == FORM_OWN; }
 
-/* Prefill (FLOAT_TOKENS or more tokens) in integers (int16_panels.c): the 256-weight types with
- * integer sub-block scales, their rows as int16 weights, the activations as int16 codes with one
- * scale per WIDE values. The others (32-weight blocks: a float scale per group) dequantize. */
+/* Prefill (FLOAT_TOKENS or more tokens) in integers (panels.h): the 256-weight types with
+ * integer sub-block scales; Q4_K, Q5_K and Q6_K as int16 weights and codes per WIDE values
+ * (int16_panels.c), the OWN8 types as 8-bit ones per group (byte_panels.c). The others (32-weight blocks: a float scale per group) dequantize. */
 #define WIDE 256
-static inline int type_takes_int16_panels(int type) {
-    return (type_form(type) == FORM_OWN8 || type == T_Q4_K || type == T_Q5_K || type == T_Q6_K);
-}
-/* ... and, of those, the ones that take it for fewer tokens too (decode, batches, verification) */
+static inline int type_takes_byte_panels(int type) { return type_form(type) == FORM_OWN8; }
+/* the int16 ones take it for fewer tokens too (decode, batches, verification) */
 static inline int type_decodes_int16(int type) { return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K; }
-void int16_panel_row(int type, const uint8_t *row, int64_t K, RowBuffer *buf, int16_t *w, float *D, float *mins);
-void int16_product(const int16_t *w, const float *D, const float *mins, int slots, int n, int64_t K, const int16_t *xq,
-                   const float *xd, const float *xm, int64_t T, float *out, int64_t stride);
-int64_t int16_panel_rows(int64_t K, int64_t T);
+void int16_panel_row(int type, const uint8_t *row, int64_t K, int16_t *w, float *D, float *mins);
 void q6_k_block_int16(const uint8_t *b, int16_t *w); /* kquant_dots.c: a Q6_K block's 256 weights sc * (q - 32) */
 int int16_direct_product(const Matrix *w, int64_t r0, int64_t r1, const int16_t *xq, const float *xd, const float *xm,
                          int64_t T, float *out, int64_t stride, float *scratch);
@@ -249,10 +246,12 @@ int type_block(int type, int *weights, int *bytes); /* 0 if the type is not nati
 float fp16_to_float(uint16_t h);
 void unpack_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf);
 void dequantize_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf, float *out);
-/* codes q with a scale d per `span` values (GROUP, or WIDE for int16_product); per group of 32
+/* codes q with a scale d per `span` values (GROUP, or WIDE for int16 panels); per group of 32
  * the sum xsum of its values as the codes give them, per half group xhalf */
 void quantize_row(const float *x, int64_t K, int span, int16_t *q, float *d, float *xsum, float *xhalf);
 void quantize_row8(const float *x, int64_t K, Codes8 *out); /* K a multiple of BLOCK8 */
+/* codes8_dots.c: an OWN8 type's block of 256 as unpack_row gives it: codes, scales per half group, mins */
+void codes8_block(int type, const uint8_t *b, int8_t *c, float *scale, float *min);
 #define ROW_TOKENS 4 /* tokens one pass over a packed row serves (dot_row_tokens) */
 /* n (1 .. ROW_TOKENS) tokens times one packed row: out[k * stride] for token k, whose codes
  * start at xq + k * K, group scales and sums at xd + k * K / GROUP, xs + k * K / GROUP and

@@ -5,22 +5,23 @@
 #include <string.h>
 
 #include "ops.h"
-#include "simd.h"
+#include "panels.h"
 
 #define TOKEN_TILE 32  /* tokens dotted with one unpacked weight row before the next row */
 #define PARALLEL_ELEMENTS 65536
 
 /* -- activations quantized once per product, shared by every matrix of a fused op ------ */
 
-/* int16 activation codes with a scale per `span` values, and the sums of each group and half group */
+/* activation codes (int16, or 8-bit plus 128: byte_panels.c) with their scales, and the sums
+ * of each group and half group */
 typedef struct {
-    int16_t *q;
+    void *q;
     float *d, *xsum, *xhalf;
     int64_t capacity;
-} Codes16;
+} Codes;
 
 static struct {
-    Codes16 group, wide; /* a scale per GROUP (dot_row_tokens), per WIDE (int16_panels) */
+    Codes group, wide, bytes; /* int16 codes per GROUP (dot_row_tokens), per WIDE (int16 panels); 8-bit (byte panels) */
     Codes8 *q8; /* 8-bit codes, for the OWN8 types */
     int64_t capacity8;
     uint8_t *tables; /* Q1_0's lookup tables, and their groups' scales */
@@ -41,19 +42,22 @@ static int grow(void **p, size_t bytes) {
     return 0;
 }
 
-static int reserve_codes16(Codes16 *c, int64_t elements) {
+/* codes of code_bytes each, with a scale per GROUP values at most (bytes: per 16, HALVES a group) */
+static int reserve_codes(Codes *c, int64_t elements, size_t code_bytes, int scales_per_group) {
     size_t groups = (size_t)(elements / GROUP + 1);
     if (elements <= c->capacity) return 0;
-    if (grow((void **)&c->q, sizeof(int16_t) * (size_t)elements) || grow((void **)&c->d, sizeof(float) * groups) ||
+    if (grow(&c->q, code_bytes * (size_t)elements) || grow((void **)&c->d, sizeof(float) * (size_t)scales_per_group * groups) ||
         grow((void **)&c->xsum, sizeof(float) * groups) || grow((void **)&c->xhalf, sizeof(float) * HALVES * groups))
         return -1;
     c->capacity = elements;
     return 0;
 }
 
-static int reserve_acts(int64_t elements, int codes, int wide, int codes8, int tables, int tq_tables) {
+static int reserve_acts(int64_t elements, int codes, int wide, int bytes, int codes8, int tables, int tq_tables) {
     size_t groups = (size_t)(elements / GROUP + 1);
-    if ((codes && reserve_codes16(&acts.group, elements)) || (wide && reserve_codes16(&acts.wide, elements))) return -1;
+    if ((codes && reserve_codes(&acts.group, elements, sizeof(int16_t), 1)) ||
+        (wide && reserve_codes(&acts.wide, elements, sizeof(int16_t), 1)) || (bytes && reserve_codes(&acts.bytes, elements, 1, HALVES)))
+        return -1;
     if (codes8 && elements > acts.capacity8) {
         if (grow((void **)&acts.q8, sizeof(Codes8) * (size_t)(elements / BLOCK8 + 1))) return -1;
         acts.capacity8 = elements;
@@ -75,15 +79,16 @@ typedef struct {
     const Op *op;
     int64_t T, K, total_rows;
     int codes, codes8, tables, tq_tables; /* which forms of the activations the matrices take */
-    int wide;          /* int16 codes with a scale per WIDE values (int16_panels), in acts.wide */
+    int wide;          /* int16 codes with a scale per WIDE values (int16 panels), in acts.wide */
+    int bytes;         /* 8-bit codes, a scale per 16 values (byte panels), in acts.bytes */
     int tq_only;       /* every matrix is ternary tiles: one pass takes all the tokens (tq_tiles_product) */
     int dequantize;    /* quantized rows to float for FLOAT_TOKENS or more tokens */
 } LinearCtx;
 
-/* Whether a matrix of `type` takes int16 weights and codes per WIDE (int16_panels) in this product. */
-static inline int int16_rows(const LinearCtx *c, int type) {
-    return type_takes_int16_panels(type) && (c->dequantize || type_decodes_int16(type));
-}
+/* Whether a matrix of `type` takes 8-bit codes in this product (byte panels), or
+ * int16 weights and codes per WIDE (int16 panels, or int16_direct_product). */
+static inline int byte_rows(const LinearCtx *c, int type) { return c->dequantize && type_takes_byte_panels(type); }
+static inline int int16_rows(int type) { return type_decodes_int16(type); }
 
 static void quantize_task(void *vctx, int chunk, int chunks, int thread) {
     const LinearCtx *c = vctx;
@@ -91,10 +96,12 @@ static void quantize_task(void *vctx, int chunk, int chunks, int thread) {
     split_range(c->T, chunk, chunks, &lo, &hi);
     for (int64_t t = lo; t < hi; t++) {
         const float *x = c->op->a + t * K;
-        if (c->codes) quantize_row(x, K, GROUP, acts.group.q + t * K, acts.group.d + t * G, acts.group.xsum + t * G,
+        if (c->codes) quantize_row(x, K, GROUP, (int16_t *)acts.group.q + t * K, acts.group.d + t * G, acts.group.xsum + t * G,
                                    acts.group.xhalf + t * HALVES * G);
-        if (c->wide) quantize_row(x, K, WIDE, acts.wide.q + t * K, acts.wide.d + t * (K / WIDE), acts.wide.xsum + t * G,
+        if (c->wide) quantize_row(x, K, WIDE, (int16_t *)acts.wide.q + t * K, acts.wide.d + t * (K / WIDE), acts.wide.xsum + t * G,
                                   acts.wide.xhalf + t * HALVES * G);
+        if (c->bytes) quantize_row_bytes(x, K, (uint8_t *)acts.bytes.q + t * K, acts.bytes.d + t * (K / 16),
+                                         acts.bytes.xsum + t * G, acts.bytes.xhalf + t * HALVES * G);
         if (c->codes8) quantize_row8(x, K, acts.q8 + t * (K / BLOCK8));
         if (c->tables) q1_tables(x, K, acts.tables + t * q1_table_bytes(K), acts.tscale + t * G);
         if (c->tq_tables) tq_tables(x, K, acts.tq_tables + t * tq_table_bytes(K), acts.tq_scale + t * G);
@@ -159,28 +166,35 @@ static void float_panels(const uint8_t *data, int type, size_t row_bytes, int64_
     }
 }
 
-/* Rows r0 .. r1 - 1 of a matrix of a type_takes_int16_panels type times all T tokens (their
- * int16 codes in acts), into out[t * stride + r]: a panel of rows (int16_panel_rows) unpacked
- * once into int16 weights, their block scales and min terms (int16_panel_row, in the row
- * buffer's float area), then multiplied with all the tokens (int16_product); or, for a few
- * tokens where the tier has it, each row multiplied straight from its bytes
+/* Rows r0 .. r1 - 1 of a matrix times all T tokens, into out[t * stride + r], in a prefill
+ * panel's integers (panels.h): 8-bit codes (`bytes`, the OWN8 types) or int16 weights (Q4_K,
+ * Q5_K, Q6_K) and the tokens' codes in acts. A panel of rows (panel_rows) is unpacked once into
+ * the row buffer's float area, then multiplied with all the tokens (panel_product); or, for a
+ * few int16 tokens where the tier has it, each row is multiplied straight from its bytes
  * (int16_direct_product). */
-static void int16_panels(const Matrix *w, int64_t K, int64_t r0, int64_t r1, int64_t T, RowBuffer *buf, float *out,
-                         int64_t stride) {
-    const int64_t panel = int16_panel_rows(K, T), G = K / GROUP, per_group = MIN_SLOTS(type_mins(w->type));
-    const int slots = type_mins(w->type) ? (int)per_group : 0; /* min terms per group, 0 for none */
-    const float *sums = slots == 2 ? acts.wide.xhalf : acts.wide.xsum;
-    int16_t *weights = (int16_t *)buf->f;                                  /* panel * K int16 */
-    float *D = buf->f + panel * K / 2, *mins = D + panel * (K / WIDE);    /* then panel * K / WIDE, panel * G * 2 */
-    if (int16_direct_product(w, r0, r1, acts.wide.q, acts.wide.d, sums, T, out, stride, buf->f)) return;
+static void panels(const Matrix *w, int64_t K, int64_t r0, int64_t r1, int64_t T, int bytes, RowBuffer *buf, float *out,
+                   int64_t stride) {
+    const int64_t panel = panel_rows(K, T, bytes), G = K / GROUP, per_group = MIN_SLOTS(type_mins(w->type));
+    const int64_t scales = bytes ? K / 16 : K / WIDE; /* per row */
+    const Codes *codes = bytes ? &acts.bytes : &acts.wide;
+    Panel p = {.bytes = bytes, .w = buf->f, .K = K, .slots = type_mins(w->type) ? (int)per_group : 0}; /* slots: 0 for none */
+    const PanelCodes x = {codes->q, codes->d, p.slots == 2 ? codes->xhalf : codes->xsum};
+    /* in the row buffer's float area: panel * K weights, then per row its scales, offsets and mins */
+    float *scale = (float *)((uint8_t *)buf->f + panel * K * (bytes ? 1 : 2)), *mins = scale + panel * scales * (bytes ? 2 : 1);
+    int32_t *offset = (int32_t *)(scale + panel * scales);
+    p.scale = scale, p.offset = offset, p.mins = mins;
+    if (!bytes && int16_direct_product(w, r0, r1, x.q, x.d, x.m, T, out, stride, buf->f)) return;
     for (int64_t r = r0; r < r1; r += panel) {
-        int64_t n = r1 - r < panel ? r1 - r : panel;
-        for (int64_t i = 0; i < n; i++) {
+        p.n = (int)(r1 - r < panel ? r1 - r : panel);
+        for (int64_t i = 0; i < p.n; i++) {
             const uint8_t *row = w->data + (r + i) * w->row_bytes;
             if (T < FLOAT_TOKENS && r + i + PREFETCH_ROWS < r1) prefetch_block(row, w->row_bytes, prefetch_ahead(w->row_bytes));
-            int16_panel_row(w->type, row, K, buf, weights + i * K, D + i * (K / WIDE), mins + i * G * per_group);
+            if (bytes)
+                byte_panel_row(w->type, row, K, (int8_t *)buf->f + i * K, scale + i * scales, offset + i * scales,
+                               mins + i * G * per_group);
+            else int16_panel_row(w->type, row, K, (int16_t *)buf->f + i * K, scale + i * scales, mins + i * G * per_group);
         }
-        int16_product(weights, D, mins, slots, (int)n, K, acts.wide.q, acts.wide.d, sums, T, out + r, stride);
+        panel_product(&p, &x, T, out + r, stride);
     }
 }
 
@@ -203,8 +217,8 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
                 tiles_product(w, K, r0, r1, t0, t1, op->outs[m]);
             } else if (w->type == T_TQ_TILES) {
                 tq_tiles_product(w, K, r0, r1, t0, t1, op->outs[m]);
-            } else if (int16_rows(c, w->type)) { /* all the tokens at once, in tiles */
-                if (t0 == 0) int16_panels(w, K, r0, r1, c->T, buf, op->outs[m], w->rows);
+            } else if (byte_rows(c, w->type) || int16_rows(w->type)) { /* all the tokens at once, in tiles */
+                if (t0 == 0) panels(w, K, r0, r1, c->T, byte_rows(c, w->type), buf, op->outs[m], w->rows);
             } else if (c->dequantize && type_takes_codes(w->type)) { /* all the tokens at once: float_panels tiles them */
                 if (t0 == 0) float_panels(w->data, w->type, w->row_bytes, K, r0, r1, op->a, 0, c->T, buf, op->outs[m], w->rows);
             } else if (type_takes_codes(w->type)) { /* a few tokens: each row read once, no row buffer */
@@ -212,7 +226,7 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
                     const uint8_t *row = w->data + r * w->row_bytes;
                     for (int64_t t = t0; t < t1; t += ROW_TOKENS) {
                         int n = t1 - t < ROW_TOKENS ? (int)(t1 - t) : ROW_TOKENS;
-                        dot_row_tokens(w->type, row, K, acts.group.q + t * K, acts.group.d + t * G, acts.group.xsum + t * G,
+                        dot_row_tokens(w->type, row, K, (int16_t *)acts.group.q + t * K, acts.group.d + t * G, acts.group.xsum + t * G,
                                        acts.group.xhalf + t * HALVES * G, acts.q8 + t * (K / BLOCK8), buf->min, n,
                                        op->outs[m] + t * w->rows + r, w->rows);
                     }
@@ -235,15 +249,16 @@ static int linear(const Op *op, const char **error) {
         c.total_rows += op->mats[m].rows;
         c.codes |= type_takes_codes16(op->mats[m].type) && !c.dequantize && !type_decodes_int16(op->mats[m].type);
         c.codes8 |= type_takes_codes8(op->mats[m].type) && !c.dequantize;
-        c.wide |= int16_rows(&c, op->mats[m].type);
+        c.wide |= int16_rows(op->mats[m].type);
+        c.bytes |= byte_rows(&c, op->mats[m].type);
         c.tables |= op->mats[m].type == T_Q1_0_TILES;
         c.tq_tables |= op->mats[m].type == T_TQ_TILES;
     }
-    if (scratch_reserve(c.K, 0) != 0 || reserve_acts(c.T * c.K, c.codes, c.wide, c.codes8, c.tables, c.tq_tables) != 0) {
+    if (scratch_reserve(c.K, 0) != 0 || reserve_acts(c.T * c.K, c.codes, c.wide, c.bytes, c.codes8, c.tables, c.tq_tables) != 0) {
         *error = "out of memory for the matrix product's buffers";
         return -1;
     }
-    if (c.codes || c.codes8 || c.wide || c.tables || c.tq_tables) {
+    if (c.codes || c.codes8 || c.wide || c.bytes || c.tables || c.tq_tables) {
         if (c.T > 1) pool_run(quantize_task, &c);
         else quantize_task(&c, 0, 1, 0);
     }
@@ -683,7 +698,7 @@ static void gather_task(void *vctx, int chunk, int chunks, int thread) {
     for (int64_t i = lo; i < hi; i++) {
         int64_t t = moe.token[i];
         if (moe.xq) {
-            memcpy(moe.xq + i * D, acts.group.q + t * D, sizeof(int16_t) * (size_t)D);
+            memcpy(moe.xq + i * D, (int16_t *)acts.group.q + t * D, sizeof(int16_t) * (size_t)D);
             memcpy(moe.xd + i * G, acts.group.d + t * G, sizeof(float) * (size_t)G);
             memcpy(moe.xs + i * G, acts.group.xsum + t * G, sizeof(float) * (size_t)G);
             memcpy(moe.xh + i * HALVES * G, acts.group.xhalf + t * HALVES * G, sizeof(float) * (size_t)(HALVES * G));
@@ -761,7 +776,7 @@ static int experts(const Op *op, const char **error) {
         goto out_of_memory;
     if (type_takes_codes8(t2) && moe_grow(20, (void **)&moe.h8, sizeof(Codes8) * (size_t)(rows * (F / BLOCK8) + 1)))
         goto out_of_memory;
-    if (scratch_reserve(D > F ? D : F, 0) != 0 || reserve_acts(T * D, codes, 0, codes8, 0, 0) != 0) goto out_of_memory;
+    if (scratch_reserve(D > F ? D : F, 0) != 0 || reserve_acts(T * D, codes, 0, 0, codes8, 0, 0) != 0) goto out_of_memory;
     /* x quantized once per token, then gathered */
     LinearCtx q = {.op = op, .T = T, .K = D, .codes = codes, .codes8 = codes8};
     if (codes || codes8) {

@@ -48,8 +48,9 @@ FLOAT_TYPES = [T.F32, T.F16, T.BF16]
 CODES8_TYPES = (T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ3_XXS, T.IQ3_S, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ1_S, T.IQ1_M)
 CODE_MAX = {t: {T.Q1_0: 2047, T.TQ1_0: 1023, T.TQ2_0: 1023}.get(t, 127 if t in CODES8_TYPES else 32767) for t in QUANT_TYPES}
 TABLE_TYPES = (T.Q1_0, T.TQ1_0, T.TQ2_0)  # multiplied by table lookup, from tiles of 32 rows
-# prefill (32 tokens or more) in int16 weights and codes, one activation scale per 256 (cpu_kernels/int16_panels.c)
-INT16_PANEL_TYPES = (*CODES8_TYPES, T.Q4_K, T.Q5_K, T.Q6_K)
+# prefill (32 tokens or more) in integer codes (cpu_kernels/panels.h): 8-bit weights and codes, an activation
+# scale per 32, for the types on 8-bit codes (byte_panels.c), int16 per 256 for Q4_K to Q6_K (int16_panels.c)
+PANEL_TYPES = (*CODES8_TYPES, T.Q4_K, T.Q5_K, T.Q6_K)
 # ... and decode too: activation codes with one scale per 256 for any count of tokens
 INT16_DECODE_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K)
 GGUF_PY_QUANTIZES = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.TQ1_0, T.TQ2_0}  # gguf.quants.quantize
@@ -252,7 +253,7 @@ def test_products_are_within_the_activation_quantization_bound(qtype, threads):
 
 
 @pytest.mark.parametrize("threads", [1, 3])
-@pytest.mark.parametrize("qtype", [t for t in QUANT_TYPES if t not in TABLE_TYPES + INT16_PANEL_TYPES], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [t for t in QUANT_TYPES if t not in TABLE_TYPES + PANEL_TYPES], ids=lambda t: t.name)
 def test_products_over_32_tokens_or_more_take_float_activations(qtype, threads):
     rng = np.random.default_rng(300 + int(qtype))
     rows, cols = 14, 512  # 14: blocks of 3 rows and a remainder
@@ -268,27 +269,53 @@ def test_products_over_32_tokens_or_more_take_float_activations(qtype, threads):
 
 
 @pytest.mark.parametrize("threads", [1, 3])
-@pytest.mark.parametrize("qtype", INT16_PANEL_TYPES, ids=lambda t: t.name)
-def test_products_over_32_tokens_or_more_of_256_weight_types_take_int16_codes_per_256(qtype, threads):
-    """Their prefill multiplies int16 weights with int16 activation codes, one scale per block of
-    256 (cpu_kernels/int16_panels.c): within half a step, amax / 65534 of the block, per element,
-    of the exact product, and no further than float32 rounding besides; a large element in each
-    group widens every step of its block (the float form's bound would fail)."""
+@pytest.mark.parametrize("qtype", PANEL_TYPES, ids=lambda t: t.name)
+def test_products_over_32_tokens_or_more_of_256_weight_types_take_integer_codes(qtype, threads):
+    """Their prefill multiplies integer weights with activation codes (cpu_kernels/panels.h):
+    8-bit codes with a scale per group of 32 for the types on 8-bit codes, int16 ones with a
+    scale per block of 256 for the others. Within half a step, amax / (2 code max) of the group
+    or block, per element, of the exact product, and no further than float32 rounding besides;
+    a large element in each group widens every step of its span (the float form's bound would
+    fail)."""
     rng = np.random.default_rng(400 + int(qtype))
-    rows, cols = 9, 768  # 9: tiles of 4 rows and a remainder; 3 blocks of 256
+    rows, cols, T = 9, 768, 37  # 9: tiles of 4 rows and a remainder; 3 blocks of 256
+    span = 32 if qtype in CODES8_TYPES else 256
     raw = random_matrix(qtype, rows, cols, rng)
     weights = dequantize(raw.reshape(-1), int(qtype), (rows, cols)).astype(np.float64)
-    x = rng.standard_normal((37, cols)).astype(np.float32)
+    x = rng.standard_normal((T, cols)).astype(np.float32)
     x[:, ::32] *= 1000.0
     x[3, 256:512] *= 1e-3  # a block far smaller than the others: its own scale
     exact = x.astype(np.float64) @ weights.T
     magnitude = np.abs(x).astype(np.float64) @ np.abs(weights).T  # (T, rows)
-    step = np.abs(x).reshape(37, cols // 256, 256).max(-1) / (2.0 * 32767)  # (T, blocks)
-    bound = step @ np.abs(weights).reshape(rows, cols // 256, 256).sum(-1).T * 1.001 + 1e-6 * magnitude
+    step = np.abs(x).reshape(T, cols // span, span).max(-1) / (2.0 * CODE_MAX[qtype])  # (T, spans)
+    bound = step @ np.abs(weights).reshape(rows, cols // span, span).sum(-1).T * 1.001 + 1e-6 * magnitude
     got = product(TIERS[0], threads, qtype, raw, cols, x)
     assert np.all(np.abs(got - exact) <= bound), np.max(np.abs(got - exact) - bound)
     float_bound = 8e-6 * magnitude  # what float activations would meet: these codes do not
     assert np.any(np.abs(got - exact) > float_bound)
+
+
+@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("qtype", CODES8_TYPES, ids=lambda t: t.name)
+def test_types_on_8_bit_codes_multiply_the_activations_rounded_per_group(tier, qtype):
+    """For any count of tokens (decode, a batch, a prefill of 40), the types on 8-bit codes
+    multiply what 8-bit codes with a scale per group of 32 make of the activations (d = amax /
+    127, x / d rounded to even, worked out here in NumPy) exactly, to float32 rounding: so their
+    only error is that rounding. A scale per 256 would break the bound on almost every product here,
+    where groups differ in magnitude by up to 2^12."""
+    rng = np.random.default_rng(450 + int(qtype))
+    rows, cols = 9, 768
+    raw = random_matrix(qtype, rows, cols, rng)
+    weights = dequantize(raw.reshape(-1), int(qtype), (rows, cols)).astype(np.float64)
+    for count in (1, 3, 16, 40):
+        x = rng.standard_normal((count, cols // 32, 32)) * 2.0 ** -rng.integers(0, 13, (count, cols // 32, 1))
+        x = x.astype(np.float32)  # (count, groups, 32)
+        d = np.abs(x).max(-1, keepdims=True) / np.float32(127.0)  # (count, groups, 1)
+        rounded = (np.round(x / d) * d).reshape(count, cols).astype(np.float64)  # (count, cols)
+        exact = rounded @ weights.T
+        magnitude = np.abs(rounded) @ np.abs(weights).T
+        got = product(tier, 2, qtype, raw, cols, x.reshape(count, cols))
+        assert np.all(np.abs(got - exact) <= 8e-6 * magnitude), (count, np.max(np.abs(got - exact) / magnitude))
 
 
 @pytest.mark.parametrize("tier", TIERS)

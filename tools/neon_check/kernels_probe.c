@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../../backends/cpu_kernels/kernels.h"
+#include "../../backends/cpu_kernels/panels.h"
 #include "../../backends/cpu_kernels/simd.h"
 
 static uint64_t state = 0x9e3779b97f4a7c15ull;
@@ -113,19 +114,23 @@ int main(void) {
     static int16_t xq[T * K];
     static float xd[T * K / GROUP], xs[T * K / GROUP], xh[T * K / GROUP * HALVES], mins[K / GROUP * HALVES];
     static Codes8 x8[T * K / BLOCK8];
-    static int16_t xw[T * K]; /* the int16 prefill's codes: a scale per WIDE */
+    static int16_t xw[T * K]; /* the prefill panels' codes, a scale per WIDE: int16, and 8-bit */
     static float xwd[T * K / WIDE], xws[T * K / GROUP], xwh[T * K / GROUP * HALVES];
+    static uint8_t xb[T * K];
+    static float xbd[T * K / 16], xbs[T * K / GROUP], xbh[T * K / GROUP * HALVES];
     for (int t = 0; t < T; t++) {
         quantize_row(x + t * K, K, GROUP, xq + t * K, xd + t * (K / GROUP), xs + t * (K / GROUP), xh + t * (K / GROUP * HALVES));
         quantize_row(x + t * K, K, WIDE, xw + t * K, xwd + t * (K / WIDE), xws + t * (K / GROUP), xwh + t * (K / GROUP * HALVES));
         quantize_row8(x + t * K, K, x8 + t * (K / BLOCK8));
+        quantize_row_bytes(x + t * K, K, xb + t * K, xbd + t * (K / 16), xbs + t * (K / GROUP), xbh + t * (K / GROUP * HALVES));
     }
     static int8_t q[K];
     static float scale[K / GROUP * HALVES], min[K / GROUP * HALVES], f[K];
     RowBuffer buf = {q, scale, min, f};
     static float dequantized[4 * K], prefill[T * 4];
-    static int16_t w16[4 * K]; /* 4 rows for the int16 prefill */
-    static float w16_scale[4 * K / WIDE], w16_min[4 * K / GROUP * HALVES];
+    static int16_t w16[4 * K]; /* 4 rows for the prefill panels (int16 weights, or 8-bit codes) */
+    static float w16_scale[4 * K / 16], w16_min[4 * K / GROUP * HALVES];
+    static int32_t w8_offset[4 * K / 16];
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
         int weights, bytes;
         type_block(types[k].type, &weights, &bytes);
@@ -144,13 +149,20 @@ int main(void) {
             print(several, T);
             dequantize_row(types[k].type, row, K, &buf, dequantized + r * K);
             print(dequantized + r * K, K);
-            if (type_takes_int16_panels(types[k].type))
-                int16_panel_row(types[k].type, row, K, &buf, w16 + r * K, w16_scale + r * (K / WIDE),
-                                w16_min + r * (K / GROUP) * MIN_SLOTS(type_mins(types[k].type)));
+            float *mins_r = w16_min + r * (K / GROUP) * MIN_SLOTS(type_mins(types[k].type));
+            if (type_decodes_int16(types[k].type))
+                int16_panel_row(types[k].type, row, K, w16 + r * K, w16_scale + r * (K / WIDE), mins_r);
+            if (type_takes_byte_panels(types[k].type))
+                byte_panel_row(types[k].type, row, K, (int8_t *)w16 + r * K, w16_scale + r * (K / 16), w8_offset + r * (K / 16),
+                               mins_r);
         }
-        if (type_takes_int16_panels(types[k].type)) { /* 4 rows by 5 tokens: whole tiles and edges */
+        const int in_bytes = type_takes_byte_panels(types[k].type);
+        if (in_bytes || type_decodes_int16(types[k].type)) { /* 4 rows by 5 tokens: whole tiles and edges */
             int slots = type_mins(types[k].type) ? MIN_SLOTS(type_mins(types[k].type)) : 0;
-            int16_product(w16, w16_scale, w16_min, slots, 4, K, xw, xwd, slots == 2 ? xwh : xws, T, prefill, 4);
+            const Panel p = {.bytes = in_bytes, .w = w16, .scale = w16_scale, .offset = w8_offset, .mins = w16_min,
+                             .slots = slots, .n = 4, .K = K};
+            const PanelCodes codes = in_bytes ? (PanelCodes){xb, xbd, slots == 2 ? xbh : xbs} : (PanelCodes){xw, xwd, slots == 2 ? xwh : xws};
+            panel_product(&p, &codes, T, prefill, 4);
             print(prefill, T * 4);
         }
         /* the prefill product: a block of 3 rows and one more, blocks of 4 tokens and one more */
