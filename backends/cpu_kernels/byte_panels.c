@@ -2,8 +2,8 @@
  * (form OWN8 in kernels.h: Q2_K, Q3_K and the IQ types but IQ4_NL), 32 tokens or more.
  *
  * Each of these types' blocks of 256 weights is, per sub-block of 16 (a half group), a float
- * scale S = D * sc times 8-bit codes c, |c| <= 127, plus Q2_K's min terms (codes8_dots.c
- * draws them); unpack_row gives the codes, the scales and the mins. A token's codes are
+ * scale S = D * sc times 8-bit codes c, |c| <= 127, plus Q2_K's min terms, as decode's
+ * unpacking gives them (codes8_block in codes8_dots.c). A token's codes are
  * decode's (quantize_row8: per group of 32 a scale d = amax / 127, codes q = x / d rounded,
  * |q| <= 127, as llama.cpp's Q8_0), its scales written once per sub-block (d of lane l is its
  * group's). A scale per 256 (llama.cpp's Q8_K) cost SmolLM2 and Gemma-3 re-quantized into
@@ -19,9 +19,9 @@
  * are, dword l, 4 products of sub-block l. AVX-512 VNNI's dpbusd multiplies unsigned bytes by
  * signed ones, 64 at a time into 16 int32 lanes: the tokens' codes are kept plus 128, and each
  * sub-block's sums start from the row's offset, -128 times the sum of its codes (made on this
- * tier only). AVX2 takes
- * the codes' magnitudes (maddubs) times the tokens' codes with the codes' signs, in pair sums
- * of at most 2 * 127 * 127 (no saturation), then madd; the portable form sums in C. */
+ * tier only). AVX2 takes the codes' magnitudes (maddubs) times the tokens' codes with the
+ * codes' signs, in pair sums of at most 2 * 127 * 127 (no saturation), then madd; the
+ * portable form sums in C. */
 #include <string.h>
 
 #include "panels.h"

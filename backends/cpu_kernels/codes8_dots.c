@@ -456,7 +456,7 @@ static inline __attribute__((always_inline)) void block_of(int type, const uint8
     /* the integer scales of sub-blocks 0-7 and 8-15 (Block8's words; one per group: each twice) */
     const __m128i first = _mm256_castsi256_si128(s.half_scales[0]);
     const __m256i pairs = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
-    const int split = type == T_Q2_K || type == T_Q3_K || type_split(type);
+    const int split = type_split(type);
     const __m256i lo = split ? _mm256_cvtepi16_epi32(first) : _mm256_permutevar8x32_epi32(_mm256_cvtepi16_epi32(first), pairs);
     const __m256i hi = split ? _mm256_cvtepi16_epi32(_mm256_castsi256_si128(s.half_scales[1]))
                              : _mm256_permutevar8x32_epi32(_mm256_cvtepi16_epi32(first), _mm256_add_epi32(pairs, _mm256_set1_epi32(4)));
