@@ -81,6 +81,9 @@ void byte_panel_row(int type, const uint8_t *row, int64_t K, int8_t *w, float *s
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 
+/* R rows (codes w, scales S and offsets C per 16) by N tokens (codes u, scales xd per 16), rows
+ * and tokens of K, over blocks b0 .. b1 - 1: the module comment's lanes, y[i * TILE_TOKENS + k]
+ * carried in and out, in one register per (row, token) between. */
 static inline __attribute__((always_inline)) void tile(const int8_t *w, const float *S, const int32_t *C, const uint8_t *u,
                                                        const float *xd, int64_t K, int64_t b0, int64_t b1, const int R,
                                                        const int N, v8f y[][2]) {
@@ -131,11 +134,12 @@ static inline v8i lane_sums32(const int8_t *w, const uint8_t *u) {
 #endif
 }
 
+/* The AVX-512 tile's arithmetic, 8 lanes at a time (C unused: the codes are summed as they are). */
 static inline __attribute__((always_inline)) void tile(const int8_t *w, const float *S, const int32_t *C, const uint8_t *u,
                                                        const float *xd, int64_t K, int64_t b0, int64_t b1, const int R,
                                                        const int N, v8f y[][2]) {
     const int64_t L = K / 16;
-    (void)C; /* the offsets are AVX-512's */
+    (void)C;
     for (int64_t b = b0; b < b1; b++) {
         v8i sums[TILE_ROWS][TILE_TOKENS][2] = {{{{0}}}};
         for (int v = 0; v < 4; v++)
