@@ -278,16 +278,16 @@ def test_products_over_32_tokens_or_more_of_256_weight_types_take_integer_codes(
     a large element in each group widens every step of its span (the float form's bound would
     fail)."""
     rng = np.random.default_rng(400 + int(qtype))
-    rows, cols, T = 9, 768, 37  # 9: tiles of 4 rows and a remainder; 3 blocks of 256
+    rows, cols, tokens = 9, 768, 37  # 9: tiles of 4 rows and a remainder; 3 blocks of 256
     span = 32 if qtype in CODES8_TYPES else 256
     raw = random_matrix(qtype, rows, cols, rng)
     weights = dequantize(raw.reshape(-1), int(qtype), (rows, cols)).astype(np.float64)
-    x = rng.standard_normal((T, cols)).astype(np.float32)
+    x = rng.standard_normal((tokens, cols)).astype(np.float32)
     x[:, ::32] *= 1000.0
     x[3, 256:512] *= 1e-3  # a block far smaller than the others: its own scale
     exact = x.astype(np.float64) @ weights.T
     magnitude = np.abs(x).astype(np.float64) @ np.abs(weights).T  # (T, rows)
-    step = np.abs(x).reshape(T, cols // span, span).max(-1) / (2.0 * CODE_MAX[qtype])  # (T, spans)
+    step = np.abs(x).reshape(tokens, cols // span, span).max(-1) / (2.0 * CODE_MAX[qtype])  # (tokens, spans)
     bound = step @ np.abs(weights).reshape(rows, cols // span, span).sum(-1).T * 1.001 + 1e-6 * magnitude
     got = product(TIERS[0], threads, qtype, raw, cols, x)
     assert np.all(np.abs(got - exact) <= bound), np.max(np.abs(got - exact) - bound)
