@@ -85,10 +85,10 @@ typedef struct {
     int dequantize;    /* quantized rows to float for FLOAT_TOKENS or more tokens */
 } LinearCtx;
 
-/* Whether a matrix of `type` takes 8-bit codes in this product (byte panels), or
- * int16 weights and codes per WIDE (int16 panels, or int16_direct_product). */
+/* Whether a matrix of `type` takes 8-bit codes in this product (byte panels); Q4_K-Q6_K
+ * (type_decodes_int16) take int16 ones for any count of tokens (int16 panels, or
+ * int16_direct_product). */
 static inline int byte_rows(const LinearCtx *c, int type) { return c->dequantize && type_takes_byte_panels(type); }
-static inline int int16_rows(int type) { return type_decodes_int16(type); }
 
 static void quantize_task(void *vctx, int chunk, int chunks, int thread) {
     const LinearCtx *c = vctx;
@@ -217,7 +217,7 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
                 tiles_product(w, K, r0, r1, t0, t1, op->outs[m]);
             } else if (w->type == T_TQ_TILES) {
                 tq_tiles_product(w, K, r0, r1, t0, t1, op->outs[m]);
-            } else if (byte_rows(c, w->type) || int16_rows(w->type)) { /* all the tokens at once, in tiles */
+            } else if (byte_rows(c, w->type) || type_decodes_int16(w->type)) { /* all the tokens at once, in tiles */
                 if (t0 == 0) panels(w, K, r0, r1, c->T, byte_rows(c, w->type), buf, op->outs[m], w->rows);
             } else if (c->dequantize && type_takes_codes(w->type)) { /* all the tokens at once: float_panels tiles them */
                 if (t0 == 0) float_panels(w->data, w->type, w->row_bytes, K, r0, r1, op->a, 0, c->T, buf, op->outs[m], w->rows);
@@ -249,7 +249,7 @@ static int linear(const Op *op, const char **error) {
         c.total_rows += op->mats[m].rows;
         c.codes |= type_takes_codes16(op->mats[m].type) && !c.dequantize && !type_decodes_int16(op->mats[m].type);
         c.codes8 |= type_takes_codes8(op->mats[m].type) && !c.dequantize;
-        c.wide |= int16_rows(op->mats[m].type);
+        c.wide |= type_decodes_int16(op->mats[m].type);
         c.bytes |= byte_rows(&c, op->mats[m].type);
         c.tables |= op->mats[m].type == T_Q1_0_TILES;
         c.tq_tables |= op->mats[m].type == T_TQ_TILES;
