@@ -27,6 +27,7 @@ def tiers() -> dict[str, list[str]]:
     if machine in ("x86_64", "amd64"):
         found["avx2"] = ["-mavx2", "-mfma", "-mf16c"]
         found["avx512"] = ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]
+        found["avx512_ymm"] = found["avx512"] + ["-DSPRIG_YMM"]  # backends/cpu_native.py says when
     elif machine in ("aarch64", "arm64"):
         found["neon"] = []  # NEON is baseline on arm64
     return found

@@ -16,7 +16,8 @@
  * (the types whose halves have scales of their own, `split` below, add the two separately).
  * The row's result is reduce8(acc) + the min terms, wmin[g] * xsum[g], summed in lanes g mod 8.
  * AVX-512 takes two groups at a time in 16 lanes (pair_terms in quants.c) and adds their terms
- * to acc one after the other, the same operations.
+ * to acc one after the other, the same operations; its avx512_ymm build (SPRIG_YMM, for cores
+ * that run 512-bit operations in halves) takes one at a time, as AVX2.
  * Q6_K (form OWN below) has a product of its own (kquant_dots.c): its integer sub-block scales
  * go into int16 weights, a group's sums are 16 int32 lanes, and each group costs one fused
  * multiply-add per lane (that file's comment has the arithmetic). The dense products of Q4_K,

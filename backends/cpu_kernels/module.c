@@ -15,6 +15,9 @@
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
 #endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include "ops.h"
 #include "simd.h"
@@ -532,6 +535,18 @@ static PyObject *py_tile_tq(PyObject *self, PyObject *args) {
     return tiles;
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+/* Whether the cores run a 512-bit operation as two 256-bit halves: AMD's family 19h with AVX-512
+ * (Zen 4; Zen 3 has none, Zen 5 is family 1Ah and runs them whole). */
+static int avx512_halves(void) {
+    unsigned eax, ebx, ecx, edx;
+    if (!__builtin_cpu_supports("avx512f") || !__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return 0;
+    const int amd = ebx == 0x68747541 && edx == 0x69746e65 && ecx == 0x444d4163; /* "AuthenticAMD" */
+    if (!amd || !__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return 0;
+    return ((eax >> 8) & 15) + ((eax >> 20) & 255) == 0x19; /* base family 0xF plus the extended one */
+}
+#endif
+
 /* Whether this CPU has a feature; asked of the scalar module before loading a faster tier. */
 static PyObject *py_cpu_has(PyObject *self, PyObject *args) {
     const char *name;
@@ -546,6 +561,7 @@ static PyObject *py_cpu_has(PyObject *self, PyObject *args) {
     else if (!strcmp(name, "avx512bw")) has = __builtin_cpu_supports("avx512bw");
     else if (!strcmp(name, "avx512vl")) has = __builtin_cpu_supports("avx512vl");
     else if (!strcmp(name, "avx512vnni")) has = __builtin_cpu_supports("avx512vnni");
+    else if (!strcmp(name, "avx512_halves")) has = avx512_halves();
 #elif defined(__aarch64__)
     if (!strcmp(name, "neon")) has = 1;
 #if defined(__linux__)

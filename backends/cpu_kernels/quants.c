@@ -731,7 +731,9 @@ static inline INLINED v8f group_term(const int8_t *w, const int16_t *x, const fl
     return __builtin_convertvector(lo, v8f) * (scale[0] * xd) + __builtin_convertvector(hi, v8f) * (scale[1] * xd);
 }
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+/* (The avx512_ymm build, SPRIG_YMM, takes a group at a time as AVX2 does: where a core runs a
+ * 512-bit operation as two halves, the pairs' permutes cost more than they save.) */
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(SPRIG_YMM)
 #define PAIR_WEIGHTS 64 /* weights that chunk_terms takes at a time: a pair of groups */
 
 /* Two groups' terms for N tokens (AVX-512), group_term's arithmetic for each: the first

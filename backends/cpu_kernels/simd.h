@@ -15,26 +15,15 @@ typedef int32_t v8i __attribute__((vector_size(32)));
 typedef float v8f __attribute__((vector_size(32)));
 typedef int16_t i16x8 __attribute__((vector_size(16))); /* 8 codes, narrowed from v8i */
 
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if defined(__AVX2__) /* and AVX-512, whose dpwssd from zero would cost a zeroing move beside madd's one instruction */
 #include <immintrin.h>
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(SPRIG_YMM)
+#define SPRIG_TIER "avx512_ymm"
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define SPRIG_TIER "avx512"
-static inline void dot32(const int8_t *w, const int16_t *x, v8i *lo, v8i *hi) {
-    __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w));
-    __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16)));
-    *lo = (v8i)_mm256_dpwssd_epi32(_mm256_setzero_si256(), w0, _mm256_loadu_si256((const __m256i *)x));
-    *hi = (v8i)_mm256_dpwssd_epi32(_mm256_setzero_si256(), w1, _mm256_loadu_si256((const __m256i *)(x + 16)));
-}
-static inline v8f fma8(v8f a, v8f b, v8f c) { return (v8f)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c); }
-static inline v8f widen8u(uint64_t bytes) {
-    return (v8f)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)bytes)));
-}
-static inline v8f widen8(const int8_t *q) {
-    return (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
-}
-static inline v8f widen_half8(const unsigned char *h) { return (v8f)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)); }
-#elif defined(__AVX2__)
-#include <immintrin.h>
+#else
 #define SPRIG_TIER "avx2"
+#endif
 static inline void dot32(const int8_t *w, const int16_t *x, v8i *lo, v8i *hi) {
     __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w));
     __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16)));

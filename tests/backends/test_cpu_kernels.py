@@ -225,11 +225,33 @@ def cpu_flags() -> set[str]:
 
 def test_the_ternary_tiles_take_the_vbmi_kernel_exactly_where_the_cpu_has_vbmi():
     """The comparison with scalar above checks whichever ternary kernel each tier picks: the
-    avx512 tier must pick the VBMI one (steps laid by row) on a CPU with AVX-512 VBMI, so
+    AVX-512 tiers must pick the VBMI one (steps laid by row) on a CPU with AVX-512 VBMI, so
     that it is the one checked there, and every other tier its own."""
     for tier in TIERS:
         kernel = cpu_native.load(tier).TQ_KERNEL
-        assert kernel == ("avx512vbmi" if tier == "avx512" and "avx512vbmi" in cpu_flags() else tier)
+        assert kernel == ("avx512vbmi" if tier.startswith("avx512") and "avx512vbmi" in cpu_flags() else tier)
+
+
+def cpu_vendor_and_family() -> tuple[str, int]:
+    """The CPU's vendor and family as Linux lists them ("", 0 elsewhere)."""
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.exists() else []
+    fields = {key.strip(): value.strip() for key, value in (line.split(":", 1) for line in lines if ":" in line)}
+    return fields.get("vendor_id", ""), int(fields.get("cpu family", "0"))
+
+
+def test_the_ymm_tier_goes_first_exactly_on_cores_that_split_512_bit_operations():
+    """AMD's family 25 (Zen 4) runs a 512-bit operation as two 256-bit halves, and there the
+    avx512_ymm tier's 256-bit decode products are the faster (docs/benchmarks.md); on every
+    other CPU with AVX-512 the avx512 tier goes first. Both are built and checked wherever
+    AVX-512 runs."""
+    vendor, family = cpu_vendor_and_family()
+    halves = vendor == "AuthenticAMD" and family == 25 and "avx512f" in cpu_flags()
+    assert cpu_native.load("scalar").cpu_has("avx512_halves") == halves
+    if "avx512" in TIERS:
+        assert "avx512_ymm" in TIERS
+        assert TIERS[0] == ("avx512_ymm" if halves else "avx512")
+        assert TIERS.index("avx512_ymm") < TIERS.index("avx2")
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])

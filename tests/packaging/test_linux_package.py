@@ -21,7 +21,7 @@ from tests.packaging.conftest import REPO, Package, require_tools
 pytestmark = pytest.mark.timeout(3600)
 
 README = REPO / "README.md"
-KERNEL_TIERS = ("scalar", "avx2", "avx512")
+KERNEL_TIERS = ("scalar", "avx2", "avx512", "avx512_ymm")
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 OPEN_TIMEOUT_S = 180
