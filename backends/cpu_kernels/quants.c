@@ -163,8 +163,10 @@ static inline INLINED void unpack_q5_1(const uint8_t *b, int8_t *q, float *scale
 
 /* Q8_0, 32 weights in 34 bytes:  | d: fp16 | qs: 32 int8 | */
 static inline INLINED void unpack_q8_0(const uint8_t *b, int8_t *q, float *scale, float *min) {
-    memcpy(q, b + 2, 16); /* in halves, as dot32 reads them: GCC then reads the row itself (AVX-512 on, */
-    memcpy(q + 16, b + 18, 16); /* one 32-byte copy went through the stack: 1.2x slower on Zen 4) */
+    /* in halves, as dot32 reads them: GCC then reads the row itself, where with AVX-512 on it
+     * sent one 32-byte copy through the stack (1.2x slower on Zen 4) */
+    memcpy(q, b + 2, 16);
+    memcpy(q + 16, b + 18, 16);
     float d = f16(b);
     set_scales(scale, d, d);
     min[0] = 0.0f;
