@@ -33,6 +33,9 @@ def random_blocks(qtype: GGMLQuantizationType, rows: int, cols: int, rng: np.ran
         GGMLQuantizationType.TQ2_0: (64,),
         GGMLQuantizationType.TQ1_0: (52,),
     }.get(qtype, (0,))
+    if qtype == GGMLQuantizationType.MXFP4:  # an E8M0 scale byte: 2^-12 .. 2^0, as real weights (no subnormal products)
+        blocks[:, 0] = rng.integers(116, 129, size=n_blocks)
+        return blocks.reshape(-1)  # (n_blocks * block_bytes,)
     for offset in offsets:
         scales = (0.05 * rng.standard_normal(n_blocks)).astype(np.float16)
         blocks[:, offset : offset + 2] = scales.view(np.uint8).reshape(n_blocks, 2)  # (n_blocks, 2)
