@@ -216,11 +216,16 @@ def test_ternary_tiles_over_long_rows_and_many_tokens_match_scalar(tier, qtype):
     np.testing.assert_array_equal(product(tier, 1, qtype, raw, cols, x), product("scalar", 1, qtype, raw, cols, x))
 
 
+def cpuinfo() -> dict[str, str]:
+    """The first processor's fields as Linux lists them in /proc/cpuinfo (empty elsewhere)."""
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().split("\n\n", 1)[0].splitlines() if info.exists() else []
+    return {key.strip(): value.strip() for key, value in (line.split(":", 1) for line in lines if ":" in line)}
+
+
 def cpu_flags() -> set[str]:
     """The CPU's feature flags as Linux lists them (empty elsewhere)."""
-    info = Path("/proc/cpuinfo")
-    lines = info.read_text().splitlines() if info.exists() else []
-    return {flag for line in lines if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+    return set(cpuinfo().get("flags", "").split())
 
 
 def test_the_ternary_tiles_take_the_vbmi_kernel_exactly_where_the_cpu_has_vbmi():
@@ -232,21 +237,13 @@ def test_the_ternary_tiles_take_the_vbmi_kernel_exactly_where_the_cpu_has_vbmi()
         assert kernel == ("avx512vbmi" if tier.startswith("avx512") and "avx512vbmi" in cpu_flags() else tier)
 
 
-def cpu_vendor_and_family() -> tuple[str, int]:
-    """The CPU's vendor and family as Linux lists them ("", 0 elsewhere)."""
-    info = Path("/proc/cpuinfo")
-    lines = info.read_text().splitlines() if info.exists() else []
-    fields = {key.strip(): value.strip() for key, value in (line.split(":", 1) for line in lines if ":" in line)}
-    return fields.get("vendor_id", ""), int(fields.get("cpu family", "0"))
-
-
 def test_the_ymm_tier_goes_first_exactly_on_cores_that_split_512_bit_operations():
     """AMD's family 25 (Zen 4) runs a 512-bit operation as two 256-bit halves, and there the
     avx512_ymm tier's 256-bit decode products are the faster (docs/benchmarks.md); on every
     other CPU with AVX-512 the avx512 tier goes first. Both are built and checked wherever
     AVX-512 runs."""
-    vendor, family = cpu_vendor_and_family()
-    halves = vendor == "AuthenticAMD" and family == 25 and "avx512f" in cpu_flags()
+    info = cpuinfo()
+    halves = info.get("vendor_id") == "AuthenticAMD" and info.get("cpu family") == "25" and "avx512f" in cpu_flags()
     assert cpu_native.load("scalar").cpu_has("avx512_halves") == halves
     if "avx512" in TIERS:
         assert "avx512_ymm" in TIERS
