@@ -8,8 +8,9 @@ It times, on the same filled KV cache:
   speculative decoding's verification costs) and c(T), that pass's time over the step's;
 - the forward pass over T tokens (1 by default) op by op from Python, and within it the time of each kind of op
   (each op's C call, timed around `native.run`), so that the rest is Python dispatch;
-- the bytes one step reads (every weight matrix once, the token's embedding row, the KV
-  cache so far) and the rate that makes against the machine's bandwidth.
+- the bytes one step reads (every weight matrix once, of a mixture the router and the used
+  share of the experts, the token's embedding row, the KV cache so far) and the rate that
+  makes against the machine's bandwidth.
 """
 
 import argparse
@@ -39,9 +40,15 @@ class TimedNative:
 def step_bytes(loaded, context: int) -> int:
     """Bytes one decode step reads: the matrices, one embedding row, the keys and values so far."""
     model, config = loaded.model, loaded.config
-    blocks = [(layer.mixer, layer.feed_forward) for layer in model.layers]
-    matrices = [model.output] + [w for a, f in blocks for w in (a.wq, a.wk, a.wv, a.wo, f.w_gate, f.w_up, f.w_down)]
-    weights = sum(m.raw.nbytes for m in matrices)
+    weights = model.output.raw.nbytes
+    for layer in model.layers:
+        a, f = layer.mixer, layer.feed_forward
+        weights += sum(w.raw.nbytes for w in (a.wq, a.wk, a.wv, a.wo))
+        if hasattr(f, "routing"):  # a mixture: the router, and the used share of the experts' stacks
+            stacks = sum(w.matrix.raw.nbytes for w in (f.gate, f.up, f.down))  # (cpu backend stacks)
+            weights += f.router.raw.nbytes + stacks * f.routing.n_used // f.routing.n_experts
+        else:
+            weights += sum(w.raw.nbytes for w in (f.w_gate, f.w_up, f.w_down))
     embedding_row = model.token_embd.raw.nbytes // model.token_embd.rows
     kv = 4 * config.n_layers * config.n_kv_heads * (config.head_dim + config.value_head_dim) * context
     return weights + embedding_row + kv
