@@ -1,5 +1,5 @@
 /* Little-endian values read from GGUF block bytes (any alignment, any host byte order), for
- * the kernels that unpack blocks (quants.c, iq_dots.c, kquant_dots.c, codes8_dots.c, int16_panels.c). */
+ * the kernels that unpack blocks (quants.c, iq_dots.c, codes8_dots.c, int16_panels.c). */
 #ifndef SPRIG_BYTES_H
 #define SPRIG_BYTES_H
 

@@ -103,6 +103,30 @@ static inline void k_block_int16(const uint8_t *b, int fifth, int16_t *w, float 
 #endif
 }
 
+/* A Q6_K block as int16 weights sc * (q - 32) in w[256], in unpack_q6_k's order (group 4n + j
+ * of half n: its low 4 bits from ql bytes 64n .. 64n + 31 (j even) or 64n + 32 .. (j odd), their
+ * high nibble for j >= 2, its top 2 bits from bits 2j of qh bytes 128 + 32n ..; sub-block scales
+ * int8 at 192, one per 16 weights). */
+static inline void q6_k_block_int16(const uint8_t *b, int16_t *w) {
+#if defined(VW_WORDS)
+    const Q6Scales sc = q6_k_block_scales(b);
+    for (int g = 0; g < WIDE / GROUP; g++)
+        for (int h = 0; h < 32 / VW_WORDS; h++) vw_store(w + 32 * g + VW_WORDS * h, q6_k_group(b, g, h, &sc));
+#else
+    for (int g = 0; g < WIDE / GROUP; g++) {
+        const int n = g / 4, j = g % 4;
+        for (int h = 0; h < 2; h++) {
+            u8x16 low, high;
+            memcpy(&low, b + 64 * n + 32 * (j & 1) + 16 * h, sizeof low);
+            memcpy(&high, b + 128 + 32 * n + 16 * h, sizeof high);
+            const u8x16 code = ((low >> (4 * (j >> 1))) & 15) | (((high >> (2 * j)) & 3) << 4);
+            i16x16 weights = (__builtin_convertvector(code, i16x16) - 32) * (int16_t)(int8_t)b[192 + 2 * g + h];
+            memcpy(w + 32 * g + 16 * h, &weights, sizeof weights);
+        }
+    }
+#endif
+}
+
 /* Row `row` (Q4_K, Q5_K or Q6_K) as int16 weights w[K], its blocks' D[K / WIDE] and, for Q4_K
  * and Q5_K, its min terms (as unpack_row makes them: one per group) at mins. */
 void int16_panel_row(int type, const uint8_t *row, int64_t K, int16_t *w, float *D, float *mins) {
@@ -295,6 +319,16 @@ void panel_product(const Panel *p, const PanelCodes *x, int64_t T, float *out, i
 #else
 #define DIRECT_ROWS 1 /* AVX2's 16 do not hold two rows' (measured: two rows 0.9x one) */
 #endif
+/* The rows k_direct takes at once for `type`: DIRECT_ROWS, but Q6_K one at a time where a core
+ * runs 512-bit operations in halves (SPRIG_YMM; Zen 4, 2 threads, from memory: one row against
+ * four 1.6x at 151936 x 2048, 1.15-1.2x at 9728 x 2560 and 2560 x 9728, 1.2x at 2 tokens and
+ * 1.6x at 3-4 tokens of 9728 columns; two rows 0.75-1.0x of one). Q4_K and Q5_K keep four (one
+ * row: 0.85-0.9x). */
+#if defined(SPRIG_YMM)
+#define TYPE_DIRECT_ROWS(type) ((type) == T_Q6_K ? 1 : DIRECT_ROWS)
+#else
+#define TYPE_DIRECT_ROWS(type) DIRECT_ROWS
+#endif
 
 /* R rows of a Q4_K, Q5_K or Q6_K matrix (`type`, a constant) at `rows`, row_bytes apart, times
  * N tokens, every block, straight from the bytes (k_pair, q6_k_group: in registers), in tile's
@@ -359,11 +393,11 @@ static inline __attribute__((always_inline)) void k_direct(const uint8_t *rows, 
 #define K_DIRECT(type, R, N) k_direct(rows, row_bytes, DIRECT_AHEAD_ROWS(type) * row_bytes, type, K, xq, xd, R, N, y, mins)
 #define K_DIRECT_ANY(type)                                                                              \
     do {                                                                                                \
-        if (R > 1) N == 1 ? K_DIRECT(type, DIRECT_ROWS, 1) : K_DIRECT(type, DIRECT_ROWS, 2);            \
+        if (R > 1) N == 1 ? K_DIRECT(type, TYPE_DIRECT_ROWS(type), 1) : K_DIRECT(type, TYPE_DIRECT_ROWS(type), 2); \
         else if (N <= 2) N == 1 ? K_DIRECT(type, 1, 1) : K_DIRECT(type, 1, 2);                          \
         else N == 3 ? K_DIRECT(type, 1, 3) : K_DIRECT(type, 1, 4);                                      \
     } while (0)
-/* R rows (DIRECT_ROWS, with up to 2 tokens; or 1) times N tokens */
+/* R rows (TYPE_DIRECT_ROWS, with up to 2 tokens; or 1) times N tokens */
 static __attribute__((noinline)) void k_direct_tile(int type, const uint8_t *rows, size_t row_bytes, int64_t K,
                                                     const int16_t *xq, const float *xd, int R, int N, v8f y[][2],
                                                     float *mins) {
@@ -391,7 +425,8 @@ int int16_direct_product(const Matrix *w, int64_t r0, int64_t r1, const int16_t 
          * from L2 per row (measured, 4 tokens from memory: K = 9728, 92 -> 124 G/s; K = 2560, one
          * row with them all 178, passes of two 121) */
         const int pairs = T > 2 && T * K * (int64_t)sizeof(int16_t) > DIRECT_CODES_BYTES;
-        const int R = r1 - r >= DIRECT_ROWS && (T <= 2 || pairs) ? DIRECT_ROWS : 1, per = R > 1 ? 2 : (int)T;
+        const int rows = TYPE_DIRECT_ROWS(w->type);
+        const int R = r1 - r >= rows && (T <= 2 || pairs) ? rows : 1, per = R > 1 ? 2 : (int)T;
         for (int64_t t = 0; t < T; t += per) {
             const int n = T - t < per ? (int)(T - t) : per;
             v8f y[TILE_ROWS * DIRECT_TOKENS][2];

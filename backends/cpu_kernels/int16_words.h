@@ -1,5 +1,5 @@
 /* The x86 tiers' int16 weight vectors, shared by the products that build int16 weights in
- * registers (int16_panels.c, kquant_dots.c); nothing is defined on the other tiers. */
+ * registers (int16_panels.c); nothing is defined on the other tiers. */
 #ifndef SPRIG_INT16_WORDS_H
 #define SPRIG_INT16_WORDS_H
 

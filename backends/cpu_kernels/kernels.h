@@ -18,11 +18,7 @@
  * AVX-512 takes two groups at a time in 16 lanes (pair_terms in quants.c) and adds their terms
  * to acc one after the other, the same operations; its avx512_ymm build (SPRIG_YMM, for cores
  * that run 512-bit operations in halves) takes one at a time, as AVX2.
- * Q6_K (form OWN below) has a product of its own (kquant_dots.c): its integer sub-block scales
- * go into int16 weights, a group's sums are 16 int32 lanes, and each group costs one fused
- * multiply-add per lane (that file's comment has the arithmetic). The dense products of Q4_K,
- * Q5_K and Q6_K take the int16 arithmetic below instead; the per-group forms serve the experts
- * of a mixture (ops.c's expert_rows).
+ * Q4_K, Q5_K and Q6_K (form INT16 below) take int16 weights and codes per 256 instead, below.
  * Q2_K, Q3_K and the IQ types but IQ4_NL (form OWN8) take 8-bit activation
  * codes instead, in the same groups of 32 (Codes8), which the AVX2 byte products (maddubs)
  * multiply at twice the int16 ones' width (codes8_dots.c). That costs accuracy (logits ~1.5e-2 of the range, perplexity
@@ -33,8 +29,9 @@
  * codes (panels.h): Q4_K, Q5_K and Q6_K as int16 weights against int16 codes with one scale per
  * WIDE values (int16_panels.c), the OWN8 types as 8-bit codes and scales per 16 weights against
  * decode's 8-bit codes, a scale per group (byte_panels.c: twice the products per instruction).
- * Q4_K, Q5_K and Q6_K (type_decodes_int16) take the int16 arithmetic for any count of tokens: a
- * token's products are the same bits in decode, in a batch and in a prefill. Their decode unpacks
+ * Q4_K, Q5_K and Q6_K (type_decodes_int16) take the int16 arithmetic for any count of tokens, in
+ * dense products and in a mixture's experts alike: a token's products are the same bits in
+ * decode, in a batch and in a prefill. Their decode unpacks
  * the blocks straight from the bytes into registers and multiplies them there (AVX2 and
  * AVX-512, int16_direct_product), one float multiply-add per block where the per-group codes
  * took one per group, and asks for the rows ahead block by block as it goes. The
@@ -65,10 +62,11 @@
  *
  * form     FLOAT: rows of floats, taken as they are (F32, F16, BF16: unpack_row converts them);
  *          CODES: int8 codes and half-group scales (`unpack`), multiplied with int16
- *          activation codes; OWN: the same activations, multiplied by a product function of
- *          the type's own (dot_<name>, in its own source file: kquant_dots.c), `unpack` serving
- *          dequantization only; OWN8: as OWN, with 8-bit activation codes (Codes8,
- *          codes8_dots.c); TILED: unpacked for embeddings, multiplied from tiles (Q1_0:
+ *          activation codes; INT16: int16 weights sc * code against int16 codes with a scale
+ *          per WIDE values, for any count of tokens (int16_panels.c), `unpack` serving
+ *          dequantization only; OWN8: 8-bit activation codes (Codes8), multiplied by a product
+ *          function of the type's own (dot_<name>, codes8_dots.c), `unpack` serving
+ *          dequantization only; TILED: unpacked for embeddings, multiplied from tiles (Q1_0:
  *          q1_tiles.c), never by dot_row_tokens.
  * mins     min terms per group of 32, each times the activation sum of the weights it covers:
  *          0 none; 1 one per group (Q4_1, Q5_1, Q4_K, Q5_K); 2 one per half, weights 0-15
@@ -89,9 +87,9 @@
     X(Q5_1, 7, 32, 24, CODES, unpack_q5_1, 1, 0, FP16, 0, 2)      \
     X(Q8_0, 8, 32, 34, CODES, unpack_q8_0, 0, 0, FP16, 0)         \
     X(Q1_0, 41, 128, 18, TILED, unpack_q1_0, 0, 0, FP16, 0)       \
-    X(Q4_K, 12, 256, 144, CODES, unpack_q4_k, 1, 0, FP16, 0, 2)   \
-    X(Q5_K, 13, 256, 176, CODES, unpack_q5_k, 1, 0, FP16, 0, 2)   \
-    X(Q6_K, 14, 256, 210, OWN, unpack_q6_k, 0, 1, FP16, 208)      \
+    X(Q4_K, 12, 256, 144, INT16, unpack_q4_k, 1, 0, FP16, 0, 2)   \
+    X(Q5_K, 13, 256, 176, INT16, unpack_q5_k, 1, 0, FP16, 0, 2)   \
+    X(Q6_K, 14, 256, 210, INT16, unpack_q6_k, 0, 1, FP16, 208)    \
     X(MXFP4, 39, 32, 17, CODES, unpack_mxfp4, 0, 0, NONE, 0)      \
     X(Q2_K, 10, 256, 84, OWN8, unpack_q2_k, 2, 1, FP16, 80, 82)    \
     X(Q3_K, 11, 256, 110, OWN8, unpack_q3_k, 0, 1, FP16, 108)      \
@@ -115,7 +113,7 @@ enum {
 };
 #undef TYPE_ENUM
 
-enum { FORM_FLOAT, FORM_CODES, FORM_OWN, FORM_OWN8, FORM_TILED };
+enum { FORM_FLOAT, FORM_CODES, FORM_INT16, FORM_OWN8, FORM_TILED };
 
 /* The form of a type of the table (-1 for others: T_Q1_0_TILES). */
 static inline int type_form(int type) {
@@ -214,11 +212,12 @@ typedef struct {
 static inline int type_is_float(int type) { return type_form(type) == FORM_FLOAT; }
 /* multiplied with activation codes (the rest take float activations, or Q1_0's tables) */
 static inline int type_takes_codes(int type) {
-    return type_form(type) == FORM_CODES || type_form(type) == FORM_OWN || type_form(type) == FORM_OWN8;
+    return type_form(type) == FORM_CODES || type_form(type) == FORM_INT16 || type_form(type) == FORM_OWN8;
 }
-/* of those, the ones whose codes are 8-bit (Codes8), and the ones whose codes are int16 */
+/* of those, the ones whose codes are 8-bit (Codes8), and the ones whose codes are int16 per group
+ * (dot_row_tokens; the INT16 types' are per WIDE values: type_decodes_int16) */
 static inline int type_takes_codes8(int type) { return type_form(type) == FORM_OWN8; }
-static inline int type_takes_codes16(int type) { return type_form(type) == FORM_CODES || type_form(type) == FORM_OWN; }
+static inline int type_takes_codes16(int type) { return type_form(type) == FORM_CODES; }
 
 /* Prefill (FLOAT_TOKENS or more tokens) in integers (panels.h): the 256-weight types with
  * integer sub-block scales; Q4_K, Q5_K and Q6_K as int16 weights and codes per WIDE values
@@ -226,9 +225,8 @@ static inline int type_takes_codes16(int type) { return type_form(type) == FORM_
 #define WIDE 256
 static inline int type_takes_byte_panels(int type) { return type_form(type) == FORM_OWN8; }
 /* the int16 ones take it for fewer tokens too (decode, batches, verification) */
-static inline int type_decodes_int16(int type) { return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K; }
+static inline int type_decodes_int16(int type) { return type_form(type) == FORM_INT16; }
 void int16_panel_row(int type, const uint8_t *row, int64_t K, int16_t *w, float *D, float *mins);
-void q6_k_block_int16(const uint8_t *b, int16_t *w); /* kquant_dots.c: a Q6_K block's 256 weights sc * (q - 32) */
 int int16_direct_product(const Matrix *w, int64_t r0, int64_t r1, const int16_t *xq, const float *xd, const float *xm,
                          int64_t T, float *out, int64_t stride, float *scratch);
 
@@ -271,20 +269,18 @@ int iq_dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq
                       int64_t stride);
 int iq_dequantize_row(int type, const uint8_t *row, int64_t K, float *out); /* the IQ types' dequantize_row */
 
-/* The OWN types' product functions (kquant_dots.c: Q6_K; OWN8, codes8_dots.c: Q2_K, Q3_K and
- * the IQ types but IQ4_NL), dot_<name>, which dot_row_tokens calls as it calls the CODES types' */
+/* The OWN8 types' product functions (codes8_dots.c: Q2_K, Q3_K and the IQ types but IQ4_NL),
+ * dot_<name>, which dot_row_tokens calls as it calls the CODES types' */
 #define OWN_DOT(name, number, weights, bytes, form, ...) OWN_DOT_##form(name)
 #define OWN_DOT_FLOAT(name)
 #define OWN_DOT_CODES(name)
+#define OWN_DOT_INT16(name)
 #define OWN_DOT_TILED(name)
-#define OWN_DOT_OWN(name)                                                                                      \
-    void dot_##name(const uint8_t *row, int64_t K, const int16_t *xq, const float *xd, const float *xs,     \
-                    const float *xh, float *mins, int n, float *out, int64_t stride);
 #define OWN_DOT_OWN8(name) void dot_##name(const uint8_t *row, int64_t K, const Codes8 *x8, int n, float *out, int64_t stride);
 QUANT_TYPES(OWN_DOT)
 #undef OWN_DOT_OWN8
-#undef OWN_DOT_OWN
 #undef OWN_DOT_TILED
+#undef OWN_DOT_INT16
 #undef OWN_DOT_CODES
 #undef OWN_DOT_FLOAT
 #undef OWN_DOT

@@ -168,15 +168,14 @@ static void float_panels(const uint8_t *data, int type, size_t row_bytes, int64_
 
 /* Rows r0 .. r1 - 1 of a matrix times all T tokens, into out[t * stride + r], in a prefill
  * panel's integers (panels.h): 8-bit codes (`bytes`, the OWN8 types) or int16 weights (Q4_K,
- * Q5_K, Q6_K) and the tokens' codes in acts. A panel of rows (panel_rows) is unpacked once into
- * the row buffer's float area, then multiplied with all the tokens (panel_product); or, for a
- * few int16 tokens where the tier has it, each row is multiplied straight from its bytes
- * (int16_direct_product). */
-static void panels(const Matrix *w, int64_t K, int64_t r0, int64_t r1, int64_t T, int bytes, RowBuffer *buf, float *out,
-                   int64_t stride) {
+ * Q5_K, Q6_K) and the tokens' `codes` (rows of K; their scales and group sums). A panel of rows
+ * (panel_rows) is unpacked once into the row buffer's float area, then multiplied with all the
+ * tokens (panel_product); or, for a few int16 tokens where the tier has it, each row is
+ * multiplied straight from its bytes (int16_direct_product). */
+static void panels(const Matrix *w, int64_t K, int64_t r0, int64_t r1, int64_t T, int bytes, const Codes *codes,
+                   RowBuffer *buf, float *out, int64_t stride) {
     const int64_t panel = panel_rows(K, T, bytes), G = K / GROUP, per_group = MIN_SLOTS(type_mins(w->type));
     const int64_t scales = bytes ? K / 16 : K / WIDE; /* per row */
-    const Codes *codes = bytes ? &acts.bytes : &acts.wide;
     Panel p = {.bytes = bytes, .w = buf->f, .K = K, .slots = type_mins(w->type) ? (int)per_group : 0}; /* slots: 0 for none */
     const PanelCodes x = {codes->q, codes->d, p.slots == 2 ? codes->xhalf : codes->xsum};
     /* in the row buffer's float area: panel * K weights, then per row its scales, offsets and mins */
@@ -218,7 +217,8 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
             } else if (w->type == T_TQ_TILES) {
                 tq_tiles_product(w, K, r0, r1, t0, t1, op->outs[m]);
             } else if (byte_rows(c, w->type) || type_decodes_int16(w->type)) { /* all the tokens at once, in tiles */
-                if (t0 == 0) panels(w, K, r0, r1, c->T, byte_rows(c, w->type), buf, op->outs[m], w->rows);
+                int bytes = byte_rows(c, w->type);
+                if (t0 == 0) panels(w, K, r0, r1, c->T, bytes, bytes ? &acts.bytes : &acts.wide, buf, op->outs[m], w->rows);
             } else if (c->dequantize && type_takes_codes(w->type)) { /* all the tokens at once: float_panels tiles them */
                 if (t0 == 0) float_panels(w->data, w->type, w->row_bytes, K, r0, r1, op->a, 0, c->T, buf, op->outs[m], w->rows);
             } else if (type_takes_codes(w->type)) { /* a few tokens: each row read once, no row buffer */
@@ -550,13 +550,15 @@ static int route(const Op *op, const char **error) {
  *   1. gate and up: each row of the expert's two matrices read once for all its tokens, their
  *      codes (quantized once per token, copied to each of its gathered rows) dotted by
  *      dot_row_tokens, or, FLOAT_TOKENS tokens or more, the rows dequantized and multiplied
- *      with the float activations (float_product), as a LINEAR op does;
+ *      with the float activations (float_product), as a LINEAR op does; Q4_K, Q5_K and Q6_K
+ *      (type_decodes_int16) in int16 for any count of tokens (panels), as a LINEAR op does,
+ *      from codes with a scale per WIDE values;
  *   2. per gathered row: the biases added, h = act(gate, up) (gated8), h quantized;
  *   3. down, as 1, from h: y (rows, D);
  *   4. per token: out = sum over its choices j, in order, of w_j * (y + down bias).
  * An expert no token chose is not read. A token's arithmetic does not depend on the tokens
  * beside it while its experts' groups are under FLOAT_TOKENS (decode, batches, verification),
- * nor on the thread count. */
+ * for the int16 types at any count, nor on the thread count. */
 
 static struct {
     int64_t *count, *start, *fill, *active; /* per expert; active: the chosen ones, ascending */
@@ -567,6 +569,7 @@ static struct {
     float *xd, *xs, *hd, *hs;               /* their group scales and sums */
     float *xh, *hh;                         /* and their half-group sums (types with a min per half) */
     Codes8 *x8, *h8;                        /* their 8-bit codes (OWN8 types) */
+    Codes xw, hw;                           /* their int16 codes per WIDE (type_decodes_int16) */
     float *xf;                              /* the gathered float x, where a product takes it */
     float *gate, *up, *y;                   /* (rows, F), (rows, F), (rows, D); gate becomes h */
 } moe;
@@ -582,17 +585,23 @@ static int moe_grow(int i, void **p, size_t bytes) {
 typedef struct {
     const Op *op;
     int64_t T, D, F, E, k, rows, n_active;
+    int wide; /* gate or up takes int16 codes per WIDE (moe.xw) */
 } ExpertsCtx;
 
 /* Rows r0 .. r1 - 1 of expert e's matrix in the stack `w` (R rows each, K columns) times its
- * n gathered rows from s: codes xq/xd/xs/xh or x8, or floats xf (rows of K), into out (rows, R). */
+ * n gathered rows from s: codes xq/xd/xs/xh, x8 or xw, or floats xf (rows of K), into out
+ * (rows, R). */
 static void expert_rows(const Matrix *w, int64_t e, int64_t R, int64_t r0, int64_t r1, int64_t s, int64_t n,
                         const int16_t *xq, const float *xd, const float *xs, const float *xh, const Codes8 *x8,
-                        const float *xf, float *out, RowBuffer *buf) {
+                        const Codes *xw, const float *xf, float *out, RowBuffer *buf) {
     int64_t K = w->cols, G = K / GROUP;
     const uint8_t *base = w->data + (size_t)(e * R) * w->row_bytes;
     out += s * R;
-    if (type_is_float(w->type)) {
+    if (type_decodes_int16(w->type)) {
+        const Matrix expert = {base, w->type, R, K, w->row_bytes};
+        const Codes codes = {(int16_t *)xw->q + s * K, xw->d + s * (K / WIDE), xw->xsum + s * G, NULL, 0};
+        panels(&expert, K, r0, r1, n, 0, &codes, buf, out, R);
+    } else if (type_is_float(w->type)) {
         for (int64_t r = r0; r < r1; r++) {
             unpack_row(w->type, base + r * w->row_bytes, K, buf);
             dot_tokens(buf, xf + s * K, K, 0, n, out + r, R);
@@ -634,8 +643,10 @@ static void gate_up_task(void *vctx, int chunk, int chunks, int thread) {
     RowBuffer *buf = scratch_row(thread);
     FOR_EXPERT_ROWS(c, c->F, chunk, chunks) {
         int64_t s = moe.start[e], n = moe.count[e];
-        expert_rows(&op->mats[0], e, c->F, r0, r1, s, n, moe.xq, moe.xd, moe.xs, moe.xh, moe.x8, moe.xf, moe.gate, buf);
-        expert_rows(&op->mats[1], e, c->F, r0, r1, s, n, moe.xq, moe.xd, moe.xs, moe.xh, moe.x8, moe.xf, moe.up, buf);
+        expert_rows(&op->mats[0], e, c->F, r0, r1, s, n, moe.xq, moe.xd, moe.xs, moe.xh, moe.x8, &moe.xw, moe.xf, moe.gate,
+                    buf);
+        expert_rows(&op->mats[1], e, c->F, r0, r1, s, n, moe.xq, moe.xd, moe.xs, moe.xh, moe.x8, &moe.xw, moe.xf, moe.up,
+                    buf);
     }
 }
 
@@ -645,7 +656,8 @@ static void down_task(void *vctx, int chunk, int chunks, int thread) {
     RowBuffer *buf = scratch_row(thread);
     FOR_EXPERT_ROWS(c, c->D, chunk, chunks) {
         int64_t s = moe.start[e], n = moe.count[e];
-        expert_rows(&op->mats[2], e, c->D, r0, r1, s, n, moe.hq, moe.hd, moe.hs, moe.hh, moe.h8, moe.gate, moe.y, buf);
+        expert_rows(&op->mats[2], e, c->D, r0, r1, s, n, moe.hq, moe.hd, moe.hs, moe.hh, moe.h8, &moe.hw, moe.gate, moe.y,
+                    buf);
     }
 }
 
@@ -656,6 +668,7 @@ static void activation_task(void *vctx, int chunk, int chunks, int thread) {
     int64_t lo, hi, F = c->F, G = F / GROUP;
     split_range(c->rows, chunk, chunks, &lo, &hi);
     int codes8 = type_takes_codes8(op->mats[2].type), codes = type_takes_codes16(op->mats[2].type);
+    int wide = type_decodes_int16(op->mats[2].type);
     for (int64_t i = lo; i < hi; i++) {
         int64_t e = (int64_t)op->b[moe.token[i] * 2 * c->k + moe.token[c->rows + i]]; /* its expert */
         float *g = moe.gate + i * F, *u = moe.up + i * F;
@@ -667,6 +680,9 @@ static void activation_task(void *vctx, int chunk, int chunks, int thread) {
         if (codes && moe.count[e] < FLOAT_TOKENS)
             quantize_row(g, F, GROUP, moe.hq + i * F, moe.hd + i * G, moe.hs + i * G, moe.hh + i * HALVES * G);
         if (codes8 && moe.count[e] < FLOAT_TOKENS) quantize_row8(g, F, moe.h8 + i * (F / BLOCK8));
+        if (wide)
+            quantize_row(g, F, WIDE, (int16_t *)moe.hw.q + i * F, moe.hw.d + i * (F / WIDE), moe.hw.xsum + i * G,
+                         moe.hw.xhalf + i * HALVES * G);
     }
 }
 
@@ -704,13 +720,18 @@ static void gather_task(void *vctx, int chunk, int chunks, int thread) {
             memcpy(moe.xh + i * HALVES * G, acts.group.xhalf + t * HALVES * G, sizeof(float) * (size_t)(HALVES * G));
         }
         if (moe.x8) memcpy(moe.x8 + i * (D / BLOCK8), acts.q8 + t * (D / BLOCK8), sizeof(Codes8) * (size_t)(D / BLOCK8));
+        if (c->wide) {
+            memcpy((int16_t *)moe.xw.q + i * D, (int16_t *)acts.wide.q + t * D, sizeof(int16_t) * (size_t)D);
+            memcpy(moe.xw.d + i * (D / WIDE), acts.wide.d + t * (D / WIDE), sizeof(float) * (size_t)(D / WIDE));
+            memcpy(moe.xw.xsum + i * G, acts.wide.xsum + t * G, sizeof(float) * (size_t)G);
+        }
         if (moe.xf) memcpy(moe.xf + i * D, c->op->a + t * D, sizeof(float) * (size_t)D);
     }
 }
 
 static int experts(const Op *op, const char **error) {
     ExpertsCtx c = {op, op->ints.experts.tokens, op->mats[0].cols, op->ints.experts.ffn, op->ints.experts.experts,
-                    op->ints.experts.used, 0, 0};
+                    op->ints.experts.used, 0, 0, 0};
     int64_t T = c.T, D = c.D, F = c.F, E = c.E, k = c.k, rows = T * k;
     c.rows = rows;
     size_t i64 = sizeof(int64_t);
@@ -755,11 +776,11 @@ static int experts(const Op *op, const char **error) {
             moe.row_of[t * k + j] = i;
         }
     const int t0 = op->mats[0].type, t1 = op->mats[1].type, t2 = op->mats[2].type;
-    int up_codes = type_takes_codes(t0) || type_takes_codes(t1);
     int up_codes8 = type_takes_codes8(t0) || type_takes_codes8(t1);
     int up_codes16 = type_takes_codes16(t0) || type_takes_codes16(t1);
     int up_floats = type_is_float(t0) || type_is_float(t1);
-    int codes = up_codes16 && small, codes8 = up_codes8 && small, floats = up_floats || (up_codes && big);
+    int codes = up_codes16 && small, codes8 = up_codes8 && small, floats = up_floats || ((up_codes16 || up_codes8) && big);
+    c.wide = type_decodes_int16(t0) || type_decodes_int16(t1);
     int64_t G = D / GROUP, H = F / GROUP;
     if (codes && (moe_grow(9, (void **)&moe.xq, sizeof(int16_t) * (size_t)(rows * D)) ||
                   moe_grow(10, (void **)&moe.xd, sizeof(float) * (size_t)(rows * G + 1)) ||
@@ -767,6 +788,8 @@ static int experts(const Op *op, const char **error) {
                   moe_grow(17, (void **)&moe.xh, sizeof(float) * (size_t)(rows * HALVES * G + 1))))
         goto out_of_memory;
     if (codes8 && moe_grow(19, (void **)&moe.x8, sizeof(Codes8) * (size_t)(rows * (D / BLOCK8) + 1))) goto out_of_memory;
+    if (c.wide && reserve_codes(&moe.xw, rows * D, sizeof(int16_t), 1)) goto out_of_memory;
+    if (type_decodes_int16(t2) && reserve_codes(&moe.hw, rows * F, sizeof(int16_t), 1)) goto out_of_memory;
     if (floats && moe_grow(12, (void **)&moe.xf, sizeof(float) * (size_t)(rows * D))) goto out_of_memory;
     if (type_takes_codes16(t2) &&
         (moe_grow(13, (void **)&moe.hq, sizeof(int16_t) * (size_t)(rows * F)) ||
@@ -776,10 +799,10 @@ static int experts(const Op *op, const char **error) {
         goto out_of_memory;
     if (type_takes_codes8(t2) && moe_grow(20, (void **)&moe.h8, sizeof(Codes8) * (size_t)(rows * (F / BLOCK8) + 1)))
         goto out_of_memory;
-    if (scratch_reserve(D > F ? D : F, 0) != 0 || reserve_acts(T * D, codes, 0, 0, codes8, 0, 0) != 0) goto out_of_memory;
+    if (scratch_reserve(D > F ? D : F, 0) != 0 || reserve_acts(T * D, codes, c.wide, 0, codes8, 0, 0) != 0) goto out_of_memory;
     /* x quantized once per token, then gathered */
-    LinearCtx q = {.op = op, .T = T, .K = D, .codes = codes, .codes8 = codes8};
-    if (codes || codes8) {
+    LinearCtx q = {.op = op, .T = T, .K = D, .codes = codes, .codes8 = codes8, .wide = c.wide};
+    if (codes || codes8 || c.wide) {
         if (T > 1) pool_run(quantize_task, &q);
         else quantize_task(&q, 0, 1, 0);
     }

@@ -634,7 +634,7 @@ void unpack_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf) {
 #define UNPACK_FLOAT(...) /* above */
 #define UNPACK_CODES(number, weights, bytes, unpack, mins) \
     case number: UNPACK_BLOCKS(unpack, weights, bytes, mins)
-#define UNPACK_OWN UNPACK_CODES
+#define UNPACK_INT16 UNPACK_CODES
 #define UNPACK_OWN8 UNPACK_CODES
 #define UNPACK_TILED UNPACK_CODES
     switch (type) {
@@ -643,7 +643,7 @@ void unpack_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf) {
 #undef UNPACK_CASE
 #undef UNPACK_FLOAT
 #undef UNPACK_CODES
-#undef UNPACK_OWN
+#undef UNPACK_INT16
 #undef UNPACK_OWN8
 #undef UNPACK_TILED
 #undef UNPACK_BLOCKS
@@ -743,14 +743,18 @@ static inline INLINED v8f group_term(const int8_t *w, const int16_t *x, const fl
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(SPRIG_YMM)
 #define PAIR_WEIGHTS 64 /* weights that chunk_terms takes at a time: a pair of groups */
 
-/* Two groups' terms for N tokens (AVX-512), group_term's arithmetic for each: the first
- * halves of both groups' weights in one register of 32 int16 and their second halves in
- * another, each token's codes permuted to match, so that two dpwssd give both groups' lanes
- * (lo + hi exactly, or each half apart where `split`); then the float products of both groups
- * at once, and acc += group g's term, then group g + 1's, as in the loop over groups. */
-static inline INLINED void pair_weights_terms(__m512i w_lo, __m512i w_hi, const int16_t *xq, int64_t K,
-                                              const float *scale, const float *xd, int64_t G, int split, const int N,
-                                              v8f *acc) {
+/* Two groups' terms for N tokens (AVX-512), group_term's arithmetic for each, the weights from
+ * int8 codes q (two groups: q[0..63]): the first halves of both groups' weights in one register
+ * of 32 int16 and their second halves in another, each token's codes permuted to match, so that
+ * two dpwssd give both groups' lanes (lo + hi exactly, or each half apart where `split`); then
+ * the float products of both groups at once, and acc += group g's term, then group g + 1's, as
+ * in the loop over groups. */
+static inline INLINED void pair_terms(const int8_t *q, const int16_t *xq, int64_t K, const float *scale,
+                                      const float *xd, int64_t G, int split, const int N, v8f *acc) {
+    const __m512i w_lo = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)q)), _mm_loadu_si128((const __m128i *)(q + 32)), 1));
+    const __m512i w_hi = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(q + 16))), _mm_loadu_si128((const __m128i *)(q + 48)), 1));
     const __m512i lo_words = _mm512_setr_epi64(0, 1, 2, 3, 8, 9, 10, 11), hi_words = _mm512_setr_epi64(4, 5, 6, 7, 12, 13, 14, 15);
     const __m512i first = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1); /* [v0 x 8 | v1 x 8] */
     const __m512 scales = _mm512_castps128_ps512(_mm_loadu_ps(scale)); /* lo_g, hi_g, lo_g+1, hi_g+1 */
@@ -773,21 +777,6 @@ static inline INLINED void pair_weights_terms(__m512i w_lo, __m512i w_hi, const 
         acc[k] += (v8f)_mm512_castps512_ps256(term);
         acc[k] += (v8f)_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(term), 1));
     }
-}
-/* the same, the weights from int8 codes q (two groups: q[0..63]) */
-static inline INLINED void pair_terms(const int8_t *q, const int16_t *xq, int64_t K, const float *scale,
-                                      const float *xd, int64_t G, int split, const int N, v8f *acc) {
-    const __m512i w_lo = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
-        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)q)), _mm_loadu_si128((const __m128i *)(q + 32)), 1));
-    const __m512i w_hi = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
-        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(q + 16))), _mm_loadu_si128((const __m128i *)(q + 48)), 1));
-    pair_weights_terms(w_lo, w_hi, xq, K, scale, xd, G, split, N, acc);
-}
-/* Q4_K's two groups in 32 bytes of qs (unpack_q4_k: low nibbles the first, high the second) as
- * pair_terms' registers, without the stack: 16 bytes as words twice, the second copy shifted. */
-static inline INLINED __m512i q4_k_pair_half(const uint8_t *qs16) {
-    const __m512i words = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs16)));
-    return _mm512_and_si512(_mm512_mask_srli_epi16(words, 0xffff0000, words, 4), _mm512_set1_epi16(15));
 }
 #else
 #define PAIR_WEIGHTS GROUP
@@ -885,31 +874,16 @@ static inline __attribute__((always_inline)) void row_tokens(int type, int split
 #define DOT_FLOAT(...) /* float rows: dot_tokens */
 #define DOT_CODES(number, unpack, weights, bytes, has_min) \
     case number: DOT_BLOCKS(unpack, weights, bytes, has_min)
-#define DOT_OWN(...)   /* Q6_K: kquant_dots.c */
+#define DOT_INT16(...) /* Q4_K, Q5_K, Q6_K: int16_panels.c */
 #define DOT_OWN8(...)  /* Q2_K, Q3_K, the IQ types but IQ4_NL: codes8_dots.c */
 #define DOT_TILED(...) /* Q1_0: q1_tiles.c */
-#if PAIR_WEIGHTS > GROUP
-    if (type == T_Q4_K) { /* its codes from the blocks straight into pair_terms' registers */
-        for (int64_t blk = 0; blk < K / 256; blk++) { /* unpack_q4_k's layout, 8 groups a block */
-            const uint8_t *b = row + blk * type_bytes(T_Q4_K);
-            const int64_t g0 = blk * 8;
-            prefetch_block(b, type_bytes(T_Q4_K), prefetch_ahead((size_t)(K / 256 * type_bytes(T_Q4_K))));
-            float scale[8 * HALVES];
-            k_scales(b, scale, mins + g0);
-            for (int c = 0; c < 4; c++)
-                pair_weights_terms(q4_k_pair_half(b + 16 + 32 * c), q4_k_pair_half(b + 32 + 32 * c),
-                                   xq + (g0 + 2 * c) * GROUP, K, scale + 2 * c * HALVES, xd + g0 + 2 * c, G, 0, N, acc);
-        }
-        with_mins = 1;
-    } else
-#endif
     switch (type) {
         QUANT_TYPES(DOT_CASE)
     }
 #undef DOT_CASE
 #undef DOT_FLOAT
 #undef DOT_CODES
-#undef DOT_OWN
+#undef DOT_INT16
 #undef DOT_OWN8
 #undef DOT_TILED
 #undef DOT_BLOCKS
@@ -929,7 +903,7 @@ static inline __attribute__((always_inline)) void row_tokens(int type, int split
     DOT_FUNCTION_##form(name, number, split)
 #define DOT_FUNCTION_FLOAT(...)
 #define DOT_FUNCTION_TILED(...)
-#define DOT_FUNCTION_OWN(...) /* kquant_dots.c */
+#define DOT_FUNCTION_INT16(...) /* int16_panels.c */
 #define DOT_FUNCTION_OWN8(...) /* codes8_dots.c */
 #define DOT_FUNCTION_CODES(name, number, split)                                                                       \
     static __attribute__((noinline)) void dot_##name(const uint8_t *row, int64_t K, const int16_t *xq,              \
@@ -944,7 +918,7 @@ static inline __attribute__((always_inline)) void row_tokens(int type, int split
     }
 QUANT_TYPES(DOT_FUNCTION)
 #undef DOT_FUNCTION_CODES
-#undef DOT_FUNCTION_OWN
+#undef DOT_FUNCTION_INT16
 #undef DOT_FUNCTION_OWN8
 #undef DOT_FUNCTION_TILED
 #undef DOT_FUNCTION_FLOAT
@@ -958,7 +932,7 @@ void dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq, 
 #define CALL_TILED(...)
 #define CALL_CODES(name, number) \
     case number: dot_##name(row, K, xq, xd, xs, xh, mins, n, out, stride); break;
-#define CALL_OWN CALL_CODES
+#define CALL_INT16(...)
 #define CALL_OWN8(name, number) \
     case number: dot_##name(row, K, x8, n, out, stride); break;
     switch (type) {
@@ -968,7 +942,7 @@ void dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq, 
 #undef CALL_FLOAT
 #undef CALL_TILED
 #undef CALL_CODES
-#undef CALL_OWN
+#undef CALL_INT16
 #undef CALL_OWN8
 }
 

@@ -98,7 +98,7 @@ int main(void) {
         print(out, ROWS);
     }
 
-    /* the types dot_row_tokens multiplies, from the table, with their blocks' fp16 scales */
+    /* the types of the table that take activation codes, with their blocks' fp16 scales */
 #define PROBE_ROW(name, number, weights, bytes, form, unpack, has_min, split, check, ...) \
     PROBE_##form(number, check, __VA_ARGS__)
 #define PROBE_CODES(number, check, ...) \
@@ -106,7 +106,7 @@ int main(void) {
 #define IQ1M_FP16 0 /* the check formats: 1 where the scale is IQ1_M's, spread over 4 words */
 #define IQ1M_IQ1M 1
 #define IQ1M_NONE 0 /* MXFP4: its E8M0 byte (any value is finite) given an fp16 scale's low byte, as the others */
-#define PROBE_OWN PROBE_CODES
+#define PROBE_INT16 PROBE_CODES
 #define PROBE_OWN8 PROBE_CODES
 #define PROBE_FLOAT(...)
 #define PROBE_TILED(...)
@@ -142,11 +142,13 @@ int main(void) {
                 for (int j = 0; j < types[k].n_offsets; j++)
                     (types[k].iq1m ? put_iq1m_scale : put_scale)(row + b * bytes + types[k].offsets[j]);
             float several[T];
-            for (int t = 0; t < T; t += ROW_TOKENS) /* blocks of ROW_TOKENS tokens, and the rest */
-                dot_row_tokens(types[k].type, row, K, xq + t * K, xd + t * (K / GROUP), xs + t * (K / GROUP),
-                               xh + t * (K / GROUP * HALVES), x8 + t * (K / BLOCK8), mins,
-                               T - t < ROW_TOKENS ? T - t : ROW_TOKENS, several + t, 1);
-            print(several, T);
+            if (!type_decodes_int16(types[k].type)) { /* (those: the panels, below) */
+                for (int t = 0; t < T; t += ROW_TOKENS) /* blocks of ROW_TOKENS tokens, and the rest */
+                    dot_row_tokens(types[k].type, row, K, xq + t * K, xd + t * (K / GROUP), xs + t * (K / GROUP),
+                                   xh + t * (K / GROUP * HALVES), x8 + t * (K / BLOCK8), mins,
+                                   T - t < ROW_TOKENS ? T - t : ROW_TOKENS, several + t, 1);
+                print(several, T);
+            }
             dequantize_row(types[k].type, row, K, &buf, dequantized + r * K);
             print(dequantized + r * K, K);
             float *mins_r = w16_min + r * (K / GROUP) * MIN_SLOTS(type_mins(types[k].type));
