@@ -732,9 +732,9 @@ void quantize_row8(const float *x, int64_t K, Codes8 *out) {
 /* One group's contribution to a row's 8 float lanes. Weights with one scale per group sum
  * both halves in int32 first (exact); Q6_K's halves have a scale each. */
 static inline INLINED v8f group_term(const int8_t *w, const int16_t *x, const float *scale, float xd, int split) {
+    if (!split) return __builtin_convertvector(dot32_sum(w, x), v8f) * (scale[0] * xd);
     v8i lo, hi;
     dot32(w, x, &lo, &hi);
-    if (!split) return __builtin_convertvector(lo + hi, v8f) * (scale[0] * xd);
     return __builtin_convertvector(lo, v8f) * (scale[0] * xd) + __builtin_convertvector(hi, v8f) * (scale[1] * xd);
 }
 

@@ -3,7 +3,10 @@
  * group: lane l of half h sums weights 16h + 2l and 16h + 2l + 1. fma8: a * b + c in 8 float
  * lanes, rounded once (a fused multiply-add is exact before its one rounding in every tier).
  * widen8: 8 int8 codes as floats (exact); widen8u: the 8 bytes of a word, LSB first, as floats;
- * widen_half8 (x86 tiers, F16C; others: attention.c's integer steps): 8 float16 as floats (exact). Integer sums are exact in
+ * widen_half8 (x86 tiers, F16C; others: attention.c's integer steps): 8 float16 as floats (exact).
+ * dot32_sum: the two halves' lanes of dot32 added (lane l: weights 2l, 2l + 1, 16 + 2l and
+ * 17 + 2l; on AVX-512 VNNI one madd and one dpwssd, two instructions where madd, madd and an
+ * add take three). Integer sums are exact in
  * every tier, so the tiers agree bit for bit. Weight codes lie in [-128, 127], activation
  * codes in [-32767, 32767]: a lane is at most 2 * 128 * 32767, far from overflowing. */
 #ifndef SPRIG_SIMD_H
@@ -30,6 +33,15 @@ static inline void dot32(const int8_t *w, const int16_t *x, v8i *lo, v8i *hi) {
     *lo = (v8i)_mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)x));
     *hi = (v8i)_mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(x + 16)));
 }
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define DOT32_SUM_VNNI
+static inline v8i dot32_sum(const int8_t *w, const int16_t *x) {
+    __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w));
+    __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16)));
+    __m256i lo = _mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)x));
+    return (v8i)_mm256_dpwssd_epi32(lo, w1, _mm256_loadu_si256((const __m256i *)(x + 16)));
+}
+#endif
 static inline v8f fma8(v8f a, v8f b, v8f c) { return (v8f)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c); }
 static inline v8f widen8u(uint64_t bytes) {
     return (v8f)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)bytes)));
@@ -94,6 +106,13 @@ static inline v8f widen8(const int8_t *q) {
     v8f out;
     for (int l = 0; l < 8; l++) out[l] = (float)q[l];
     return out;
+}
+#endif
+#if !defined(DOT32_SUM_VNNI)
+static inline v8i dot32_sum(const int8_t *w, const int16_t *x) {
+    v8i lo, hi;
+    dot32(w, x, &lo, &hi);
+    return lo + hi;
 }
 #endif
 
