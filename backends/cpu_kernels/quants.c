@@ -973,7 +973,9 @@ static inline __attribute__((always_inline)) void float_kernel(const float *w, i
         for (int k = 0; k < TK; k++) out[(t + k) * stride + r] = reduce8(acc[r][k]);
 }
 
-#if defined(__AVX512F__)
+/* (The avx512_ymm build takes AVX2's form, 8 lanes a register, 32 of them: on Zen 4, 64 tokens,
+ * Q8_0, Q4_0 and MXFP4 1.25x the pairs.) */
+#if defined(__AVX512F__) && !defined(SPRIG_YMM)
 #define FLOAT_PAIRS 2 /* pairs of tokens register-blocked with FLOAT_ROWS rows (AVX-512) */
 /* float_kernel for the 2P tokens t .. t + 2P - 1 in 512-bit registers: one register holds a
  * row's 8 lanes for two tokens (lanes 0-7 token t + 2p, lanes 8-15 token t + 2p + 1), each lane
@@ -1013,7 +1015,7 @@ static inline __attribute__((always_inline)) void float_kernel_pairs(const float
 static inline __attribute__((always_inline)) void float_rows(const float *w, int64_t K, const int R, const float *x,
                                                              int64_t t0, int64_t t1, float *out, int64_t stride) {
     int64_t t = t0;
-#if defined(__AVX512F__)
+#if defined(FLOAT_PAIRS)
     for (; t + 2 * FLOAT_PAIRS <= t1; t += 2 * FLOAT_PAIRS) float_kernel_pairs(w, K, R, FLOAT_PAIRS, x, t, out, stride);
     for (; t + 2 <= t1; t += 2) float_kernel_pairs(w, K, R, 1, x, t, out, stride);
 #else
