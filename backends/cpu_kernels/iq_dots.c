@@ -276,7 +276,7 @@ static inline INLINED void iq1_m_pair(const uint8_t *b, int p, __m256i *lo, __m2
  * of group g start at x + k * K; flo[k] holds scale * xscale of g at index i, of h at i + 1. */
 static inline INLINED void pair_terms(__m256i lo, __m256i hi, const int16_t *x, int64_t K, const v8f *flo, int i,
                                       int both, const int n, v8f *acc) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && !defined(SPRIG_YMM) /* (Zen 4: the 256-bit form 1.02-1.13x) */
     __m512i wlo = _mm512_cvtepi8_epi16(lo), whi = _mm512_cvtepi8_epi16(hi);
     const __m512i at = _mm512_setr_epi32(i, i, i, i, i, i, i, i, i + 1, i + 1, i + 1, i + 1, i + 1, i + 1, i + 1, i + 1);
     for (int k = 0; k < n; k++) {
