@@ -173,6 +173,6 @@ __attribute__((noinline)) void byte_tile(const Panel *p, int64_t r, int R, const
     if (R == 1) tile(w, S, C, u, xd, K, b0, b1, 1, 1, y);
     else if (N == TILE_TOKENS) tile(w, S, C, u, xd, K, b0, b1, TILE_ROWS, TILE_TOKENS, y);
     else if (N == 1) tile(w, S, C, u, xd, K, b0, b1, TILE_ROWS, 1, y);
-    else if (N == 2 || TILE_TOKENS == 3) tile(w, S, C, u, xd, K, b0, b1, TILE_ROWS, 2, y); /* (tiles of 3: 2 left) */
+    else if (N == 2 || TILE_TOKENS <= 3) tile(w, S, C, u, xd, K, b0, b1, TILE_ROWS, 2, y); /* (tiles of 3: 2 left) */
     else tile(w, S, C, u, xd, K, b0, b1, TILE_ROWS, 3, y);                                  /* (tiles of 4: 3 left) */
 }

@@ -214,7 +214,7 @@ static __attribute__((noinline)) void row_tile(const int16_t *w, const float *D,
                                                const float *xd, int64_t b0, int64_t b1, int N, v8f y[][2]) {
     if (N == TILE_TOKENS) tile(w, D, K, xq, xd, b0, b1, TILE_ROWS, TILE_TOKENS, y);
     else if (N == 1) tile(w, D, K, xq, xd, b0, b1, TILE_ROWS, 1, y);
-    else if (N == 2 || TILE_TOKENS == 3) tile(w, D, K, xq, xd, b0, b1, TILE_ROWS, 2, y); /* (tiles of 3: 2 left) */
+    else if (N == 2 || TILE_TOKENS <= 3) tile(w, D, K, xq, xd, b0, b1, TILE_ROWS, 2, y); /* (tiles of 3: 2 left) */
     else tile(w, D, K, xq, xd, b0, b1, TILE_ROWS, 3, y);                                  /* (tiles of 4: 3 left) */
 }
 
@@ -246,7 +246,7 @@ static inline __attribute__((always_inline)) void min_terms(const float *mins, c
 static __attribute__((noinline)) void row_min_terms(const float *mins, const float *xm, int64_t M, int N, v8f y[][2]) {
     if (N == TILE_TOKENS) min_terms(mins, xm, M, TILE_ROWS, TILE_TOKENS, y);
     else if (N == 1) min_terms(mins, xm, M, TILE_ROWS, 1, y);
-    else if (N == 2 || TILE_TOKENS == 3) min_terms(mins, xm, M, TILE_ROWS, 2, y);
+    else if (N == 2 || TILE_TOKENS <= 3) min_terms(mins, xm, M, TILE_ROWS, 2, y);
     else min_terms(mins, xm, M, TILE_ROWS, 3, y);
 }
 
