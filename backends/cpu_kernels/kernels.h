@@ -38,7 +38,7 @@
  * other types' prefill dequantizes a panel of rows (float_panel_rows) to float once for all its
  * tokens and takes the float activations as they are, FLOAT_ROWS rows at a time, summing with
  * fused multiply-adds in 8 lanes (fma8, the same rounding in every tier; float_product in
- * quants.c; AVX-512 holds two tokens' 8 lanes in one register).
+ * quants.c; AVX-512 but its avx512_ymm build holds two tokens' 8 lanes in one register).
  * On AVX2 and AVX-512 the IQ types have dequantization, and those on int16 codes products, of
  * their own, unpacked in registers (iq_dots.c), with the bits of the form above.
  * The float types take the float activations as they are. Q1_0 is multiplied by table
