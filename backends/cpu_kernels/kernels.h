@@ -13,7 +13,7 @@
  * summed exactly in 8 int32 lanes, lane l of each half taking weights 2l and 2l + 1, and each
  * lane keeps its own float accumulator:
  *     acc[l] += (float)(isum_lo[l] + isum_hi[l]) * (wscale * xscale)
- * (the types whose halves have scales of their own, `split` below, add the two separately).
+ * (these CODES types have one scale per group; `split` below serves the OWN8 types).
  * The row's result is reduce8(acc) + the min terms, wmin[g] * xsum[g], summed in lanes g mod 8.
  * AVX-512 takes two groups at a time in 16 lanes (pair_terms in quants.c) and adds their terms
  * to acc one after the other, the same operations; its avx512_ymm build (SPRIG_YMM, for cores

@@ -729,13 +729,10 @@ void quantize_row8(const float *x, int64_t K, Codes8 *out) {
     }
 }
 
-/* One group's contribution to a row's 8 float lanes. Weights with one scale per group sum
- * both halves in int32 first (exact); Q6_K's halves have a scale each. */
-static inline INLINED v8f group_term(const int8_t *w, const int16_t *x, const float *scale, float xd, int split) {
-    if (!split) return __builtin_convertvector(dot32_sum(w, x), v8f) * (scale[0] * xd);
-    v8i lo, hi;
-    dot32(w, x, &lo, &hi);
-    return __builtin_convertvector(lo, v8f) * (scale[0] * xd) + __builtin_convertvector(hi, v8f) * (scale[1] * xd);
+/* One group's contribution to a row's 8 float lanes: both halves summed in int32 first (exact;
+ * the CODES types have one scale per group). */
+static inline INLINED v8f group_term(const int8_t *w, const int16_t *x, const float *scale, float xd) {
+    return __builtin_convertvector(dot32_sum(w, x), v8f) * (scale[0] * xd);
 }
 
 /* (The avx512_ymm build, SPRIG_YMM, takes a group at a time as AVX2 does: where a core runs a
@@ -746,34 +743,24 @@ static inline INLINED v8f group_term(const int8_t *w, const int16_t *x, const fl
 /* Two groups' terms for N tokens (AVX-512), group_term's arithmetic for each, the weights from
  * int8 codes q (two groups: q[0..63]): the first halves of both groups' weights in one register
  * of 32 int16 and their second halves in another, each token's codes permuted to match, so that
- * two dpwssd give both groups' lanes (lo + hi exactly, or each half apart where `split`); then
- * the float products of both groups at once, and acc += group g's term, then group g + 1's, as
- * in the loop over groups. */
+ * two dpwssd give both groups' lanes (lo + hi, exactly); then the float products of both groups
+ * at once, and acc += group g's term, then group g + 1's, as in the loop over groups. */
 static inline INLINED void pair_terms(const int8_t *q, const int16_t *xq, int64_t K, const float *scale,
-                                      const float *xd, int64_t G, int split, const int N, v8f *acc) {
+                                      const float *xd, int64_t G, const int N, v8f *acc) {
     const __m512i w_lo = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
         _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)q)), _mm_loadu_si128((const __m128i *)(q + 32)), 1));
     const __m512i w_hi = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
         _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(q + 16))), _mm_loadu_si128((const __m128i *)(q + 48)), 1));
     const __m512i lo_words = _mm512_setr_epi64(0, 1, 2, 3, 8, 9, 10, 11), hi_words = _mm512_setr_epi64(4, 5, 6, 7, 12, 13, 14, 15);
     const __m512i first = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1); /* [v0 x 8 | v1 x 8] */
-    const __m512 scales = _mm512_castps128_ps512(_mm_loadu_ps(scale)); /* lo_g, hi_g, lo_g+1, hi_g+1 */
-    const __m512 s_lo = _mm512_permutexvar_ps(_mm512_add_epi32(first, first), scales);
-    const __m512 s_hi = _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_add_epi32(first, first), _mm512_set1_epi32(1)), scales);
+    const __m512 scales = _mm512_castps128_ps512(_mm_loadu_ps(scale)); /* g's twice, then g + 1's twice */
+    const __m512 s = _mm512_permutexvar_ps(_mm512_add_epi32(first, first), scales);
     for (int k = 0; k < N; k++) {
         const __m512i x1 = _mm512_loadu_si512((const void *)(xq + k * K)), x2 = _mm512_loadu_si512((const void *)(xq + k * K + GROUP));
         const __m512i x_lo = _mm512_permutex2var_epi64(x1, lo_words, x2), x_hi = _mm512_permutex2var_epi64(x1, hi_words, x2);
         const __m512 xs = _mm512_permutexvar_ps(first, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)(xd + k * G)))));
-        __m512 term;
-        if (!split) {
-            __m512i sums = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_setzero_si512(), w_lo, x_lo), w_hi, x_hi);
-            term = _mm512_mul_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(s_lo, xs));
-        } else {
-            __m512i lo = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w_lo, x_lo);
-            __m512i hi = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w_hi, x_hi);
-            term = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(lo), _mm512_mul_ps(s_lo, xs)),
-                                 _mm512_mul_ps(_mm512_cvtepi32_ps(hi), _mm512_mul_ps(s_hi, xs)));
-        }
+        const __m512i sums = _mm512_dpwssd_epi32(_mm512_madd_epi16(w_lo, x_lo), w_hi, x_hi);
+        const __m512 term = _mm512_mul_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(s, xs));
         acc[k] += (v8f)_mm512_castps512_ps256(term);
         acc[k] += (v8f)_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(term), 1));
     }
@@ -785,14 +772,14 @@ static inline INLINED void pair_terms(const int8_t *q, const int16_t *xq, int64_
 /* `groups` groups' terms for N tokens into acc: token k's codes of the first at xq + k * K,
  * its scale at xd[k * G]; the weights' codes at q, their scales at scale (HALVES a group). */
 static inline INLINED void chunk_terms(int groups, const int8_t *q, const int16_t *xq, int64_t K, const float *scale,
-                                       const float *xd, int64_t G, int split, const int N, v8f *acc) {
+                                       const float *xd, int64_t G, const int N, v8f *acc) {
     int g = 0;
 #if PAIR_WEIGHTS > GROUP
-    for (; g + 1 < groups; g += 2) pair_terms(q + g * GROUP, xq + g * GROUP, K, scale + g * HALVES, xd + g, G, split, N, acc);
+    for (; g + 1 < groups; g += 2) pair_terms(q + g * GROUP, xq + g * GROUP, K, scale + g * HALVES, xd + g, G, N, acc);
 #endif
     for (; g < groups; g++)
         _Pragma("GCC unroll 4") for (int k = 0; k < N; k++) acc[k] +=
-            group_term(q + g * GROUP, xq + k * K + g * GROUP, scale + g * HALVES, xd[k * G + g], split);
+            group_term(q + g * GROUP, xq + k * K + g * GROUP, scale + g * HALVES, xd[k * G + g]);
 }
 
 /* Whether a value of each check format (QUANT_TYPES) at `p` is inf or nan. */
@@ -833,9 +820,9 @@ void dot_tokens(const RowBuffer *w, const float *x, int64_t K, int64_t t0, int64
  * read once). Token k's codes are at xq + k * K, its group scales and sums at xd, xs + k * G.
  * Each token's arithmetic is the same, in the same order, whatever N and the tokens beside
  * it: a group's int32 sums, then acc += sums * (wscale * xscale) in 8 lanes, reduce8, and
- * the min terms. `mins` is scratch for the row's min terms. `type` and `split` are constants
+ * the min terms. `mins` is scratch for the row's min terms. `type` is a constant
  * (each type has its function, below). */
-static inline __attribute__((always_inline)) void row_tokens(int type, int split, const uint8_t *row, int64_t K,
+static inline __attribute__((always_inline)) void row_tokens(int type, const uint8_t *row, int64_t K,
                                                              const int16_t *xq, const float *xd, const float *xs,
                                                              const float *xh, float *mins, const int N, float *out,
                                                              int64_t stride) {
@@ -857,14 +844,14 @@ static inline __attribute__((always_inline)) void row_tokens(int type, int split
             for (int p = 0; p < PER; p++)                                                               \
                 unpack(row + (blk + p) * (bytes), q + p * (weights), scale + p * GROUPS * HALVES,      \
                        (has_min) ? mins + (g0 + p * GROUPS) * (has_min) : no_mins);                     \
-            chunk_terms(PER * GROUPS, q, xq + g0 * GROUP, K, scale, xd + g0, G, split, N, acc);        \
+            chunk_terms(PER * GROUPS, q, xq + g0 * GROUP, K, scale, xd + g0, G, N, acc);               \
         }                                                                                               \
         if (PER > 1 && blk < K / (weights)) { /* the last block alone, where the count is odd */       \
             int8_t q[weights];                                                                          \
             float scale[GROUPS * HALVES];                                                               \
             int64_t g0 = blk * GROUPS;                                                                  \
             unpack(row + blk * (bytes), q, scale, (has_min) ? mins + g0 * (has_min) : no_mins);         \
-            chunk_terms(GROUPS, q, xq + g0 * GROUP, K, scale, xd + g0, G, split, N, acc);              \
+            chunk_terms(GROUPS, q, xq + g0 * GROUP, K, scale, xd + g0, G, N, acc);                     \
         }                                                                                               \
     }                                                                                                   \
     with_mins = (has_min);                                                                              \
@@ -895,25 +882,24 @@ static inline __attribute__((always_inline)) void row_tokens(int type, int split
     }
 }
 
-/* One function per CODES type (dot_Q4_0, ...), `split` a constant in each: GCC's inlining
+/* One function per CODES type (dot_Q4_0, ...): GCC's inlining
  * limits apply per function, so the code of one type's products never depends on how many
  * other types there are (in one function for all types, new rows pushed older types'
  * unpacking out of line, and group_term was called out of line in the scalar and NEON tiers). */
-#define DOT_FUNCTION(name, number, weights, bytes, form, unpack, has_min, split, ...) \
-    DOT_FUNCTION_##form(name, number, split)
+#define DOT_FUNCTION(name, number, weights, bytes, form, ...) DOT_FUNCTION_##form(name, number)
 #define DOT_FUNCTION_FLOAT(...)
 #define DOT_FUNCTION_TILED(...)
 #define DOT_FUNCTION_INT16(...) /* int16_panels.c */
 #define DOT_FUNCTION_OWN8(...) /* codes8_dots.c */
-#define DOT_FUNCTION_CODES(name, number, split)                                                                       \
+#define DOT_FUNCTION_CODES(name, number)                                                                              \
     static __attribute__((noinline)) void dot_##name(const uint8_t *row, int64_t K, const int16_t *xq,              \
                                                      const float *xd, const float *xs, const float *xh, float *mins,  \
                                                      int n, float *out, int64_t stride) {                             \
         switch (n) { /* one body per count, so that the loop over tokens unrolls and shares each unpacked block */ \
-        case 1: row_tokens(number, split, row, K, xq, xd, xs, xh, mins, 1, out, stride); break;                      \
-        case 2: row_tokens(number, split, row, K, xq, xd, xs, xh, mins, 2, out, stride); break;                      \
-        case 3: row_tokens(number, split, row, K, xq, xd, xs, xh, mins, 3, out, stride); break;                      \
-        default: row_tokens(number, split, row, K, xq, xd, xs, xh, mins, ROW_TOKENS, out, stride); break;            \
+        case 1: row_tokens(number, row, K, xq, xd, xs, xh, mins, 1, out, stride); break;                      \
+        case 2: row_tokens(number, row, K, xq, xd, xs, xh, mins, 2, out, stride); break;                      \
+        case 3: row_tokens(number, row, K, xq, xd, xs, xh, mins, 3, out, stride); break;                      \
+        default: row_tokens(number, row, K, xq, xd, xs, xh, mins, ROW_TOKENS, out, stride); break;            \
         }                                                                                                             \
     }
 QUANT_TYPES(DOT_FUNCTION)
