@@ -20,8 +20,8 @@ from backends.base import Backend
 from engine.bundled import resolve_model_path
 from engine.loader import load_model
 from engine.perplexity import perplexity
-from tests.engine.parity_models import greedy_forward
 from tests.engine.test_cpu_end_to_end import PPL_TEXT, TEXT_PROMPTS
+from tools.measure_cpu_accuracy import agreement, prompt_runs
 
 
 def rounded_as_codes(x: np.ndarray, span: int) -> np.ndarray:
@@ -33,12 +33,10 @@ def rounded_as_codes(x: np.ndarray, span: int) -> np.ndarray:
     return (codes * d).astype(np.float32).reshape(x.shape)  # (..., K)
 
 
-def run(path) -> tuple[list[np.ndarray], list[list[int]], float]:
-    """Last-prompt-position logits and greedy continuations for the test's prompts, and the perplexity."""
+def run(path) -> tuple[list, float]:
+    """prompt_runs on the NumPy backend, and the perplexity."""
     model = load_model(path, "numpy", kv_type="f32")
-    prompts = [model.tokenizer.encode(text, add_bos=model.tokenizer.add_bos) for text in TEXT_PROMPTS]
-    runs = [greedy_forward(model, prompt, 32) for prompt in prompts]
-    return [r[0] for r in runs], [r[1] for r in runs], perplexity(model, PPL_TEXT, ctx=128, max_windows=4).ppl
+    return prompt_runs(model), perplexity(model, PPL_TEXT, ctx=128, max_windows=4).ppl
 
 
 def main() -> None:
@@ -60,13 +58,12 @@ def main() -> None:
     numpy_backend.NumpyBackend.fuse_linear = Backend.fuse_linear  # every product through matmul_transposed
     emulated = run(path)
 
-    errors = [float(np.abs(a - b).max() / (b.max() - b.min())) for a, b in zip(emulated[0], reference[0], strict=True)]
-    top = sum(int(np.argmax(a)) == int(np.argmax(b)) for a, b in zip(emulated[0], reference[0], strict=True))
-    same = sum(a == b for a, b in zip(emulated[1], reference[1], strict=True))
+    error, top, same = agreement(emulated[0], reference[0])
+    n, ppl, ppl_emulated = len(TEXT_PROMPTS), reference[1], emulated[1]
     print(
-        f"{path.name}, {args.types} on 8-bit codes per {args.span}: max logit error / range {max(errors):.2e}, "
-        f"top-1 {top}/{len(errors)}, greedy-32 identical {same}/{len(errors)}, "
-        f"perplexity {reference[2]:.3f} -> {emulated[2]:.3f} ({emulated[2] / reference[2] - 1:+.2%})"
+        f"{path.name}, {args.types} on 8-bit codes per {args.span}: max logit error / range {error:.2e}, "
+        f"top-1 {top}/{n}, greedy-32 identical {same}/{n}, "
+        f"perplexity {ppl:.3f} -> {ppl_emulated:.3f} ({ppl_emulated / ppl - 1:+.2%})"
     )
 
 

@@ -21,6 +21,22 @@ from tests.engine.parity_models import greedy_forward
 from tests.engine.test_cpu_end_to_end import N_GREEDY, PPL_TEXT, TEXT_PROMPTS
 
 
+def prompt_runs(model) -> list[tuple[np.ndarray, list[int]]]:
+    """The logits after each of the end-to-end tests' prompts, and its 32-token greedy continuation."""
+    prompts = [model.tokenizer.encode(t, add_bos=model.tokenizer.add_bos) for t in TEXT_PROMPTS]
+    return [greedy_forward(model, p, N_GREEDY) for p in prompts]
+
+
+def agreement(ours: list, reference: list) -> tuple[float, int, int]:
+    """Of two prompt_runs: the largest logit error as a share of the reference's range, how many
+    top tokens and how many greedy continuations are the same."""
+    pairs = list(zip(ours, reference, strict=True))
+    error = max(float(np.abs(o[0] - r[0]).max() / (r[0].max() - r[0].min())) for o, r in pairs)
+    top = sum(int(np.argmax(o[0]) == np.argmax(r[0])) for o, r in pairs)
+    same = sum(o[1] == r[1] for o, r in pairs)
+    return error, top, same
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="+", help="bundled model keys, e.g. smollm2 gemma3")
@@ -30,19 +46,14 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|")
     for key in args.models:
         loaded = {name: load_model(resolve_model_path(key), name) for name in ("numpy", "cpu")}
-        prompts = [loaded["numpy"].tokenizer.encode(t, add_bos=loaded["numpy"].tokenizer.add_bos) for t in TEXT_PROMPTS]
-        runs = {name: [greedy_forward(model, p, N_GREEDY) for p in prompts] for name, model in loaded.items()}
-        errors = [
-            float(np.abs(ours[0] - ref[0]).max() / (ref[0].max() - ref[0].min()))
-            for ours, ref in zip(runs["cpu"], runs["numpy"], strict=True)
-        ]
-        top = sum(int(np.argmax(o[0]) == np.argmax(r[0])) for o, r in zip(runs["cpu"], runs["numpy"], strict=True))
-        same = sum(o[1] == r[1] for o, r in zip(runs["cpu"], runs["numpy"], strict=True))
+        runs = {name: prompt_runs(model) for name, model in loaded.items()}
+        error, top, same = agreement(runs["cpu"], runs["numpy"])
+        n = len(TEXT_PROMPTS)
         ppl = {name: perplexity(model, PPL_TEXT, ctx=128, max_windows=4).ppl for name, model in loaded.items()}
         in_steps = perplexity(loaded["cpu"], PPL_TEXT, ctx=128, max_windows=4, chunk=16).ppl
         change, steps_change = (100.0 * (p / ppl["numpy"] - 1.0) for p in (ppl["cpu"], in_steps))
         print(
-            f"| {key} | {max(errors):.1e} | {top}/{len(prompts)} | {same}/{len(prompts)} | "
+            f"| {key} | {error:.1e} | {top}/{n} | {same}/{n} | "
             f"{ppl['numpy']:.4f} → {ppl['cpu']:.4f} ({change:+.3f}%) | {in_steps:.4f} ({steps_change:+.3f}%) |"
         )
         for model in loaded.values():

@@ -163,7 +163,7 @@ static inline INLINED void unpack_q5_1(const uint8_t *b, int8_t *q, float *scale
 
 /* Q8_0, 32 weights in 34 bytes:  | d: fp16 | qs: 32 int8 | */
 static inline INLINED void unpack_q8_0(const uint8_t *b, int8_t *q, float *scale, float *min) {
-    /* in halves, as dot32 reads them: GCC then reads the row itself, where with AVX-512 on it
+    /* in halves, as dot32_sum reads them: GCC then reads the row itself, where with AVX-512 on it
      * sent one 32-byte copy through the stack (1.2x slower on Zen 4) */
     memcpy(q, b + 2, 16);
     memcpy(q + 16, b + 18, 16);
@@ -275,7 +275,7 @@ static inline i8x16 lookup16(const int8_t *table, u8x16 idx) {
 }
 
 /* The codes of 16 bytes of nibbles (low nibbles weights 0-15, high ones 16-31) through a table,
- * into q in two halves: as dot32 reads them, so that they stay in registers (a 32-byte vector
+ * into q in two halves: as dot32_sum reads them, so that they stay in registers (a 32-byte vector
  * written whole and read back in halves goes through the stack). */
 static inline void lookup_nibbles(const int8_t *table, const uint8_t *qs, int8_t *q) {
     const u8x16 v = load16(qs);

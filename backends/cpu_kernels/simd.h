@@ -1,14 +1,12 @@
-/* The pieces that differ between tiers. dot32: the integer dot product of a group of 32 int8
- * weights with 32 int16 activation codes. It gives two vectors of 8 int32 lanes, one per half
- * group: lane l of half h sums weights 16h + 2l and 16h + 2l + 1. fma8: a * b + c in 8 float
- * lanes, rounded once (a fused multiply-add is exact before its one rounding in every tier).
- * widen8: 8 int8 codes as floats (exact); widen8u: the 8 bytes of a word, LSB first, as floats;
- * widen_half8 (x86 tiers, F16C; others: attention.c's integer steps): 8 float16 as floats (exact).
- * dot32_sum: the two halves' lanes of dot32 added (lane l: weights 2l, 2l + 1, 16 + 2l and
- * 17 + 2l; on AVX-512 VNNI one madd and one dpwssd, two instructions where madd, madd and an
- * add take three). Integer sums are exact in
+/* The pieces that differ between tiers. dot32_sum: the integer dot product of a group of 32
+ * int8 weights with 32 int16 activation codes, in 8 int32 lanes: lane l sums weights 2l, 2l + 1,
+ * 16 + 2l and 17 + 2l (on AVX-512 VNNI one madd and one dpwssd, two instructions where madd,
+ * madd and an add take three). fma8: a * b + c in 8 float lanes, rounded once (a fused
+ * multiply-add is exact before its one rounding in every tier). widen8: 8 int8 codes as floats
+ * (exact); widen8u: the 8 bytes of a word, LSB first, as floats; widen_half8 (x86 tiers, F16C;
+ * others: attention.c's integer steps): 8 float16 as floats (exact). Integer sums are exact in
  * every tier, so the tiers agree bit for bit. Weight codes lie in [-128, 127], activation
- * codes in [-32767, 32767]: a lane is at most 2 * 128 * 32767, far from overflowing. */
+ * codes in [-32767, 32767]: a lane is at most 4 * 128 * 32767, far from overflowing. */
 #ifndef SPRIG_SIMD_H
 #define SPRIG_SIMD_H
 
@@ -18,7 +16,7 @@ typedef int32_t v8i __attribute__((vector_size(32)));
 typedef float v8f __attribute__((vector_size(32)));
 typedef int16_t i16x8 __attribute__((vector_size(16))); /* 8 codes, narrowed from v8i */
 
-#if defined(__AVX2__) /* and AVX-512, whose dpwssd from zero would cost a zeroing move beside madd's one instruction */
+#if defined(__AVX2__) /* and AVX-512, whose dot32_sum starts from madd: a dpwssd from zero would cost a zeroing move */
 #include <immintrin.h>
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(SPRIG_YMM)
 #define SPRIG_TIER "avx512_ymm"
@@ -27,21 +25,16 @@ typedef int16_t i16x8 __attribute__((vector_size(16))); /* 8 codes, narrowed fro
 #else
 #define SPRIG_TIER "avx2"
 #endif
-static inline void dot32(const int8_t *w, const int16_t *x, v8i *lo, v8i *hi) {
-    __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w));
-    __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16)));
-    *lo = (v8i)_mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)x));
-    *hi = (v8i)_mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(x + 16)));
-}
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-#define DOT32_SUM_VNNI
 static inline v8i dot32_sum(const int8_t *w, const int16_t *x) {
     __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w));
     __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16)));
     __m256i lo = _mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)x));
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
     return (v8i)_mm256_dpwssd_epi32(lo, w1, _mm256_loadu_si256((const __m256i *)(x + 16)));
-}
+#else
+    return (v8i)_mm256_add_epi32(lo, _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(x + 16))));
 #endif
+}
 static inline v8f fma8(v8f a, v8f b, v8f c) { return (v8f)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c); }
 static inline v8f widen8u(uint64_t bytes) {
     return (v8f)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)bytes)));
@@ -57,12 +50,12 @@ static inline int32x4_t pair_sums(int8x8_t w, int16x8_t x) { /* 8 weights: 4 lan
     int16x8_t w16 = vmovl_s8(w);
     return vpaddq_s32(vmull_s16(vget_low_s16(w16), vget_low_s16(x)), vmull_high_s16(w16, x));
 }
-static inline void dot32(const int8_t *w, const int16_t *x, v8i *lo, v8i *hi) {
-    int32_t *l = (int32_t *)lo, *h = (int32_t *)hi;
-    vst1q_s32(l, pair_sums(vld1_s8(w), vld1q_s16(x)));
-    vst1q_s32(l + 4, pair_sums(vld1_s8(w + 8), vld1q_s16(x + 8)));
-    vst1q_s32(h, pair_sums(vld1_s8(w + 16), vld1q_s16(x + 16)));
-    vst1q_s32(h + 4, pair_sums(vld1_s8(w + 24), vld1q_s16(x + 24)));
+static inline v8i dot32_sum(const int8_t *w, const int16_t *x) {
+    v8i out;
+    int32_t *l = (int32_t *)&out;
+    vst1q_s32(l, vaddq_s32(pair_sums(vld1_s8(w), vld1q_s16(x)), pair_sums(vld1_s8(w + 16), vld1q_s16(x + 16))));
+    vst1q_s32(l + 4, vaddq_s32(pair_sums(vld1_s8(w + 8), vld1q_s16(x + 8)), pair_sums(vld1_s8(w + 24), vld1q_s16(x + 24))));
+    return out;
 }
 static inline v8f widen8u(uint64_t bytes) {
     uint16x8_t q16 = vmovl_u8(vcreate_u8(bytes));
@@ -86,11 +79,12 @@ static inline v8f widen8(const int8_t *q) {
 }
 #else
 #define SPRIG_TIER "scalar"
-static inline void dot32(const int8_t *w, const int16_t *x, v8i *lo, v8i *hi) {
-    for (int l = 0; l < 8; l++) {
-        (*lo)[l] = (int32_t)w[2 * l] * x[2 * l] + (int32_t)w[2 * l + 1] * x[2 * l + 1];
-        (*hi)[l] = (int32_t)w[16 + 2 * l] * x[16 + 2 * l] + (int32_t)w[17 + 2 * l] * x[17 + 2 * l];
-    }
+static inline v8i dot32_sum(const int8_t *w, const int16_t *x) {
+    v8i out;
+    for (int l = 0; l < 8; l++)
+        out[l] = ((int32_t)w[2 * l] * x[2 * l] + (int32_t)w[2 * l + 1] * x[2 * l + 1]) +
+                 ((int32_t)w[16 + 2 * l] * x[16 + 2 * l] + (int32_t)w[17 + 2 * l] * x[17 + 2 * l]);
+    return out;
 }
 static inline v8f widen8u(uint64_t bytes) {
     v8f out;
@@ -106,13 +100,6 @@ static inline v8f widen8(const int8_t *q) {
     v8f out;
     for (int l = 0; l < 8; l++) out[l] = (float)q[l];
     return out;
-}
-#endif
-#if !defined(DOT32_SUM_VNNI)
-static inline v8i dot32_sum(const int8_t *w, const int16_t *x) {
-    v8i lo, hi;
-    dot32(w, x, &lo, &hi);
-    return lo + hi;
 }
 #endif
 
