@@ -13,7 +13,7 @@ from setuptools import Extension, setup
 SOURCES = [
     f"backends/cpu_kernels/{name}.c"
     for name in (
-        "module", "ops", "attention", "delta_net", "quants", "codes8_dots", "int16_panels", "byte_panels", "iq_dots", "q1_tiles", "tq_tiles", "pool",
+        "module", "ops", "attention", "delta_net", "quants", "codes8_dots", "int16_panels", "byte_panels", "iq_dots", "q1_tiles", "tq_tiles", "row_tiles", "pool",
         "scratch",
     )
 ]

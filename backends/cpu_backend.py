@@ -50,6 +50,19 @@ _ROUTING_ORDERS = {"softmax_top_k": 0, "top_k_softmax": 1}
 _Q8_0 = GGMLQuantizationType.Q8_0
 # the types multiplied from tiles of 32 rows by table lookup (cpu_kernels/q1_tiles.c, tq_tiles.c)
 _TILED_TYPES = frozenset({GGMLQuantizationType.Q1_0, GGMLQuantizationType.TQ1_0, GGMLQuantizationType.TQ2_0})
+# the 32-weight types on int16 codes, multiplied from tiles of 8 rows with a row per vector lane
+# (cpu_kernels/row_tiles.c: row_tiled_type)
+_ROW_TILED_TYPES = frozenset(
+    {
+        GGMLQuantizationType.Q4_0,
+        GGMLQuantizationType.Q4_1,
+        GGMLQuantizationType.Q5_0,
+        GGMLQuantizationType.Q5_1,
+        GGMLQuantizationType.Q8_0,
+        GGMLQuantizationType.IQ4_NL,
+        GGMLQuantizationType.MXFP4,
+    }
+)
 _KV_CODES = {"f32": 0, "f16": 1, "q8_0": 2}  # the KV types' codes in the kernels (ops.h: KV_F32, ...)
 
 
@@ -224,7 +237,7 @@ class CpuBackend(Backend):
                 f"{spec.name} has {bad} blocks whose scale is infinite or not a number: the model file is damaged"
             )
         matrix = CpuMatrix(spec.name, raw, ggml_type, rows, cols)
-        if ggml_type in _TILED_TYPES and not spec.name.endswith("token_embd.weight"):
+        if ggml_type in _TILED_TYPES | _ROW_TILED_TYPES and not spec.name.endswith("token_embd.weight"):
             self._tiles(matrix)  # now, not at the first token (the embedding only if the output uses it)
         return matrix
 
@@ -273,16 +286,23 @@ class CpuBackend(Backend):
 
     def _product_entry(self, matrix: CpuMatrix, out: Any, bias: Any = None) -> tuple:
         """`matrix` in a matrix-product op's tuple, writing `out` and adding `bias`."""
-        if matrix.ggml_type not in _TILED_TYPES:
+        if matrix.ggml_type in _ROW_TILED_TYPES:
+            tiled_type = self.native.ROW_TILES + matrix.ggml_type
+        elif matrix.ggml_type == GGMLQuantizationType.Q1_0:
+            tiled_type = self.native.Q1_0_TILES
+        elif matrix.ggml_type in _TILED_TYPES:
+            tiled_type = self.native.TQ_TILES
+        else:
             return (matrix.raw, matrix.ggml_type, matrix.rows, matrix.cols, out, bias)
-        tiled_type = self.native.Q1_0_TILES if matrix.ggml_type == GGMLQuantizationType.Q1_0 else self.native.TQ_TILES
         return (self._tiles(matrix), tiled_type, matrix.rows, matrix.cols, out, bias)
 
     def _tiles(self, matrix: CpuMatrix) -> bytes:
-        """A Q1_0 or ternary matrix's blocks regrouped for the table-lookup product, made once."""
+        """A Q1_0, ternary or 32-weight matrix's blocks regrouped for its product, made once."""
         if matrix.tiles is None:
             if matrix.ggml_type == GGMLQuantizationType.Q1_0:
                 matrix.tiles = self.native.tile_q1_0(matrix.raw, matrix.rows, matrix.cols)
+            elif matrix.ggml_type in _ROW_TILED_TYPES:
+                matrix.tiles = self.native.tile_rows(matrix.raw, matrix.ggml_type, matrix.rows, matrix.cols)
             else:
                 matrix.tiles = self.native.tile_tq(matrix.raw, matrix.ggml_type, matrix.rows, matrix.cols)
         return matrix.tiles

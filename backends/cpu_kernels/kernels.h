@@ -110,7 +110,10 @@ enum {
     QUANT_TYPES(TYPE_ENUM)
     T_Q1_0_TILES = 1041, /* Sprig's own: Q1_0 regrouped in tiles of Q1_TILE rows (q1_tiles.c) */
     T_TQ_TILES = 1042,   /* Sprig's own: TQ1_0 or TQ2_0 as 2-bit codes in tiles of Q1_TILE rows (tq_tiles.c) */
+    T_ROW_TILES = 1100,  /* Sprig's own, plus a 32-weight type's number: that type in tiles of ROW_TILE rows (row_tiles.c) */
 };
+/* The type of a matrix in row tiles (T_ROW_TILES + its number), else -1 */
+static inline int row_tiles_of(int type) { return type > T_ROW_TILES && type < T_ROW_TILES + 64 ? type - T_ROW_TILES : -1; }
 #undef TYPE_ENUM
 
 enum { FORM_FLOAT, FORM_CODES, FORM_INT16, FORM_OWN8, FORM_TILED };
@@ -306,6 +309,20 @@ void tq_tables(const float *x, int64_t K, uint8_t *tables, float *xscale);
 /* rows of tile `tile` of a tiled matrix times n (1 .. TQ_TOKENS) tokens' tables, token j into out[j][row] */
 void tq_tile_rows(const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, const uint8_t *const *tables,
                   const float *const *xscale, int n, float *const *out);
+
+/* row_tiles.c: the 32-weight types on int16 codes in tiles of ROW_TILE rows, a row per lane */
+#define ROW_TILE 8        /* rows of a tile */
+#define ROW_TILE_TOKENS 4 /* tokens one pass over a tile serves */
+int row_tiled_type(int type); /* whether matrices of `type` are multiplied from row tiles */
+int64_t row_tiled_bytes(int type, int64_t rows, int64_t K);
+void row_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, uint8_t *tiles);
+/* rows of tile `tile` of a matrix of `type` in row tiles times n (1 .. ROW_TILE_TOKENS) tokens:
+ * token j's int16 codes at xq + j * K, its group scales and sums at xd, xs + j * K / GROUP,
+ * its results at out[j * stride + row] */
+void row_tile_rows(int type, const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, const int16_t *xq,
+                   const float *xd, const float *xs, int n, float *out, int64_t stride);
+extern const int8_t kvalues_mxfp4[16]; /* quants.c: MXFP4's codes, twice their E2M1 values */
+extern float e8m0_halves[256];         /* quants.c: half of 2^(e - 127) for each E8M0 byte e */
 
 /* pool.c */
 /* A task's chunk `chunk` of `chunks`, run by thread `thread` (which owns scratch slot `thread`). */

@@ -82,8 +82,8 @@ static int parse_matrix(PyObject *item, Matrix *m, Buf *out, Buf *bias) {
     m->rows = rows;
     m->cols = cols;
     m->row_bytes = (size_t)(cols / weights * bytes);
-    int tiled = m->type == T_Q1_0_TILES || m->type == T_TQ_TILES;
-    int64_t stored_rows = tiled ? (rows + Q1_TILE - 1) / Q1_TILE * Q1_TILE : rows;
+    int tiled = m->type == T_Q1_0_TILES || m->type == T_TQ_TILES ? Q1_TILE : row_tiles_of(m->type) >= 0 ? ROW_TILE : 1;
+    int64_t stored_rows = (rows + tiled - 1) / tiled * tiled;
     if (need(&data, stored_rows * (int64_t)m->row_bytes, 1, "weight blocks") != 0) return -1;
     m->data = data.ptr;
     if (get_buf(out_obj, 1, 4, out, "matrix output") != 0 || get_buf(bias_obj, 0, 4, bias, "bias") != 0) return -1;
@@ -173,7 +173,9 @@ static int parse_op(PyObject *tuple, Op *op) {
     switch (op->code) {
     case OP_EMBED: {
         int64_t tokens = op->ints.embed.tokens;
-        if (op->n_mats != 1 || op->mats[0].type == T_Q1_0_TILES || op->mats[0].type == T_TQ_TILES) break;
+        if (op->n_mats != 1 || op->mats[0].type == T_Q1_0_TILES || op->mats[0].type == T_TQ_TILES ||
+            row_tiles_of(op->mats[0].type) >= 0)
+            break;
         return need(&ids, tokens, 8, "ids") || need(&out, tokens * op->mats[0].cols, 4, "out");
     }
     case OP_LINEAR: {
@@ -480,9 +482,21 @@ static PyObject *py_count_bad_scales(PyObject *self, PyObject *args) {
     return PyLong_FromLongLong(bad);
 }
 
+/* The kernel may reclaim the pages of a matrix's blocks once they are regrouped into tiles:
+ * products do not read them again (MADV_PAGEOUT writes back or drops only what it can read
+ * again). */
+static void page_out(const uint8_t *ptr, int64_t size) {
+#ifdef MADV_PAGEOUT
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), start = ((uintptr_t)ptr + page - 1) / page * page,
+              end = ((uintptr_t)ptr + (uintptr_t)size) / page * page;
+    if (end > start) madvise((void *)start, end - start, MADV_PAGEOUT);
+#else
+    (void)ptr, (void)size;
+#endif
+}
+
 /* A Q1_0 matrix's blocks regrouped into tiles for the table-lookup product (q1_tiles.c), as
- * a new bytes object. The file's pages are not read by products again: the kernel may
- * reclaim them (MADV_PAGEOUT writes back or drops only what it can read again). */
+ * a new bytes object; the file's pages are reclaimable (page_out). */
 static PyObject *py_tile_q1_0(PyObject *self, PyObject *args) {
     PyObject *raw;
     long long rows, cols;
@@ -495,11 +509,7 @@ static PyObject *py_tile_q1_0(PyObject *self, PyObject *args) {
     uint8_t *out = (uint8_t *)PyBytes_AS_STRING(tiles);
     Py_BEGIN_ALLOW_THREADS
     q1_tile_matrix(data.ptr, rows, cols, out);
-#ifdef MADV_PAGEOUT
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), start = ((uintptr_t)data.ptr + page - 1) / page * page,
-              end = ((uintptr_t)data.ptr + (uintptr_t)(rows * (cols / 128) * 18)) / page * page;
-    if (end > start) madvise((void *)start, end - start, MADV_PAGEOUT);
-#endif
+    page_out(data.ptr, rows * (cols / 128) * 18);
     Py_END_ALLOW_THREADS
     return tiles;
 }
@@ -522,16 +532,34 @@ static PyObject *py_tile_tq(PyObject *self, PyObject *args) {
     int failed;
     Py_BEGIN_ALLOW_THREADS
     failed = tq_tile_matrix(type, data.ptr, rows, cols, (uint8_t *)PyBytes_AS_STRING(tiles));
-#ifdef MADV_PAGEOUT
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), start = ((uintptr_t)data.ptr + page - 1) / page * page,
-              end = ((uintptr_t)data.ptr + (uintptr_t)size) / page * page;
-    if (!failed && end > start) madvise((void *)start, end - start, MADV_PAGEOUT);
-#endif
+    if (!failed) page_out(data.ptr, size);
     Py_END_ALLOW_THREADS
     if (failed) {
         Py_DECREF(tiles);
         return PyErr_NoMemory();
     }
+    return tiles;
+}
+
+/* A 32-weight matrix (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4) regrouped into tiles of
+ * ROW_TILE rows (row_tiles.c), as a new bytes object of the same size but for the padded
+ * rows; the file's pages are reclaimable, as for Q1_0. */
+static PyObject *py_tile_rows(PyObject *self, PyObject *args) {
+    PyObject *raw;
+    int type, weights, bytes;
+    long long rows, cols;
+    if (!PyArg_ParseTuple(args, "OiLL", &raw, &type, &rows, &cols)) return NULL;
+    if (!row_tiled_type(type) || !type_block(type, &weights, &bytes) || rows <= 0 || cols <= 0 || cols % weights)
+        return PyErr_Format(PyExc_ValueError, "a %lld x %lld matrix of GGML type %d is not taken in row tiles", rows, cols, type);
+    Buf data;
+    int64_t size = rows * (cols / weights) * bytes;
+    if (get_buf(raw, 0, 1, &data, "blocks") != 0 || need(&data, size, 1, "blocks") != 0) return NULL;
+    PyObject *tiles = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)row_tiled_bytes(type, rows, cols));
+    if (!tiles) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    row_tile_matrix(type, data.ptr, rows, cols, (uint8_t *)PyBytes_AS_STRING(tiles));
+    page_out(data.ptr, size);
+    Py_END_ALLOW_THREADS
     return tiles;
 }
 
@@ -596,6 +624,7 @@ static PyMethodDef methods[] = {
     {"threads", py_threads, METH_NOARGS, "Threads in use, the caller included."},
     {"tile_q1_0", py_tile_q1_0, METH_VARARGS, "Q1_0 blocks (rows, cols) regrouped for the product, as bytes."},
     {"tile_tq", py_tile_tq, METH_VARARGS, "TQ1_0 or TQ2_0 blocks (type, rows, cols) as 2-bit code tiles, as bytes."},
+    {"tile_rows", py_tile_rows, METH_VARARGS, "32-weight blocks (type, rows, cols) in tiles of 8 rows, as bytes."},
     {"count_bad_scales", py_count_bad_scales, METH_VARARGS, "Blocks of a tensor with an inf or nan scale."},
     {"exp", py_exp, METH_VARARGS, "exp of float32 values (the kernels' vectorized exp), as bytes."},
     {"cpu_has", py_cpu_has, METH_VARARGS, "Whether the CPU has an instruction-set feature."},
@@ -665,7 +694,7 @@ PyMODINIT_FUNC CAT(PyInit_, SPRIG_MODULE)(void) {
         return NULL;
     }
     if (PyModule_AddStringConstant(m, "TIER", SPRIG_TIER) != 0 || PyModule_AddIntConstant(m, "Q1_0_TILES", T_Q1_0_TILES) != 0 ||
-        PyModule_AddIntConstant(m, "TQ_TILES", T_TQ_TILES) != 0 || PyModule_AddStringConstant(m, "TQ_KERNEL", tq_kernel()) != 0) {
+        PyModule_AddIntConstant(m, "TQ_TILES", T_TQ_TILES) != 0 || PyModule_AddIntConstant(m, "ROW_TILES", T_ROW_TILES) != 0 || PyModule_AddStringConstant(m, "TQ_KERNEL", tq_kernel()) != 0) {
         Py_DECREF(m);
         return NULL;
     }

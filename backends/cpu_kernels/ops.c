@@ -82,13 +82,13 @@ typedef struct {
     int wide;          /* int16 codes with a scale per WIDE values (int16 panels), in acts.wide */
     int bytes;         /* 8-bit codes, a scale per 16 values (byte panels), in acts.bytes */
     int tq_only;       /* every matrix is ternary tiles: one pass takes all the tokens (tq_tiles_product) */
-    int dequantize;    /* quantized rows to float for FLOAT_TOKENS or more tokens */
+    int prefill;       /* FLOAT_TOKENS or more tokens: the OWN8 types take byte panels */
 } LinearCtx;
 
 /* Whether a matrix of `type` takes 8-bit codes in this product (byte panels); Q4_K-Q6_K
  * (type_decodes_int16) take int16 ones for any count of tokens (int16 panels, or
  * int16_direct_product). */
-static inline int byte_rows(const LinearCtx *c, int type) { return c->dequantize && type_takes_byte_panels(type); }
+static inline int byte_rows(const LinearCtx *c, int type) { return c->prefill && type_takes_byte_panels(type); }
 
 static void quantize_task(void *vctx, int chunk, int chunks, int thread) {
     const LinearCtx *c = vctx;
@@ -139,6 +139,25 @@ static void tq_tiles_product(const Matrix *w, int64_t K, int64_t r0, int64_t r1,
             }
             for (int64_t tile = from; tile < end && tile < from + run; tile++)
                 tq_tile_rows(w->data, w->rows, K, tile, tables, scales, n, outs);
+        }
+}
+
+/* The row tiles of a matrix (row_tiles.c) whose first row lies in [r0, r1), times all T tokens,
+ * ROW_TILE_TOKENS tokens per pass over a tile; in a prefill the tiles go in runs of about
+ * ROW_RUN_BYTES, each run (in the core's L2) multiplied with every group of tokens before the
+ * next. */
+#define ROW_RUN_BYTES 262144
+static void row_tiles_product(const Matrix *w, int64_t K, int64_t r0, int64_t r1, int64_t T, float *out) {
+    const int type = row_tiles_of(w->type);
+    const int64_t G = K / GROUP, first = (r0 + ROW_TILE - 1) / ROW_TILE, end = (r1 + ROW_TILE - 1) / ROW_TILE;
+    int64_t run = ROW_RUN_BYTES / row_tiled_bytes(type, ROW_TILE, K);
+    if (run < 1) run = 1;
+    for (int64_t from = first; from < end; from += run)
+        for (int64_t t = 0; t < T; t += ROW_TILE_TOKENS) {
+            const int n = T - t < ROW_TILE_TOKENS ? (int)(T - t) : ROW_TILE_TOKENS;
+            for (int64_t tile = from; tile < end && tile < from + run; tile++)
+                row_tile_rows(type, w->data, w->rows, K, tile, (const int16_t *)acts.group.q + t * K, acts.group.d + t * G,
+                              acts.group.xsum + t * G, n, out + t * w->rows, w->rows);
         }
 }
 
@@ -205,7 +224,7 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
     RowBuffer *buf = scratch_row(thread);
     /* tokens per pass of the matrices not dequantized (Q1_0 and ternary tiles, float rows, codes):
      * in prefill, as many as keep their activations in a core's L2 */
-    int64_t tile = c->tq_only ? c->T : c->dequantize ? prefill_tile(K) : TOKEN_TILE;
+    int64_t tile = c->tq_only ? c->T : c->prefill ? prefill_tile(K) : TOKEN_TILE;
     for (int64_t t0 = 0; t0 < c->T; t0 += tile) {
         int64_t t1 = t0 + tile < c->T ? t0 + tile : c->T;
         int64_t base = 0;
@@ -214,14 +233,15 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
             int64_t r0 = lo > base ? lo - base : 0, r1 = hi - base < w->rows ? hi - base : w->rows;
             if (w->type == T_Q1_0_TILES) {
                 tiles_product(w, K, r0, r1, t0, t1, op->outs[m]);
+            } else if (row_tiles_of(w->type) >= 0) { /* all the tokens at once */
+                if (t0 == 0) row_tiles_product(w, K, r0, r1, c->T, op->outs[m]);
             } else if (w->type == T_TQ_TILES) {
                 tq_tiles_product(w, K, r0, r1, t0, t1, op->outs[m]);
             } else if (byte_rows(c, w->type) || type_decodes_int16(w->type)) { /* all the tokens at once, in tiles */
                 int bytes = byte_rows(c, w->type);
                 if (t0 == 0) panels(w, K, r0, r1, c->T, bytes, bytes ? &acts.bytes : &acts.wide, buf, op->outs[m], w->rows);
-            } else if (c->dequantize && type_takes_codes(w->type)) { /* all the tokens at once: float_panels tiles them */
-                if (t0 == 0) float_panels(w->data, w->type, w->row_bytes, K, r0, r1, op->a, 0, c->T, buf, op->outs[m], w->rows);
-            } else if (type_takes_codes(w->type)) { /* a few tokens: each row read once, no row buffer */
+            } else if (type_takes_codes(w->type)) { /* each row read once, no row buffer (the backend gives the
+                                                      * 32-weight types in row tiles: rows as the file has them, these) */
                 for (int64_t r = r0; r < r1; r++) {
                     const uint8_t *row = w->data + r * w->row_bytes;
                     for (int64_t t = t0; t < t1; t += ROW_TOKENS) {
@@ -243,12 +263,12 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
 
 static int linear(const Op *op, const char **error) {
     LinearCtx c = {.op = op, .T = op->ints.linear.tokens, .K = op->mats[0].cols,
-                   .dequantize = op->ints.linear.tokens >= FLOAT_TOKENS, .tq_only = 1};
+                   .prefill = op->ints.linear.tokens >= FLOAT_TOKENS, .tq_only = 1};
     for (int m = 0; m < op->n_mats; m++) {
         c.tq_only &= op->mats[m].type == T_TQ_TILES;
         c.total_rows += op->mats[m].rows;
-        c.codes |= type_takes_codes16(op->mats[m].type) && !c.dequantize && !type_decodes_int16(op->mats[m].type);
-        c.codes8 |= type_takes_codes8(op->mats[m].type) && !c.dequantize;
+        c.codes |= type_takes_codes16(op->mats[m].type) || row_tiles_of(op->mats[m].type) >= 0;
+        c.codes8 |= type_takes_codes8(op->mats[m].type) && !c.prefill;
         c.wide |= type_decodes_int16(op->mats[m].type);
         c.bytes |= byte_rows(&c, op->mats[m].type);
         c.tables |= op->mats[m].type == T_Q1_0_TILES;

@@ -105,8 +105,8 @@ static inline u8x32 nibbles32(const uint8_t *qs) {
 int type_block(int type, int *weights, int *bytes) {
 #define BLOCK_CASE(name, number, w, b, ...) \
     case number: *weights = w; *bytes = b; return 1;
-    /* Q1_0 tiles hold the same blocks, regrouped; ternary tiles take 66 bytes per 256 weights, as TQ2_0 */
-    switch (type == T_Q1_0_TILES ? T_Q1_0 : type == T_TQ_TILES ? T_TQ2_0 : type) {
+    /* Q1_0 tiles and row tiles hold the same blocks, regrouped; ternary tiles take 66 bytes per 256 weights, as TQ2_0 */
+    switch (type == T_Q1_0_TILES ? T_Q1_0 : type == T_TQ_TILES ? T_TQ2_0 : row_tiles_of(type) >= 0 ? row_tiles_of(type) : type) {
         QUANT_TYPES(BLOCK_CASE)
     default: return 0;
     }
@@ -298,9 +298,9 @@ static inline void lookup_nibbles(const int8_t *table, const uint8_t *qs, int8_t
  * half of 2^(e - 127), as gguf-py's e8m0_to_fp32_half: 2^(e - 128), a subnormal float for
  * e < 2, and finite for every e (e = 255 is 2^127):
  *     weight j = kvalues_mxfp4[code j] * 2^(e - 128). */
-static const int8_t kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+const int8_t kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
-static float e8m0_halves[256]; /* e8m0_half of every byte: one load per block, where the bits took seven instructions */
+float e8m0_halves[256]; /* e8m0_half of every byte: one load per block, where the bits took seven instructions */
 static inline float e8m0_half(uint8_t e) {
     uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
     float out;

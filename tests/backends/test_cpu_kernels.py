@@ -12,8 +12,9 @@
   Q4_K, Q5_K and Q6_K; a bound worked out per element from the data), W dequantized by gguf-py: codes up to 32767 for
   the integer kernels, up to 2047 for Q1_0's lookup tables, up to 1023 for the ternary
   types' (TQ1_0, TQ2_0), up to 127 for Q2_K's and Q3_K's 8-bit codes. The float types
-  take float activations: within float rounding. So do the quantized types (the table-lookup ones aside) in products over 32 tokens or
-  more (prefill), whose rows are dequantized to float.
+  take float activations: within float rounding. The quantized types take codes in products over
+  32 tokens or more (prefill) too, and the 32-weight types and Q4_K to Q6_K give a token the same
+  bits whatever tokens are multiplied beside it.
 """
 
 from pathlib import Path
@@ -24,6 +25,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
 from backends import cpu_native
 from backends.base import WeightSpec
+from backends import cpu_backend
 from backends.cpu_backend import CpuBackend, CpuMatrix, _bufs
 from backends.dequant import dequantize
 from backends.errors import BackendUnavailable
@@ -53,6 +55,9 @@ TABLE_TYPES = (T.Q1_0, T.TQ1_0, T.TQ2_0)  # multiplied by table lookup, from til
 PANEL_TYPES = (*CODES8_TYPES, T.Q4_K, T.Q5_K, T.Q6_K)
 # ... and decode too: activation codes with one scale per 256 for any count of tokens
 INT16_DECODE_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K)
+# the 32-weight types on int16 codes per 32: multiplied from tiles of 8 rows, a row per vector lane, for
+# any count of tokens (cpu_kernels/row_tiles.c); their rows as the file has them serve mixtures' experts
+ROW_TILED_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.MXFP4)
 GGUF_PY_QUANTIZES = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.TQ1_0, T.TQ2_0}  # gguf.quants.quantize
 EXTREME_SCALES = np.array([65504.0, -65504.0, 6e-8, 0.0, 1.0, -0.5], dtype=np.float16)
 TIERS = cpu_native.runnable_tiers()
@@ -115,6 +120,16 @@ def put_scales(blocks: np.ndarray, qtype: T, offset: int, scales: np.ndarray) ->
 def product(tier: str, threads: int, qtype: T, raw: np.ndarray, cols: int, x: np.ndarray) -> np.ndarray:
     backend = CpuBackend(threads=threads, tier=tier)
     return backend.linear(x, CpuMatrix("w", raw.reshape(-1), int(qtype), raw.shape[0], cols))
+
+
+def row_product(tier: str, threads: int, qtype: T, raw: np.ndarray, cols: int, x: np.ndarray) -> np.ndarray:
+    """The kernels' matrix product on the rows as the file has them, never regrouped into tiles
+    (dot_row_tokens: what a mixture's experts take)."""
+    backend = CpuBackend(threads=threads, tier=tier)
+    out = np.empty((len(x), raw.shape[0]), dtype=np.float32)
+    backend._emit("linear", _bufs(a=np.ascontiguousarray(x)), ((raw.reshape(-1), int(qtype), raw.shape[0], cols, out, None),),
+                  tokens=len(x))
+    return out
 
 
 def test_every_native_type_is_covered():
@@ -189,17 +204,20 @@ def test_every_tier_matches_scalar_bit_for_bit(tier, qtype):
                          [pytest.param("none", marks=pytest.mark.skip(reason="this CPU runs only the scalar tier"))])
 @pytest.mark.parametrize("qtype", [t for t in QUANT_TYPES if GGML_QUANT_SIZES[t][0] == 32], ids=lambda t: t.name)
 def test_rows_of_single_group_blocks_of_any_count_match_scalar_bit_for_bit(tier, qtype):
-    """The types whose blocks are single groups are taken in pairs of blocks by the AVX-512
-    tier's products (quants.c's pair_terms), and IQ4_NL 8 and then 2 at a time by the x86 tiers
-    (iq_dots.c): rows of 79 groups (9 runs of 8, 3 pairs, one alone) and of 3 groups give the
-    scalar tier's bits, in products (up to 7 tokens) and dequantized (33 tokens)."""
+    """The types whose blocks are single groups, as the file lays out their rows (a mixture's
+    experts), are taken in pairs of blocks by the AVX-512 tier's products (quants.c's pair_terms),
+    and IQ4_NL 8 and then 2 at a time by the x86 tiers (iq_dots.c): rows of 79 groups (9 runs of
+    8, 3 pairs, one alone) and of 3 groups give the scalar tier's bits, for up to 33 tokens; and
+    so do their row tiles."""
     rng = np.random.default_rng(7)
     for cols in (79 * 32, 3 * 32):
         for n_tokens in (1, 2, 3, 4, 7, 33):
             raw = random_matrix(qtype, 9, cols, rng)
             x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
-            expected = product("scalar", 1, qtype, raw, cols, x)
-            np.testing.assert_array_equal(product(tier, 2, qtype, raw, cols, x), expected, err_msg=f"{cols=} T={n_tokens}")
+            for multiply in (row_product, product):
+                expected = multiply("scalar", 1, qtype, raw, cols, x)
+                np.testing.assert_array_equal(multiply(tier, 2, qtype, raw, cols, x), expected,
+                                              err_msg=f"{multiply.__name__} {cols=} T={n_tokens}")
 
 
 @pytest.mark.parametrize("tier", [t for t in TIERS if t != "scalar"] or
@@ -214,6 +232,24 @@ def test_ternary_tiles_over_long_rows_and_many_tokens_match_scalar(tier, qtype):
     raw = random_matrix(qtype, rows, cols, rng)
     x = rng.standard_normal((9, cols)).astype(np.float32)
     np.testing.assert_array_equal(product(tier, 1, qtype, raw, cols, x), product("scalar", 1, qtype, raw, cols, x))
+
+
+def test_the_32_weight_types_on_int16_codes_are_multiplied_from_row_tiles_of_their_own_size():
+    """The backend multiplies exactly these types from row tiles (cpu_kernels/row_tiles.c), and a
+    tile row takes the file's bytes per block: the tiles of 11 rows are the blocks of 16 (two
+    tiles of 8, the last padded), nothing widened. The kernels refuse every other type."""
+    rng = np.random.default_rng(11)
+    backend = CpuBackend(threads=1)
+    assert cpu_backend._ROW_TILED_TYPES == frozenset(ROW_TILED_TYPES)
+    for qtype in QUANT_TYPES + FLOAT_TYPES:
+        cols = 256
+        raw = random_matrix(qtype, 11, cols, rng)
+        if qtype in ROW_TILED_TYPES:
+            tiles = backend.native.tile_rows(raw.reshape(-1), int(qtype), 11, cols)
+            assert len(tiles) == raw.nbytes // 11 * 16, qtype.name
+        else:
+            with pytest.raises(ValueError, match="not taken in row tiles"):
+                backend.native.tile_rows(raw.reshape(-1), int(qtype), 11, cols)
 
 
 def cpuinfo() -> dict[str, str]:
@@ -272,33 +308,17 @@ def test_products_are_within_the_activation_quantization_bound(qtype, threads):
 
 
 @pytest.mark.parametrize("threads", [1, 3])
-@pytest.mark.parametrize("qtype", [t for t in QUANT_TYPES if t not in TABLE_TYPES + PANEL_TYPES], ids=lambda t: t.name)
-def test_products_over_32_tokens_or_more_take_float_activations(qtype, threads):
-    rng = np.random.default_rng(300 + int(qtype))
-    rows, cols = 14, 512  # 14: blocks of 3 rows and a remainder
-    raw = random_matrix(qtype, rows, cols, rng)
-    weights = dequantize(raw.reshape(-1), int(qtype), (rows, cols)).astype(np.float64)
-    x = rng.standard_normal((37, cols)).astype(np.float32)
-    x[:, ::32] *= 1000.0  # a large element in every group: int16 codes would be off by ~1000/65534
-    exact = x.astype(np.float64) @ weights.T
-    magnitude = np.abs(x).astype(np.float64) @ np.abs(weights).T  # (T, rows)
-    # float32 rounding of the products and of 64 + 3 additions per lane, nothing more
-    got = product(TIERS[0], threads, qtype, raw, cols, x)
-    assert np.all(np.abs(got - exact) <= 8e-6 * magnitude), np.max(np.abs(got - exact) / magnitude)
-
-
-@pytest.mark.parametrize("threads", [1, 3])
-@pytest.mark.parametrize("qtype", PANEL_TYPES, ids=lambda t: t.name)
-def test_products_over_32_tokens_or_more_of_256_weight_types_take_integer_codes(qtype, threads):
-    """Their prefill multiplies integer weights with activation codes (cpu_kernels/panels.h):
-    8-bit codes with a scale per group of 32 for the types on 8-bit codes, int16 ones with a
-    scale per block of 256 for the others. Within half a step, amax / (2 code max) of the group
-    or block, per element, of the exact product, and no further than float32 rounding besides;
-    a large element in each group widens every step of its span (the float form's bound would
-    fail)."""
+@pytest.mark.parametrize("qtype", PANEL_TYPES + ROW_TILED_TYPES, ids=lambda t: t.name)
+def test_products_over_32_tokens_or_more_take_integer_codes(qtype, threads):
+    """A prefill multiplies integer weights with activation codes: 8-bit codes with a scale per
+    group of 32 for the types on 8-bit codes and int16 ones with a scale per block of 256 for
+    Q4_K to Q6_K (cpu_kernels/panels.h), int16 ones per group of 32 for the 32-weight types (row
+    tiles). Within half a step, amax / (2 code max) of the group or block, per element, of the
+    exact product, and no further than float32 rounding besides; a large element in each group
+    widens every step of its span (the float form's bound would fail)."""
     rng = np.random.default_rng(400 + int(qtype))
-    rows, cols, tokens = 9, 768, 37  # 9: tiles of 4 rows and a remainder; 3 blocks of 256
-    span = 32 if qtype in CODES8_TYPES else 256
+    rows, cols, tokens = 9, 768, 37  # 9: tiles of 4 (8) rows and a remainder; 3 blocks of 256
+    span = 256 if qtype in INT16_DECODE_TYPES else 32
     raw = random_matrix(qtype, rows, cols, rng)
     weights = dequantize(raw.reshape(-1), int(qtype), (rows, cols)).astype(np.float64)
     x = rng.standard_normal((tokens, cols)).astype(np.float32)
@@ -338,14 +358,15 @@ def test_types_on_8_bit_codes_multiply_the_activations_rounded_per_group(tier, q
 
 
 @pytest.mark.parametrize("tier", TIERS)
-@pytest.mark.parametrize("qtype", INT16_DECODE_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", INT16_DECODE_TYPES + ROW_TILED_TYPES, ids=lambda t: t.name)
 def test_a_token_s_products_are_the_same_bits_alone_in_a_batch_and_in_a_prefill(tier, qtype):
     """Q4_K, Q5_K and Q6_K take int16 codes per 256 in decode as in prefill (cpu_kernels/int16_panels.c:
-    straight from the bytes for up to 4 tokens on the x86 tiers, through unpacked rows otherwise), so
-    a token's logits do not depend on how many tokens it was multiplied with: alone, 2, 3, 5 or
-    40 at once (a prefill), on 33 rows (each thread's chunks of rows in tiles of 4 and rows
-    left); and 4 tokens on rows of 4096 columns, whose codes (32 KB) AVX-512 takes two tokens a
-    pass over 4 rows."""
+    straight from the bytes for up to 4 tokens on the x86 tiers, through unpacked rows otherwise),
+    and the 32-weight types int16 codes per 32 from their row tiles (row_tiles.c), so a token's
+    logits do not depend on how many tokens it was multiplied with: alone, 2, 3, 5 or 40 at once
+    (a prefill), on 33 rows (each thread's chunks of rows in tiles of 4 or 8 and rows left); and
+    4 tokens on rows of 4096 columns, whose codes (32 KB) AVX-512 takes two tokens a pass over 4
+    rows."""
     rng = np.random.default_rng(500 + int(qtype))
     rows = 33
     for cols, counts in ((1024, (2, 3, 5, 40)), (4096, (4,))):

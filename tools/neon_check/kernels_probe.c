@@ -135,8 +135,9 @@ int main(void) {
         int weights, bytes;
         type_block(types[k].type, &weights, &bytes);
         int64_t row_bytes = K / weights * bytes;
-        uint8_t *row = malloc((size_t)row_bytes);
+        uint8_t *rows = malloc((size_t)(4 * row_bytes));
         for (int r = 0; r < 4; r++) {
+            uint8_t *row = rows + r * row_bytes;
             for (int64_t i = 0; i < row_bytes; i++) row[i] = (uint8_t)next();
             for (int b = 0; b < K / weights; b++)
                 for (int j = 0; j < types[k].n_offsets; j++)
@@ -167,11 +168,20 @@ int main(void) {
             panel_product(&p, &codes, T, prefill, 4);
             print(prefill, T * 4);
         }
+        if (row_tiled_type(types[k].type)) { /* the 4 rows in a row tile (padded), passes of ROW_TILE_TOKENS tokens */
+            uint8_t *tiles = malloc((size_t)row_tiled_bytes(types[k].type, 4, K));
+            row_tile_matrix(types[k].type, rows, 4, K, tiles);
+            for (int t = 0; t < T; t += ROW_TILE_TOKENS)
+                row_tile_rows(types[k].type, tiles, 4, K, 0, xq + t * K, xd + t * (K / GROUP), xs + t * (K / GROUP),
+                              T - t < ROW_TILE_TOKENS ? T - t : ROW_TILE_TOKENS, prefill + t * 4, 4);
+            print(prefill, T * 4);
+            free(tiles);
+        }
         /* the prefill product: a block of 3 rows and one more, blocks of 4 tokens and one more */
         float_product(dequantized, 3, K, x, 0, T, prefill, 4);
         float_product(dequantized + 3 * K, 1, K, x, 0, T, prefill + 3, 4);
         print(prefill, T * 4);
-        free(row);
+        free(rows);
     }
     /* the float helper of attention and the activations: exp8 over [-110, 90) and the specials */
     static float e[1024 + 8];

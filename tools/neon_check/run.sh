@@ -9,7 +9,7 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 sources="tools/neon_check/kernels_probe.c backends/cpu_kernels/q1_tiles.c backends/cpu_kernels/tq_tiles.c backends/cpu_kernels/quants.c
          backends/cpu_kernels/iq_dots.c backends/cpu_kernels/codes8_dots.c
-         backends/cpu_kernels/int16_panels.c backends/cpu_kernels/byte_panels.c"
+         backends/cpu_kernels/int16_panels.c backends/cpu_kernels/byte_panels.c backends/cpu_kernels/row_tiles.c"
 flags="-O2 -std=gnu11 -ffp-contract=off -fno-math-errno -Wno-psabi"
 gcc $flags -o "$out/portable" $sources -lm
 aarch64-linux-gnu-gcc $flags -static -o "$out/neon" $sources -lm
