@@ -301,6 +301,11 @@ class Backend(ABC):
         Called once per tensor at load time. May keep the blocks quantized.
         """
 
+    def prepare_output(self, weight: Any) -> None:  # noqa: B027  # a no-op by default
+        """The output head's prepared weight, told once at load, after `prepare_weight`: it may be
+        the token embedding (tied), which a backend can then ready for products at load rather
+        than at the first one."""
+
     # -- ops -------------------------------------------------------------------------
 
     @abstractmethod

@@ -92,15 +92,20 @@ class CpuMatrix:
 
     A Q1_0, TQ1_0 or TQ2_0 matrix also keeps its blocks regrouped into tiles of 32 rows
     (`tiles`, made by the kernels when the backend first needs them), which the matrix
-    product reads by table lookup; embedding lookups read `raw`.
+    product reads by table lookup; embedding lookups read `raw`. A matrix of a 32-weight type
+    on int16 codes keeps them in tiles of 8 rows, which embedding lookups read too.
     """
 
     def __init__(self, name: str, raw: np.ndarray, ggml_type: int, rows: int, cols: int):
         self.name, self.raw, self.ggml_type, self.rows, self.cols = name, raw, ggml_type, rows, cols
         self.tiles: bytes | None = None
 
-    def lookup_entry(self) -> tuple:
-        """This matrix in an embedding op's tuple."""
+    def lookup_entry(self, row_tiles: int) -> tuple:
+        """This matrix in an embedding op's tuple: its row tiles where it has them (a tied output
+        head of a 32-weight type; the kernels' type `row_tiles` + its own), whose file pages
+        the kernel may have reclaimed, else its blocks."""
+        if self.tiles is not None and self.ggml_type in _ROW_TILED_TYPES:
+            return (self.tiles, row_tiles + self.ggml_type, self.rows, self.cols, None, None)
         return (self.raw, self.ggml_type, self.rows, self.cols, None, None)
 
 
@@ -241,6 +246,11 @@ class CpuBackend(Backend):
             self._tiles(matrix)  # now, not at the first token (the embedding only if the output uses it)
         return matrix
 
+    def prepare_output(self, weight: Any) -> None:
+        """A tied output head (the token embedding) gets its tiles at load too."""
+        if isinstance(weight, CpuMatrix) and weight.ggml_type in _TILED_TYPES | _ROW_TILED_TYPES:
+            self._tiles(weight)
+
     def _experts(self, spec: WeightSpec) -> CpuExperts:
         """A stack of experts (E, out, in) read in place where the kernels multiply its type
         (Q1_0's tiles aside), else converted expert by expert as a matrix is."""
@@ -326,7 +336,8 @@ class CpuBackend(Backend):
     def embedding(self, weight: CpuMatrix, token_ids: Any, scale: float = 1.0) -> Any:
         ids = token_ids.view if isinstance(token_ids, StepInput) else np.ascontiguousarray(token_ids, dtype=np.int64)
         out = self._new((len(ids), weight.cols))
-        self._emit("embed", _bufs(out=out, ids=ids), (weight.lookup_entry(),), tokens=len(ids), scale=scale)
+        entry = weight.lookup_entry(self.native.ROW_TILES)
+        self._emit("embed", _bufs(out=out, ids=ids), (entry,), tokens=len(ids), scale=scale)
         return out
 
     def linear(self, x: Any, weight: CpuMatrix, bias: Any = None) -> Any:

@@ -316,6 +316,7 @@ void tq_tile_rows(const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, c
 int row_tiled_type(int type); /* whether matrices of `type` are multiplied from row tiles */
 int64_t row_tiled_bytes(int type, int64_t rows, int64_t K);
 void row_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, uint8_t *tiles);
+void row_tile_row(int type, const uint8_t *tiles, int64_t K, int64_t row, uint8_t *out); /* row `row` as the file has it */
 /* rows of tile `tile` of a matrix of `type` in row tiles times n (1 .. ROW_TILE_TOKENS) tokens:
  * token j's int16 codes at xq + j * K, its group scales and sums at xd, xs + j * K / GROUP,
  * its results at out[j * stride + row] */

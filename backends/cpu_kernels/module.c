@@ -173,9 +173,7 @@ static int parse_op(PyObject *tuple, Op *op) {
     switch (op->code) {
     case OP_EMBED: {
         int64_t tokens = op->ints.embed.tokens;
-        if (op->n_mats != 1 || op->mats[0].type == T_Q1_0_TILES || op->mats[0].type == T_TQ_TILES ||
-            row_tiles_of(op->mats[0].type) >= 0)
-            break;
+        if (op->n_mats != 1 || op->mats[0].type == T_Q1_0_TILES || op->mats[0].type == T_TQ_TILES) break;
         return need(&ids, tokens, 8, "ids") || need(&out, tokens * op->mats[0].cols, 4, "out");
     }
     case OP_LINEAR: {

@@ -306,7 +306,13 @@ static int embed(const Op *op, const char **error) {
             return -1;
         }
         float *out = op->out + t * w->cols;
-        dequantize_row(w->type, w->data + id * w->row_bytes, w->cols, scratch_row(0), out);
+        RowBuffer *buf = scratch_row(0);
+        if (row_tiles_of(w->type) >= 0) { /* the row's file blocks, put back together in the float area */
+            row_tile_row(row_tiles_of(w->type), w->data, w->cols, id, (uint8_t *)buf->f);
+            dequantize_row(row_tiles_of(w->type), (const uint8_t *)buf->f, w->cols, buf, out);
+        } else {
+            dequantize_row(w->type, w->data + id * w->row_bytes, w->cols, buf, out);
+        }
         if (op->floats.embed.scale != 1.0f)
             for (int64_t i = 0; i < w->cols; i++) out[i] *= op->floats.embed.scale;
     }

@@ -75,30 +75,76 @@ int64_t row_tiled_bytes(int type, int64_t rows, int64_t K) {
     return (rows + ROW_TILE - 1) / ROW_TILE * (K / GROUP) * ROW_TILE * type_bytes(type);
 }
 
-void row_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, uint8_t *tiles) {
-    const int bytes = type_bytes(type), block_bytes = ROW_TILE * bytes;
-    const int64_t n_blocks = K / GROUP;
-    memset(tiles, 0, (size_t)row_tiled_bytes(type, rows, K));
-    for (int64_t r = 0; r < rows; r++) {
-        const int lane = (int)(r % ROW_TILE);
-        for (int64_t b = 0; b < n_blocks; b++) {
-            const uint8_t *src = raw + (r * n_blocks + b) * bytes, *qs = src + file_codes_at(type);
-            uint8_t *block = tiles + ((r / ROW_TILE) * n_blocks + b) * block_bytes, *codes = block + codes_at(type);
-            memcpy(block + scale_bytes(type) * lane, src, (size_t)scale_bytes(type));
-            if (mins_at(type) >= 0) memcpy(block + mins_at(type) + 2 * lane, src + file_mins_at(type), 2);
-            const uint32_t qh = fifth_at(type) >= 0 ? u32(src + file_fifth_at(type)) : 0;
-            for (int j = 0; j < GROUP; j++) {
-                const int p = j / 2, k = 2 * lane + j % 2; /* pair vector, word */
-                if (type == T_Q8_0) {
-                    codes[16 * p + k] = qs[j];
-                    continue;
-                }
-                const int nibble = j < 16 ? qs[j] & 15 : qs[j - 16] >> 4;
-                codes[16 * (p / 2) + k] |= (uint8_t)(nibble << (4 * (p % 2)));
-                if ((qh >> j) & 1) block[fifth_at(type) + 2 * p + k / 8] |= (uint8_t)(1 << (k % 8));
-            }
+static inline void copy(int to_tile, uint8_t *file, uint8_t *tile, size_t n) {
+    if (to_tile) memcpy(tile, file, n);
+    else memcpy(file, tile, n);
+}
+static inline uint16_t load16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+static inline void store16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
+
+/* A row's file block moved to its lane of a tile block, or back (to_tile 0): the one map between
+ * the two layouts (module comment), a pair of weights 2p, 2p + 1 at a time (their word k is
+ * 2 lane and 2 lane + 1; 4-bit types: adjacent bytes of both blocks, each at one nibble). The
+ * destination's codes and bits start at zero. */
+static inline __attribute__((always_inline)) void move_block(const int type, uint8_t *file, uint8_t *block, int lane,
+                                                             const int to_tile) {
+    uint8_t *qs = file + file_codes_at(type), *codes = block + codes_at(type);
+    copy(to_tile, file, block + scale_bytes(type) * lane, (size_t)scale_bytes(type));
+    if (mins_at(type) >= 0) copy(to_tile, file + file_mins_at(type), block + mins_at(type) + 2 * lane, 2);
+    uint32_t qh = to_tile && fifth_at(type) >= 0 ? u32(file + file_fifth_at(type)) : 0;
+    for (int p = 0; p < PAIRS; p++) {
+        if (type == T_Q8_0) {
+            copy(to_tile, qs + 2 * p, codes + 16 * p + 2 * lane, 2);
+            continue;
         }
+        uint8_t *in_tile = codes + 16 * (p / 2) + 2 * lane, *in_file = qs + 2 * p % 16;
+        const int tile_shift = 4 * (p % 2), file_shift = 4 * (p / 8); /* weight 2p is in the high nibbles from 16 */
+        if (to_tile) store16(in_tile, (uint16_t)(load16(in_tile) | ((load16(in_file) >> file_shift) & 0x0f0f) << tile_shift));
+        else store16(in_file, (uint16_t)(load16(in_file) | ((load16(in_tile) >> tile_shift) & 0x0f0f) << file_shift));
+        if (fifth_at(type) < 0) continue;
+        uint8_t *bits = block + fifth_at(type) + 2 * p; /* bits 2 lane, 2 lane + 1 of word p: qh's 2p, 2p + 1 */
+        if (to_tile) store16(bits, (uint16_t)(load16(bits) | ((qh >> 2 * p) & 3) << 2 * lane));
+        else qh |= (uint32_t)((load16(bits) >> 2 * lane) & 3) << 2 * p;
     }
+    if (!to_tile && fifth_at(type) >= 0)
+        for (int i = 0; i < 4; i++) file[file_fifth_at(type) + i] = (uint8_t)(qh >> (8 * i));
+}
+
+/* row_tile_matrix for a constant type */
+static inline __attribute__((always_inline)) void tile_matrix_as(const int type, const uint8_t *raw, int64_t rows, int64_t K,
+                                                                 uint8_t *tiles) {
+    const int bytes = type_bytes(type);
+    const int64_t n_blocks = K / GROUP;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < n_blocks; b++) /* (the file block is only read) */
+            move_block(type, (uint8_t *)raw + (r * n_blocks + b) * bytes,
+                       tiles + ((r / ROW_TILE) * n_blocks + b) * ROW_TILE * bytes, (int)(r % ROW_TILE), 1);
+}
+
+void row_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, uint8_t *tiles) {
+    memset(tiles, 0, (size_t)row_tiled_bytes(type, rows, K));
+    switch (type) {
+    case T_Q4_0: tile_matrix_as(T_Q4_0, raw, rows, K, tiles); break;
+    case T_Q4_1: tile_matrix_as(T_Q4_1, raw, rows, K, tiles); break;
+    case T_Q5_0: tile_matrix_as(T_Q5_0, raw, rows, K, tiles); break;
+    case T_Q5_1: tile_matrix_as(T_Q5_1, raw, rows, K, tiles); break;
+    case T_Q8_0: tile_matrix_as(T_Q8_0, raw, rows, K, tiles); break;
+    case T_IQ4_NL: tile_matrix_as(T_IQ4_NL, raw, rows, K, tiles); break;
+    default: tile_matrix_as(T_MXFP4, raw, rows, K, tiles); break;
+    }
+}
+
+void row_tile_row(int type, const uint8_t *tiles, int64_t K, int64_t row, uint8_t *out) {
+    const int bytes = type_bytes(type);
+    const int64_t n_blocks = K / GROUP;
+    memset(out, 0, (size_t)(n_blocks * bytes));
+    for (int64_t b = 0; b < n_blocks; b++)
+        move_block(type, out + b * bytes, (uint8_t *)tiles + ((row / ROW_TILE) * n_blocks + b) * ROW_TILE * bytes,
+                   (int)(row % ROW_TILE), 0);
 }
 
 /* The 8 rows' scales d of a tile block, and their mins m (Q4_1, Q5_1) */

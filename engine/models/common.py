@@ -65,6 +65,7 @@ class Transformer:
         self.output_norm_bias = reader.optional_weight("output_norm.bias")
         has_output = "output.weight" in model_file.tensors
         self.output = reader.global_weight("output.weight") if has_output else self.token_embd
+        backend.prepare_output(self.output)
         self.read_globals(reader)
         self.layers = [self._layer(reader.at(i), i) for i in range(config.n_layers)]
         self.read_extra(reader)

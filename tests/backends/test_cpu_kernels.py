@@ -252,6 +252,24 @@ def test_the_32_weight_types_on_int16_codes_are_multiplied_from_row_tiles_of_the
                 backend.native.tile_rows(raw.reshape(-1), int(qtype), 11, cols)
 
 
+@pytest.mark.parametrize("qtype", ROW_TILED_TYPES, ids=lambda t: t.name)
+def test_embedding_rows_read_from_row_tiles_are_gguf_py_s(qtype):
+    """A tied output head keeps only its row tiles in memory (the file's pages handed back), so
+    embedding lookups put a row's blocks back together from the tiles: each of 19 rows (two
+    whole tiles of 8 and a padded one), dequantized, is gguf-py's row bit for bit."""
+    rng = np.random.default_rng(600 + int(qtype))
+    rows, cols = 19, 320
+    raw = random_matrix(qtype, rows, cols, rng)
+    backend = CpuBackend(threads=1)
+    matrix = CpuMatrix("token_embd.weight", raw.reshape(-1), int(qtype), rows, cols)
+    expected = dequantize(raw.reshape(-1), int(qtype), (rows, cols))
+    backend.prepare_output(matrix)
+    assert matrix.tiles is not None
+    matrix.raw[:] = 0  # the tiles alone serve the lookups
+    ids = np.array([0, 7, 8, 18, 5, 18], dtype=np.int64)
+    np.testing.assert_array_equal(np.asarray(backend.embedding(matrix, ids)), expected[ids])
+
+
 def cpuinfo() -> dict[str, str]:
     """The first processor's fields as Linux lists them in /proc/cpuinfo (empty elsewhere)."""
     info = Path("/proc/cpuinfo")

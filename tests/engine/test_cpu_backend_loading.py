@@ -11,6 +11,7 @@ from gguf import GGMLQuantizationType
 
 from backends import cpu_native, selection
 from backends.errors import BackendUnavailable
+from engine.bundled import resolve_model_path
 from engine.errors import ModelFileError
 from engine.loader import load_model
 from tests.backends.test_cpu_kernels import random_matrix
@@ -120,3 +121,18 @@ def test_cli_generates_and_benches_on_the_cpu_backend(tmp_path):
     figures = json.loads(result.stdout)
     assert figures["backend"] == "cpu" and figures["device"].startswith("CPU (1 threads")
     assert figures["load_s"] > 0 and figures["rss_bytes"]["after_run"] > 0
+
+
+def test_a_tied_output_head_gets_its_row_tiles_at_load():
+    """SmolLM2's output head is its Q8_0 token embedding (tied): its row tiles (the 32-weight
+    types' product form, cpu_kernels/row_tiles.c) are made at load, not in the first answer's
+    prefill, and the embedding's lookups still read the file's blocks."""
+    loaded = load_model(resolve_model_path("smollm2"), "cpu")
+    try:
+        model = loaded.model
+        assert model.output is model.token_embd and model.output.ggml_type == GGMLQuantizationType.Q8_0
+        assert model.output.tiles is not None and len(model.output.tiles) == model.output.raw.nbytes
+        logits = model.forward(np.array([1, 2, 3]), 0, loaded.new_cache(8).storage)
+        assert np.all(np.isfinite(logits))
+    finally:
+        loaded.close()
