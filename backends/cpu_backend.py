@@ -3,7 +3,9 @@
 Weights are never copied to float: each matrix stays a view of the memory-mapped model
 file, and the kernels (`backends/cpu_kernels/`) unpack each block as they go; Q1_0 blocks
 are regrouped once at load, byte for byte, into tiles of 32 rows for the table-lookup
-product, and so are the ternary TQ1_0 and TQ2_0 (as 2-bit codes, 66 bytes per 256 weights).
+product, and so are the ternary TQ1_0 and TQ2_0 (as 2-bit codes, 66 bytes per 256 weights),
+and the 32-weight types (Q4_0 to Q8_0, IQ4_NL, MXFP4) into tiles of 8 rows, a row per vector
+lane (cpu_kernels/row_tiles.c).
 Activations are float32 NumPy arrays; before a matrix product each row is quantized in
 groups of 32 (once, shared by q/k/v and by gate/up): to int16 codes, or for Q1_0 to 12-bit
 codes and their lookup tables (ternary: 11-bit codes, a table per pair). The kernels read the llama.cpp block formats

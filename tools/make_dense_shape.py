@@ -39,6 +39,8 @@ DENSE_SHAPES = {
 }
 # byte offsets of each block's fp16 scale fields (d, and dmin where there is one)
 FP16_FIELDS = {
+    T.Q4_0: (0,),
+    T.Q8_0: (0,),
     T.Q2_K: (80, 82),
     T.Q3_K: (108,),
     T.Q4_K: (0, 2),
@@ -56,7 +58,16 @@ BENCHMARK_SET = [
     ("qwen3-4b", "TQ2_0"),
     ("bonsai-8b", "TQ2_0"),
 ]
-BASE_TYPE = {"Q3_K_M": T.Q3_K, "Q2_K": T.Q2_K, "IQ4_XS": T.IQ4_XS, "IQ2_XXS": T.IQ2_XXS, "TQ2_0": T.TQ2_0, "Q4_K_M": T.Q4_K}
+BASE_TYPE = {
+    "Q3_K_M": T.Q3_K,
+    "Q2_K": T.Q2_K,
+    "IQ4_XS": T.IQ4_XS,
+    "IQ2_XXS": T.IQ2_XXS,
+    "TQ2_0": T.TQ2_0,
+    "Q4_K_M": T.Q4_K,
+    "Q4_0": T.Q4_0,
+    "Q8_0": T.Q8_0,
+}
 
 
 def use_more_bits(layer: int, n_layers: int) -> bool:
@@ -68,7 +79,7 @@ def mix_type(mix: str, name: str, layer: int, n_layers: int, tied: bool) -> T:
     """The type llama.cpp's quantizer gives tensor `name` (of block `layer`) in `mix`, for a model with GQA 4."""
     base = BASE_TYPE[mix]
     if name == "output.weight" or (tied and name == "token_embd.weight"):
-        return T.Q5_K if mix == "IQ2_XXS" else T.Q6_K
+        return T.Q5_K if mix == "IQ2_XXS" else T.Q8_0 if mix == "Q8_0" else T.Q6_K
     if name == "token_embd.weight":
         return {T.IQ2_XXS: T.Q2_K, T.TQ2_0: T.Q4_K}.get(base, base)
     role = name.rsplit(".", 2)[-2]  # blk.3.attn_v.weight -> attn_v

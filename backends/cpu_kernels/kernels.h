@@ -34,10 +34,14 @@
  * decode, in a batch and in a prefill. Their decode unpacks
  * the blocks straight from the bytes into registers and multiplies them there (AVX2 and
  * AVX-512, int16_direct_product), one float multiply-add per block where the per-group codes
- * took one per group, and asks for the rows ahead block by block as it goes. The
- * other types' prefill dequantizes a panel of rows (float_panel_rows) to float once for all its
- * tokens and takes the float activations as they are, FLOAT_ROWS rows at a time, summing with
- * fused multiply-adds in 8 lanes (fma8, the same rounding in every tier; float_product in
+ * took one per group, and asks for the rows ahead block by block as it goes.
+ * The backend gives the linear op the 32-weight CODES types (Q4_0 to Q8_0, IQ4_NL, MXFP4) as
+ * row tiles (T_ROW_TILES + the type; row_tiles.c): tiles of ROW_TILE rows whose int32 lanes
+ * each hold a row, so that one float step serves 8 rows, for any count of tokens. Their rows
+ * as the file lays them out serve a mixture's experts: dot_row_tokens for a few tokens, and
+ * for FLOAT_TOKENS or more a panel of rows dequantized (float_panel_rows) to float once for all
+ * its tokens, which takes the float activations as they are, FLOAT_ROWS rows at a time, summing
+ * with fused multiply-adds in 8 lanes (fma8, the same rounding in every tier; float_product in
  * quants.c; AVX-512 but its avx512_ymm build holds two tokens' 8 lanes in one register).
  * On AVX2 and AVX-512 the IQ types have dequantization, and those on int16 codes products, of
  * their own, unpacked in registers (iq_dots.c), with the bits of the form above.
@@ -315,7 +319,8 @@ void tq_tile_rows(const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, c
 #define ROW_TILE_TOKENS 4 /* tokens one pass over a tile serves */
 int row_tiled_type(int type); /* whether matrices of `type` are multiplied from row tiles */
 int64_t row_tiled_bytes(int type, int64_t rows, int64_t K);
-void row_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, uint8_t *tiles);
+/* tiles t0 .. t1 - 1 of a matrix's row tiles (tiles: the whole matrix's) */
+void row_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, int64_t t0, int64_t t1, uint8_t *tiles);
 void row_tile_row(int type, const uint8_t *tiles, int64_t K, int64_t row, uint8_t *out); /* row `row` as the file has it */
 /* rows of tile `tile` of a matrix of `type` in row tiles times n (1 .. ROW_TILE_TOKENS) tokens:
  * token j's int16 codes at xq + j * K, its group scales and sums at xd, xs + j * K / GROUP,

@@ -539,9 +539,25 @@ static PyObject *py_tile_tq(PyObject *self, PyObject *args) {
     return tiles;
 }
 
+typedef struct {
+    int type;
+    const uint8_t *raw;
+    int64_t rows, K;
+    uint8_t *tiles;
+} RowTiling;
+
+static void row_tiling_task(void *vctx, int chunk, int chunks, int thread) {
+    const RowTiling *c = vctx;
+    int64_t t0, t1;
+    (void)thread;
+    split_range((c->rows + ROW_TILE - 1) / ROW_TILE, chunk, chunks, &t0, &t1);
+    row_tile_matrix(c->type, c->raw, c->rows, c->K, t0, t1, c->tiles);
+}
+
 /* A 32-weight matrix (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4) regrouped into tiles of
- * ROW_TILE rows (row_tiles.c), as a new bytes object of the same size but for the padded
- * rows; the file's pages are reclaimable, as for Q1_0. */
+ * ROW_TILE rows (row_tiles.c) by the kernels' threads (as an op runs: one at a time), as a new
+ * bytes object of the same size but for the padded rows; the file's pages are reclaimable, as
+ * for Q1_0. */
 static PyObject *py_tile_rows(PyObject *self, PyObject *args) {
     PyObject *raw;
     int type, weights, bytes;
@@ -554,8 +570,11 @@ static PyObject *py_tile_rows(PyObject *self, PyObject *args) {
     if (get_buf(raw, 0, 1, &data, "blocks") != 0 || need(&data, size, 1, "blocks") != 0) return NULL;
     PyObject *tiles = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)row_tiled_bytes(type, rows, cols));
     if (!tiles) return NULL;
+    RowTiling tiling = {type, data.ptr, rows, cols, (uint8_t *)PyBytes_AS_STRING(tiles)};
     Py_BEGIN_ALLOW_THREADS
-    row_tile_matrix(type, data.ptr, rows, cols, (uint8_t *)PyBytes_AS_STRING(tiles));
+    pthread_mutex_lock(&exec_lock);
+    pool_run(row_tiling_task, &tiling);
+    pthread_mutex_unlock(&exec_lock);
     page_out(data.ptr, size);
     Py_END_ALLOW_THREADS
     return tiles;

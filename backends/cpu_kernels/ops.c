@@ -576,7 +576,7 @@ static int route(const Op *op, const char **error) {
  *   1. gate and up: each row of the expert's two matrices read once for all its tokens, their
  *      codes (quantized once per token, copied to each of its gathered rows) dotted by
  *      dot_row_tokens, or, FLOAT_TOKENS tokens or more, the rows dequantized and multiplied
- *      with the float activations (float_product), as a LINEAR op does; Q4_K, Q5_K and Q6_K
+ *      with the float activations (float_product); Q4_K, Q5_K and Q6_K
  *      (type_decodes_int16) in int16 for any count of tokens (panels), as a LINEAR op does,
  *      from codes with a scale per WIDE values;
  *   2. per gathered row: the biases added, h = act(gate, up) (gated8), h quantized;

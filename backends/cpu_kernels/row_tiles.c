@@ -116,25 +116,25 @@ static inline __attribute__((always_inline)) void move_block(const int type, uin
 
 /* row_tile_matrix for a constant type */
 static inline __attribute__((always_inline)) void tile_matrix_as(const int type, const uint8_t *raw, int64_t rows, int64_t K,
-                                                                 uint8_t *tiles) {
+                                                                 int64_t t0, int64_t t1, uint8_t *tiles) {
     const int bytes = type_bytes(type);
-    const int64_t n_blocks = K / GROUP;
-    for (int64_t r = 0; r < rows; r++)
+    const int64_t n_blocks = K / GROUP, r1 = t1 * ROW_TILE < rows ? t1 * ROW_TILE : rows;
+    memset(tiles + t0 * n_blocks * ROW_TILE * bytes, 0, (size_t)((t1 - t0) * n_blocks * ROW_TILE * bytes));
+    for (int64_t r = t0 * ROW_TILE; r < r1; r++)
         for (int64_t b = 0; b < n_blocks; b++) /* (the file block is only read) */
             move_block(type, (uint8_t *)raw + (r * n_blocks + b) * bytes,
                        tiles + ((r / ROW_TILE) * n_blocks + b) * ROW_TILE * bytes, (int)(r % ROW_TILE), 1);
 }
 
-void row_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, uint8_t *tiles) {
-    memset(tiles, 0, (size_t)row_tiled_bytes(type, rows, K));
+void row_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, int64_t t0, int64_t t1, uint8_t *tiles) {
     switch (type) {
-    case T_Q4_0: tile_matrix_as(T_Q4_0, raw, rows, K, tiles); break;
-    case T_Q4_1: tile_matrix_as(T_Q4_1, raw, rows, K, tiles); break;
-    case T_Q5_0: tile_matrix_as(T_Q5_0, raw, rows, K, tiles); break;
-    case T_Q5_1: tile_matrix_as(T_Q5_1, raw, rows, K, tiles); break;
-    case T_Q8_0: tile_matrix_as(T_Q8_0, raw, rows, K, tiles); break;
-    case T_IQ4_NL: tile_matrix_as(T_IQ4_NL, raw, rows, K, tiles); break;
-    default: tile_matrix_as(T_MXFP4, raw, rows, K, tiles); break;
+    case T_Q4_0: tile_matrix_as(T_Q4_0, raw, rows, K, t0, t1, tiles); break;
+    case T_Q4_1: tile_matrix_as(T_Q4_1, raw, rows, K, t0, t1, tiles); break;
+    case T_Q5_0: tile_matrix_as(T_Q5_0, raw, rows, K, t0, t1, tiles); break;
+    case T_Q5_1: tile_matrix_as(T_Q5_1, raw, rows, K, t0, t1, tiles); break;
+    case T_Q8_0: tile_matrix_as(T_Q8_0, raw, rows, K, t0, t1, tiles); break;
+    case T_IQ4_NL: tile_matrix_as(T_IQ4_NL, raw, rows, K, t0, t1, tiles); break;
+    default: tile_matrix_as(T_MXFP4, raw, rows, K, t0, t1, tiles); break;
     }
 }
 

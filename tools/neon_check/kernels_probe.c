@@ -170,7 +170,7 @@ int main(void) {
         }
         if (row_tiled_type(types[k].type)) { /* the 4 rows in a row tile (padded), passes of ROW_TILE_TOKENS tokens */
             uint8_t *tiles = malloc((size_t)row_tiled_bytes(types[k].type, 4, K));
-            row_tile_matrix(types[k].type, rows, 4, K, tiles);
+            row_tile_matrix(types[k].type, rows, 4, K, 0, 1, tiles);
             for (int t = 0; t < T; t += ROW_TILE_TOKENS)
                 row_tile_rows(types[k].type, tiles, 4, K, 0, xq + t * K, xd + t * (K / GROUP), xs + t * (K / GROUP),
                               T - t < ROW_TILE_TOKENS ? T - t : ROW_TILE_TOKENS, prefill + t * 4, 4);
