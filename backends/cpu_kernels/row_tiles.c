@@ -64,11 +64,16 @@ static inline int codes_at(int type) {
     return ROW_TILE * scale_bytes(type) + (mins_at(type) < 0 ? 0 : ROW_TILE * 2) + (fifth_at(type) < 0 ? 0 : PAIRS * 2);
 }
 
+/* The types in row tiles (X-macro): each case below, one per type */
+#define ROW_TILED(X) X(Q4_0) X(Q4_1) X(Q5_0) X(Q5_1) X(Q8_0) X(IQ4_NL) X(MXFP4)
+
 int row_tiled_type(int type) {
+#define IS_CASE(name) case T_##name:
     switch (type) {
-    case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1: case T_Q8_0: case T_IQ4_NL: case T_MXFP4: return 1;
+        ROW_TILED(IS_CASE) return 1;
     default: return 0;
     }
+#undef IS_CASE
 }
 
 int64_t row_tiled_bytes(int type, int64_t rows, int64_t K) {
@@ -127,15 +132,12 @@ static inline __attribute__((always_inline)) void tile_matrix_as(const int type,
 }
 
 void row_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, int64_t t0, int64_t t1, uint8_t *tiles) {
+#define TILING_CASE(name) \
+    case T_##name: tile_matrix_as(T_##name, raw, rows, K, t0, t1, tiles); break;
     switch (type) {
-    case T_Q4_0: tile_matrix_as(T_Q4_0, raw, rows, K, t0, t1, tiles); break;
-    case T_Q4_1: tile_matrix_as(T_Q4_1, raw, rows, K, t0, t1, tiles); break;
-    case T_Q5_0: tile_matrix_as(T_Q5_0, raw, rows, K, t0, t1, tiles); break;
-    case T_Q5_1: tile_matrix_as(T_Q5_1, raw, rows, K, t0, t1, tiles); break;
-    case T_Q8_0: tile_matrix_as(T_Q8_0, raw, rows, K, t0, t1, tiles); break;
-    case T_IQ4_NL: tile_matrix_as(T_IQ4_NL, raw, rows, K, t0, t1, tiles); break;
-    default: tile_matrix_as(T_MXFP4, raw, rows, K, t0, t1, tiles); break;
+        ROW_TILED(TILING_CASE)
     }
+#undef TILING_CASE
 }
 
 void row_tile_row(int type, const uint8_t *tiles, int64_t K, int64_t row, uint8_t *out) {
@@ -304,38 +306,30 @@ static inline __attribute__((always_inline)) void tile_product(const int type, c
 }
 
 /* one function per type, one body per count of tokens */
-#define TILE_FUNCTION(type)                                                                                         \
-    static __attribute__((noinline)) void tile_##type(const uint8_t *tile, int64_t K, const int16_t *xq,          \
+#define TILE_FUNCTION(name)                                                                                         \
+    static __attribute__((noinline)) void tile_##name(const uint8_t *tile, int64_t K, const int16_t *xq,          \
                                                        const float *xd, const float *xs, int n, v8f *out) {        \
         switch (n) {                                                                                               \
-        case 1: tile_product(T_##type, tile, K, xq, xd, xs, 1, out); break;                                         \
-        case 2: tile_product(T_##type, tile, K, xq, xd, xs, 2, out); break;                                         \
-        case 3: tile_product(T_##type, tile, K, xq, xd, xs, 3, out); break;                                         \
-        default: tile_product(T_##type, tile, K, xq, xd, xs, TILE_TOKENS_MAX, out); break;                          \
+        case 1: tile_product(T_##name, tile, K, xq, xd, xs, 1, out); break;                                         \
+        case 2: tile_product(T_##name, tile, K, xq, xd, xs, 2, out); break;                                         \
+        case 3: tile_product(T_##name, tile, K, xq, xd, xs, 3, out); break;                                         \
+        default: tile_product(T_##name, tile, K, xq, xd, xs, TILE_TOKENS_MAX, out); break;                          \
         }                                                                                                          \
     }
-TILE_FUNCTION(Q4_0)
-TILE_FUNCTION(Q4_1)
-TILE_FUNCTION(Q5_0)
-TILE_FUNCTION(Q5_1)
-TILE_FUNCTION(Q8_0)
-TILE_FUNCTION(IQ4_NL)
-TILE_FUNCTION(MXFP4)
+ROW_TILED(TILE_FUNCTION)
 #undef TILE_FUNCTION
 
 void row_tile_rows(int type, const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, const int16_t *xq,
                    const float *xd, const float *xs, int n, float *out, int64_t stride) {
     const uint8_t *at = tiles + tile * (K / GROUP) * ROW_TILE * type_bytes(type);
     v8f result[TILE_TOKENS_MAX];
+#define PRODUCT_CASE(name) \
+    case T_##name: tile_##name(at, K, xq, xd, xs, n, result); break;
     switch (type) {
-    case T_Q4_0: tile_Q4_0(at, K, xq, xd, xs, n, result); break;
-    case T_Q4_1: tile_Q4_1(at, K, xq, xd, xs, n, result); break;
-    case T_Q5_0: tile_Q5_0(at, K, xq, xd, xs, n, result); break;
-    case T_Q5_1: tile_Q5_1(at, K, xq, xd, xs, n, result); break;
-    case T_Q8_0: tile_Q8_0(at, K, xq, xd, xs, n, result); break;
-    case T_IQ4_NL: tile_IQ4_NL(at, K, xq, xd, xs, n, result); break;
-    default: tile_MXFP4(at, K, xq, xd, xs, n, result); break;
+        ROW_TILED(PRODUCT_CASE)
+    default: return;
     }
+#undef PRODUCT_CASE
     const int64_t r0 = tile * ROW_TILE, count = rows - r0 < ROW_TILE ? rows - r0 : ROW_TILE;
     for (int t = 0; t < n; t++)
         for (int64_t r = 0; r < count; r++) out[t * stride + r0 + r] = result[t][r];
