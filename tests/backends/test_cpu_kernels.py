@@ -222,11 +222,12 @@ def test_rows_of_single_group_blocks_of_any_count_match_scalar_bit_for_bit(tier,
 
 @pytest.mark.parametrize("tier", [t for t in TIERS if t != "scalar"] or
                          [pytest.param("none", marks=pytest.mark.skip(reason="this CPU runs only the scalar tier"))])
-@pytest.mark.parametrize("qtype", [T.TQ1_0, T.TQ2_0], ids=lambda t: t.name)
-def test_ternary_tiles_over_long_rows_and_many_tokens_match_scalar(tier, qtype):
-    """Rows of 33,280 columns make a ternary tile of about 270 KB, so a product goes in runs of
-    one tile each against every group of 4 tokens (ops.c's tq_tiles_product), where the rows
-    above fit in one run; 300 rows give each of one thread's chunks of rows 2 or 3 tiles."""
+@pytest.mark.parametrize("qtype", [T.TQ1_0, T.TQ2_0, T.Q8_0, T.Q4_1], ids=lambda t: t.name)
+def test_tiles_over_long_rows_and_many_tokens_match_scalar(tier, qtype):
+    """Rows of 33,280 columns make a ternary tile of about 270 KB (a Q8_0 row tile 283 KB, a
+    Q4_1 one 166 KB), so a product goes in runs of one or a few tiles each against every group
+    of 4 tokens (ops.c's tq_tiles_product, row_tiles_product), where the rows above fit in one
+    run; 300 rows give each of one thread's chunks of rows 2 or 3 ternary tiles (19 row tiles)."""
     rng = np.random.default_rng(7)
     rows, cols = 300, 130 * 256
     raw = random_matrix(qtype, rows, cols, rng)
