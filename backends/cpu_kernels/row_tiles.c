@@ -40,10 +40,15 @@
 #include "simd.h"
 
 #define PAIRS 16                                  /* pair vectors per block */
-/* bytes of tiles asked for ahead (prefetch_block), from 2 tokens on: one token's product, left
- * to the hardware prefetcher, streamed faster (Zen 4, from memory: Q4_1 66 against 52-57 G/s),
- * four tokens' slower (Q8_0 52 against 83) */
+/* Tiles asked for ahead, from 2 tokens on (one token's product, left to the hardware prefetcher,
+ * streamed faster: Zen 4, from memory, Q4_1 66 against 52-57 G/s; four tokens' slower, Q8_0 52
+ * against 83): into L1, ROW_TILE_AHEAD bytes on; but where a Q8_0 tile (272 bytes a block) and
+ * the tokens' codes, 8 KB or more, would not both stay in L1, into L2 only, Q8_0_AHEAD_BLOCKS
+ * blocks on (K = 2560: 4 tokens 82 -> 87-101 G/s, 2 tokens 46 -> 61-65; K = 640 and 4 tokens
+ * lost 10% that way, the 4-bit types at K = 2560 2-9%) */
 #define ROW_TILE_AHEAD 4096
+#define Q8_0_AHEAD_BLOCKS 32
+#define L2_CODES_BYTES 8192
 #define TILE_TOKENS_MAX ROW_TILE_TOKENS
 
 /* Where a file block's parts lie: its m (Q4_1, Q5_1), its fifth bits (Q5_0, Q5_1), its codes
@@ -295,7 +300,10 @@ static inline __attribute__((always_inline)) void tile_product(const int type, c
     v8f acc[TILE_TOKENS_MAX] = {{0}}, macc[TILE_TOKENS_MAX] = {{0}};
     for (int64_t b = 0; b < G; b++) {
         const uint8_t *block = tile + b * block_bytes;
-        if (N > 1) prefetch_block(block, (size_t)block_bytes, ROW_TILE_AHEAD);
+        if (N > 1 && type == T_Q8_0 && N * K * (int64_t)sizeof(int16_t) >= L2_CODES_BYTES)
+            for (int64_t at = 0; at < block_bytes; at += 64) __builtin_prefetch(block + Q8_0_AHEAD_BLOCKS * block_bytes + at, 0, 2);
+        else if (N > 1)
+            prefetch_block(block, (size_t)block_bytes, ROW_TILE_AHEAD);
         v8i isum[TILE_TOKENS_MAX];
         block_sums(type, block, xq + b * GROUP, K, N, isum);
         const v8f d = tile_scales(type, block);
