@@ -22,6 +22,7 @@ speculative draft's verification, a batched step) once per model and layout of s
 (`CpuState`), and replays them in C, one call per pass.
 """
 
+import mmap
 from collections.abc import Sequence
 from typing import Any
 
@@ -87,6 +88,16 @@ def op_tuple(ops: dict[str, tuple], name: str, bufs: tuple, mats: tuple, slots: 
             f"missing {missing}, unknown {unknown}"
         )
     return code, bufs, mats, tuple(int(slots[n]) for n in int_names), tuple(float(slots[n]) for n in float_names)
+
+
+def _file_backed(raw: np.ndarray) -> bool:
+    """Whether `raw` views a memory-mapped file (whose pages can be dropped and read again)."""
+    base: Any = raw
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, memoryview):  # np.frombuffer's
+        base = base.obj
+    return isinstance(base, mmap.mmap)
 
 
 class CpuMatrix:
@@ -309,14 +320,16 @@ class CpuBackend(Backend):
         return (self._tiles(matrix), tiled_type, matrix.rows, matrix.cols, out, bias)
 
     def _tiles(self, matrix: CpuMatrix) -> bytes:
-        """A Q1_0, ternary or 32-weight matrix's blocks regrouped for its product, made once."""
+        """A Q1_0, ternary or 32-weight matrix's blocks regrouped for its product, made once;
+        the blocks then leave the process's memory (a mapped file's stay in the page cache)."""
         if matrix.tiles is None:
+            shape, file_backed = (matrix.rows, matrix.cols), _file_backed(matrix.raw)
             if matrix.ggml_type == GGMLQuantizationType.Q1_0:
-                matrix.tiles = self.native.tile_q1_0(matrix.raw, matrix.rows, matrix.cols)
+                matrix.tiles = self.native.tile_q1_0(matrix.raw, *shape, file_backed)
             elif matrix.ggml_type in _ROW_TILED_TYPES:
-                matrix.tiles = self.native.tile_rows(matrix.raw, matrix.ggml_type, matrix.rows, matrix.cols)
+                matrix.tiles = self.native.tile_rows(matrix.raw, matrix.ggml_type, *shape, file_backed)
             else:
-                matrix.tiles = self.native.tile_tq(matrix.raw, matrix.ggml_type, matrix.rows, matrix.cols)
+                matrix.tiles = self.native.tile_tq(matrix.raw, matrix.ggml_type, *shape, file_backed)
         return matrix.tiles
 
     # -- running ops ------------------------------------------------------------------

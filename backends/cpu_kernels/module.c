@@ -480,25 +480,29 @@ static PyObject *py_count_bad_scales(PyObject *self, PyObject *args) {
     return PyLong_FromLongLong(bad);
 }
 
-/* The kernel may reclaim the pages of a matrix's blocks once they are regrouped into tiles:
- * products do not read them again (MADV_PAGEOUT writes back or drops only what it can read
- * again). */
-static void page_out(const uint8_t *ptr, int64_t size) {
-#ifdef MADV_PAGEOUT
+/* A matrix's blocks once they are regrouped into tiles: products do not read them again, so
+ * they leave the process's memory. Pages of a mapped file (`file_backed`) are only unmapped
+ * (MADV_DONTNEED: the page cache keeps them, for the next load, and a read maps them again);
+ * other memory the kernel may reclaim (MADV_PAGEOUT writes back or drops only what it can read
+ * again: DONTNEED would zero private anonymous pages). */
+static void page_out(const uint8_t *ptr, int64_t size, int file_backed) {
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), start = ((uintptr_t)ptr + page - 1) / page * page,
               end = ((uintptr_t)ptr + (uintptr_t)size) / page * page;
-    if (end > start) madvise((void *)start, end - start, MADV_PAGEOUT);
-#else
-    (void)ptr, (void)size;
+    if (end <= start) return;
+    if (file_backed) madvise((void *)start, end - start, MADV_DONTNEED);
+#ifdef MADV_PAGEOUT
+    else madvise((void *)start, end - start, MADV_PAGEOUT);
 #endif
 }
 
 /* A Q1_0 matrix's blocks regrouped into tiles for the table-lookup product (q1_tiles.c), as
- * a new bytes object; the file's pages are reclaimable (page_out). */
+ * a new bytes object; the blocks leave the process's memory (page_out; `file_backed`: they
+ * lie in a mapped file). */
 static PyObject *py_tile_q1_0(PyObject *self, PyObject *args) {
     PyObject *raw;
     long long rows, cols;
-    if (!PyArg_ParseTuple(args, "OLL", &raw, &rows, &cols)) return NULL;
+    int file_backed;
+    if (!PyArg_ParseTuple(args, "OLLp", &raw, &rows, &cols, &file_backed)) return NULL;
     if (rows <= 0 || cols <= 0 || cols % 128) return PyErr_Format(PyExc_ValueError, "a %lld x %lld matrix is not Q1_0 blocks", rows, cols);
     Buf data;
     if (get_buf(raw, 0, 1, &data, "blocks") != 0 || need(&data, rows * (cols / 128) * 18, 1, "blocks") != 0) return NULL;
@@ -507,18 +511,18 @@ static PyObject *py_tile_q1_0(PyObject *self, PyObject *args) {
     uint8_t *out = (uint8_t *)PyBytes_AS_STRING(tiles);
     Py_BEGIN_ALLOW_THREADS
     q1_tile_matrix(data.ptr, rows, cols, out);
-    page_out(data.ptr, rows * (cols / 128) * 18);
+    page_out(data.ptr, rows * (cols / 128) * 18, file_backed);
     Py_END_ALLOW_THREADS
     return tiles;
 }
 
 /* A TQ1_0 or TQ2_0 matrix regrouped into tiles of 2-bit codes for the table-lookup product
- * (tq_tiles.c), as a new bytes object; the file's pages are reclaimable, as for Q1_0. */
+ * (tq_tiles.c), as a new bytes object; the blocks leave the process's memory, as for Q1_0. */
 static PyObject *py_tile_tq(PyObject *self, PyObject *args) {
     PyObject *raw;
-    int type, weights, bytes;
+    int type, weights, bytes, file_backed;
     long long rows, cols;
-    if (!PyArg_ParseTuple(args, "OiLL", &raw, &type, &rows, &cols)) return NULL;
+    if (!PyArg_ParseTuple(args, "OiLLp", &raw, &type, &rows, &cols, &file_backed)) return NULL;
     if ((type != T_TQ1_0 && type != T_TQ2_0) || !type_block(type, &weights, &bytes) || rows <= 0 || cols <= 0 ||
         cols % weights)
         return PyErr_Format(PyExc_ValueError, "a %lld x %lld matrix of GGML type %d is not ternary blocks", rows, cols, type);
@@ -530,7 +534,7 @@ static PyObject *py_tile_tq(PyObject *self, PyObject *args) {
     int failed;
     Py_BEGIN_ALLOW_THREADS
     failed = tq_tile_matrix(type, data.ptr, rows, cols, (uint8_t *)PyBytes_AS_STRING(tiles));
-    if (!failed) page_out(data.ptr, size);
+    if (!failed) page_out(data.ptr, size, file_backed);
     Py_END_ALLOW_THREADS
     if (failed) {
         Py_DECREF(tiles);
@@ -556,13 +560,13 @@ static void row_tiling_task(void *vctx, int chunk, int chunks, int thread) {
 
 /* A 32-weight matrix (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4) regrouped into tiles of
  * ROW_TILE rows (row_tiles.c) by the kernels' threads (as an op runs: one at a time), as a new
- * bytes object of the same size but for the padded rows; the file's pages are reclaimable, as
- * for Q1_0. */
+ * bytes object of the same size but for the padded rows; the blocks leave the process's
+ * memory, as for Q1_0. */
 static PyObject *py_tile_rows(PyObject *self, PyObject *args) {
     PyObject *raw;
-    int type, weights, bytes;
+    int type, weights, bytes, file_backed;
     long long rows, cols;
-    if (!PyArg_ParseTuple(args, "OiLL", &raw, &type, &rows, &cols)) return NULL;
+    if (!PyArg_ParseTuple(args, "OiLLp", &raw, &type, &rows, &cols, &file_backed)) return NULL;
     if (!row_tiled_type(type) || !type_block(type, &weights, &bytes) || rows <= 0 || cols <= 0 || cols % weights)
         return PyErr_Format(PyExc_ValueError, "a %lld x %lld matrix of GGML type %d is not taken in row tiles", rows, cols, type);
     Buf data;
@@ -575,7 +579,7 @@ static PyObject *py_tile_rows(PyObject *self, PyObject *args) {
     pthread_mutex_lock(&exec_lock);
     pool_run(row_tiling_task, &tiling);
     pthread_mutex_unlock(&exec_lock);
-    page_out(data.ptr, size);
+    page_out(data.ptr, size, file_backed);
     Py_END_ALLOW_THREADS
     return tiles;
 }
@@ -639,9 +643,9 @@ static PyMethodDef methods[] = {
     {"graph_run", py_graph_run, METH_VARARGS, "Replay a parsed op list on given state arenas (GIL released)."},
     {"set_threads", py_set_threads, METH_VARARGS, "Use n threads, the caller included; returns the count."},
     {"threads", py_threads, METH_NOARGS, "Threads in use, the caller included."},
-    {"tile_q1_0", py_tile_q1_0, METH_VARARGS, "Q1_0 blocks (rows, cols) regrouped for the product, as bytes."},
-    {"tile_tq", py_tile_tq, METH_VARARGS, "TQ1_0 or TQ2_0 blocks (type, rows, cols) as 2-bit code tiles, as bytes."},
-    {"tile_rows", py_tile_rows, METH_VARARGS, "32-weight blocks (type, rows, cols) in tiles of 8 rows, as bytes."},
+    {"tile_q1_0", py_tile_q1_0, METH_VARARGS, "Q1_0 blocks (rows, cols, file_backed) regrouped for the product, as bytes."},
+    {"tile_tq", py_tile_tq, METH_VARARGS, "TQ1_0 or TQ2_0 blocks (type, rows, cols, file_backed) as 2-bit code tiles, as bytes."},
+    {"tile_rows", py_tile_rows, METH_VARARGS, "32-weight blocks (type, rows, cols, file_backed) in tiles of 8 rows, as bytes."},
     {"count_bad_scales", py_count_bad_scales, METH_VARARGS, "Blocks of a tensor with an inf or nan scale."},
     {"exp", py_exp, METH_VARARGS, "exp of float32 values (the kernels' vectorized exp), as bytes."},
     {"cpu_has", py_cpu_has, METH_VARARGS, "Whether the CPU has an instruction-set feature."},

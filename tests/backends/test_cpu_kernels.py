@@ -246,11 +246,13 @@ def test_the_32_weight_types_on_int16_codes_are_multiplied_from_row_tiles_of_the
         cols = 256
         raw = random_matrix(qtype, 11, cols, rng)
         if qtype in ROW_TILED_TYPES:
-            tiles = backend.native.tile_rows(raw.reshape(-1), int(qtype), 11, cols)
+            kept = raw.copy()
+            tiles = backend.native.tile_rows(raw.reshape(-1), int(qtype), 11, cols, False)
             assert len(tiles) == raw.nbytes // 11 * 16, qtype.name
+            np.testing.assert_array_equal(raw, kept)  # memory not of a file is paged out, never dropped
         else:
             with pytest.raises(ValueError, match="not taken in row tiles"):
-                backend.native.tile_rows(raw.reshape(-1), int(qtype), 11, cols)
+                backend.native.tile_rows(raw.reshape(-1), int(qtype), 11, cols, False)
 
 
 @pytest.mark.parametrize("qtype", ROW_TILED_TYPES, ids=lambda t: t.name)
@@ -411,8 +413,11 @@ def test_every_native_type_is_multiplied_in_place_from_the_mapped_file(qtype, tm
     matrix = backend.prepare_weight(WeightSpec("blk.0.ffn_up.weight", mapped[64:], int(qtype), (rows, cols)))
     assert isinstance(matrix, CpuMatrix) and matrix.ggml_type == int(qtype)
     assert np.shares_memory(matrix.raw, mapped) and backend.load_notes == []
+    assert cpu_backend._file_backed(matrix.raw) and not cpu_backend._file_backed(blocks)
     x = rng.standard_normal((2, cols)).astype(np.float32)
     np.testing.assert_array_equal(backend.linear(x, matrix), product(TIERS[0], 1, qtype, blocks, cols, x))
+    # a tiled type's pages left the process (MADV_DONTNEED) and come back from the file when read
+    np.testing.assert_array_equal(np.asarray(matrix.raw), blocks.reshape(-1))
 
 
 @pytest.mark.parametrize("tier", TIERS)

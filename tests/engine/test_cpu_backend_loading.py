@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 
-from backends import cpu_native, selection
+from backends import cpu_backend, cpu_native, selection
 from backends.errors import BackendUnavailable
 from engine.bundled import resolve_model_path
 from engine.errors import ModelFileError
@@ -132,6 +132,7 @@ def test_a_tied_output_head_gets_its_row_tiles_at_load():
         model = loaded.model
         assert model.output is model.token_embd and model.output.ggml_type == GGMLQuantizationType.Q8_0
         assert model.output.tiles is not None and len(model.output.tiles) == model.output.raw.nbytes
+        assert cpu_backend._file_backed(model.output.raw)  # its pages stay in the page cache
         logits = model.forward(np.array([1, 2, 3]), 0, loaded.new_cache(8).storage)
         assert np.all(np.isfinite(logits))
     finally:
