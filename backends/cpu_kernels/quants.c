@@ -105,8 +105,10 @@ static inline u8x32 nibbles32(const uint8_t *qs) {
 int type_block(int type, int *weights, int *bytes) {
 #define BLOCK_CASE(name, number, w, b, ...) \
     case number: *weights = w; *bytes = b; return 1;
-    /* Q1_0 tiles and row tiles hold the same blocks, regrouped; ternary tiles take 66 bytes per 256 weights, as TQ2_0 */
-    switch (type == T_Q1_0_TILES ? T_Q1_0 : type == T_TQ_TILES ? T_TQ2_0 : row_tiles_of(type) >= 0 ? row_tiles_of(type) : type) {
+    /* Q1_0 tiles and row tiles (of the types row_tiles.c takes) hold the same blocks, regrouped;
+     * ternary tiles take 66 bytes per 256 weights, as TQ2_0 */
+    const int tiled = row_tiles_of(type);
+    switch (type == T_Q1_0_TILES ? T_Q1_0 : type == T_TQ_TILES ? T_TQ2_0 : tiled < 0 ? type : row_tiled_type(tiled) ? tiled : -1) {
         QUANT_TYPES(BLOCK_CASE)
     default: return 0;
     }

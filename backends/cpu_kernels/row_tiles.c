@@ -116,12 +116,14 @@ static inline __attribute__((always_inline)) void move_block(const int type, uin
         }
         uint8_t *in_tile = codes + 16 * (p / 2) + 2 * lane, *in_file = qs + 2 * p % 16;
         const int tile_shift = 4 * (p % 2), file_shift = 4 * (p / 8); /* weight 2p is in the high nibbles from 16 */
+        /* two bytes at once, each its own nibble: the same in either byte order */
         if (to_tile) store16(in_tile, (uint16_t)(load16(in_tile) | ((load16(in_file) >> file_shift) & 0x0f0f) << tile_shift));
         else store16(in_file, (uint16_t)(load16(in_file) | ((load16(in_tile) >> tile_shift) & 0x0f0f) << file_shift));
         if (fifth_at(type) < 0) continue;
-        uint8_t *bits = block + fifth_at(type) + 2 * p; /* bits 2 lane, 2 lane + 1 of word p: qh's 2p, 2p + 1 */
-        if (to_tile) store16(bits, (uint16_t)(load16(bits) | ((qh >> 2 * p) & 3) << 2 * lane));
-        else qh |= (uint32_t)((load16(bits) >> 2 * lane) & 3) << 2 * p;
+        uint8_t *bits = block + fifth_at(type) + 2 * p; /* bits 2 lane, 2 lane + 1 of word p (LSB first): qh's 2p, 2p + 1 */
+        const uint16_t word = (uint16_t)(u16(bits) | (to_tile ? ((qh >> 2 * p) & 3) << 2 * lane : 0));
+        if (to_tile) bits[0] = (uint8_t)word, bits[1] = (uint8_t)(word >> 8);
+        else qh |= (uint32_t)((word >> 2 * lane) & 3) << 2 * p;
     }
     if (!to_tile && fifth_at(type) >= 0)
         for (int i = 0; i < 4; i++) file[file_fifth_at(type) + i] = (uint8_t)(qh >> (8 * i));

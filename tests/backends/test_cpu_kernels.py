@@ -245,6 +245,11 @@ def test_the_32_weight_types_on_int16_codes_are_multiplied_from_row_tiles_of_the
     for qtype in QUANT_TYPES + FLOAT_TYPES:
         cols = 256
         raw = random_matrix(qtype, 11, cols, rng)
+        if qtype not in ROW_TILED_TYPES:  # nor does the product take such a type as row tiles
+            out = np.empty((1, 11), dtype=np.float32)
+            entry = (raw.reshape(-1), backend.native.ROW_TILES + int(qtype), 11, cols, out, None)
+            with pytest.raises(ValueError, match="has no native kernel"):
+                backend._emit("linear", _bufs(a=np.ones((1, cols), dtype=np.float32)), (entry,), tokens=1)
         if qtype in ROW_TILED_TYPES:
             kept = raw.copy()
             tiles = backend.native.tile_rows(raw.reshape(-1), int(qtype), 11, cols, False)
