@@ -23,9 +23,8 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
-from backends import cpu_native
+from backends import cpu_backend, cpu_native
 from backends.base import WeightSpec
-from backends import cpu_backend
 from backends.cpu_backend import CpuBackend, CpuMatrix, _bufs
 from backends.dequant import dequantize
 from backends.errors import BackendUnavailable
@@ -127,8 +126,8 @@ def row_product(tier: str, threads: int, qtype: T, raw: np.ndarray, cols: int, x
     (dot_row_tokens: what a mixture's experts take)."""
     backend = CpuBackend(threads=threads, tier=tier)
     out = np.empty((len(x), raw.shape[0]), dtype=np.float32)
-    backend._emit("linear", _bufs(a=np.ascontiguousarray(x)), ((raw.reshape(-1), int(qtype), raw.shape[0], cols, out, None),),
-                  tokens=len(x))
+    entry = (raw.reshape(-1), int(qtype), raw.shape[0], cols, out, None)
+    backend._emit("linear", _bufs(a=np.ascontiguousarray(x)), (entry,), tokens=len(x))
     return out
 
 
@@ -262,8 +261,8 @@ def test_the_32_weight_types_on_int16_codes_are_multiplied_from_row_tiles_of_the
 
 @pytest.mark.parametrize("qtype", ROW_TILED_TYPES, ids=lambda t: t.name)
 def test_embedding_rows_read_from_row_tiles_are_gguf_py_s(qtype):
-    """A tied output head keeps only its row tiles in memory (the file's pages handed back), so
-    embedding lookups put a row's blocks back together from the tiles: each of 19 rows (two
+    """A tied output head keeps only its row tiles in memory (the file's blocks leave the
+    process), so embedding lookups put a row's blocks back together from the tiles: each of 19 rows (two
     whole tiles of 8 and a padded one), dequantized, is gguf-py's row bit for bit."""
     rng = np.random.default_rng(600 + int(qtype))
     rows, cols = 19, 320

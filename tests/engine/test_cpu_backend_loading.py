@@ -126,13 +126,13 @@ def test_cli_generates_and_benches_on_the_cpu_backend(tmp_path):
 def test_a_tied_output_head_gets_its_row_tiles_at_load():
     """SmolLM2's output head is its Q8_0 token embedding (tied): its row tiles (the 32-weight
     types' product form, cpu_kernels/row_tiles.c) are made at load, not in the first answer's
-    prefill, and the embedding's lookups still read the file's blocks."""
+    prefill, and its embedding lookups read them too."""
     loaded = load_model(resolve_model_path("smollm2"), "cpu")
     try:
         model = loaded.model
         assert model.output is model.token_embd and model.output.ggml_type == GGMLQuantizationType.Q8_0
         assert model.output.tiles is not None and len(model.output.tiles) == model.output.raw.nbytes
-        assert cpu_backend._file_backed(model.output.raw)  # its pages stay in the page cache
+        assert cpu_backend._file_backed(model.output.raw)  # so its blocks are unmapped, not evicted
         logits = model.forward(np.array([1, 2, 3]), 0, loaded.new_cache(8).storage)
         assert np.all(np.isfinite(logits))
     finally:
