@@ -253,8 +253,6 @@ static int group_rows(const AttnCtx *c, int64_t g, AttnRow *rows, int64_t *kv) {
     return (int)(hi - lo);
 }
 
-static inline v8f splat8(float x) { return (v8f){x, x, x, x, x, x, x, x}; }
-
 /* Scores of R rows (R <= TILE_ROWS; their queries q[r]) with the 16 keys of columns j0 ..
  * j0 + 15 of keys (Dh, KV_BLOCK): s[r][j] = q[r] . key j, fused multiply-adds in order of d. */
 static inline __attribute__((always_inline)) void score_tile(const float *const *q, int R, const float *keys, int64_t Dh,

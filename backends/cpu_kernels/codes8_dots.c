@@ -70,7 +70,6 @@ static inline int iq_scale(int type, const uint8_t *b, int k) {
     }
 }
 
-static inline v8f splat(float v) { return (v8f){v, v, v, v, v, v, v, v}; }
 
 /* One token's block terms, given its groups' part and its sums terms (Q3_K: corr, Q2_K: mins;
  * unused for the others): the module comment's float arithmetic, the same C in every tier. */
@@ -78,8 +77,8 @@ static inline v8f add_block(int type, v8f acc, v8f part, v8i sums_terms, float D
     v8f xs, terms = __builtin_convertvector(sums_terms, v8f);
     memcpy(&xs, xd, sizeof xs);
     if (type == T_Q3_K) part = fma8(terms, xs, part);
-    acc = fma8(part, splat(D), acc);
-    if (type == T_Q2_K) acc = fma8(terms * xs, splat(-dmin), acc);
+    acc = fma8(part, splat8(D), acc);
+    if (type == T_Q2_K) acc = fma8(terms * xs, splat8(-dmin), acc);
     return acc;
 }
 
@@ -420,7 +419,7 @@ static inline __attribute__((always_inline)) void block_tokens(int type, const u
                 for (int i = 32 * g + 4 * l; i < 32 * g + 4 * l + 4; i++) s += c[i] * x->q[i];
                 isum[l] = sc[2 * g + l / 4] * s;
             }
-            part[g % 2] = fma8(__builtin_convertvector(isum, v8f), splat(x->d[g]), part[g % 2]);
+            part[g % 2] = fma8(__builtin_convertvector(isum, v8f), splat8(x->d[g]), part[g % 2]);
         }
         v8i lanes;
         for (int l = 0; l < 8; l++) lanes[l] = factor[2 * l] * x->sums[2 * l] + factor[2 * l + 1] * x->sums[2 * l + 1];
@@ -462,12 +461,12 @@ static inline __attribute__((always_inline)) void block_of(int type, const uint8
     const __m256i lo = split ? _mm256_cvtepi16_epi32(first) : _mm256_permutevar8x32_epi32(_mm256_cvtepi16_epi32(first), pairs);
     const __m256i hi = split ? _mm256_cvtepi16_epi32(_mm256_castsi256_si128(s.half_scales[1]))
                              : _mm256_permutevar8x32_epi32(_mm256_cvtepi16_epi32(first), _mm256_add_epi32(pairs, _mm256_set1_epi32(4)));
-    const v8f D = splat(block_scale(type, b));
+    const v8f D = splat8(block_scale(type, b));
     const v8f scales[2] = {D * __builtin_convertvector((v8i)lo, v8f), D * __builtin_convertvector((v8i)hi, v8f)};
     memcpy(scale, scales, sizeof scales);
     v8f mins[2] = {{0}, {0}};
     if (type == T_Q2_K) { /* -(dmin * m), as unpack_q2_k */
-        const v8f dmin = splat(f16(b + 82));
+        const v8f dmin = splat8(f16(b + 82));
         mins[0] = -(dmin * __builtin_convertvector((v8i)_mm256_cvtepi16_epi32(_mm256_castsi256_si128(s.sums_factor)), v8f));
         mins[1] = -(dmin * __builtin_convertvector((v8i)_mm256_cvtepi16_epi32(_mm256_extracti128_si256(s.sums_factor, 1)), v8f));
     }

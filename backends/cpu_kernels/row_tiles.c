@@ -176,7 +176,6 @@ static inline v8f tile_scales(const int type, const uint8_t *block) {
     return d;
 }
 
-static inline v8f splat(float v) { return (v8f){v, v, v, v, v, v, v, v}; }
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -309,10 +308,10 @@ static inline __attribute__((always_inline)) void tile_product(const int type, c
         v8i isum[TILE_TOKENS_MAX];
         block_sums(type, block, xq + b * GROUP, K, N, isum);
         const v8f d = tile_scales(type, block);
-        for (int t = 0; t < N; t++) acc[t] = fma8(__builtin_convertvector(isum[t], v8f), d * splat(xd[t * G + b]), acc[t]);
+        for (int t = 0; t < N; t++) acc[t] = fma8(__builtin_convertvector(isum[t], v8f), d * splat8(xd[t * G + b]), acc[t]);
         if (mins_at(type) >= 0) {
             const v8f m = half8(block + mins_at(type));
-            for (int t = 0; t < N; t++) macc[t] = fma8(m, splat(xs[t * G + b]), macc[t]);
+            for (int t = 0; t < N; t++) macc[t] = fma8(m, splat8(xs[t * G + b]), macc[t]);
         }
     }
     for (int t = 0; t < N; t++) out[t] = mins_at(type) >= 0 ? acc[t] + macc[t] : acc[t];

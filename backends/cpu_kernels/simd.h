@@ -148,6 +148,8 @@ static inline v8i round8(v8f v) {
 #endif
 }
 
+static inline v8f splat8(float x) { return (v8f){x, x, x, x, x, x, x, x}; } /* x in every lane */
+
 static inline float reduce8(v8f a) { return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])); }
 
 /* sum of w[i] * x[i] in 8 lanes (lane i mod 8), then reduce8 */
