@@ -1,5 +1,7 @@
 /* Products of Q4_K, Q5_K and Q6_K in int16 (type_decodes_int16 in kernels.h), for any count of
- * tokens; and the walk of every prefill panel over its rows and tokens (panels.h: panel_product).
+ * tokens, on their rows as the file has them (a mixture's experts; dense matrices take row tiles,
+ * row_tiles.c); and the walk of every prefill panel over its rows and tokens (panels.h:
+ * panel_product).
  *
  * Each of these types' blocks is one float D times integer sub-block scales sc times integer
  * codes c, plus, for Q4_K and Q5_K, min terms. A row is unpacked once per product into int16

@@ -29,15 +29,16 @@
  * codes (panels.h): Q4_K, Q5_K and Q6_K as int16 weights against int16 codes with one scale per
  * WIDE values (int16_panels.c), the OWN8 types as 8-bit codes and scales per 16 weights against
  * decode's 8-bit codes, a scale per group (byte_panels.c: twice the products per instruction).
- * Q4_K, Q5_K and Q6_K (type_decodes_int16) take the int16 arithmetic for any count of tokens, in
- * dense products and in a mixture's experts alike: a token's products are the same bits in
- * decode, in a batch and in a prefill. Their decode unpacks
+ * Q4_K, Q5_K and Q6_K (type_decodes_int16) take the int16 arithmetic for any count of tokens
+ * in a mixture's experts (the rows as the file has them): a token's products are the same bits
+ * in decode, in a batch and in a prefill. Their decode unpacks
  * the blocks straight from the bytes into registers and multiplies them there (AVX2 and
  * AVX-512, int16_direct_product), one float multiply-add per block where the per-group codes
  * took one per group, and asks for the rows ahead block by block as it goes.
- * The backend gives the linear op the 32-weight CODES types (Q4_0 to Q8_0, IQ4_NL, MXFP4) as
- * row tiles (T_ROW_TILES + the type; row_tiles.c): tiles of ROW_TILE rows whose int32 lanes
- * each hold a row, so that one float step serves 8 rows, for any count of tokens. Their rows
+ * The backend gives the linear op the 32-weight CODES types (Q4_0 to Q8_0, IQ4_NL, MXFP4) and
+ * Q4_K to Q6_K as row tiles (T_ROW_TILES + the type; row_tiles.c): tiles of ROW_TILE rows whose
+ * int32 lanes each hold a row, so that one float step serves 8 rows (a K type's: one per
+ * sub-block), for any count of tokens. The 32-weight types' rows
  * as the file lays them out serve a mixture's experts: dot_row_tokens for a few tokens, and
  * for FLOAT_TOKENS or more a panel of rows dequantized (float_panel_rows) to float once for all
  * its tokens, which takes the float activations as they are, FLOAT_ROWS rows at a time, summing
@@ -114,7 +115,7 @@ enum {
     QUANT_TYPES(TYPE_ENUM)
     T_Q1_0_TILES = 1041, /* Sprig's own: Q1_0 regrouped in tiles of Q1_TILE rows (q1_tiles.c) */
     T_TQ_TILES = 1042,   /* Sprig's own: TQ1_0 or TQ2_0 as 2-bit codes in tiles of Q1_TILE rows (tq_tiles.c) */
-    T_ROW_TILES = 1100,  /* Sprig's own, plus a 32-weight type's number: that type in tiles of ROW_TILE rows (row_tiles.c) */
+    T_ROW_TILES = 1100,  /* Sprig's own, plus a row-tiled type's number: that type in tiles of ROW_TILE rows (row_tiles.c) */
 };
 /* The type of a matrix in row tiles (T_ROW_TILES + its number), else -1 */
 static inline int row_tiles_of(int type) { return type > T_ROW_TILES && type < T_ROW_TILES + 64 ? type - T_ROW_TILES : -1; }
@@ -228,7 +229,9 @@ static inline int type_takes_codes16(int type) { return type_form(type) == FORM_
 
 /* Prefill (FLOAT_TOKENS or more tokens) in integers (panels.h): the 256-weight types with
  * integer sub-block scales; Q4_K, Q5_K and Q6_K as int16 weights and codes per WIDE values
- * (int16_panels.c), the OWN8 types as 8-bit ones per group (byte_panels.c). The others (32-weight blocks: a float scale per group) dequantize. */
+ * (int16_panels.c: a mixture's experts; dense matrices take row tiles), the OWN8 types as 8-bit
+ * ones per group (byte_panels.c). The others (32-weight blocks: a float scale per group) take
+ * row tiles, or dequantize (experts). */
 #define WIDE 256
 static inline int type_takes_byte_panels(int type) { return type_form(type) == FORM_OWN8; }
 /* the int16 ones take it for fewer tokens too (decode, batches, verification) */
@@ -314,17 +317,22 @@ void tq_tables(const float *x, int64_t K, uint8_t *tables, float *xscale);
 void tq_tile_rows(const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, const uint8_t *const *tables,
                   const float *const *xscale, int n, float *const *out);
 
-/* row_tiles.c: the 32-weight types on int16 codes in tiles of ROW_TILE rows, a row per lane */
+/* row_tiles.c: the types on int16 codes in tiles of ROW_TILE rows, a row per lane */
 #define ROW_TILE 8        /* rows of a tile */
-#define ROW_TILE_TOKENS 4 /* tokens one pass over a tile serves */
+#if defined(__AVX512VL__)
+#define ROW_TILE_TOKENS 8 /* tokens one pass over a tile serves */
+#else
+#define ROW_TILE_TOKENS 4
+#endif
 int row_tiled_type(int type); /* whether matrices of `type` are multiplied from row tiles */
+int row_tile_span(int type);  /* values per activation scale its product takes: GROUP, or WIDE for Q4_K to Q6_K */
 int64_t row_tiled_bytes(int type, int64_t rows, int64_t K);
 /* tiles t0 .. t1 - 1 of a matrix's row tiles (tiles: the whole matrix's) */
 void row_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, int64_t t0, int64_t t1, uint8_t *tiles);
 void row_tile_row(int type, const uint8_t *tiles, int64_t K, int64_t row, uint8_t *out); /* row `row` as the file has it */
 /* rows of tile `tile` of a matrix of `type` in row tiles times n (1 .. ROW_TILE_TOKENS) tokens:
- * token j's int16 codes at xq + j * K, its group scales and sums at xd, xs + j * K / GROUP,
- * its results at out[j * stride + row] */
+ * token j's int16 codes at xq + j * K, its scales at xd + j * K / row_tile_span(type), its group
+ * sums at xs + j * K / GROUP, its results at out[j * stride + row] */
 void row_tile_rows(int type, const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, const int16_t *xq,
                    const float *xd, const float *xs, int n, float *out, int64_t stride);
 extern const int8_t kvalues_mxfp4[16]; /* quants.c: MXFP4's codes, twice their E2M1 values */

@@ -558,7 +558,7 @@ static void row_tiling_task(void *vctx, int chunk, int chunks, int thread) {
     row_tile_matrix(c->type, c->raw, c->rows, c->K, t0, t1, c->tiles);
 }
 
-/* A 32-weight matrix (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4) regrouped into tiles of
+/* A matrix of a type on int16 codes (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4, Q4_K, Q5_K, Q6_K) regrouped into tiles of
  * ROW_TILE rows (row_tiles.c) by the kernels' threads (as an op runs: one at a time), as a new
  * bytes object of the same size but for the padded rows; the blocks leave the process's
  * memory, as for Q1_0. */
@@ -645,7 +645,7 @@ static PyMethodDef methods[] = {
     {"threads", py_threads, METH_NOARGS, "Threads in use, the caller included."},
     {"tile_q1_0", py_tile_q1_0, METH_VARARGS, "Q1_0 blocks (rows, cols, file_backed) regrouped for the product, as bytes."},
     {"tile_tq", py_tile_tq, METH_VARARGS, "TQ1_0 or TQ2_0 blocks (type, rows, cols, file_backed) as 2-bit code tiles, as bytes."},
-    {"tile_rows", py_tile_rows, METH_VARARGS, "32-weight blocks (type, rows, cols, file_backed) in tiles of 8 rows, as bytes."},
+    {"tile_rows", py_tile_rows, METH_VARARGS, "blocks of a type on int16 codes (type, rows, cols, file_backed) in tiles of 8 rows, as bytes."},
     {"count_bad_scales", py_count_bad_scales, METH_VARARGS, "Blocks of a tensor with an inf or nan scale."},
     {"exp", py_exp, METH_VARARGS, "exp of float32 values (the kernels' vectorized exp), as bytes."},
     {"cpu_has", py_cpu_has, METH_VARARGS, "Whether the CPU has an instruction-set feature."},

@@ -149,15 +149,16 @@ static void tq_tiles_product(const Matrix *w, int64_t K, int64_t r0, int64_t r1,
 #define ROW_RUN_BYTES 262144
 static void row_tiles_product(const Matrix *w, int64_t K, int64_t r0, int64_t r1, int64_t T, float *out) {
     const int type = row_tiles_of(w->type);
-    const int64_t G = K / GROUP, first = (r0 + ROW_TILE - 1) / ROW_TILE, end = (r1 + ROW_TILE - 1) / ROW_TILE;
+    const Codes *codes = row_tile_span(type) == WIDE ? &acts.wide : &acts.group;
+    const int64_t G = K / GROUP, S = K / row_tile_span(type), first = (r0 + ROW_TILE - 1) / ROW_TILE, end = (r1 + ROW_TILE - 1) / ROW_TILE;
     int64_t run = ROW_RUN_BYTES / row_tiled_bytes(type, ROW_TILE, K);
     if (run < 1) run = 1;
     for (int64_t from = first; from < end; from += run)
         for (int64_t t = 0; t < T; t += ROW_TILE_TOKENS) {
             const int n = T - t < ROW_TILE_TOKENS ? (int)(T - t) : ROW_TILE_TOKENS;
             for (int64_t tile = from; tile < end && tile < from + run; tile++)
-                row_tile_rows(type, w->data, w->rows, K, tile, (const int16_t *)acts.group.q + t * K, acts.group.d + t * G,
-                              acts.group.xsum + t * G, n, out + t * w->rows, w->rows);
+                row_tile_rows(type, w->data, w->rows, K, tile, (const int16_t *)codes->q + t * K, codes->d + t * S,
+                              codes->xsum + t * G, n, out + t * w->rows, w->rows);
         }
 }
 
@@ -241,7 +242,7 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
                 int bytes = byte_rows(c, w->type);
                 if (t0 == 0) panels(w, K, r0, r1, c->T, bytes, bytes ? &acts.bytes : &acts.wide, buf, op->outs[m], w->rows);
             } else if (type_takes_codes(w->type)) { /* each row read once, no row buffer (the backend gives the
-                                                      * 32-weight types in row tiles: rows as the file has them, these) */
+                                                      * CODES types in row tiles: rows as the file has them, these) */
                 for (int64_t r = r0; r < r1; r++) {
                     const uint8_t *row = w->data + r * w->row_bytes;
                     for (int64_t t = t0; t < t1; t += ROW_TOKENS) {
@@ -267,9 +268,10 @@ static int linear(const Op *op, const char **error) {
     for (int m = 0; m < op->n_mats; m++) {
         c.tq_only &= op->mats[m].type == T_TQ_TILES;
         c.total_rows += op->mats[m].rows;
-        c.codes |= type_takes_codes16(op->mats[m].type) || row_tiles_of(op->mats[m].type) >= 0;
+        const int tiled = row_tiles_of(op->mats[m].type);
+        c.codes |= type_takes_codes16(op->mats[m].type) || (tiled >= 0 && row_tile_span(tiled) == GROUP);
         c.codes8 |= type_takes_codes8(op->mats[m].type) && !c.prefill;
-        c.wide |= type_decodes_int16(op->mats[m].type);
+        c.wide |= type_decodes_int16(op->mats[m].type) || (tiled >= 0 && row_tile_span(tiled) == WIDE);
         c.bytes |= byte_rows(&c, op->mats[m].type);
         c.tables |= op->mats[m].type == T_Q1_0_TILES;
         c.tq_tables |= op->mats[m].type == T_TQ_TILES;

@@ -1,45 +1,63 @@
-/* The 32-weight types on int16 codes (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4) multiplied
- * from tiles of ROW_TILE = 8 rows, each row in a lane of the vectors.
+/* The types on int16 codes (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4; Q4_K, Q5_K, Q6_K)
+ * multiplied from tiles of ROW_TILE = 8 rows, each row in a lane of the vectors.
  *
  * Why. dot_row_tokens (quants.c) sums a row's group of 32 in 8 int32 lanes, then converts them,
  * multiplies them by the group's scales and adds them, per group and token: with a few tokens
  * those float steps set the pace, not the memory (checking 4 tokens cost 1.8-2.0 one-token
  * products of Q8_0). Here one int32 lane holds one row's whole group, so each float step
- * serves 8 rows.
+ * serves 8 rows. The 256-weight K types multiplied their rows as int16 weights sc * code
+ * (int16_panels.c: an integer multiply per 16 weights); here a sub-block's scale is one float
+ * step for 8 rows.
  *
  * Weights. At load a matrix is regrouped (row_tile_matrix) into tiles of 8 rows, the last
  * padded with zero rows. Nothing is dequantized: a tile row takes the type's own bytes per
- * block. For each block of 32 columns a tile holds
- *   - the 8 rows' scales as the file has them: fp16 d (16 bytes), then for Q4_1 and Q5_1
- *     their fp16 m (16 bytes); for MXFP4 the E8M0 bytes (8);
- *   - for Q5_0 and Q5_1 the fifth bits: a 16-bit word per pair vector, bit k for word k
- *     (32 bytes);
- *   - the codes as 16 pair vectors of 16 words: word k of pair vector p is weight 2p + k % 2
- *     of row k / 2. Q8_0 keeps 16 int8 per pair vector (256 bytes); the 4-bit types keep the
- *     file's nibbles, 16 bytes per pair vectors 2c and 2c + 1: byte k holds word k of the
- *     first in its low nibble and of the second in its high one (128 bytes).
- * A word's value is the code unpack_row gives the weight: Q4_0 nibble - 8, Q4_1 nibble, Q5_0
- * (nibble | bit << 4) - 16, Q5_1 nibble | bit << 4, IQ4_NL kvalues_iq4nl[nibble], MXFP4
- * kvalues_mxfp4[nibble], Q8_0 the byte.
+ * block (32 weights; 256 for the K types). For each block a tile holds
+ *   - the 8 rows' scales as the file has them: fp16 d (16 bytes), then for Q4_1, Q5_1, Q4_K
+ *     and Q5_K their fp16 m or dmin (16 bytes); for MXFP4 the E8M0 bytes (8);
+ *   - Q4_K, Q5_K: the 6-bit sub-block scales sc and mins m (96 bytes, as the file's 12 a row):
+ *     byte 8q + r of the first 32 holds row r's sc[q] in its low nibble and sc[q + 4] in its
+ *     high one, of the next 32 the same of m, of the last 32 the top 2 bits of sc[q], sc[q + 4],
+ *     m[q], m[q + 4], from bit 0 up; Q6_K: the int8 scales of its 16-weight sub-blocks, byte
+ *     8s + r row r's s-th (128 bytes);
+ *   - for each group of 32 columns (8 in a K block):
+ *     - Q5_0, Q5_1, Q5_K: the fifth bits, a 16-bit word per pair vector, bit k for word k
+ *       (32 bytes);
+ *     - Q6_K: the top 2 bits of each code, flipped (xor 2: with the low 4 bits, the code minus
+ *       32 in 6-bit two's complement), 16 bytes per 4 pair vectors 4q .. 4q + 3: byte k holds
+ *       word k of pair vector 4q + i at bits 2i, 2i + 1 (64 bytes);
+ *     - the codes as 16 pair vectors of 16 words: word k of pair vector p is weight 2p + k % 2
+ *       of row k / 2. Q8_0 keeps 16 int8 per pair vector (256 bytes); the others keep the
+ *       file's nibbles (Q6_K its low 4 bits), 16 bytes per pair vectors 2c and 2c + 1: byte k
+ *       holds word k of the first in its low nibble and of the second in its high one (128
+ *       bytes).
+ * A word's value is the code unpack_row gives the weight: Q4_0 nibble - 8, Q4_1 and Q4_K
+ * nibble, Q5_0 (nibble | bit << 4) - 16, Q5_1 and Q5_K nibble | bit << 4, IQ4_NL
+ * kvalues_iq4nl[nibble], MXFP4 kvalues_mxfp4[nibble], Q8_0 the byte; but Q6_K's is 4 times its
+ * code minus 32 (the 6 bits at the top of a byte, sign and all: nibble << 2 | top << 6), and its
+ * scales a quarter of d * sc (exact).
+ * The K types' regions follow each other in this order, all the groups' fifth bits (or top
+ * bits) before all their codes.
  *
- * Product. A token's activations are quantize_row's int16 codes per group of 32, with a scale
- * xd and a sum xs per group. Pair vector p times the token's codes 2p and 2p + 1 (one int32
- * broadcast to every lane) in pair sums (madd; dpwssd with VNNI) adds each row's two products
- * to its int32 lane; the 16 pair vectors sum the group exactly (|isum| <= 32 * 128 * 32767 <
- * 2^31). Then, per row and token, block after block:
- *     acc = fma(float(isum), d * xd, acc)        (d * xd rounded first)
- *     macc = fma(m, xs, macc)                     (Q4_1, Q5_1: the min terms)
- * and the result is acc + macc. The integers are exact and the float steps the same C in every
+ * Product. A token's activations are quantize_row's int16 codes with a scale xd per block (per
+ * group of 32; per 256 for the K types) and a sum xs per group. Pair vector p times the token's
+ * codes 2p and 2p + 1 (one int32 broadcast to every lane) in pair sums (madd; dpwssd with VNNI)
+ * adds each row's two products to its int32 lane; the 16 pair vectors sum a group exactly
+ * (|isum| <= 32 * 128 * 32767 < 2^31; Q6_K's 8 of them a 16-weight sub-block). Then, per row
+ * and token, block after block, and within a block sub-block after sub-block:
+ *     acc = fma(float(isum), s * xd, acc)          (s * xd rounded first)
+ *     macc = fma(m, xs, macc)                       (the min terms: per group)
+ * where s is d (d * sc, exact, for the K types) and m the min (-(dmin * m), exact, for Q4_K and
+ * Q5_K); the result is acc + macc. The integers are exact and the float steps the same C in every
  * tier, so every tier gives the same bits, and a token's are the same whatever tokens are
  * multiplied beside it (decode, a batch, a prefill). */
 #include <string.h>
 
-#include "bytes.h"    /* u16, u32 */
+#include "bytes.h"    /* u16, u32, k_scale_bytes */
 #include "iq_grids.h" /* kvalues_iq4nl */
 #include "kernels.h"
 #include "simd.h"
 
-#define PAIRS 16                                  /* pair vectors per block */
+#define PAIRS 16                                  /* pair vectors per group */
 /* Tiles asked for ahead, from 2 tokens on (one token's product, left to the hardware prefetcher,
  * streamed faster: Zen 4, from memory, Q4_1 66 against 52-57 G/s; four tokens' slower, Q8_0 52
  * against 83): into L1, ROW_TILE_AHEAD bytes on; but where a Q8_0 tile (272 bytes a block) and
@@ -51,29 +69,8 @@
 #define L2_CODES_BYTES 8192
 #define TILE_TOKENS_MAX ROW_TILE_TOKENS
 
-/* Where a file block's parts lie: its m (Q4_1, Q5_1), its fifth bits (Q5_0, Q5_1), its codes
- * (-1: none); its scale is at 0, an fp16 d but for MXFP4's E8M0 byte. */
-static inline int file_mins_at(int type) { return type == T_Q4_1 || type == T_Q5_1 ? 2 : -1; }
-static inline int file_fifth_at(int type) { return type == T_Q5_0 ? 2 : type == T_Q5_1 ? 4 : -1; }
-static inline int file_codes_at(int type) {
-    switch (type) {
-    case T_MXFP4: return 1;
-    case T_Q4_1: return 4;
-    case T_Q5_0: return 6;
-    case T_Q5_1: return 8;
-    default: return 2; /* Q4_0, Q8_0, IQ4_NL */
-    }
-}
-/* and in a tile block, after the 8 rows' scales: the mins, the fifth bits, the codes */
-static inline int scale_bytes(int type) { return type == T_MXFP4 ? 1 : 2; }
-static inline int mins_at(int type) { return file_mins_at(type) < 0 ? -1 : ROW_TILE * 2; }
-static inline int fifth_at(int type) { return file_fifth_at(type) < 0 ? -1 : ROW_TILE * 2 * (mins_at(type) < 0 ? 1 : 2); }
-static inline int codes_at(int type) {
-    return ROW_TILE * scale_bytes(type) + (mins_at(type) < 0 ? 0 : ROW_TILE * 2) + (fifth_at(type) < 0 ? 0 : PAIRS * 2);
-}
-
 /* The types in row tiles (X-macro): each case below, one per type */
-#define ROW_TILED(X) X(Q4_0) X(Q4_1) X(Q5_0) X(Q5_1) X(Q8_0) X(IQ4_NL) X(MXFP4)
+#define ROW_TILED(X) X(Q4_0) X(Q4_1) X(Q5_0) X(Q5_1) X(Q8_0) X(IQ4_NL) X(MXFP4) X(Q4_K) X(Q5_K) X(Q6_K)
 
 int row_tiled_type(int type) {
 #define IS_CASE(name) case T_##name:
@@ -84,8 +81,41 @@ int row_tiled_type(int type) {
 #undef IS_CASE
 }
 
+/* The tile block's geometry: groups of 32 per block, sub-blocks per group (a scale each) */
+static inline int k_type(int type) { return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K; }
+static inline int groups_of(int type) { return k_type(type) ? WIDE / GROUP : 1; }
+static inline int halves_of(int type) { return type == T_Q6_K ? 2 : 1; }
+int row_tile_span(int type) { return GROUP * groups_of(type); }
+
 int64_t row_tiled_bytes(int type, int64_t rows, int64_t K) {
-    return (rows + ROW_TILE - 1) / ROW_TILE * (K / GROUP) * ROW_TILE * type_bytes(type);
+    return (rows + ROW_TILE - 1) / ROW_TILE * (K / row_tile_span(type)) * ROW_TILE * type_bytes(type);
+}
+
+/* Where a tile block's parts lie (module comment; -1: none): the mins, the sub-block scales, the
+ * fifth (or top) bits, the codes; the scales d are at 0. */
+static inline int scale_bytes(int type) { return type == T_MXFP4 ? 1 : 2; }
+static inline int has_mins(int type) { return type == T_Q4_1 || type == T_Q5_1 || type == T_Q4_K || type == T_Q5_K; }
+static inline int mins_at(int type) { return has_mins(type) ? ROW_TILE * 2 : -1; }
+static inline int sub_scales_at(int type) { return k_type(type) ? ROW_TILE * 2 * (has_mins(type) ? 2 : 1) : -1; }
+static inline int sub_scale_bytes(int type) { return type == T_Q6_K ? 128 : k_type(type) ? 96 : 0; }
+static inline int bits_per_group(int type) {
+    return type == T_Q6_K ? 64 : type == T_Q5_0 || type == T_Q5_1 || type == T_Q5_K ? 32 : 0;
+}
+static inline int bits_at(int type) {
+    return bits_per_group(type) ? ROW_TILE * scale_bytes(type) + (has_mins(type) ? ROW_TILE * 2 : 0) + sub_scale_bytes(type) : -1;
+}
+static inline int codes_per_group(int type) { return type == T_Q8_0 ? 256 : 128; }
+static inline int codes_at(int type) {
+    return ROW_TILE * scale_bytes(type) + (has_mins(type) ? ROW_TILE * 2 : 0) + sub_scale_bytes(type) +
+           groups_of(type) * bits_per_group(type);
+}
+
+/* Group j's codes, and its fifth (or top) bits, in a tile block */
+static inline uint8_t *group_codes(int type, const uint8_t *block, int j) {
+    return (uint8_t *)block + codes_at(type) + codes_per_group(type) * j;
+}
+static inline uint8_t *group_bits(int type, const uint8_t *block, int j) {
+    return (uint8_t *)block + (bits_at(type) < 0 ? 0 : bits_at(type) + bits_per_group(type) * j);
 }
 
 static inline void copy(int to_tile, uint8_t *file, uint8_t *tile, size_t n) {
@@ -98,47 +128,139 @@ static inline uint16_t load16(const uint8_t *p) {
     return v;
 }
 static inline void store16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
+/* Two adjacent bytes' fields (`mask`, each byte its own: the same in either byte order) moved
+ * from bit file_shift of the file's to bit tile_shift of the tile's, or back, xor `flip`; the
+ * destination's fields start at zero. */
+static inline void move_fields(int to_tile, uint8_t *file, int file_shift, uint8_t *tile, int tile_shift, uint16_t mask,
+                               uint16_t flip) {
+    if (to_tile) store16(tile, (uint16_t)(load16(tile) | (((load16(file) >> file_shift) & mask) ^ flip) << tile_shift));
+    else store16(file, (uint16_t)(load16(file) | (((load16(tile) >> tile_shift) & mask) ^ flip) << file_shift));
+}
 
-/* A row's file block moved to its lane of a tile block, or back (to_tile 0): the one map between
- * the two layouts (module comment), a pair of weights 2p, 2p + 1 at a time (their word k is
- * 2 lane and 2 lane + 1; 4-bit types: adjacent bytes of both blocks, each at one nibble). The
- * destination's codes and bits start at zero. */
+/* Where a 32-weight file block's parts lie: its m (Q4_1, Q5_1), its fifth bits (Q5_0, Q5_1),
+ * its codes; its scale is at 0, an fp16 d but for MXFP4's E8M0 byte. */
+static inline int file_mins_at(int type) { return type == T_Q4_1 || type == T_Q5_1 ? 2 : -1; }
+static inline int file_fifth_at(int type) { return type == T_Q5_0 ? 2 : type == T_Q5_1 ? 4 : -1; }
+static inline int file_codes_at(int type) {
+    switch (type) {
+    case T_MXFP4: return 1;
+    case T_Q4_1: return 4;
+    case T_Q5_0: return 6;
+    case T_Q5_1: return 8;
+    default: return 2; /* Q4_0, Q8_0, IQ4_NL */
+    }
+}
+
+/* A row's 32-weight file block moved to its lane of a tile block, or back (to_tile 0): the one
+ * map between the two layouts (module comment), a pair of weights 2p, 2p + 1 at a time (their
+ * word k is 2 lane and 2 lane + 1; 4-bit types: adjacent bytes of both blocks, each at one
+ * nibble). The destination's codes and bits start at zero. */
 static inline __attribute__((always_inline)) void move_block(const int type, uint8_t *file, uint8_t *block, int lane,
                                                              const int to_tile) {
     uint8_t *qs = file + file_codes_at(type), *codes = block + codes_at(type);
     copy(to_tile, file, block + scale_bytes(type) * lane, (size_t)scale_bytes(type));
     if (mins_at(type) >= 0) copy(to_tile, file + file_mins_at(type), block + mins_at(type) + 2 * lane, 2);
-    uint32_t qh = to_tile && fifth_at(type) >= 0 ? u32(file + file_fifth_at(type)) : 0;
+    uint32_t qh = to_tile && bits_at(type) >= 0 ? u32(file + file_fifth_at(type)) : 0;
     for (int p = 0; p < PAIRS; p++) {
         if (type == T_Q8_0) {
             copy(to_tile, qs + 2 * p, codes + 16 * p + 2 * lane, 2);
             continue;
         }
-        uint8_t *in_tile = codes + 16 * (p / 2) + 2 * lane, *in_file = qs + 2 * p % 16;
-        const int tile_shift = 4 * (p % 2), file_shift = 4 * (p / 8); /* weight 2p is in the high nibbles from 16 */
-        /* two bytes at once, each its own nibble: the same in either byte order */
-        if (to_tile) store16(in_tile, (uint16_t)(load16(in_tile) | ((load16(in_file) >> file_shift) & 0x0f0f) << tile_shift));
-        else store16(in_file, (uint16_t)(load16(in_file) | ((load16(in_tile) >> tile_shift) & 0x0f0f) << file_shift));
-        if (fifth_at(type) < 0) continue;
-        uint8_t *bits = block + fifth_at(type) + 2 * p; /* bits 2 lane, 2 lane + 1 of word p (LSB first): qh's 2p, 2p + 1 */
+        /* weight 2p is in the high nibbles from 16 */
+        move_fields(to_tile, qs + 2 * p % 16, 4 * (p / 8), codes + 16 * (p / 2) + 2 * lane, 4 * (p % 2), 0x0f0f, 0);
+        if (bits_at(type) < 0) continue;
+        uint8_t *bits = block + bits_at(type) + 2 * p; /* bits 2 lane, 2 lane + 1 of word p (LSB first): qh's 2p, 2p + 1 */
         const uint16_t word = (uint16_t)(u16(bits) | (to_tile ? ((qh >> 2 * p) & 3) << 2 * lane : 0));
         if (to_tile) bits[0] = (uint8_t)word, bits[1] = (uint8_t)(word >> 8);
         else qh |= (uint32_t)((word >> 2 * lane) & 3) << 2 * p;
     }
-    if (!to_tile && fifth_at(type) >= 0)
+    if (!to_tile && bits_at(type) >= 0)
         for (int i = 0; i < 4; i++) file[file_fifth_at(type) + i] = (uint8_t)(qh >> (8 * i));
+}
+
+/* Q4_K's and Q5_K's 6-bit scales and mins of a row (sc[j], m[j], j < 8) to their tile bytes
+ * (module comment), or back into the file's 12 bytes at b + 4 (the inverse of k_scale_bytes). */
+static inline void move_k_scales(int to_tile, uint8_t *b, uint8_t *scales, int lane) {
+    uint8_t sc[8], m[8];
+    if (to_tile) {
+        uint64_t s, n;
+        k_scale_bytes(b, &s, &n);
+        for (int j = 0; j < 8; j++) sc[j] = (uint8_t)(s >> 8 * j), m[j] = (uint8_t)(n >> 8 * j);
+        for (int q = 0; q < 4; q++) {
+            scales[8 * q + lane] = (uint8_t)((sc[q] & 15) | (sc[q + 4] & 15) << 4);
+            scales[32 + 8 * q + lane] = (uint8_t)((m[q] & 15) | (m[q + 4] & 15) << 4);
+            scales[64 + 8 * q + lane] = (uint8_t)(sc[q] >> 4 | (sc[q + 4] >> 4) << 2 | (m[q] >> 4) << 4 | (m[q + 4] >> 4) << 6);
+        }
+        return;
+    }
+    for (int q = 0; q < 4; q++) {
+        const int low = scales[8 * q + lane], low_m = scales[32 + 8 * q + lane], top = scales[64 + 8 * q + lane];
+        sc[q] = (uint8_t)((low & 15) | (top & 3) << 4), sc[q + 4] = (uint8_t)((low >> 4) | ((top >> 2) & 3) << 4);
+        m[q] = (uint8_t)((low_m & 15) | ((top >> 4) & 3) << 4), m[q + 4] = (uint8_t)((low_m >> 4) | (top >> 6) << 4);
+    }
+    for (int q = 0; q < 4; q++) {
+        b[4 + q] = (uint8_t)(sc[q] | (sc[q + 4] >> 4) << 6);
+        b[8 + q] = (uint8_t)(m[q] | (m[q + 4] >> 4) << 6);
+        b[12 + q] = (uint8_t)((sc[q + 4] & 15) | (m[q + 4] & 15) << 4);
+    }
+}
+
+/* A row's K file block (Q4_K: | d | dmin | scales 12 | qs 128 |; Q5_K: | d | dmin | scales 12 |
+ * qh 32 | qs 128 |; Q6_K: | ql 128 | qh 64 | scales 16 | d |) moved to its lane of a tile block,
+ * or back, as move_block: weight t of group j is at byte 32 (j / 2) + t of qs, nibble j % 2, its
+ * fifth bit bit j of qh[t]; Q6_K's low 4 bits at byte 64 (j / 4) + 32 (j % 2) + t of ql, nibble
+ * (j % 4) / 2, its top 2 at bits 2 (j % 4) of qh[32 (j / 4) + t]. */
+static inline __attribute__((always_inline)) void move_k_block(const int type, uint8_t *file, uint8_t *block, int lane,
+                                                               const int to_tile) {
+    const int q6 = type == T_Q6_K;
+    copy(to_tile, file + (q6 ? 208 : 0), block + 2 * lane, 2);
+    if (q6) {
+        for (int s = 0; s < 16; s++) copy(to_tile, file + 192 + s, block + sub_scales_at(type) + 8 * s + lane, 1);
+    } else {
+        copy(to_tile, file + 2, block + mins_at(type) + 2 * lane, 2);
+        move_k_scales(to_tile, file, block + sub_scales_at(type), lane);
+    }
+    uint8_t *qs = file + (q6 ? 0 : type == T_Q5_K ? 48 : 16), *qh = file + (q6 ? 128 : 16);
+    for (int j = 0; j < WIDE / GROUP; j++) {
+        uint8_t *codes = group_codes(type, block, j), *bits = group_bits(type, block, j);
+        for (int p = 0; p < PAIRS; p++) {
+            uint8_t *tile_pair = codes + 16 * (p / 2) + 2 * lane;
+            if (q6) {
+                move_fields(to_tile, qs + 64 * (j / 4) + 32 * (j % 2) + 2 * p, 4 * (j % 4 / 2), tile_pair, 4 * (p % 2), 0x0f0f, 0);
+                move_fields(to_tile, qh + 32 * (j / 4) + 2 * p, 2 * (j % 4), bits + 16 * (p / 4) + 2 * lane, 2 * (p % 4), 0x0303,
+                            0x0202);
+                continue;
+            }
+            move_fields(to_tile, qs + 32 * (j / 2) + 2 * p, 4 * (j % 2), tile_pair, 4 * (p % 2), 0x0f0f, 0);
+            if (type != T_Q5_K) continue;
+            uint8_t *word = bits + 2 * p; /* bits 2 lane, 2 lane + 1 of word p (LSB first): bit j of qh[2p], qh[2p + 1] */
+            if (to_tile) {
+                const int pair = ((qh[2 * p] >> j) & 1) | ((qh[2 * p + 1] >> j) & 1) << 1;
+                const uint16_t bits16 = (uint16_t)(u16(word) | pair << 2 * lane);
+                word[0] = (uint8_t)bits16, word[1] = (uint8_t)(bits16 >> 8);
+            } else {
+                const int pair = (u16(word) >> 2 * lane) & 3;
+                qh[2 * p] |= (uint8_t)((pair & 1) << j), qh[2 * p + 1] |= (uint8_t)((pair >> 1) << j);
+            }
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void move(const int type, uint8_t *file, uint8_t *block, int lane, const int to_tile) {
+    if (k_type(type)) move_k_block(type, file, block, lane, to_tile);
+    else move_block(type, file, block, lane, to_tile);
 }
 
 /* row_tile_matrix for a constant type */
 static inline __attribute__((always_inline)) void tile_matrix_as(const int type, const uint8_t *raw, int64_t rows, int64_t K,
                                                                  int64_t t0, int64_t t1, uint8_t *tiles) {
     const int bytes = type_bytes(type);
-    const int64_t n_blocks = K / GROUP, r1 = t1 * ROW_TILE < rows ? t1 * ROW_TILE : rows;
+    const int64_t n_blocks = K / row_tile_span(type), r1 = t1 * ROW_TILE < rows ? t1 * ROW_TILE : rows;
     memset(tiles + t0 * n_blocks * ROW_TILE * bytes, 0, (size_t)((t1 - t0) * n_blocks * ROW_TILE * bytes));
     for (int64_t r = t0 * ROW_TILE; r < r1; r++)
         for (int64_t b = 0; b < n_blocks; b++) /* (the file block is only read) */
-            move_block(type, (uint8_t *)raw + (r * n_blocks + b) * bytes,
-                       tiles + ((r / ROW_TILE) * n_blocks + b) * ROW_TILE * bytes, (int)(r % ROW_TILE), 1);
+            move(type, (uint8_t *)raw + (r * n_blocks + b) * bytes, tiles + ((r / ROW_TILE) * n_blocks + b) * ROW_TILE * bytes,
+                 (int)(r % ROW_TILE), 1);
 }
 
 void row_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, int64_t t0, int64_t t1, uint8_t *tiles) {
@@ -152,14 +274,14 @@ void row_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, int6
 
 void row_tile_row(int type, const uint8_t *tiles, int64_t K, int64_t row, uint8_t *out) {
     const int bytes = type_bytes(type);
-    const int64_t n_blocks = K / GROUP;
+    const int64_t n_blocks = K / row_tile_span(type);
     memset(out, 0, (size_t)(n_blocks * bytes));
     for (int64_t b = 0; b < n_blocks; b++)
-        move_block(type, out + b * bytes, (uint8_t *)tiles + ((row / ROW_TILE) * n_blocks + b) * ROW_TILE * bytes,
-                   (int)(row % ROW_TILE), 0);
+        move(type, out + b * bytes, (uint8_t *)tiles + ((row / ROW_TILE) * n_blocks + b) * ROW_TILE * bytes,
+             (int)(row % ROW_TILE), 0);
 }
 
-/* The 8 rows' scales d of a tile block, and their mins m (Q4_1, Q5_1) */
+/* The 8 rows' fp16 values at h */
 static inline v8f half8(const uint8_t *h) {
 #if defined(__AVX2__)
     return widen_half8(h);
@@ -169,11 +291,41 @@ static inline v8f half8(const uint8_t *h) {
     return out;
 #endif
 }
-static inline v8f tile_scales(const int type, const uint8_t *block) {
-    if (type != T_MXFP4) return half8(block);
-    v8f d;
-    for (int r = 0; r < ROW_TILE; r++) d[r] = e8m0_halves[block[r]];
-    return d;
+
+/* A tile block's float scales, for its 8 rows: s[i] of sub-block i (d; the K types' d * sc, exact)
+ * and m[j] of group j's min terms (Q4_1, Q5_1: m; Q4_K, Q5_K: -(dmin * m), exact). */
+static inline __attribute__((always_inline)) void block_scales(const int type, const uint8_t *block, v8f *s, v8f *m) {
+    if (type == T_MXFP4) {
+        v8f d;
+        for (int r = 0; r < ROW_TILE; r++) d[r] = e8m0_halves[block[r]];
+        s[0] = d;
+        return;
+    }
+    const v8f d = half8(block);
+    if (type == T_Q6_K) {
+        for (int i = 0; i < 16; i++) s[i] = d * widen8((const int8_t *)block + sub_scales_at(type) + 8 * i) * splat8(0.25f);
+        return;
+    }
+    if (!k_type(type)) {
+        s[0] = d;
+        if (has_mins(type)) m[0] = half8(block + mins_at(type));
+        return;
+    }
+    typedef uint8_t u8x32 __attribute__((vector_size(32)));
+    u8x32 low, low_m, top;
+    memcpy(&low, block + sub_scales_at(type), 32);
+    memcpy(&low_m, block + sub_scales_at(type) + 32, 32);
+    memcpy(&top, block + sub_scales_at(type) + 64, 32);
+    const u8x32 sc[2] = {(low & 15) | (top & 3) << 4, low >> 4 | (top & 12) << 2};
+    const u8x32 mn[2] = {(low_m & 15) | (top & 48), low_m >> 4 | (top >> 2 & 48)};
+    const v8f dmin = -half8(block + mins_at(type));
+    for (int j = 0; j < WIDE / GROUP; j++) {
+        uint64_t sc8, m8;
+        memcpy(&sc8, (const uint8_t *)&sc[j / 4] + 8 * (j % 4), 8);
+        memcpy(&m8, (const uint8_t *)&mn[j / 4] + 8 * (j % 4), 8);
+        s[j] = d * widen8u(sc8);
+        m[j] = dmin * widen8u(m8);
+    }
 }
 
 
@@ -198,26 +350,38 @@ static inline __m256i nibble_words(const int type, __m128i nibbles) {
     case T_Q4_0: return _mm256_cvtepi8_epi16(_mm_sub_epi8(nibbles, _mm_set1_epi8(8)));
     case T_IQ4_NL: return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)kvalues_iq4nl), nibbles));
     case T_MXFP4: return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)kvalues_mxfp4), nibbles));
-    default: return _mm256_cvtepu8_epi16(nibbles); /* Q4_1, Q5_0, Q5_1 (their fifth bits below) */
+    default: return _mm256_cvtepu8_epi16(nibbles); /* Q4_1, Q5_0, Q5_1, Q4_K, Q5_K (their fifth bits below) */
     }
 }
 
-/* Pair vectors 2c and 2c + 1 of a tile block */
-static inline __attribute__((always_inline)) void chunk_words(const int type, const uint8_t *block, const int c,
+/* Q6_K's 16 low nibbles at bits 2-5 of `nibbles` with their flipped top 2 bits (at bits `shift` of
+ * the bytes `top`) above them, as words: 4 times the code minus 32 */
+static inline __m256i q6_words(__m128i nibbles, __m128i top, const int shift) {
+    const __m128i high = _mm_and_si128(_mm_slli_epi16(top, 6 - shift), _mm_set1_epi8((char)0xc0));
+    return _mm256_cvtepi8_epi16(_mm_or_si128(_mm_and_si128(nibbles, _mm_set1_epi8(0x3c)), high));
+}
+
+/* Pair vectors 2c and 2c + 1 of group j of a tile block */
+static inline __attribute__((always_inline)) void chunk_words(const int type, const uint8_t *block, const int j, const int c,
                                                               __m256i *first, __m256i *second) {
-    const uint8_t *codes = block + codes_at(type);
+    const uint8_t *codes = group_codes(type, block, j), *bits = group_bits(type, block, j);
     if (type == T_Q8_0) {
         *first = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(codes + 32 * c)));
         *second = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(codes + 32 * c + 16)));
         return;
     }
     const __m128i v = _mm_loadu_si128((const __m128i *)(codes + 16 * c)), low4 = _mm_set1_epi8(15);
+    if (type == T_Q6_K) {
+        const __m128i top = _mm_loadu_si128((const __m128i *)(bits + 16 * (c / 2)));
+        *first = q6_words(_mm_slli_epi16(v, 2), top, 4 * (c % 2));
+        *second = q6_words(_mm_srli_epi16(v, 2), top, 4 * (c % 2) + 2);
+        return;
+    }
     *first = nibble_words(type, _mm_and_si128(v, low4));
     *second = nibble_words(type, _mm_and_si128(_mm_srli_epi16(v, 4), low4));
-    if (fifth_at(type) >= 0) {
-        const uint8_t *bits = block + fifth_at(type) + 4 * c;
-        *first = _mm256_or_si256(*first, fifth_words(bits));
-        *second = _mm256_or_si256(*second, fifth_words(bits + 2));
+    if (bits_at(type) >= 0) {
+        *first = _mm256_or_si256(*first, fifth_words(bits + 4 * c));
+        *second = _mm256_or_si256(*second, fifth_words(bits + 4 * c + 2));
         if (type == T_Q5_0) {
             *first = _mm256_sub_epi16(*first, _mm256_set1_epi16(16));
             *second = _mm256_sub_epi16(*second, _mm256_set1_epi16(16));
@@ -236,18 +400,25 @@ static inline __m256i pair_dot(__m256i acc, __m256i w, const int16_t *x) {
 #endif
 }
 
-/* A tile block's exact group sums for N tokens: isum[t] lane r is row r's. A token's sums go in
+/* Exact sums of pair vectors 2 c0 .. 2 c1 - 1 of group j of a tile block for N tokens (their
+ * codes at xq + t * K, the group's first): isum[t] lane r is row r's. A token's sums go in
  * CHAINS(N) chains of multiply-adds, chunk c into chain c mod CHAINS, added at the end (exact
  * integers: the same sums), so that few tokens do not wait on one chain's latency. */
+#if defined(__AVX512VL__) /* 32 registers: 8 chains for 2 to 4 tokens (Zen 4, K = 2560, from L3: Q4_K at 3 tokens 86 -> 102 G/s, at 4 105 -> 113) */
+#define CHAINS(N) ((N) <= 2 ? 4 : (N) <= 4 ? 2 : 1)
+#else
 #define CHAINS(N) ((N) == 1 ? 4 : (N) == 2 ? 2 : 1)
-static inline __attribute__((always_inline)) void block_sums(const int type, const uint8_t *block, const int16_t *xq,
-                                                             int64_t K, const int N, v8i *isum) {
+#endif
+static inline __attribute__((always_inline)) void span_sums(const int type, const uint8_t *block, const int j, const int c0,
+                                                            const int c1, const int16_t *xq, int64_t K, const int N,
+                                                            v8i *isum) {
     __m256i s[TILE_TOKENS_MAX][4];
     for (int t = 0; t < N; t++)
         for (int a = 0; a < CHAINS(N); a++) s[t][a] = _mm256_setzero_si256();
-    for (int c = 0; c < PAIRS / 2; c++) {
+#pragma GCC unroll 8
+    for (int c = c0; c < c1; c++) { /* (unrolled: each chunk's chain a register) */
         __m256i first, second;
-        chunk_words(type, block, c, &first, &second);
+        chunk_words(type, block, j, c, &first, &second);
         for (int t = 0; t < N; t++) {
             __m256i *chain = &s[t][c % CHAINS(N)];
             *chain = pair_dot(pair_dot(*chain, first, xq + t * K + 4 * c), second, xq + t * K + 4 * c + 2);
@@ -255,37 +426,39 @@ static inline __attribute__((always_inline)) void block_sums(const int type, con
     }
     for (int t = 0; t < N; t++) {
         __m256i total = s[t][0];
-        for (int a = 1; a < CHAINS(N); a++) total = _mm256_add_epi32(total, s[t][a]);
+        for (int a = 1; a < CHAINS(N) && a < c1 - c0; a++) total = _mm256_add_epi32(total, s[t][a]);
         isum[t] = (v8i)total;
     }
 }
 #undef CHAINS
 #else
 
-/* The code of word k of pair vector p of a tile block */
-static inline int tile_code(const int type, const uint8_t *block, int p, int k) {
-    const uint8_t *codes = block + codes_at(type);
+/* The code of word k of pair vector p of group j of a tile block */
+static inline int tile_code(const int type, const uint8_t *block, int j, int p, int k) {
+    const uint8_t *codes = group_codes(type, block, j), *bits = group_bits(type, block, j);
     if (type == T_Q8_0) return (int8_t)codes[16 * p + k];
     const int nibble = (codes[16 * (p / 2) + k] >> (4 * (p % 2))) & 15;
-    const int fifth = fifth_at(type) >= 0 ? (u16(block + fifth_at(type) + 2 * p) >> k) & 1 : 0;
+    if (type == T_Q6_K) return 4 * ((nibble | (((bits[16 * (p / 4) + k] >> (2 * (p % 4))) & 3) ^ 2) << 4) - 32);
+    const int fifth = bits_at(type) >= 0 ? (u16(bits + 2 * p) >> k) & 1 : 0;
     switch (type) {
     case T_Q4_0: return nibble - 8;
     case T_Q5_0: return (nibble | fifth << 4) - 16;
     case T_IQ4_NL: return kvalues_iq4nl[nibble];
     case T_MXFP4: return kvalues_mxfp4[nibble];
-    default: return nibble | fifth << 4; /* Q4_1, Q5_1 */
+    default: return nibble | fifth << 4; /* Q4_1, Q5_1, Q4_K, Q5_K */
     }
 }
 
-static inline __attribute__((always_inline)) void block_sums(const int type, const uint8_t *block, const int16_t *xq,
-                                                             int64_t K, const int N, v8i *isum) {
+static inline __attribute__((always_inline)) void span_sums(const int type, const uint8_t *block, const int j, const int c0,
+                                                            const int c1, const int16_t *xq, int64_t K, const int N,
+                                                            v8i *isum) {
     int16_t w[PAIRS][16];
-    for (int p = 0; p < PAIRS; p++)
-        for (int k = 0; k < 16; k++) w[p][k] = (int16_t)tile_code(type, block, p, k);
+    for (int p = 2 * c0; p < 2 * c1; p++)
+        for (int k = 0; k < 16; k++) w[p][k] = (int16_t)tile_code(type, block, j, p, k);
     for (int t = 0; t < N; t++) {
         const int16_t *x = xq + t * K;
         v8i s = {0};
-        for (int p = 0; p < PAIRS; p++)
+        for (int p = 2 * c0; p < 2 * c1; p++)
             for (int r = 0; r < ROW_TILE; r++) s[r] += w[p][2 * r] * x[2 * p] + w[p][2 * r + 1] * x[2 * p + 1];
         isum[t] = s;
     }
@@ -293,28 +466,34 @@ static inline __attribute__((always_inline)) void block_sums(const int type, con
 #endif
 
 /* One tile (8 rows, K columns) times N tokens: out[t], lane r the row's result. Token t's codes
- * at xq + t * K, its group scales and sums at xd, xs + t * K / GROUP. */
+ * at xq + t * K, its block scales at xd + t * K / span, its group sums at xs + t * K / GROUP. */
 static inline __attribute__((always_inline)) void tile_product(const int type, const uint8_t *tile, int64_t K,
                                                                const int16_t *xq, const float *xd, const float *xs,
                                                                const int N, v8f *out) {
-    const int64_t G = K / GROUP, block_bytes = ROW_TILE * type_bytes(type);
+    const int span = row_tile_span(type), halves = halves_of(type), chunks = PAIRS / 2 / halves;
+    const int64_t B = K / span, G = K / GROUP, block_bytes = ROW_TILE * type_bytes(type);
     v8f acc[TILE_TOKENS_MAX] = {{0}}, macc[TILE_TOKENS_MAX] = {{0}};
-    for (int64_t b = 0; b < G; b++) {
+    for (int64_t b = 0; b < B; b++) {
         const uint8_t *block = tile + b * block_bytes;
         if (N > 1 && type == T_Q8_0 && N * K * (int64_t)sizeof(int16_t) >= L2_CODES_BYTES)
             for (int64_t at = 0; at < block_bytes; at += 64) __builtin_prefetch(block + Q8_0_AHEAD_BLOCKS * block_bytes + at, 0, 2);
-        else if (N > 1)
+        else if (N > 1 || type == T_Q6_K)
             prefetch_block(block, (size_t)block_bytes, ROW_TILE_AHEAD);
-        v8i isum[TILE_TOKENS_MAX];
-        block_sums(type, block, xq + b * GROUP, K, N, isum);
-        const v8f d = tile_scales(type, block);
-        for (int t = 0; t < N; t++) acc[t] = fma8(__builtin_convertvector(isum[t], v8f), d * splat8(xd[t * G + b]), acc[t]);
-        if (mins_at(type) >= 0) {
-            const v8f m = half8(block + mins_at(type));
-            for (int t = 0; t < N; t++) macc[t] = fma8(m, splat8(xs[t * G + b]), macc[t]);
+        v8f s[WIDE / 16], m[WIDE / GROUP];
+        block_scales(type, block, s, m);
+        for (int j = 0; j < groups_of(type); j++) {
+#pragma GCC unroll 2
+            for (int h = 0; h < halves; h++) { /* (unrolled: each half's chunks constants, its chains registers) */
+                v8i isum[TILE_TOKENS_MAX];
+                span_sums(type, block, j, h * chunks, (h + 1) * chunks, xq + b * span + GROUP * j, K, N, isum);
+                for (int t = 0; t < N; t++)
+                    acc[t] = fma8(__builtin_convertvector(isum[t], v8f), s[halves * j + h] * splat8(xd[t * B + b]), acc[t]);
+            }
+            if (has_mins(type))
+                for (int t = 0; t < N; t++) macc[t] = fma8(m[j], splat8(xs[t * G + b * groups_of(type) + j]), macc[t]);
         }
     }
-    for (int t = 0; t < N; t++) out[t] = mins_at(type) >= 0 ? acc[t] + macc[t] : acc[t];
+    for (int t = 0; t < N; t++) out[t] = has_mins(type) ? acc[t] + macc[t] : acc[t];
 }
 
 /* one function per type, one body per count of tokens */
@@ -325,6 +504,7 @@ static inline __attribute__((always_inline)) void tile_product(const int type, c
         case 1: tile_product(T_##name, tile, K, xq, xd, xs, 1, out); break;                                         \
         case 2: tile_product(T_##name, tile, K, xq, xd, xs, 2, out); break;                                         \
         case 3: tile_product(T_##name, tile, K, xq, xd, xs, 3, out); break;                                         \
+        case 4: tile_product(T_##name, tile, K, xq, xd, xs, 4, out); break;                                         \
         default: tile_product(T_##name, tile, K, xq, xd, xs, TILE_TOKENS_MAX, out); break;                          \
         }                                                                                                          \
     }
@@ -333,7 +513,7 @@ ROW_TILED(TILE_FUNCTION)
 
 void row_tile_rows(int type, const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, const int16_t *xq,
                    const float *xd, const float *xs, int n, float *out, int64_t stride) {
-    const uint8_t *at = tiles + tile * (K / GROUP) * ROW_TILE * type_bytes(type);
+    const uint8_t *at = tiles + tile * row_tiled_bytes(type, ROW_TILE, K);
     v8f result[TILE_TOKENS_MAX];
 #define PRODUCT_CASE(name) \
     case T_##name: tile_##name(at, K, xq, xd, xs, n, result); break;

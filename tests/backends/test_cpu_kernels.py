@@ -49,14 +49,13 @@ FLOAT_TYPES = [T.F32, T.F16, T.BF16]
 CODES8_TYPES = (T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ3_XXS, T.IQ3_S, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ1_S, T.IQ1_M)
 CODE_MAX = {t: {T.Q1_0: 2047, T.TQ1_0: 1023, T.TQ2_0: 1023}.get(t, 127 if t in CODES8_TYPES else 32767) for t in QUANT_TYPES}
 TABLE_TYPES = (T.Q1_0, T.TQ1_0, T.TQ2_0)  # multiplied by table lookup, from tiles of 32 rows
-# prefill (32 tokens or more) in integer codes (cpu_kernels/panels.h): 8-bit weights and codes, an activation
-# scale per 32, for the types on 8-bit codes (byte_panels.c), int16 per 256 for Q4_K to Q6_K (int16_panels.c)
-PANEL_TYPES = (*CODES8_TYPES, T.Q4_K, T.Q5_K, T.Q6_K)
-# ... and decode too: activation codes with one scale per 256 for any count of tokens
+# activation codes with one scale per 256 for any count of tokens: in row tiles (dense matrices), and as the
+# file has the rows (a mixture's experts: cpu_kernels/int16_panels.c)
 INT16_DECODE_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K)
-# the 32-weight types on int16 codes per 32: multiplied from tiles of 8 rows, a row per vector lane, for
-# any count of tokens (cpu_kernels/row_tiles.c); their rows as the file has them serve mixtures' experts
-ROW_TILED_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.MXFP4)
+# the types on int16 codes (per 32; per 256 for Q4_K to Q6_K): multiplied from tiles of 8 rows, a row per
+# vector lane, for any count of tokens (cpu_kernels/row_tiles.c); their rows as the file has them serve
+# mixtures' experts
+ROW_TILED_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.MXFP4, *INT16_DECODE_TYPES)
 GGUF_PY_QUANTIZES = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.TQ1_0, T.TQ2_0}  # gguf.quants.quantize
 EXTREME_SCALES = np.array([65504.0, -65504.0, 6e-8, 0.0, 1.0, -0.5], dtype=np.float16)
 TIERS = cpu_native.runnable_tiers()
@@ -265,7 +264,7 @@ def test_embedding_rows_read_from_row_tiles_are_gguf_py_s(qtype):
     process), so embedding lookups put a row's blocks back together from the tiles: each of 19 rows (two
     whole tiles of 8 and a padded one), dequantized, is gguf-py's row bit for bit."""
     rng = np.random.default_rng(600 + int(qtype))
-    rows, cols = 19, 320
+    rows, cols = 19, 768
     raw = random_matrix(qtype, rows, cols, rng)
     backend = CpuBackend(threads=1)
     matrix = CpuMatrix("token_embd.weight", raw.reshape(-1), int(qtype), rows, cols)
@@ -333,12 +332,11 @@ def test_products_are_within_the_activation_quantization_bound(qtype, threads):
 
 
 @pytest.mark.parametrize("threads", [1, 3])
-@pytest.mark.parametrize("qtype", PANEL_TYPES + ROW_TILED_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", CODES8_TYPES + ROW_TILED_TYPES, ids=lambda t: t.name)
 def test_products_over_32_tokens_or_more_take_integer_codes(qtype, threads):
     """A prefill multiplies integer weights with activation codes: 8-bit codes with a scale per
-    group of 32 for the types on 8-bit codes and int16 ones with a scale per block of 256 for
-    Q4_K to Q6_K (cpu_kernels/panels.h), int16 ones per group of 32 for the 32-weight types (row
-    tiles). Within half a step, amax / (2 code max) of the group or block, per element, of the
+    group of 32 for the types on 8-bit codes (cpu_kernels/panels.h), int16 ones from row tiles with
+    a scale per block of 256 for Q4_K to Q6_K and per group of 32 for the 32-weight types. Within half a step, amax / (2 code max) of the group or block, per element, of the
     exact product, and no further than float32 rounding besides; a large element in each group
     widens every step of its span (the float form's bound would fail)."""
     rng = np.random.default_rng(400 + int(qtype))
@@ -383,24 +381,27 @@ def test_types_on_8_bit_codes_multiply_the_activations_rounded_per_group(tier, q
 
 
 @pytest.mark.parametrize("tier", TIERS)
-@pytest.mark.parametrize("qtype", INT16_DECODE_TYPES + ROW_TILED_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", ROW_TILED_TYPES, ids=lambda t: t.name)
 def test_a_token_s_products_are_the_same_bits_alone_in_a_batch_and_in_a_prefill(tier, qtype):
-    """Q4_K, Q5_K and Q6_K take int16 codes per 256 in decode as in prefill (cpu_kernels/int16_panels.c:
-    straight from the bytes for up to 4 tokens on the x86 tiers, through unpacked rows otherwise),
-    and the 32-weight types int16 codes per 32 from their row tiles (row_tiles.c), so a token's
-    logits do not depend on how many tokens it was multiplied with: alone, 2, 3, 5 or 40 at once
-    (a prefill), on 33 rows (each thread's chunks of rows in tiles of 4 or 8 and rows left); and
-    4 tokens on rows of 4096 columns, whose codes (32 KB) AVX-512 takes two tokens a pass over 4
-    rows."""
+    """The types on int16 codes take the same codes in decode as in prefill, from their row tiles
+    (row_tiles.c: per 32, per 256 for Q4_K to Q6_K), so a token's logits do not depend on how many
+    tokens it was multiplied with: alone, 2, 3, 5 or 40 at once (a prefill), on 33 rows (each
+    thread's chunks of tiles and a padded one); and 4 tokens on rows of 4096 columns. So do Q4_K to
+    Q6_K's rows as the file has them (a mixture's experts; cpu_kernels/int16_panels.c: straight
+    from the bytes for up to 4 tokens on the x86 tiers, through unpacked rows otherwise), whose
+    codes of 4 tokens at 4096 columns (32 KB) AVX-512 takes two tokens a pass over 4 rows."""
     rng = np.random.default_rng(500 + int(qtype))
     rows = 33
+    multiplies = (product, row_product) if qtype in INT16_DECODE_TYPES else (product,)
     for cols, counts in ((1024, (2, 3, 5, 40)), (4096, (4,))):
         raw = random_matrix(qtype, rows, cols, rng)
         x = rng.standard_normal((max(counts), cols)).astype(np.float32)
         x[:, ::32] *= 30.0
-        alone = np.stack([product(tier, 1, qtype, raw, cols, x[t:t + 1])[0] for t in range(max(counts))])
-        for n in counts:
-            np.testing.assert_array_equal(product(tier, 2, qtype, raw, cols, x[:n]), alone[:n], err_msg=f"{cols=} T={n}")
+        for multiply in multiplies:
+            alone = np.stack([multiply(tier, 1, qtype, raw, cols, x[t:t + 1])[0] for t in range(max(counts))])
+            for n in counts:
+                np.testing.assert_array_equal(multiply(tier, 2, qtype, raw, cols, x[:n]), alone[:n],
+                                              err_msg=f"{multiply.__name__} {cols=} T={n}")
 
 
 @pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)

@@ -170,10 +170,13 @@ int main(void) {
         }
         if (row_tiled_type(types[k].type)) { /* the 4 rows in a row tile (padded), passes of ROW_TILE_TOKENS tokens */
             uint8_t *tiles = malloc((size_t)row_tiled_bytes(types[k].type, 4, K));
+            const int wide = row_tile_span(types[k].type) == WIDE; /* codes per 256 (Q4_K to Q6_K) */
+            const int64_t S = K / row_tile_span(types[k].type);
             row_tile_matrix(types[k].type, rows, 4, K, 0, 1, tiles);
             for (int t = 0; t < T; t += ROW_TILE_TOKENS)
-                row_tile_rows(types[k].type, tiles, 4, K, 0, xq + t * K, xd + t * (K / GROUP), xs + t * (K / GROUP),
-                              T - t < ROW_TILE_TOKENS ? T - t : ROW_TILE_TOKENS, prefill + t * 4, 4);
+                row_tile_rows(types[k].type, tiles, 4, K, 0, (wide ? xw : xq) + t * K, (wide ? xwd : xd) + t * S,
+                              (wide ? xws : xs) + t * (K / GROUP), T - t < ROW_TILE_TOKENS ? T - t : ROW_TILE_TOKENS,
+                              prefill + t * 4, 4);
             print(prefill, T * 4);
             free(tiles);
         }
