@@ -331,9 +331,9 @@ int64_t row_tiled_bytes(int type, int64_t rows, int64_t K);
 void row_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, int64_t t0, int64_t t1, uint8_t *tiles);
 void row_tile_row(int type, const uint8_t *tiles, int64_t K, int64_t row, uint8_t *out); /* row `row` as the file has it */
 /* rows of tile `tile` of a matrix of `type` in row tiles times n (1 .. ROW_TILE_TOKENS) tokens:
- * token j's int16 codes at xq + j * K, its scales at xd + j * K / row_tile_span(type), its group
- * sums at xs + j * K / GROUP, its results at out[j * stride + row] */
-void row_tile_rows(int type, const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, const int16_t *xq,
+ * token j's int16 codes at xq + j * ldx, its scales at xd + j * K / row_tile_span(type), its
+ * group sums at xs + j * K / GROUP, its results at out[j * stride + row] */
+void row_tile_rows(int type, const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, const int16_t *xq, int64_t ldx,
                    const float *xd, const float *xs, int n, float *out, int64_t stride);
 extern const int8_t kvalues_mxfp4[16]; /* quants.c: MXFP4's codes, twice their E2M1 values */
 extern float e8m0_halves[256];         /* quants.c: half of 2^(e - 127) for each E8M0 byte e */

@@ -401,7 +401,7 @@ static inline __m256i pair_dot(__m256i acc, __m256i w, const int16_t *x) {
 }
 
 /* Exact sums of pair vectors 2 c0 .. 2 c1 - 1 of group j of a tile block for N tokens (their
- * codes at xq + t * K, the group's first): isum[t] lane r is row r's. A token's sums go in
+ * codes at xq + t * K, the group's first; K here the codes' stride): isum[t] lane r is row r's. A token's sums go in
  * CHAINS(N) chains of multiply-adds, chunk c into chain c mod CHAINS, added at the end (exact
  * integers: the same sums), so that few tokens do not wait on one chain's latency. */
 #if defined(__AVX512VL__) /* 32 registers: 8 chains for 2 to 4 tokens (Zen 4, K = 2560, from L3: Q4_K at 3 tokens 86 -> 102 G/s, at 4 105 -> 113) */
@@ -473,16 +473,16 @@ static inline __attribute__((always_inline)) void span_sums(const int type, cons
 #endif
 
 /* One tile (8 rows, K columns) times N tokens: out[t], lane r the row's result. Token t's codes
- * at xq + t * K, its block scales at xd + t * K / span, its group sums at xs + t * K / GROUP. */
+ * at xq + t * ldx, its block scales at xd + t * K / span, its group sums at xs + t * K / GROUP. */
 static inline __attribute__((always_inline)) void tile_product(const int type, const uint8_t *tile, int64_t K,
-                                                               const int16_t *xq, const float *xd, const float *xs,
-                                                               const int N, v8f *out) {
+                                                               const int16_t *xq, int64_t ldx, const float *xd,
+                                                               const float *xs, const int N, v8f *out) {
     const int span = row_tile_span(type), halves = halves_of(type), chunks = PAIRS / 2 / halves;
     const int64_t B = K / span, G = K / GROUP, block_bytes = ROW_TILE * type_bytes(type);
     v8f acc[TILE_TOKENS_MAX] = {{0}}, macc[TILE_TOKENS_MAX] = {{0}};
     for (int64_t b = 0; b < B; b++) {
         const uint8_t *block = tile + b * block_bytes;
-        if (N > 1 && type == T_Q8_0 && N * K * (int64_t)sizeof(int16_t) >= L2_CODES_BYTES)
+        if (N > 1 && type == T_Q8_0 && N * ldx * (int64_t)sizeof(int16_t) >= L2_CODES_BYTES)
             for (int64_t at = 0; at < block_bytes; at += 64) __builtin_prefetch(block + Q8_0_AHEAD_BLOCKS * block_bytes + at, 0, 2);
         else if (N > 1 || type == T_Q6_K)
             prefetch_block(block, (size_t)block_bytes, ROW_TILE_AHEAD);
@@ -492,7 +492,7 @@ static inline __attribute__((always_inline)) void tile_product(const int type, c
 #pragma GCC unroll 2
             for (int h = 0; h < halves; h++) { /* (unrolled: each half's chunks constants, its chains registers) */
                 v8i isum[TILE_TOKENS_MAX];
-                span_sums(type, block, j, h * chunks, (h + 1) * chunks, xq + b * span + GROUP * j, K, N, isum);
+                span_sums(type, block, j, h * chunks, (h + 1) * chunks, xq + b * span + GROUP * j, ldx, N, isum);
                 for (int t = 0; t < N; t++)
                     acc[t] = fma8(__builtin_convertvector(isum[t], v8f), s[halves * j + h] * splat8(xd[t * B + b]), acc[t]);
             }
@@ -506,24 +506,25 @@ static inline __attribute__((always_inline)) void tile_product(const int type, c
 /* one function per type, one body per count of tokens */
 #define TILE_FUNCTION(name)                                                                                         \
     static __attribute__((noinline)) void tile_##name(const uint8_t *tile, int64_t K, const int16_t *xq,          \
-                                                       const float *xd, const float *xs, int n, v8f *out) {        \
+                                                       int64_t ldx, const float *xd, const float *xs, int n,       \
+                                                       v8f *out) {                                                 \
         switch (n) {                                                                                               \
-        case 1: tile_product(T_##name, tile, K, xq, xd, xs, 1, out); break;                                         \
-        case 2: tile_product(T_##name, tile, K, xq, xd, xs, 2, out); break;                                         \
-        case 3: tile_product(T_##name, tile, K, xq, xd, xs, 3, out); break;                                         \
-        case 4: tile_product(T_##name, tile, K, xq, xd, xs, 4, out); break;                                         \
-        default: tile_product(T_##name, tile, K, xq, xd, xs, TILE_TOKENS_MAX, out); break;                          \
+        case 1: tile_product(T_##name, tile, K, xq, ldx, xd, xs, 1, out); break;                                         \
+        case 2: tile_product(T_##name, tile, K, xq, ldx, xd, xs, 2, out); break;                                         \
+        case 3: tile_product(T_##name, tile, K, xq, ldx, xd, xs, 3, out); break;                                         \
+        case 4: tile_product(T_##name, tile, K, xq, ldx, xd, xs, 4, out); break;                                         \
+        default: tile_product(T_##name, tile, K, xq, ldx, xd, xs, TILE_TOKENS_MAX, out); break;                          \
         }                                                                                                          \
     }
 ROW_TILED(TILE_FUNCTION)
 #undef TILE_FUNCTION
 
-void row_tile_rows(int type, const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, const int16_t *xq,
+void row_tile_rows(int type, const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, const int16_t *xq, int64_t ldx,
                    const float *xd, const float *xs, int n, float *out, int64_t stride) {
     const uint8_t *at = tiles + tile * row_tiled_bytes(type, ROW_TILE, K);
     v8f result[TILE_TOKENS_MAX];
 #define PRODUCT_CASE(name) \
-    case T_##name: tile_##name(at, K, xq, xd, xs, n, result); break;
+    case T_##name: tile_##name(at, K, xq, ldx, xd, xs, n, result); break;
     switch (type) {
         ROW_TILED(PRODUCT_CASE)
     default: return;

@@ -386,14 +386,15 @@ def test_a_token_s_products_are_the_same_bits_alone_in_a_batch_and_in_a_prefill(
     """The types on int16 codes take the same codes in decode as in prefill, from their row tiles
     (row_tiles.c: per 32, per 256 for Q4_K to Q6_K), so a token's logits do not depend on how many
     tokens it was multiplied with: alone, 2, 3, 5 or 40 at once (a prefill), on 33 rows (each
-    thread's chunks of tiles and a padded one); and 4 tokens on rows of 4096 columns. So do Q4_K to
+    thread's chunks of tiles and a padded one); 4 tokens on rows of 4096 columns, and 9 and 40 on rows of 2048,
+    whose codes (rows 4 KB apart) a pass over the tiles takes copied further apart (ops.c). So do Q4_K to
     Q6_K's rows as the file has them (a mixture's experts; cpu_kernels/int16_panels.c: straight
     from the bytes for up to 4 tokens on the x86 tiers, through unpacked rows otherwise), whose
     codes of 4 tokens at 4096 columns (32 KB) AVX-512 takes two tokens a pass over 4 rows."""
     rng = np.random.default_rng(500 + int(qtype))
     rows = 33
     multiplies = (product, row_product) if qtype in INT16_DECODE_TYPES else (product,)
-    for cols, counts in ((1024, (2, 3, 5, 40)), (4096, (4,))):
+    for cols, counts in ((1024, (2, 3, 5, 40)), (4096, (4,)), (2048, (9, 40))):
         raw = random_matrix(qtype, rows, cols, rng)
         x = rng.standard_normal((max(counts), cols)).astype(np.float32)
         x[:, ::32] *= 30.0

@@ -174,7 +174,7 @@ int main(void) {
             const int64_t S = K / row_tile_span(types[k].type);
             row_tile_matrix(types[k].type, rows, 4, K, 0, 1, tiles);
             for (int t = 0; t < T; t += ROW_TILE_TOKENS)
-                row_tile_rows(types[k].type, tiles, 4, K, 0, (wide ? xw : xq) + t * K, (wide ? xwd : xd) + t * S,
+                row_tile_rows(types[k].type, tiles, 4, K, 0, (wide ? xw : xq) + t * K, K, (wide ? xwd : xd) + t * S,
                               (wide ? xws : xs) + t * (K / GROUP), T - t < ROW_TILE_TOKENS ? T - t : ROW_TILE_TOKENS,
                               prefill + t * 4, 4);
             print(prefill, T * 4);
