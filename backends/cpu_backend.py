@@ -131,16 +131,28 @@ class CpuExperts:
     (a view of the file, never copied), expert e's rows e * out .. (e + 1) * out - 1. The
     experts op reads only the experts its tokens chose; nothing reads the others' pages,
     not even at load (their scales are not scanned: a damaged block shows as nan where it
-    is used)."""
+    is used).
 
-    def __init__(self, matrix: CpuMatrix, n_experts: int, rows_per_expert: int):
+    A stack of a type on int16 codes (cpu_kernels/row_tiles.c) whose experts are whole tiles of
+    8 rows is multiplied from row tiles, made expert by expert as the op first chooses each
+    (`tiles`, of the blocks' size, its pages taken as they are written; `ready`, a flag per
+    expert); each expert's blocks then leave the process, as a dense matrix's do."""
+
+    def __init__(self, matrix: CpuMatrix, n_experts: int, rows_per_expert: int, tiled: bool = False):
         self.matrix, self.n_experts, self.rows_per_expert = matrix, n_experts, rows_per_expert
+        self.tiles = np.empty(matrix.raw.size, dtype=np.uint8) if tiled else None
+        self.ready = np.zeros(n_experts, dtype=np.uint8)
 
-    def entry(self, bias: Any) -> tuple:
-        """This stack in an experts op's tuple, with its biases (E, out) or None."""
+    def entry(self, bias: Any, row_tiles: int) -> tuple:
+        """This stack in an experts op's tuple, with its biases (E, out) or None: its tiles,
+        the kernels' type `row_tiles` + its own, with the blocks to make them from, where it
+        has them."""
         m = self.matrix
         flat = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32).reshape(-1)
-        return (m.raw, m.ggml_type, m.rows, m.cols, None, flat)
+        if self.tiles is None:
+            return (m.raw, m.ggml_type, m.rows, m.cols, None, flat)
+        tiled = row_tiles + m.ggml_type
+        return (self.tiles, tiled, m.rows, m.cols, None, flat, m.raw, self.ready, _file_backed(m.raw))
 
 
 class CpuState:
@@ -291,7 +303,8 @@ class CpuBackend(Backend):
                 f"{spec.name}: {raw.size} bytes of data for {n_experts} experts of {rows} x {cols} "
                 f"{GGMLQuantizationType(ggml_type).name}, which need {needed}"
             )
-        return CpuExperts(CpuMatrix(spec.name, raw, ggml_type, n_experts * rows, cols), n_experts, rows)
+        tiled = ggml_type in _ROW_TILED_TYPES and rows % self.native.ROW_TILE == 0
+        return CpuExperts(CpuMatrix(spec.name, raw, ggml_type, n_experts * rows, cols), n_experts, rows, tiled)
 
     def _convert(self, spec: WeightSpec, note: bool = True) -> tuple[np.ndarray, int]:
         """Blocks of a type without a kernel, as Q8_0 (float32 if rows do not split into 32s)."""
@@ -556,7 +569,8 @@ class CpuBackend(Backend):
         x, choice = _contiguous(x), _contiguous(choice)
         n_tokens = len(x)
         out = self._new((n_tokens, down.rows_per_expert))  # (T, D)
-        mats = (gate.entry(weights.gate_bias), up.entry(weights.up_bias), down.entry(weights.down_bias))
+        tiles = self.native.ROW_TILES
+        mats = (gate.entry(weights.gate_bias, tiles), up.entry(weights.up_bias, tiles), down.entry(weights.down_bias, tiles))
         self._emit(
             "experts",
             _bufs(a=x, b=choice, out=out),

@@ -199,13 +199,24 @@ static inline void prefetch_block(const uint8_t *block, size_t bytes, size_t ahe
     for (size_t at = 0; at < bytes; at += 64) __builtin_prefetch(block + ahead + at);
 }
 
-/* A weight matrix as it lies in the model file: `rows` rows of `row_bytes` bytes. */
+/* A weight matrix as it lies in the model file: `rows` rows of `row_bytes` bytes. A mixture's
+ * stack in row tiles made expert by expert as the experts op first uses each (ops.c) has its
+ * blocks as the file lays them out at `source` (file_backed: in a mapped file) and a flag per
+ * expert, `ready`, set once its tiles are made. */
 typedef struct {
     const uint8_t *data;
     int type;
     int64_t rows, cols;
     size_t row_bytes;
+    const uint8_t *source;
+    uint8_t *ready;
+    int64_t ready_len;
+    int file_backed;
 } Matrix;
+
+/* module.c: blocks a process no longer reads let go (a mapped file's: unmapped, kept in the
+ * page cache; others' paged out) */
+void page_out(const uint8_t *ptr, int64_t size, int file_backed);
 
 /* One weight row unpacked: int8 codes, the scales of each group's two halves, and the min
  * terms (the factors of activation sums): one per group, or one per half for the types whose

@@ -63,10 +63,15 @@ static int need(const Buf *b, int64_t elements, Py_ssize_t itemsize, const char 
     return 0;
 }
 
+/* (blocks, type, rows, cols, out, bias), and for a stack tiled expert by expert (Matrix.source)
+ * its blocks as the file has them, its flags per expert and whether they lie in a mapped file */
 static int parse_matrix(PyObject *item, Matrix *m, Buf *out, Buf *bias) {
-    PyObject *raw, *out_obj, *bias_obj;
+    PyObject *raw, *out_obj, *bias_obj, *source_obj = Py_None, *ready_obj = Py_None;
     long long rows, cols;
-    if (!PyArg_ParseTuple(item, "OiLLOO", &raw, &m->type, &rows, &cols, &out_obj, &bias_obj)) return -1;
+    m->file_backed = 0;
+    if (!PyArg_ParseTuple(item, "OiLLOO|OOp", &raw, &m->type, &rows, &cols, &out_obj, &bias_obj, &source_obj, &ready_obj,
+                          &m->file_backed))
+        return -1;
     int weights, bytes;
     if (!type_block(m->type, &weights, &bytes)) {
         PyErr_Format(PyExc_ValueError, "GGML type %d has no native kernel", m->type);
@@ -87,6 +92,17 @@ static int parse_matrix(PyObject *item, Matrix *m, Buf *out, Buf *bias) {
     if (need(&data, stored_rows * (int64_t)m->row_bytes, 1, "weight blocks") != 0) return -1;
     m->data = data.ptr;
     if (get_buf(out_obj, 1, 4, out, "matrix output") != 0 || get_buf(bias_obj, 0, 4, bias, "bias") != 0) return -1;
+    Buf source, ready;
+    if (get_buf(source_obj, 0, 1, &source, "the stack's blocks") != 0 || get_buf(ready_obj, 1, 1, &ready, "the experts' flags") != 0)
+        return -1;
+    if ((source.ptr == NULL) != (ready.ptr == NULL) || (source.ptr && (row_tiles_of(m->type) < 0 || rows % ROW_TILE))) {
+        PyErr_SetString(PyExc_ValueError, "blocks to tile expert by expert need a stack in row tiles and a flag per expert");
+        return -1;
+    }
+    if (source.ptr && need(&source, rows * (int64_t)m->row_bytes, 1, "the stack's blocks") != 0) return -1;
+    m->source = source.ptr;
+    m->ready = ready.ptr;
+    m->ready_len = ready.len;
     return 0;
 }
 
@@ -181,7 +197,8 @@ static int parse_op(PyObject *tuple, Op *op) {
         if (op->n_mats < 1) break;
         if (need(&a, tokens * op->mats[0].cols, 4, "x")) return -1;
         for (int m = 0; m < op->n_mats; m++) {
-            if (op->mats[m].cols != op->mats[0].cols || op->mats[m].type == T_Q1_0) goto inconsistent; /* Q1_0: tiled */
+            if (op->mats[m].cols != op->mats[0].cols || op->mats[m].type == T_Q1_0 || op->mats[m].source)
+                goto inconsistent; /* Q1_0: tiled; a stack tiled expert by expert: experts only */
             if (need(&outs[m], tokens * op->mats[m].rows, 4, "matrix output")) return -1;
             if (op->bias[m] && need(&biases[m], op->mats[m].rows, 4, "bias")) return -1;
         }
@@ -267,8 +284,8 @@ static int parse_op(PyObject *tuple, Op *op) {
         if (op->n_mats != 3 || E <= 0 || k <= 0 || F <= 0 || act < 0 || act > 2) break;
         int64_t D = op->mats[0].cols;
         const Matrix *m = op->mats;
-        for (int i = 0; i < 3; i++)
-            if (!type_takes_codes(m[i].type) && !type_is_float(m[i].type)) goto inconsistent; /* Q1_0: converted */
+        for (int i = 0; i < 3; i++) /* Q1_0: converted; row tiles only made expert by expert, a flag each */
+            if (m[i].source ? m[i].ready_len < E : !type_takes_codes(m[i].type) && !type_is_float(m[i].type)) goto inconsistent;
         if (m[0].rows != E * F || m[1].rows != E * F || m[1].cols != D || m[2].rows != E * D || m[2].cols != F) break;
         if (outs[0].ptr || outs[1].ptr || outs[2].ptr) break;
         return need(&a, T * D, 4, "x") || need(&b, T * 2 * k, 4, "choice") || need(&out, T * D, 4, "out") ||
@@ -485,7 +502,7 @@ static PyObject *py_count_bad_scales(PyObject *self, PyObject *args) {
  * (MADV_DONTNEED: the page cache keeps them, for the next load, and a read maps them again);
  * other memory the kernel may reclaim (MADV_PAGEOUT writes back or drops only what it can read
  * again: DONTNEED would zero private anonymous pages). */
-static void page_out(const uint8_t *ptr, int64_t size, int file_backed) {
+void page_out(const uint8_t *ptr, int64_t size, int file_backed) {
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), start = ((uintptr_t)ptr + page - 1) / page * page,
               end = ((uintptr_t)ptr + (uintptr_t)size) / page * page;
     if (end <= start) return;
@@ -715,7 +732,8 @@ PyMODINIT_FUNC CAT(PyInit_, SPRIG_MODULE)(void) {
         return NULL;
     }
     if (PyModule_AddStringConstant(m, "TIER", SPRIG_TIER) != 0 || PyModule_AddIntConstant(m, "Q1_0_TILES", T_Q1_0_TILES) != 0 ||
-        PyModule_AddIntConstant(m, "TQ_TILES", T_TQ_TILES) != 0 || PyModule_AddIntConstant(m, "ROW_TILES", T_ROW_TILES) != 0 || PyModule_AddStringConstant(m, "TQ_KERNEL", tq_kernel()) != 0) {
+        PyModule_AddIntConstant(m, "TQ_TILES", T_TQ_TILES) != 0 || PyModule_AddIntConstant(m, "ROW_TILES", T_ROW_TILES) != 0 ||
+        PyModule_AddIntConstant(m, "ROW_TILE", ROW_TILE) != 0 || PyModule_AddStringConstant(m, "TQ_KERNEL", tq_kernel()) != 0) {
         Py_DECREF(m);
         return NULL;
     }

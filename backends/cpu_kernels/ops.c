@@ -157,11 +157,25 @@ static inline int64_t codes_stride(int64_t K, int64_t T) {
     return T > 1 && K * (int64_t)sizeof(int16_t) % 4096 == 0 ? K + CODES_PAD : K;
 }
 
+/* Tiles first .. end - 1 of a matrix of `type` in row tiles (`rows` rows) times T tokens (codes
+ * at xq, ldx apart; scales and group sums at xd, xs), into out[t * stride + r], in runs */
+static void tile_runs(int type, const uint8_t *tiles, int64_t rows, int64_t K, int64_t first, int64_t end, int64_t T,
+                      const int16_t *xq, int64_t ldx, const float *xd, const float *xs, float *out, int64_t stride) {
+    const int64_t G = K / GROUP, S = K / row_tile_span(type);
+    int64_t run = ROW_RUN_BYTES / row_tiled_bytes(type, ROW_TILE, K);
+    if (run < 1) run = 1;
+    for (int64_t from = first; from < end; from += run)
+        for (int64_t t = 0; t < T; t += ROW_TILE_TOKENS) {
+            const int n = T - t < ROW_TILE_TOKENS ? (int)(T - t) : ROW_TILE_TOKENS;
+            for (int64_t tile = from; tile < end && tile < from + run; tile++)
+                row_tile_rows(type, tiles, rows, K, tile, xq + t * ldx, ldx, xd + t * S, xs + t * G, n, out + t * stride, stride);
+        }
+}
+
 static void row_tiles_product(const Matrix *w, int64_t K, int64_t r0, int64_t r1, int64_t T, float *out, int thread) {
     const int type = row_tiles_of(w->type);
     const Codes *codes = row_tile_span(type) == WIDE ? &acts.wide : &acts.group;
-    const int64_t G = K / GROUP, S = K / row_tile_span(type), first = (r0 + ROW_TILE - 1) / ROW_TILE, end = (r1 + ROW_TILE - 1) / ROW_TILE;
-    const int64_t ldx = codes_stride(K, T);
+    const int64_t first = (r0 + ROW_TILE - 1) / ROW_TILE, end = (r1 + ROW_TILE - 1) / ROW_TILE, ldx = codes_stride(K, T);
     const int16_t *xq = (const int16_t *)codes->q;
     if (first >= end) return;
     if (ldx != K) {
@@ -169,15 +183,7 @@ static void row_tiles_product(const Matrix *w, int64_t K, int64_t r0, int64_t r1
         for (int64_t t = 0; t < T; t++) memcpy(spread + t * ldx, xq + t * K, sizeof(int16_t) * (size_t)K);
         xq = spread;
     }
-    int64_t run = ROW_RUN_BYTES / row_tiled_bytes(type, ROW_TILE, K);
-    if (run < 1) run = 1;
-    for (int64_t from = first; from < end; from += run)
-        for (int64_t t = 0; t < T; t += ROW_TILE_TOKENS) {
-            const int n = T - t < ROW_TILE_TOKENS ? (int)(T - t) : ROW_TILE_TOKENS;
-            for (int64_t tile = from; tile < end && tile < from + run; tile++)
-                row_tile_rows(type, w->data, w->rows, K, tile, xq + t * ldx, ldx, codes->d + t * S, codes->xsum + t * G, n,
-                              out + t * w->rows, w->rows);
-        }
+    tile_runs(type, w->data, w->rows, K, first, end, T, xq, ldx, codes->d, codes->xsum, out, w->rows);
 }
 
 /* Tokens of K float activations taken together in a prefill: FLOAT_TILE_BYTES of them (a
@@ -604,9 +610,11 @@ static int route(const Op *op, const char **error) {
  *   2. per gathered row: the biases added, h = act(gate, up) (gated8), h quantized;
  *   3. down, as 1, from h: y (rows, D);
  *   4. per token: out = sum over its choices j, in order, of w_j * (y + down bias).
+ * A stack of a row-tiled type (Matrix.source) is multiplied from its row tiles (row_tiles.c), made
+ * expert by expert as each is first chosen, the expert's file blocks then let go (page_out).
  * An expert no token chose is not read. A token's arithmetic does not depend on the tokens
  * beside it while its experts' groups are under FLOAT_TOKENS (decode, batches, verification),
- * for the int16 types at any count, nor on the thread count. */
+ * for the int16 types and row tiles at any count, nor on the thread count. */
 
 static struct {
     int64_t *count, *start, *fill, *active; /* per expert; active: the chosen ones, ascending */
@@ -620,8 +628,12 @@ static struct {
     Codes xw, hw;                           /* their int16 codes per WIDE (type_decodes_int16) */
     float *xf;                              /* the gathered float x, where a product takes it */
     float *gate, *up, *y;                   /* (rows, F), (rows, F), (rows, D); gate becomes h */
+    int64_t *fresh;                         /* the chosen experts of a stack whose tiles are not made yet */
 } moe;
-static int64_t moe_capacity[21];
+static int64_t moe_capacity[22];
+
+/* The span of a stack's activation codes where it is in row tiles (row_tile_span), else 0 */
+static inline int tiled_span(int type) { return row_tiles_of(type) >= 0 ? row_tile_span(row_tiles_of(type)) : 0; }
 
 static int moe_grow(int i, void **p, size_t bytes) {
     if ((int64_t)bytes <= moe_capacity[i]) return 0;
@@ -645,7 +657,13 @@ static void expert_rows(const Matrix *w, int64_t e, int64_t R, int64_t r0, int64
     int64_t K = w->cols, G = K / GROUP;
     const uint8_t *base = w->data + (size_t)(e * R) * w->row_bytes;
     out += s * R;
-    if (type_decodes_int16(w->type)) {
+    if (tiled_span(w->type)) { /* rows r0 .. r1 - 1: whole tiles (chunk_rows) */
+        const int type = row_tiles_of(w->type), wide = row_tile_span(type) == WIDE;
+        const int16_t *q = wide ? (const int16_t *)xw->q : xq;
+        const float *d = wide ? xw->d : xd, *sums = wide ? xw->xsum : xs;
+        tile_runs(type, w->data + e * row_tiled_bytes(type, R, K), R, K, r0 / ROW_TILE, (r1 + ROW_TILE - 1) / ROW_TILE, n,
+                  q + s * K, K, d + s * (K / row_tile_span(type)), sums + s * G, out, R);
+    } else if (type_decodes_int16(w->type)) {
         const Matrix expert = {base, w->type, R, K, w->row_bytes};
         const Codes codes = {(int16_t *)xw->q + s * K, xw->d + s * (K / WIDE), xw->xsum + s * G, NULL, 0};
         panels(&expert, K, r0, r1, n, 0, &codes, buf, out, R);
@@ -671,14 +689,16 @@ static void expert_rows(const Matrix *w, int64_t e, int64_t R, int64_t r0, int64
 /* The rows r0 .. r1 - 1 of the i-th chosen expert (R rows) that chunk `chunk` of `chunks`
  * takes. The (expert, row) units are split by cost, a row costing its expert's tokens + 2 (its
  * read), so that the crowded experts of a prefill spread over the threads; which thread takes
- * a row changes nothing in its arithmetic. */
+ * a row changes nothing in its arithmetic. Where R is whole tiles the units are tiles of
+ * ROW_TILE rows (row tiles are multiplied whole). */
 static void chunk_rows(const ExpertsCtx *c, int64_t i, int64_t R, int chunk, int chunks, int64_t *r0, int64_t *r1) {
-    int64_t lo, hi, w = moe.count[moe.active[i]] + 2, at = R * moe.cost[i];
-    split_range(R * moe.cost[c->n_active], chunk, chunks, &lo, &hi);
-    *r0 = lo <= at ? 0 : (lo - at + w - 1) / w; /* the rows whose cost starts in [lo, hi) */
+    const int64_t unit = R % ROW_TILE ? 1 : ROW_TILE, U = R / unit;
+    int64_t lo, hi, w = moe.count[moe.active[i]] + 2, at = U * moe.cost[i];
+    split_range(U * moe.cost[c->n_active], chunk, chunks, &lo, &hi);
+    *r0 = lo <= at ? 0 : (lo - at + w - 1) / w; /* the units whose cost starts in [lo, hi) */
     *r1 = hi <= at ? 0 : (hi - at + w - 1) / w;
-    *r0 = *r0 < R ? *r0 : R;
-    *r1 = *r1 < R ? *r1 : R;
+    *r0 = (*r0 < U ? *r0 : U) * unit;
+    *r1 = (*r1 < U ? *r1 : U) * unit;
 }
 
 #define FOR_EXPERT_ROWS(c, R, chunk, chunks)                                         \
@@ -715,8 +735,8 @@ static void activation_task(void *vctx, int chunk, int chunks, int thread) {
     const Op *op = c->op;
     int64_t lo, hi, F = c->F, G = F / GROUP;
     split_range(c->rows, chunk, chunks, &lo, &hi);
-    int codes8 = type_takes_codes8(op->mats[2].type), codes = type_takes_codes16(op->mats[2].type);
-    int wide = type_decodes_int16(op->mats[2].type);
+    const int t2 = op->mats[2].type, codes8 = type_takes_codes8(t2), codes = type_takes_codes16(t2);
+    const int tiled = tiled_span(t2) == GROUP, wide = type_decodes_int16(t2) || tiled_span(t2) == WIDE;
     for (int64_t i = lo; i < hi; i++) {
         int64_t e = (int64_t)op->b[moe.token[i] * 2 * c->k + moe.token[c->rows + i]]; /* its expert */
         float *g = moe.gate + i * F, *u = moe.up + i * F;
@@ -725,7 +745,7 @@ static void activation_task(void *vctx, int chunk, int chunks, int thread) {
         if (op->bias[1])
             for (int64_t r = 0; r < F; r++) u[r] += op->bias[1][e * F + r];
         for (int64_t r = 0; r < F; r += 8) gated8(g + r, u + r, g + r, F - r < 8 ? F - r : 8, (int)op->ints.experts.activation);
-        if (codes && moe.count[e] < FLOAT_TOKENS)
+        if ((codes && moe.count[e] < FLOAT_TOKENS) || tiled)
             quantize_row(g, F, GROUP, moe.hq + i * F, moe.hd + i * G, moe.hs + i * G, moe.hh + i * HALVES * G);
         if (codes8 && moe.count[e] < FLOAT_TOKENS) quantize_row8(g, F, moe.h8 + i * (F / BLOCK8));
         if (wide)
@@ -777,6 +797,42 @@ static void gather_task(void *vctx, int chunk, int chunks, int thread) {
     }
 }
 
+/* The chosen experts of a stack tiled expert by expert (Matrix.source) whose tiles are not made
+ * yet (moe.fresh, n of them, R rows each): a chunk's share of their tiles */
+typedef struct {
+    const Matrix *w;
+    int64_t R, n;
+} StackTiling;
+
+static void stack_tiling_task(void *vctx, int chunk, int chunks, int thread) {
+    const StackTiling *c = vctx;
+    const int type = row_tiles_of(c->w->type);
+    const int64_t per = c->R / ROW_TILE, K = c->w->cols, bytes = row_tiled_bytes(type, c->R, K);
+    int64_t lo, hi;
+    (void)thread;
+    split_range(c->n * per, chunk, chunks, &lo, &hi);
+    for (int64_t u = lo; u < hi;) { /* tiles u .. of the list's experts in turn */
+        const int64_t i = u / per, e = moe.fresh[i], t1 = hi - i * per < per ? hi - i * per : per;
+        row_tile_matrix(type, c->w->source + (size_t)(e * c->R) * c->w->row_bytes, c->R, K, u - i * per, t1,
+                        (uint8_t *)c->w->data + e * bytes);
+        u = i * per + t1;
+    }
+}
+
+/* A stack's chosen experts get their tiles where they have none yet (made by the pool), and
+ * their file blocks are let go: nothing reads them again. */
+static void tile_chosen_experts(const Matrix *w, int64_t R, const ExpertsCtx *c) {
+    StackTiling tiling = {w, R, 0};
+    for (int64_t i = 0; i < c->n_active; i++)
+        if (!w->ready[moe.active[i]]) moe.fresh[tiling.n++] = moe.active[i];
+    if (!tiling.n) return;
+    pool_run(stack_tiling_task, &tiling);
+    for (int64_t i = 0; i < tiling.n; i++) {
+        w->ready[moe.fresh[i]] = 1;
+        page_out(w->source + (size_t)(moe.fresh[i] * R) * w->row_bytes, R * (int64_t)w->row_bytes, w->file_backed);
+    }
+}
+
 static int experts(const Op *op, const char **error) {
     ExpertsCtx c = {op, op->ints.experts.tokens, op->mats[0].cols, op->ints.experts.ffn, op->ints.experts.experts,
                     op->ints.experts.used, 0, 0, 0};
@@ -789,7 +845,7 @@ static int experts(const Op *op, const char **error) {
         moe_grow(6, (void **)&moe.gate, sizeof(float) * (size_t)(rows * F)) ||
         moe_grow(7, (void **)&moe.up, sizeof(float) * (size_t)(rows * F)) ||
         moe_grow(8, (void **)&moe.y, sizeof(float) * (size_t)(rows * D)) ||
-        moe_grow(16, (void **)&moe.cost, i64 * (size_t)(E + 1)))
+        moe_grow(16, (void **)&moe.cost, i64 * (size_t)(E + 1)) || moe_grow(21, (void **)&moe.fresh, i64 * (size_t)E))
         goto out_of_memory;
     /* the choices, counted by expert */
     memset(moe.count, 0, i64 * (size_t)E);
@@ -823,12 +879,15 @@ static int experts(const Op *op, const char **error) {
             moe.token[rows + i] = j;
             moe.row_of[t * k + j] = i;
         }
+    for (int m = 0; m < 3; m++)
+        if (op->mats[m].source) tile_chosen_experts(&op->mats[m], m == 2 ? D : F, &c);
     const int t0 = op->mats[0].type, t1 = op->mats[1].type, t2 = op->mats[2].type;
     int up_codes8 = type_takes_codes8(t0) || type_takes_codes8(t1);
     int up_codes16 = type_takes_codes16(t0) || type_takes_codes16(t1);
     int up_floats = type_is_float(t0) || type_is_float(t1);
-    int codes = up_codes16 && small, codes8 = up_codes8 && small, floats = up_floats || ((up_codes16 || up_codes8) && big);
-    c.wide = type_decodes_int16(t0) || type_decodes_int16(t1);
+    int codes = (up_codes16 && small) || tiled_span(t0) == GROUP || tiled_span(t1) == GROUP, codes8 = up_codes8 && small;
+    int floats = up_floats || ((up_codes16 || up_codes8) && big);
+    c.wide = type_decodes_int16(t0) || type_decodes_int16(t1) || tiled_span(t0) == WIDE || tiled_span(t1) == WIDE;
     int64_t G = D / GROUP, H = F / GROUP;
     if (codes && (moe_grow(9, (void **)&moe.xq, sizeof(int16_t) * (size_t)(rows * D)) ||
                   moe_grow(10, (void **)&moe.xd, sizeof(float) * (size_t)(rows * G + 1)) ||
@@ -837,9 +896,10 @@ static int experts(const Op *op, const char **error) {
         goto out_of_memory;
     if (codes8 && moe_grow(19, (void **)&moe.x8, sizeof(Codes8) * (size_t)(rows * (D / BLOCK8) + 1))) goto out_of_memory;
     if (c.wide && reserve_codes(&moe.xw, rows * D, sizeof(int16_t), 1)) goto out_of_memory;
-    if (type_decodes_int16(t2) && reserve_codes(&moe.hw, rows * F, sizeof(int16_t), 1)) goto out_of_memory;
+    if ((type_decodes_int16(t2) || tiled_span(t2) == WIDE) && reserve_codes(&moe.hw, rows * F, sizeof(int16_t), 1))
+        goto out_of_memory;
     if (floats && moe_grow(12, (void **)&moe.xf, sizeof(float) * (size_t)(rows * D))) goto out_of_memory;
-    if (type_takes_codes16(t2) &&
+    if ((type_takes_codes16(t2) || tiled_span(t2) == GROUP) &&
         (moe_grow(13, (void **)&moe.hq, sizeof(int16_t) * (size_t)(rows * F)) ||
          moe_grow(14, (void **)&moe.hd, sizeof(float) * (size_t)(rows * H + 1)) ||
          moe_grow(15, (void **)&moe.hs, sizeof(float) * (size_t)(rows * H + 1)) ||

@@ -11,8 +11,9 @@ independent references.
   K-quants Q4_K-Q6_K) and float32 rounding, for T = 1, 2, 3, 7, 16, 40 tokens, 1 and 2
   threads, mixed types, with and without biases, silu and swiglu_oai; every tier gives the
   scalar tier's bits; a token's output has the same bits alone or in a batch, and for the
-  K-quants also where its expert takes 40 tokens; an expert no token chose is never read (its
-  blocks have nan scales, which any read would spread).
+  types in row tiles also where its expert takes 40 tokens; an expert no token chose is never
+  read (its blocks have nan scales, which any read would spread); a stack of a row-tiled type
+  gets its tiles expert by expert, as the op first chooses each, and then reads only them.
 - Attention with sinks equals the NumPy reference and a textbook loop, windows and rings
   included; swiglu_oai equals its float64 formula.
 - A pass recorded by `RecordingRunner` (embedding, attention with sinks, router, route,
@@ -312,12 +313,14 @@ def test_a_tokens_output_is_the_same_alone_or_in_a_batch(types):
         np.testing.assert_array_equal(batch.view(np.uint32), alone.view(np.uint32))
 
 
-def test_the_k_quants_give_a_token_the_same_bits_in_a_prefill_as_alone():
-    """Q4_K, Q5_K and Q6_K experts take int16 codes per 256 for any count of tokens, as their
-    dense products do (cpu_kernels/int16_panels.c): a token's output has the bits of its decode
-    step also where its expert takes 40 tokens (a prefill's crowded expert, past FLOAT_TOKENS,
-    where the other types dequantize to float)."""
-    layer = Layer((T.Q5_K, T.Q4_K, T.Q6_K), biases=True, seed=17)
+@pytest.mark.parametrize("types", [TYPE_SETS[0], TYPE_SETS[2], TYPE_SETS[3]], ids=lambda ts: "-".join(t.name for t in ts))
+def test_the_types_in_row_tiles_give_a_token_the_same_bits_in_a_prefill_as_alone(types):
+    """The experts of the types on int16 codes (the 32-weight ones per 32, Q4_K to Q6_K per 256)
+    are multiplied from row tiles for any count of tokens, as their dense products are
+    (cpu_kernels/row_tiles.c): a token's output has the bits of its decode step also where its
+    expert takes 40 tokens (a prefill's crowded expert, past FLOAT_TOKENS, where the rows as the
+    file has them would dequantize to float)."""
+    layer = Layer(types, biases=True, seed=17)
     backend = CpuBackend(threads=2)
     weights = layer.weights(backend)
     for n in (5, 40):
@@ -363,6 +366,37 @@ def test_an_expert_no_token_chose_is_never_read(types, n):
         bad = choice.copy()
         bad[:, 0] = unchosen[0]
         assert np.isnan(np.array(backend.experts(x, bad, weights, "silu"))).any()
+
+
+@pytest.mark.parametrize("types", [TYPE_SETS[2], TYPE_SETS[3], TYPE_SETS[5]], ids=lambda ts: "-".join(t.name for t in ts))
+def test_a_stack_in_row_tiles_gets_its_tiles_expert_by_expert_as_they_are_chosen(types):
+    """A stack of a type on int16 codes keeps row tiles of its blocks' size, made for an expert
+    when the op first chooses it (its flag then set) and never for the others; from then on the
+    op reads the tiles alone: the chosen experts' blocks zeroed, the output keeps its bits. A
+    float stack has none."""
+    layer = Layer(types, biases=True, seed=23)
+    backend = CpuBackend(threads=2)
+    weights = layer.weights(backend)
+    stacks = (weights.gate, weights.up, weights.down)
+    for stack, qtype in zip(stacks, types, strict=True):
+        if qtype in (T.F16, T.F32):
+            assert stack.tiles is None
+        else:
+            assert stack.tiles.nbytes == stack.matrix.raw.nbytes and not stack.ready.any()
+    x = tokens(7, 600)
+    choice = routed(x, E, 2, seed=601, shunned=3)
+    chosen = np.zeros(E, dtype=bool)
+    chosen[choice[:, :2].astype(int).ravel()] = True
+    first = np.array(backend.experts(x, choice, weights, "silu"))
+    for stack in stacks:
+        if stack.tiles is not None:
+            np.testing.assert_array_equal(stack.ready.astype(bool), chosen)
+            stack.matrix.raw.reshape(E, -1)[chosen] = 0  # what the op reads now: the tiles
+    np.testing.assert_array_equal(np.array(backend.experts(x, choice, weights, "silu")), first)
+    later = choice.copy()
+    later[0, 0] = E - 1  # a shunned expert, chosen now: its tiles made then
+    backend.experts(x[:1], later[:1], weights, "silu")
+    assert all(stack.ready[E - 1] for stack in stacks if stack.tiles is not None)
 
 
 def test_expert_stacks_stay_views_of_the_file_and_other_types_are_converted():
