@@ -103,6 +103,16 @@ def _file_backed(raw: np.ndarray) -> bool:
     return isinstance(base, mmap.mmap)
 
 
+def _pages_on_write(size: int) -> np.ndarray:
+    """`size` bytes of anonymous memory that the process takes a small page at a time, as they
+    are first written (no huge pages: a stack's experts are tiled one by one, scattered)."""
+    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    pages = mmap.mmap(-1, size, flags=flags) if flags else mmap.mmap(-1, size)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        pages.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(pages, dtype=np.uint8)
+
+
 class CpuMatrix:
     """A weight matrix as GGUF blocks: `raw` holds `rows` rows of `cols` weights of `ggml_type`.
 
@@ -140,7 +150,7 @@ class CpuExperts:
 
     def __init__(self, matrix: CpuMatrix, n_experts: int, rows_per_expert: int, tiled: bool = False):
         self.matrix, self.n_experts, self.rows_per_expert = matrix, n_experts, rows_per_expert
-        self.tiles = np.empty(matrix.raw.size, dtype=np.uint8) if tiled else None
+        self.tiles = _pages_on_write(matrix.raw.size) if tiled else None
         self.ready = np.zeros(n_experts, dtype=np.uint8)
 
     def entry(self, bias: Any, row_tiles: int) -> tuple:
@@ -570,7 +580,8 @@ class CpuBackend(Backend):
         n_tokens = len(x)
         out = self._new((n_tokens, down.rows_per_expert))  # (T, D)
         tiles = self.native.ROW_TILES
-        mats = (gate.entry(weights.gate_bias, tiles), up.entry(weights.up_bias, tiles), down.entry(weights.down_bias, tiles))
+        biases = (weights.gate_bias, weights.up_bias, weights.down_bias)
+        mats = tuple(stack.entry(bias, tiles) for stack, bias in zip((gate, up, down), biases, strict=True))
         self._emit(
             "experts",
             _bufs(a=x, b=choice, out=out),
