@@ -38,8 +38,10 @@
  * The backend gives the linear op the 32-weight CODES types (Q4_0 to Q8_0, IQ4_NL, MXFP4) and
  * Q4_K to Q6_K as row tiles (T_ROW_TILES + the type; row_tiles.c): tiles of ROW_TILE rows whose
  * int32 lanes each hold a row, so that one float step serves 8 rows (a K type's: one per
- * sub-block), for any count of tokens. The 32-weight types' rows
- * as the file lays them out serve a mixture's experts: dot_row_tokens for a few tokens, and
+ * sub-block), for any count of tokens; a mixture's stacks of these types too, their tiles made
+ * expert by expert as the experts op first chooses each (Matrix.source). The 32-weight types'
+ * rows as the file lays them out (a stack whose experts are not whole tiles) serve a mixture's
+ * experts otherwise: dot_row_tokens for a few tokens, and
  * for FLOAT_TOKENS or more a panel of rows dequantized (float_panel_rows) to float once for all
  * its tokens, which takes the float activations as they are, FLOAT_ROWS rows at a time, summing
  * with fused multiply-adds in 8 lanes (fma8, the same rounding in every tier; float_product in

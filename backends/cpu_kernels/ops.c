@@ -650,7 +650,7 @@ typedef struct {
 
 /* Rows r0 .. r1 - 1 of expert e's matrix in the stack `w` (R rows each, K columns) times its
  * n gathered rows from s: codes xq/xd/xs/xh, x8 or xw, or floats xf (rows of K), into out
- * (rows, R). */
+ * (rows, R); from its row tiles (made: tile_chosen_experts) where the stack has them. */
 static void expert_rows(const Matrix *w, int64_t e, int64_t R, int64_t r0, int64_t r1, int64_t s, int64_t n,
                         const int16_t *xq, const float *xd, const float *xs, const float *xh, const Codes8 *x8,
                         const Codes *xw, const float *xf, float *out, RowBuffer *buf) {
