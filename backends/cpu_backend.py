@@ -4,8 +4,8 @@ Weights are never copied to float: each matrix stays a view of the memory-mapped
 file, and the kernels (`backends/cpu_kernels/`) unpack each block as they go; Q1_0 blocks
 are regrouped once at load, byte for byte, into tiles of 32 rows for the table-lookup
 product, and so are the ternary TQ1_0 and TQ2_0 (as 2-bit codes, 66 bytes per 256 weights),
-and the types on int16 codes (Q4_0 to Q8_0, IQ4_NL, MXFP4; Q4_K, Q5_K, Q6_K) into tiles of
-8 rows, a row per vector lane (cpu_kernels/row_tiles.c).
+and the types on int16 codes (Q4_0 to Q8_0, IQ4_NL, MXFP4; Q4_K, Q6_K) into tiles of 8 rows, a
+row per vector lane (cpu_kernels/row_tiles.c).
 Activations are float32 NumPy arrays; before a matrix product each row is quantized in
 groups of 32 (once, shared by q/k/v and by gate/up): to int16 codes, or for Q1_0 to 12-bit
 codes and their lookup tables (ternary: 11-bit codes, a table per pair). The kernels read the llama.cpp block formats
@@ -53,7 +53,7 @@ _ROUTING_ORDERS = {"softmax_top_k": 0, "top_k_softmax": 1}
 _Q8_0 = GGMLQuantizationType.Q8_0
 # the types multiplied from tiles of 32 rows by table lookup (cpu_kernels/q1_tiles.c, tq_tiles.c)
 _TILED_TYPES = frozenset({GGMLQuantizationType.Q1_0, GGMLQuantizationType.TQ1_0, GGMLQuantizationType.TQ2_0})
-# the types on int16 codes (the 32-weight ones, and Q4_K to Q6_K), multiplied from tiles of 8 rows
+# the types on int16 codes (the 32-weight ones, Q4_K and Q6_K), multiplied from tiles of 8 rows
 # with a row per vector lane (cpu_kernels/row_tiles.c: row_tiled_type)
 _ROW_TILED_TYPES = frozenset(
     {
@@ -65,7 +65,6 @@ _ROW_TILED_TYPES = frozenset(
         GGMLQuantizationType.IQ4_NL,
         GGMLQuantizationType.MXFP4,
         GGMLQuantizationType.Q4_K,
-        GGMLQuantizationType.Q5_K,
         GGMLQuantizationType.Q6_K,
     }
 )
@@ -119,7 +118,7 @@ class CpuMatrix:
     A Q1_0, TQ1_0 or TQ2_0 matrix also keeps its blocks regrouped into tiles of 32 rows
     (`tiles`, made by the kernels when the backend first needs them), which the matrix
     product reads by table lookup; embedding lookups read `raw`. A matrix of a type on int16
-    codes (the 32-weight ones, Q4_K to Q6_K) keeps them in tiles of 8 rows, which embedding
+    codes (the 32-weight ones, Q4_K, Q6_K) keeps them in tiles of 8 rows, which embedding
     lookups read too.
     """
 

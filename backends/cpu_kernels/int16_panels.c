@@ -1,6 +1,6 @@
 /* Products of Q4_K, Q5_K and Q6_K in int16 (type_decodes_int16 in kernels.h), for any count of
- * tokens, on their rows as the file has them (a mixture's stack whose experts are not whole row
- * tiles; dense matrices and the other stacks take row tiles, row_tiles.c); and the walk of every prefill panel over its rows and tokens (panels.h:
+ * tokens, on their rows as the file has them (Q5_K; Q4_K and Q6_K where not in row tiles,
+ * row_tiles.c: a stack whose experts are not whole tiles); and the walk of every prefill panel over its rows and tokens (panels.h:
  * panel_product).
  *
  * Each of these types' blocks is one float D times integer sub-block scales sc times integer

@@ -36,7 +36,7 @@
  * AVX-512, int16_direct_product), one float multiply-add per block where the per-group codes
  * took one per group, and asks for the rows ahead block by block as it goes.
  * The backend gives the linear op the 32-weight CODES types (Q4_0 to Q8_0, IQ4_NL, MXFP4) and
- * Q4_K to Q6_K as row tiles (T_ROW_TILES + the type; row_tiles.c): tiles of ROW_TILE rows whose
+ * Q4_K and Q6_K as row tiles (T_ROW_TILES + the type; row_tiles.c): tiles of ROW_TILE rows whose
  * int32 lanes each hold a row, so that one float step serves 8 rows (a K type's: one per
  * sub-block), for any count of tokens; a mixture's stacks of these types too, their tiles made
  * expert by expert as the experts op first chooses each (Matrix.source). The 32-weight types'
@@ -242,7 +242,7 @@ static inline int type_takes_codes16(int type) { return type_form(type) == FORM_
 
 /* Prefill (FLOAT_TOKENS or more tokens) in integers (panels.h): the 256-weight types with
  * integer sub-block scales; Q4_K, Q5_K and Q6_K as int16 weights and codes per WIDE values
- * (int16_panels.c: a mixture's experts; dense matrices take row tiles), the OWN8 types as 8-bit
+ * (int16_panels.c: Q5_K, and Q4_K and Q6_K where not in row tiles), the OWN8 types as 8-bit
  * ones per group (byte_panels.c). The others (32-weight blocks: a float scale per group) take
  * row tiles, or dequantize (experts). */
 #define WIDE 256
@@ -338,7 +338,7 @@ void tq_tile_rows(const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, c
 #define ROW_TILE_TOKENS 4
 #endif
 int row_tiled_type(int type); /* whether matrices of `type` are multiplied from row tiles */
-int row_tile_span(int type);  /* values per activation scale its product takes: GROUP, or WIDE for Q4_K to Q6_K */
+int row_tile_span(int type);  /* values per activation scale its product takes: GROUP, or WIDE for Q4_K, Q6_K */
 int64_t row_tiled_bytes(int type, int64_t rows, int64_t K);
 /* tiles t0 .. t1 - 1 of a matrix's row tiles (tiles: the whole matrix's) */
 void row_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, int64_t t0, int64_t t1, uint8_t *tiles);

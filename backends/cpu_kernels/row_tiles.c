@@ -1,5 +1,6 @@
-/* The types on int16 codes (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4; Q4_K, Q5_K, Q6_K)
- * multiplied from tiles of ROW_TILE = 8 rows, each row in a lane of the vectors.
+/* The types on int16 codes (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4; Q4_K, Q6_K) multiplied
+ * from tiles of ROW_TILE = 8 rows, each row in a lane of the vectors. (Q5_K is not: its fifth
+ * bits made the tiles no faster than int16_panels.c's rows, 0.9-1.0x at 1 to 4 tokens.)
  *
  * Why. dot_row_tokens (quants.c) sums a row's group of 32 in 8 int32 lanes, then converts them,
  * multiplies them by the group's scales and adds them, per group and token: with a few tokens
@@ -12,15 +13,15 @@
  * Weights. At load a matrix is regrouped (row_tile_matrix) into tiles of 8 rows, the last
  * padded with zero rows. Nothing is dequantized: a tile row takes the type's own bytes per
  * block (32 weights; 256 for the K types). For each block a tile holds
- *   - the 8 rows' scales as the file has them: fp16 d (16 bytes), then for Q4_1, Q5_1, Q4_K
- *     and Q5_K their fp16 m or dmin (16 bytes); for MXFP4 the E8M0 bytes (8);
- *   - Q4_K, Q5_K: the 6-bit sub-block scales sc and mins m (96 bytes, as the file's 12 a row):
+ *   - the 8 rows' scales as the file has them: fp16 d (16 bytes), then for Q4_1, Q5_1 and Q4_K
+ *     their fp16 m or dmin (16 bytes); for MXFP4 the E8M0 bytes (8);
+ *   - Q4_K: the 6-bit sub-block scales sc and mins m (96 bytes, as the file's 12 a row):
  *     byte 8q + r of the first 32 holds row r's sc[q] in its low nibble and sc[q + 4] in its
  *     high one, of the next 32 the same of m, of the last 32 the top 2 bits of sc[q], sc[q + 4],
  *     m[q], m[q + 4], from bit 0 up; Q6_K: the int8 scales of its 16-weight sub-blocks, byte
  *     8s + r row r's s-th (128 bytes);
  *   - for each group of 32 columns (8 in a K block):
- *     - Q5_0, Q5_1, Q5_K: the fifth bits, a 16-bit word per pair vector, bit k for word k
+ *     - Q5_0, Q5_1: the fifth bits, a 16-bit word per pair vector, bit k for word k
  *       (32 bytes);
  *     - Q6_K: the top 2 bits of each code, flipped (xor 2: with the low 4 bits, the code minus
  *       32 in 6-bit two's complement), 16 bytes per 4 pair vectors 4q .. 4q + 3: byte k holds
@@ -31,7 +32,7 @@
  *       holds word k of the first in its low nibble and of the second in its high one (128
  *       bytes).
  * A word's value is the code unpack_row gives the weight: Q4_0 nibble - 8, Q4_1 and Q4_K
- * nibble, Q5_0 (nibble | bit << 4) - 16, Q5_1 and Q5_K nibble | bit << 4, IQ4_NL
+ * nibble, Q5_0 (nibble | bit << 4) - 16, Q5_1 nibble | bit << 4, IQ4_NL
  * kvalues_iq4nl[nibble], MXFP4 kvalues_mxfp4[nibble], Q8_0 the byte; but Q6_K's is 4 times its
  * code minus 32 (the 6 bits at the top of a byte, sign and all: nibble << 2 | top << 6), and its
  * scales a quarter of d * sc (exact).
@@ -46,8 +47,8 @@
  * and token, block after block, and within a block sub-block after sub-block:
  *     acc = fma(float(isum), s * xd, acc)          (s * xd rounded first)
  *     macc = fma(m, xs, macc)                       (the min terms: per group)
- * where s is d (d * sc, exact, for the K types) and m the min (-(dmin * m), exact, for Q4_K and
- * Q5_K); the result is acc + macc. The integers are exact and the float steps the same C in every
+ * where s is d (d * sc, exact, for the K types) and m the min (-(dmin * m), exact, for Q4_K);
+ * the result is acc + macc. The integers are exact and the float steps the same C in every
  * tier, so every tier gives the same bits, and a token's are the same whatever tokens are
  * multiplied beside it (decode, a batch, a prefill). */
 #include <string.h>
@@ -70,7 +71,7 @@
 #define TILE_TOKENS_MAX ROW_TILE_TOKENS
 
 /* The types in row tiles (X-macro): each case below, one per type */
-#define ROW_TILED(X) X(Q4_0) X(Q4_1) X(Q5_0) X(Q5_1) X(Q8_0) X(IQ4_NL) X(MXFP4) X(Q4_K) X(Q5_K) X(Q6_K)
+#define ROW_TILED(X) X(Q4_0) X(Q4_1) X(Q5_0) X(Q5_1) X(Q8_0) X(IQ4_NL) X(MXFP4) X(Q4_K) X(Q6_K)
 
 int row_tiled_type(int type) {
 #define IS_CASE(name) case T_##name:
@@ -82,7 +83,7 @@ int row_tiled_type(int type) {
 }
 
 /* The tile block's geometry: groups of 32 per block, sub-blocks per group (a scale each) */
-static inline int k_type(int type) { return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K; }
+static inline int k_type(int type) { return type == T_Q4_K || type == T_Q6_K; }
 static inline int groups_of(int type) { return k_type(type) ? WIDE / GROUP : 1; }
 static inline int halves_of(int type) { return type == T_Q6_K ? 2 : 1; }
 int row_tile_span(int type) { return GROUP * groups_of(type); }
@@ -94,12 +95,12 @@ int64_t row_tiled_bytes(int type, int64_t rows, int64_t K) {
 /* Where a tile block's parts lie (module comment; -1: none): the mins, the sub-block scales, the
  * fifth (or top) bits, the codes; the scales d are at 0. */
 static inline int scale_bytes(int type) { return type == T_MXFP4 ? 1 : 2; }
-static inline int has_mins(int type) { return type == T_Q4_1 || type == T_Q5_1 || type == T_Q4_K || type == T_Q5_K; }
+static inline int has_mins(int type) { return type == T_Q4_1 || type == T_Q5_1 || type == T_Q4_K; }
 static inline int mins_at(int type) { return has_mins(type) ? ROW_TILE * 2 : -1; }
 static inline int sub_scales_at(int type) { return k_type(type) ? ROW_TILE * 2 * (has_mins(type) ? 2 : 1) : -1; }
 static inline int sub_scale_bytes(int type) { return type == T_Q6_K ? 128 : k_type(type) ? 96 : 0; }
 static inline int bits_per_group(int type) {
-    return type == T_Q6_K ? 64 : type == T_Q5_0 || type == T_Q5_1 || type == T_Q5_K ? 32 : 0;
+    return type == T_Q6_K ? 64 : type == T_Q5_0 || type == T_Q5_1 ? 32 : 0;
 }
 static inline int bits_at(int type) {
     return bits_per_group(type) ? ROW_TILE * scale_bytes(type) + (has_mins(type) ? ROW_TILE * 2 : 0) + sub_scale_bytes(type) : -1;
@@ -178,7 +179,7 @@ static inline __attribute__((always_inline)) void move_block(const int type, uin
         for (int i = 0; i < 4; i++) file[file_fifth_at(type) + i] = (uint8_t)(qh >> (8 * i));
 }
 
-/* Q4_K's and Q5_K's 6-bit scales and mins of a row (sc[j], m[j], j < 8) to their tile bytes
+/* Q4_K's 6-bit scales and mins of a row (sc[j], m[j], j < 8) to their tile bytes
  * (module comment), or back into the file's 12 bytes at b + 4 (the inverse of k_scale_bytes). */
 static inline void move_k_scales(int to_tile, uint8_t *b, uint8_t *scales, int lane) {
     uint8_t sc[8], m[8];
@@ -205,11 +206,10 @@ static inline void move_k_scales(int to_tile, uint8_t *b, uint8_t *scales, int l
     }
 }
 
-/* A row's K file block (Q4_K: | d | dmin | scales 12 | qs 128 |; Q5_K: | d | dmin | scales 12 |
- * qh 32 | qs 128 |; Q6_K: | ql 128 | qh 64 | scales 16 | d |) moved to its lane of a tile block,
- * or back, as move_block: weight t of group j is at byte 32 (j / 2) + t of qs, nibble j % 2, its
- * fifth bit bit j of qh[t]; Q6_K's low 4 bits at byte 64 (j / 4) + 32 (j % 2) + t of ql, nibble
- * (j % 4) / 2, its top 2 at bits 2 (j % 4) of qh[32 (j / 4) + t]. */
+/* A row's K file block (Q4_K: | d | dmin | scales 12 | qs 128 |; Q6_K: | ql 128 | qh 64 |
+ * scales 16 | d |) moved to its lane of a tile block, or back, as move_block: weight t of group j
+ * is at byte 32 (j / 2) + t of qs, nibble j % 2; Q6_K's low 4 bits at byte 64 (j / 4) +
+ * 32 (j % 2) + t of ql, nibble (j % 4) / 2, its top 2 at bits 2 (j % 4) of qh[32 (j / 4) + t]. */
 static inline __attribute__((always_inline)) void move_k_block(const int type, uint8_t *file, uint8_t *block, int lane,
                                                                const int to_tile) {
     const int q6 = type == T_Q6_K;
@@ -220,7 +220,7 @@ static inline __attribute__((always_inline)) void move_k_block(const int type, u
         copy(to_tile, file + 2, block + mins_at(type) + 2 * lane, 2);
         move_k_scales(to_tile, file, block + sub_scales_at(type), lane);
     }
-    uint8_t *qs = file + (q6 ? 0 : type == T_Q5_K ? 48 : 16), *qh = file + (q6 ? 128 : 16);
+    uint8_t *qs = file + (q6 ? 0 : 16), *qh = file + 128;
     for (int j = 0; j < WIDE / GROUP; j++) {
         uint8_t *codes = group_codes(type, block, j), *bits = group_bits(type, block, j);
         for (int p = 0; p < PAIRS; p++) {
@@ -232,16 +232,6 @@ static inline __attribute__((always_inline)) void move_k_block(const int type, u
                 continue;
             }
             move_fields(to_tile, qs + 32 * (j / 2) + 2 * p, 4 * (j % 2), tile_pair, 4 * (p % 2), 0x0f0f, 0);
-            if (type != T_Q5_K) continue;
-            uint8_t *word = bits + 2 * p; /* bits 2 lane, 2 lane + 1 of word p (LSB first): bit j of qh[2p], qh[2p + 1] */
-            if (to_tile) {
-                const int pair = ((qh[2 * p] >> j) & 1) | ((qh[2 * p + 1] >> j) & 1) << 1;
-                const uint16_t bits16 = (uint16_t)(u16(word) | pair << 2 * lane);
-                word[0] = (uint8_t)bits16, word[1] = (uint8_t)(bits16 >> 8);
-            } else {
-                const int pair = (u16(word) >> 2 * lane) & 3;
-                qh[2 * p] |= (uint8_t)((pair & 1) << j), qh[2 * p + 1] |= (uint8_t)((pair >> 1) << j);
-            }
         }
     }
 }
@@ -293,7 +283,7 @@ static inline v8f half8(const uint8_t *h) {
 }
 
 /* A tile block's float scales, for its 8 rows: s[i] of sub-block i (d; the K types' d * sc, exact)
- * and m[j] of group j's min terms (Q4_1, Q5_1: m; Q4_K, Q5_K: -(dmin * m), exact). */
+ * and m[j] of group j's min terms (Q4_1, Q5_1: m; Q4_K: -(dmin * m), exact). */
 static inline __attribute__((always_inline)) void block_scales(const int type, const uint8_t *block, v8f *s, v8f *m) {
     if (type == T_MXFP4) {
         v8f d;
@@ -350,7 +340,7 @@ static inline __m256i nibble_words(const int type, __m128i nibbles) {
     case T_Q4_0: return _mm256_cvtepi8_epi16(_mm_sub_epi8(nibbles, _mm_set1_epi8(8)));
     case T_IQ4_NL: return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)kvalues_iq4nl), nibbles));
     case T_MXFP4: return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)kvalues_mxfp4), nibbles));
-    default: return _mm256_cvtepu8_epi16(nibbles); /* Q4_1, Q5_0, Q5_1, Q4_K, Q5_K (their fifth bits below) */
+    default: return _mm256_cvtepu8_epi16(nibbles); /* Q4_1, Q5_0, Q5_1 (their fifth bits below), Q4_K */
     }
 }
 
@@ -452,7 +442,7 @@ static inline int tile_code(const int type, const uint8_t *block, int j, int p, 
     case T_Q5_0: return (nibble | fifth << 4) - 16;
     case T_IQ4_NL: return kvalues_iq4nl[nibble];
     case T_MXFP4: return kvalues_mxfp4[nibble];
-    default: return nibble | fifth << 4; /* Q4_1, Q5_1, Q4_K, Q5_K */
+    default: return nibble | fifth << 4; /* Q4_1, Q5_1, Q4_K */
     }
 }
 

@@ -13,7 +13,7 @@
   the integer kernels, up to 2047 for Q1_0's lookup tables, up to 1023 for the ternary
   types' (TQ1_0, TQ2_0), up to 127 for Q2_K's and Q3_K's 8-bit codes. The float types
   take float activations: within float rounding. The quantized types take codes in products over
-  32 tokens or more (prefill) too, and the 32-weight types and Q4_K to Q6_K give a token the same
+  32 tokens or more (prefill) too, and the types on int16 codes give a token the same
   bits whatever tokens are multiplied beside it.
 """
 
@@ -52,10 +52,10 @@ TABLE_TYPES = (T.Q1_0, T.TQ1_0, T.TQ2_0)  # multiplied by table lookup, from til
 # activation codes with one scale per 256 for any count of tokens: in row tiles (dense matrices), and as the
 # file has the rows (a mixture's experts: cpu_kernels/int16_panels.c)
 INT16_DECODE_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K)
-# the types on int16 codes (per 32; per 256 for Q4_K to Q6_K): multiplied from tiles of 8 rows, a row per
-# vector lane, for any count of tokens (cpu_kernels/row_tiles.c); their rows as the file has them serve
-# mixtures' experts
-ROW_TILED_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.MXFP4, *INT16_DECODE_TYPES)
+# the types on int16 codes (per 32; per 256 for Q4_K and Q6_K) multiplied from tiles of 8 rows, a row per
+# vector lane, for any count of tokens (cpu_kernels/row_tiles.c); Q5_K's rows as the file has them
+ROW_TILED_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.MXFP4, T.Q4_K, T.Q6_K)
+INT16_CODES_TYPES = tuple(sorted({*ROW_TILED_TYPES, *INT16_DECODE_TYPES}, key=int))  # every type on int16 codes
 GGUF_PY_QUANTIZES = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.TQ1_0, T.TQ2_0}  # gguf.quants.quantize
 EXTREME_SCALES = np.array([65504.0, -65504.0, 6e-8, 0.0, 1.0, -0.5], dtype=np.float16)
 TIERS = cpu_native.runnable_tiers()
@@ -332,11 +332,12 @@ def test_products_are_within_the_activation_quantization_bound(qtype, threads):
 
 
 @pytest.mark.parametrize("threads", [1, 3])
-@pytest.mark.parametrize("qtype", CODES8_TYPES + ROW_TILED_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", CODES8_TYPES + INT16_CODES_TYPES, ids=lambda t: t.name)
 def test_products_over_32_tokens_or_more_take_integer_codes(qtype, threads):
     """A prefill multiplies integer weights with activation codes: 8-bit codes with a scale per
-    group of 32 for the types on 8-bit codes (cpu_kernels/panels.h), int16 ones from row tiles with
-    a scale per block of 256 for Q4_K to Q6_K and per group of 32 for the 32-weight types. Within half a step, amax / (2 code max) of the group or block, per element, of the
+    group of 32 for the types on 8-bit codes (cpu_kernels/panels.h), int16 ones with a scale per
+    block of 256 for Q4_K to Q6_K (row tiles; Q5_K: int16_panels.c) and per group of 32 for the
+    32-weight types (row tiles). Within half a step, amax / (2 code max) of the group or block, per element, of the
     exact product, and no further than float32 rounding besides; a large element in each group
     widens every step of its span (the float form's bound would fail)."""
     rng = np.random.default_rng(400 + int(qtype))
@@ -381,14 +382,15 @@ def test_types_on_8_bit_codes_multiply_the_activations_rounded_per_group(tier, q
 
 
 @pytest.mark.parametrize("tier", TIERS)
-@pytest.mark.parametrize("qtype", ROW_TILED_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", INT16_CODES_TYPES, ids=lambda t: t.name)
 def test_a_token_s_products_are_the_same_bits_alone_in_a_batch_and_in_a_prefill(tier, qtype):
     """The types on int16 codes take the same codes in decode as in prefill, from their row tiles
-    (row_tiles.c: per 32, per 256 for Q4_K to Q6_K), so a token's logits do not depend on how many
-    tokens it was multiplied with: alone, 2, 3, 5 or 40 at once (a prefill), on 33 rows (each
-    thread's chunks of tiles and a padded one); 4 tokens on rows of 4096 columns, and 9 and 40 on rows of 2048,
-    whose codes (rows 4 KB apart) a pass over the tiles takes copied further apart (ops.c). So do Q4_K to
-    Q6_K's rows as the file has them (a mixture's experts; cpu_kernels/int16_panels.c: straight
+    (row_tiles.c: per 32, per 256 for Q4_K and Q6_K), so a token's logits do not depend on how
+    many tokens it was multiplied with: alone, 2, 3, 5 or 40 at once (a prefill), on 33 rows
+    (each thread's chunks of tiles and a padded one); 4 tokens on rows of 4096 columns, and 9
+    and 40 on rows of 2048, whose codes (rows 4 KB apart) a pass over the tiles takes copied
+    further apart (ops.c). So do Q4_K, Q5_K and Q6_K's rows as the file has them (Q5_K's dense
+    matrices, a stack whose experts are not whole tiles; cpu_kernels/int16_panels.c: straight
     from the bytes for up to 4 tokens on the x86 tiers, through unpacked rows otherwise), whose
     codes of 4 tokens at 4096 columns (32 KB) AVX-512 takes two tokens a pass over 4 rows."""
     rng = np.random.default_rng(500 + int(qtype))

@@ -315,8 +315,9 @@ def test_a_tokens_output_is_the_same_alone_or_in_a_batch(types):
 
 @pytest.mark.parametrize("types", [TYPE_SETS[0], TYPE_SETS[2], TYPE_SETS[3]], ids=lambda ts: "-".join(t.name for t in ts))
 def test_the_types_in_row_tiles_give_a_token_the_same_bits_in_a_prefill_as_alone(types):
-    """The experts of the types on int16 codes (the 32-weight ones per 32, Q4_K to Q6_K per 256)
-    are multiplied from row tiles for any count of tokens, as their dense products are
+    """The experts of the types on int16 codes (the 32-weight ones per 32, Q4_K and Q6_K per 256)
+    are multiplied from row tiles for any count of tokens, as their dense products are (Q5_K's
+    rows straight from the bytes, in the same int16 codes for any count)
     (cpu_kernels/row_tiles.c): a token's output has the bits of its decode step also where its
     expert takes 40 tokens (a prefill's crowded expert, past FLOAT_TOKENS, where the rows as the
     file has them would dequantize to float)."""
@@ -373,13 +374,13 @@ def test_a_stack_in_row_tiles_gets_its_tiles_expert_by_expert_as_they_are_chosen
     """A stack of a type on int16 codes keeps row tiles of its blocks' size, made for an expert
     when the op first chooses it (its flag then set) and never for the others; from then on the
     op reads the tiles alone: the chosen experts' blocks zeroed, the output keeps its bits. A
-    float stack has none."""
+    float stack and a Q5_K one have none."""
     layer = Layer(types, biases=True, seed=23)
     backend = CpuBackend(threads=2)
     weights = layer.weights(backend)
     stacks = (weights.gate, weights.up, weights.down)
     for stack, qtype in zip(stacks, types, strict=True):
-        if qtype in (T.F16, T.F32):
+        if qtype in (T.F16, T.F32, T.Q5_K):
             assert stack.tiles is None
         else:
             assert stack.tiles.nbytes == stack.matrix.raw.nbytes and not stack.ready.any()
