@@ -26,7 +26,7 @@ from gguf import GGMLQuantizationType
 
 from backends import cpu_native
 from backends.base import AttentionState, ExpertWeights, LayerAttention, PassInput, Routing, Segment, WeightSpec
-from backends.cpu_backend import CpuBackend, CpuMatrix
+from backends.cpu_backend import CpuBackend, CpuMatrix, _bufs
 from backends.cpu_runner import RecordingRunner
 from backends.dequant import dequantize
 from backends.numpy_backend import NumpyBackend
@@ -441,6 +441,29 @@ def test_a_choice_outside_the_layers_experts_is_refused():
         wrong[1, 1] = bad
         with pytest.raises(RuntimeError, match="not one of the layer's experts"):
             backend.experts(x, wrong, layer.weights(backend), "silu")
+
+
+def test_tiles_made_expert_by_expert_need_a_flag_per_expert_and_serve_only_the_experts_op():
+    """The kernels refuse a stack to tile expert by expert whose flags are fewer than its experts
+    (they would write past them), and a matrix product given such a stack (its tiles are made
+    only as the experts op chooses experts): a clear error, nothing run."""
+    layer = Layer((T.Q4_K, T.Q4_K, T.Q6_K), biases=False, seed=2)
+    backend = CpuBackend(threads=1)
+    weights = layer.weights(backend)
+    x = tokens(2, 2)
+    choice = routed(x, E, 2, seed=2)
+    tiles = backend.native.ROW_TILES
+    mats = [stack.entry(None, tiles) for stack in (weights.gate, weights.up, weights.down)]
+    out = np.empty((2, D), dtype=np.float32)
+    bufs = _bufs(a=x, b=choice, out=out)
+    slots = dict(tokens=2, experts=E, used=2, ffn=F, activation=0)
+    short = mats[0][:7] + (weights.gate.ready[: E - 1],) + mats[0][8:]
+    with pytest.raises(ValueError, match="inconsistent arguments"):
+        backend._emit("experts", bufs, (short, mats[1], mats[2]), **slots)
+    backend._emit("experts", bufs, tuple(mats), **slots)  # the same op, whole: runs
+    stack = mats[0][:4] + (np.empty((2, F), dtype=np.float32), None) + mats[0][6:]
+    with pytest.raises(ValueError, match="inconsistent arguments"):
+        backend._emit("linear", _bufs(a=x), (stack,), tokens=2)
 
 
 # -- swiglu_oai and attention sinks -----------------------------------------------------------
