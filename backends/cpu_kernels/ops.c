@@ -301,7 +301,7 @@ static int linear(const Op *op, const char **error) {
         c.tables |= op->mats[m].type == T_Q1_0_TILES;
         c.tq_tables |= op->mats[m].type == T_TQ_TILES;
     }
-    const int64_t spread = c.row_tiles ? c.T * codes_stride(c.K, c.T) / 2 + 1 : 0; /* floats for row tiles' codes, spread */
+    const int64_t ldx = codes_stride(c.K, c.T), spread = c.row_tiles && ldx != c.K ? c.T * ldx / 2 + 1 : 0; /* floats */
     if (scratch_reserve(c.K, spread) != 0 || reserve_acts(c.T * c.K, c.codes, c.wide, c.bytes, c.codes8, c.tables, c.tq_tables) != 0) {
         *error = "out of memory for the matrix product's buffers";
         return -1;
