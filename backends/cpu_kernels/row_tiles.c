@@ -395,8 +395,8 @@ static inline __m256i pair_dot(__m256i acc, __m256i w, const int16_t *x) {
  * codes at xq + t * K, the group's first; K here the codes' stride): isum[t] lane r is row r's. A token's sums go in
  * CHAINS(N) chains of multiply-adds, chunk c into chain c mod CHAINS, added at the end (exact
  * integers: the same sums), so that few tokens do not wait on one chain's latency. */
-#if defined(__AVX512VL__) /* 32 registers: 8 chains for 2 to 4 tokens (Zen 4, K = 2560, from L3: Q4_K at 3 tokens 86 -> 102 G/s, at 4 105 -> 113) */
-#define CHAINS(N) ((N) <= 2 ? 4 : (N) <= 4 ? 2 : 1)
+#if defined(__AVX512VL__) /* 32 registers: 8 chains for 2 tokens. (Two a token for 3-4 tokens: at K = 2560 Q4_K's 3 tokens */
+#define CHAINS(N) ((N) <= 2 ? 4 : 1) /* 91 -> 97 G/s, 4 105 -> 107; but SmolLM2's pass over 4 tokens 10.6 -> 11.4 ms) */
 #else
 #define CHAINS(N) ((N) == 1 ? 4 : (N) == 2 ? 2 : 1)
 #endif
