@@ -150,7 +150,7 @@ class CpuExperts:
     def __init__(self, matrix: CpuMatrix, n_experts: int, rows_per_expert: int, tiled: bool = False):
         self.matrix, self.n_experts, self.rows_per_expert = matrix, n_experts, rows_per_expert
         self.tiles = _pages_on_write(matrix.raw.size) if tiled else None
-        self.ready = np.zeros(n_experts, dtype=np.uint8)
+        self.ready = np.zeros(n_experts, dtype=np.uint8) if tiled else None
 
     def entry(self, bias: Any, row_tiles: int) -> tuple:
         """This stack in an experts op's tuple, with its biases (E, out) or None: its tiles,

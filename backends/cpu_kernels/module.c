@@ -575,7 +575,7 @@ static void row_tiling_task(void *vctx, int chunk, int chunks, int thread) {
     row_tile_matrix(c->type, c->raw, c->rows, c->K, t0, t1, c->tiles);
 }
 
-/* A matrix of a type on int16 codes (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4, Q4_K, Q5_K, Q6_K) regrouped into tiles of
+/* A matrix of a type on int16 codes (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4, Q4_K, Q6_K) regrouped into tiles of
  * ROW_TILE rows (row_tiles.c) by the kernels' threads (as an op runs: one at a time), as a new
  * bytes object of the same size but for the padded rows; the blocks leave the process's
  * memory, as for Q1_0. */
