@@ -151,6 +151,7 @@ class CpuExperts:
         self.matrix, self.n_experts, self.rows_per_expert = matrix, n_experts, rows_per_expert
         self.tiles = _pages_on_write(matrix.raw.size) if tiled else None
         self.ready = np.zeros(n_experts, dtype=np.uint8) if tiled else None
+        self.file_backed = _file_backed(matrix.raw)  # how the kernels let an expert's blocks go
 
     def entry(self, bias: Any, row_tiles: int) -> tuple:
         """This stack in an experts op's tuple, with its biases (E, out) or None: its tiles,
@@ -161,7 +162,7 @@ class CpuExperts:
         if self.tiles is None:
             return (m.raw, m.ggml_type, m.rows, m.cols, None, flat)
         tiled = row_tiles + m.ggml_type
-        return (self.tiles, tiled, m.rows, m.cols, None, flat, m.raw, self.ready, _file_backed(m.raw))
+        return (self.tiles, tiled, m.rows, m.cols, None, flat, m.raw, self.ready, self.file_backed)
 
 
 class CpuState:
