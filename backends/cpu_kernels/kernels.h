@@ -354,6 +354,7 @@ extern float e8m0_halves[256];         /* quants.c: half of 2^(e - 127) for each
 /* pool.c */
 /* A task's chunk `chunk` of `chunks`, run by thread `thread` (which owns scratch slot `thread`). */
 typedef void (*task_fn)(void *ctx, int chunk, int chunks, int thread);
+#define MAX_POOL_THREADS 256 /* the caller included */
 void pool_set_threads(int n);
 int pool_threads(void);
 void pool_run(task_fn fn, void *ctx);

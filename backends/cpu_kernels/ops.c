@@ -20,7 +20,7 @@ typedef struct {
     int64_t capacity;
 } Codes;
 
-static struct {
+typedef struct {
     Codes group, wide, bytes; /* int16 codes per GROUP (dot_row_tokens), per WIDE (int16 panels); 8-bit (byte panels) */
     Codes8 *q8; /* 8-bit codes, for the OWN8 types */
     int64_t capacity8;
@@ -30,7 +30,21 @@ static struct {
     uint8_t *tq_tables; /* TQ1_0 / TQ2_0's pair tables, and their groups' scales */
     float *tq_scale;
     int64_t tq_capacity;
-} acts;
+} Acts;
+
+/* Where a product's activations are quantized. A prefill's, once, by all the threads together,
+ * into `shared`; a few tokens' (LOCAL_TOKENS or fewer), by every thread for itself, into its own
+ * `local` buffers: written on one core and read on another, they cost more than quantizing
+ * them twice (Zen 4, 2 threads, one token: TQ2_0's tables, 16 bytes a column, 46 cycles a pair
+ * of columns where one core writes what the other read before, 9 where it reads them itself;
+ * a 64 x 9728 TQ2_0 product 105 -> 24 us). */
+#define LOCAL_TOKENS 4
+static Acts shared;
+static struct {
+    Acts acts;
+    int64_t serial; /* the product whose activations acts holds */
+} local[MAX_POOL_THREADS];
+static int64_t products; /* serial of the last product */
 
 /* A buffer of at least `bytes` in place of *p (its contents not kept), on a cache line: the
  * prefill kernels load whole lines of it (int16_panels.c). */
@@ -53,24 +67,24 @@ static int reserve_codes(Codes *c, int64_t elements, size_t code_bytes, int scal
     return 0;
 }
 
-static int reserve_acts(int64_t elements, int codes, int wide, int bytes, int codes8, int tables, int tq_tables) {
+static int reserve_acts(Acts *a, int64_t elements, int codes, int wide, int bytes, int codes8, int tables, int tq_tables) {
     size_t groups = (size_t)(elements / GROUP + 1);
-    if ((codes && reserve_codes(&acts.group, elements, sizeof(int16_t), 1)) ||
-        (wide && reserve_codes(&acts.wide, elements, sizeof(int16_t), 1)) || (bytes && reserve_codes(&acts.bytes, elements, 1, HALVES)))
+    if ((codes && reserve_codes(&a->group, elements, sizeof(int16_t), 1)) ||
+        (wide && reserve_codes(&a->wide, elements, sizeof(int16_t), 1)) || (bytes && reserve_codes(&a->bytes, elements, 1, HALVES)))
         return -1;
-    if (codes8 && elements > acts.capacity8) {
-        if (grow((void **)&acts.q8, sizeof(Codes8) * (size_t)(elements / BLOCK8 + 1))) return -1;
-        acts.capacity8 = elements;
+    if (codes8 && elements > a->capacity8) {
+        if (grow((void **)&a->q8, sizeof(Codes8) * (size_t)(elements / BLOCK8 + 1))) return -1;
+        a->capacity8 = elements;
     }
-    if (tables && elements > acts.table_capacity) {
-        if (grow((void **)&acts.tables, (size_t)q1_table_bytes(elements)) || grow((void **)&acts.tscale, sizeof(float) * groups))
+    if (tables && elements > a->table_capacity) {
+        if (grow((void **)&a->tables, (size_t)q1_table_bytes(elements)) || grow((void **)&a->tscale, sizeof(float) * groups))
             return -1;
-        acts.table_capacity = elements;
+        a->table_capacity = elements;
     }
-    if (tq_tables && elements > acts.tq_capacity) {
-        if (grow((void **)&acts.tq_tables, (size_t)tq_table_bytes(elements)) || grow((void **)&acts.tq_scale, sizeof(float) * groups))
+    if (tq_tables && elements > a->tq_capacity) {
+        if (grow((void **)&a->tq_tables, (size_t)tq_table_bytes(elements)) || grow((void **)&a->tq_scale, sizeof(float) * groups))
             return -1;
-        acts.tq_capacity = elements;
+        a->tq_capacity = elements;
     }
     return 0;
 }
@@ -79,11 +93,13 @@ typedef struct {
     const Op *op;
     int64_t T, K, total_rows;
     int codes, codes8, tables, tq_tables; /* which forms of the activations the matrices take */
-    int wide;          /* int16 codes with a scale per WIDE values (int16 panels), in acts.wide */
-    int bytes;         /* 8-bit codes, a scale per 16 values (byte panels), in acts.bytes */
+    int wide;          /* int16 codes with a scale per WIDE values (int16 panels), in wide */
+    int bytes;         /* 8-bit codes, a scale per 16 values (byte panels), in bytes */
     int tq_only;       /* every matrix is ternary tiles: one pass takes all the tokens (tq_tiles_product) */
     int row_tiles;     /* some matrix is in row tiles (row_tiles_product: its threads' scratch_floats) */
     int prefill;       /* FLOAT_TOKENS or more tokens: the OWN8 types take byte panels */
+    int local;         /* each thread quantizes the tokens for itself (LOCAL_TOKENS) */
+    int64_t serial;    /* this product's number */
 } LinearCtx;
 
 /* Whether a matrix of `type` takes 8-bit codes in this product (byte panels); Q4_K-Q6_K
@@ -91,29 +107,46 @@ typedef struct {
  * int16_direct_product). */
 static inline int byte_rows(const LinearCtx *c, int type) { return c->prefill && type_takes_byte_panels(type); }
 
-static void quantize_task(void *vctx, int chunk, int chunks, int thread) {
-    const LinearCtx *c = vctx;
-    int64_t lo, hi, K = c->K, G = K / GROUP;
-    split_range(c->T, chunk, chunks, &lo, &hi);
+/* Tokens lo .. hi - 1 of the product's activations, in each form its matrices take, into a. */
+static void quantize_tokens(const LinearCtx *c, Acts *a, int64_t lo, int64_t hi) {
+    const int64_t K = c->K, G = K / GROUP;
     for (int64_t t = lo; t < hi; t++) {
         const float *x = c->op->a + t * K;
-        if (c->codes) quantize_row(x, K, GROUP, (int16_t *)acts.group.q + t * K, acts.group.d + t * G, acts.group.xsum + t * G,
-                                   acts.group.xhalf + t * HALVES * G);
-        if (c->wide) quantize_row(x, K, WIDE, (int16_t *)acts.wide.q + t * K, acts.wide.d + t * (K / WIDE), acts.wide.xsum + t * G,
-                                  acts.wide.xhalf + t * HALVES * G);
-        if (c->bytes) quantize_row_bytes(x, K, (uint8_t *)acts.bytes.q + t * K, acts.bytes.d + t * (K / 16),
-                                         acts.bytes.xsum + t * G, acts.bytes.xhalf + t * HALVES * G);
-        if (c->codes8) quantize_row8(x, K, acts.q8 + t * (K / BLOCK8));
-        if (c->tables) q1_tables(x, K, acts.tables + t * q1_table_bytes(K), acts.tscale + t * G);
-        if (c->tq_tables) tq_tables(x, K, acts.tq_tables + t * tq_table_bytes(K), acts.tq_scale + t * G);
+        if (c->codes) quantize_row(x, K, GROUP, (int16_t *)a->group.q + t * K, a->group.d + t * G, a->group.xsum + t * G,
+                                   a->group.xhalf + t * HALVES * G);
+        if (c->wide) quantize_row(x, K, WIDE, (int16_t *)a->wide.q + t * K, a->wide.d + t * (K / WIDE), a->wide.xsum + t * G,
+                                  a->wide.xhalf + t * HALVES * G);
+        if (c->bytes) quantize_row_bytes(x, K, (uint8_t *)a->bytes.q + t * K, a->bytes.d + t * (K / 16),
+                                         a->bytes.xsum + t * G, a->bytes.xhalf + t * HALVES * G);
+        if (c->codes8) quantize_row8(x, K, a->q8 + t * (K / BLOCK8));
+        if (c->tables) q1_tables(x, K, a->tables + t * q1_table_bytes(K), a->tscale + t * G);
+        if (c->tq_tables) tq_tables(x, K, a->tq_tables + t * tq_table_bytes(K), a->tq_scale + t * G);
     }
 }
 
+static void quantize_task(void *vctx, int chunk, int chunks, int thread) {
+    const LinearCtx *c = vctx;
+    int64_t lo, hi;
+    split_range(c->T, chunk, chunks, &lo, &hi);
+    quantize_tokens(c, &shared, lo, hi);
+}
+
+/* The activations a thread's part of the product reads: its own, quantized at its first chunk,
+ * or the shared ones. */
+static const Acts *thread_acts(const LinearCtx *c, int thread) {
+    if (!c->local) return &shared;
+    if (local[thread].serial != c->serial) {
+        quantize_tokens(c, &local[thread].acts, 0, c->T);
+        local[thread].serial = c->serial;
+    }
+    return &local[thread].acts;
+}
+
 /* The tiles of a Q1_0 matrix whose first row lies in [r0, r1), times tokens t0 .. t1 - 1. */
-static void tiles_product(const Matrix *w, int64_t K, int64_t r0, int64_t r1, int64_t t0, int64_t t1, float *out) {
+static void tiles_product(const Acts *a, const Matrix *w, int64_t K, int64_t r0, int64_t r1, int64_t t0, int64_t t1, float *out) {
     for (int64_t tile = (r0 + Q1_TILE - 1) / Q1_TILE; tile * Q1_TILE < r1; tile++)
         for (int64_t t = t0; t < t1; t++)
-            q1_tile_rows(w->data, w->rows, K, tile, acts.tables + t * q1_table_bytes(K), acts.tscale + t * (K / GROUP),
+            q1_tile_rows(w->data, w->rows, K, tile, a->tables + t * q1_table_bytes(K), a->tscale + t * (K / GROUP),
                          out + t * w->rows);
 }
 
@@ -123,7 +156,7 @@ static void tiles_product(const Matrix *w, int64_t K, int64_t r0, int64_t r1, in
  * tables stay in the core's L2, where tile after tile over all the tokens would stream every
  * token's tables (16 bytes a column) once per tile. */
 #define TQ_RUN_BYTES 524288
-static void tq_tiles_product(const Matrix *w, int64_t K, int64_t r0, int64_t r1, int64_t t0, int64_t t1, float *out) {
+static void tq_tiles_product(const Acts *a, const Matrix *w, int64_t K, int64_t r0, int64_t r1, int64_t t0, int64_t t1, float *out) {
     const uint8_t *tables[TQ_TOKENS];
     const float *scales[TQ_TOKENS];
     float *outs[TQ_TOKENS];
@@ -134,8 +167,8 @@ static void tq_tiles_product(const Matrix *w, int64_t K, int64_t r0, int64_t r1,
         for (int64_t t = t0; t < t1; t += TQ_TOKENS) {
             int n = t1 - t < TQ_TOKENS ? (int)(t1 - t) : TQ_TOKENS;
             for (int j = 0; j < n; j++) {
-                tables[j] = acts.tq_tables + (t + j) * tq_table_bytes(K);
-                scales[j] = acts.tq_scale + (t + j) * (K / GROUP);
+                tables[j] = a->tq_tables + (t + j) * tq_table_bytes(K);
+                scales[j] = a->tq_scale + (t + j) * (K / GROUP);
                 outs[j] = out + (t + j) * w->rows;
             }
             for (int64_t tile = from; tile < end && tile < from + run; tile++)
@@ -172,9 +205,9 @@ static void tile_runs(int type, const uint8_t *tiles, int64_t rows, int64_t K, i
         }
 }
 
-static void row_tiles_product(const Matrix *w, int64_t K, int64_t r0, int64_t r1, int64_t T, float *out, int thread) {
+static void row_tiles_product(const Acts *a, const Matrix *w, int64_t K, int64_t r0, int64_t r1, int64_t T, float *out, int thread) {
     const int type = row_tiles_of(w->type);
-    const Codes *codes = row_tile_span(type) == WIDE ? &acts.wide : &acts.group;
+    const Codes *codes = row_tile_span(type) == WIDE ? &a->wide : &a->group;
     const int64_t first = (r0 + ROW_TILE - 1) / ROW_TILE, end = (r1 + ROW_TILE - 1) / ROW_TILE, ldx = codes_stride(K, T);
     const int16_t *xq = (const int16_t *)codes->q;
     if (first >= end) return;
@@ -247,6 +280,7 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
     int64_t lo, hi, K = c->K, G = K / GROUP;
     split_range(c->total_rows, chunk, chunks, &lo, &hi);
     RowBuffer *buf = scratch_row(thread);
+    const Acts *a = thread_acts(c, thread);
     /* tokens per pass of the matrices not dequantized (Q1_0 and ternary tiles, float rows, codes):
      * in prefill, as many as keep their activations in a core's L2 */
     int64_t tile = c->tq_only ? c->T : c->prefill ? prefill_tile(K) : TOKEN_TILE;
@@ -257,22 +291,22 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
             const Matrix *w = &op->mats[m];
             int64_t r0 = lo > base ? lo - base : 0, r1 = hi - base < w->rows ? hi - base : w->rows;
             if (w->type == T_Q1_0_TILES) {
-                tiles_product(w, K, r0, r1, t0, t1, op->outs[m]);
+                tiles_product(a, w, K, r0, r1, t0, t1, op->outs[m]);
             } else if (row_tiles_of(w->type) >= 0) { /* all the tokens at once */
-                if (t0 == 0) row_tiles_product(w, K, r0, r1, c->T, op->outs[m], thread);
+                if (t0 == 0) row_tiles_product(a, w, K, r0, r1, c->T, op->outs[m], thread);
             } else if (w->type == T_TQ_TILES) {
-                tq_tiles_product(w, K, r0, r1, t0, t1, op->outs[m]);
+                tq_tiles_product(a, w, K, r0, r1, t0, t1, op->outs[m]);
             } else if (byte_rows(c, w->type) || type_decodes_int16(w->type)) { /* all the tokens at once, in tiles */
                 int bytes = byte_rows(c, w->type);
-                if (t0 == 0) panels(w, K, r0, r1, c->T, bytes, bytes ? &acts.bytes : &acts.wide, buf, op->outs[m], w->rows);
+                if (t0 == 0) panels(w, K, r0, r1, c->T, bytes, bytes ? &a->bytes : &a->wide, buf, op->outs[m], w->rows);
             } else if (type_takes_codes(w->type)) { /* each row read once, no row buffer (the backend gives the
                                                       * CODES types in row tiles: rows as the file has them, these) */
                 for (int64_t r = r0; r < r1; r++) {
                     const uint8_t *row = w->data + r * w->row_bytes;
                     for (int64_t t = t0; t < t1; t += ROW_TOKENS) {
                         int n = t1 - t < ROW_TOKENS ? (int)(t1 - t) : ROW_TOKENS;
-                        dot_row_tokens(w->type, row, K, (int16_t *)acts.group.q + t * K, acts.group.d + t * G, acts.group.xsum + t * G,
-                                       acts.group.xhalf + t * HALVES * G, acts.q8 + t * (K / BLOCK8), buf->min, n,
+                        dot_row_tokens(w->type, row, K, (int16_t *)a->group.q + t * K, a->group.d + t * G, a->group.xsum + t * G,
+                                       a->group.xhalf + t * HALVES * G, a->q8 + t * (K / BLOCK8), buf->min, n,
                                        op->outs[m] + t * w->rows + r, w->rows);
                     }
                 }
@@ -301,12 +335,19 @@ static int linear(const Op *op, const char **error) {
         c.tables |= op->mats[m].type == T_Q1_0_TILES;
         c.tq_tables |= op->mats[m].type == T_TQ_TILES;
     }
+    const int quantized = c.codes || c.codes8 || c.wide || c.bytes || c.tables || c.tq_tables;
+    c.local = quantized && c.T <= LOCAL_TOKENS && pool_threads() > 1;
+    c.serial = ++products;
     const int64_t ldx = codes_stride(c.K, c.T), spread = c.row_tiles && ldx != c.K ? c.T * ldx / 2 + 1 : 0; /* floats */
-    if (scratch_reserve(c.K, spread) != 0 || reserve_acts(c.T * c.K, c.codes, c.wide, c.bytes, c.codes8, c.tables, c.tq_tables) != 0) {
+    int failed = scratch_reserve(c.K, spread) != 0;
+    for (int i = 0; i < (c.local ? pool_threads() : 1) && !failed; i++)
+        failed = reserve_acts(c.local ? &local[i].acts : &shared, c.T * c.K, c.codes, c.wide, c.bytes, c.codes8, c.tables,
+                              c.tq_tables) != 0;
+    if (failed) {
         *error = "out of memory for the matrix product's buffers";
         return -1;
     }
-    if (c.codes || c.codes8 || c.wide || c.bytes || c.tables || c.tq_tables) {
+    if (quantized && !c.local) {
         if (c.T > 1) pool_run(quantize_task, &c);
         else quantize_task(&c, 0, 1, 0);
     }
@@ -782,16 +823,16 @@ static void gather_task(void *vctx, int chunk, int chunks, int thread) {
     for (int64_t i = lo; i < hi; i++) {
         int64_t t = moe.token[i];
         if (moe.xq) {
-            memcpy(moe.xq + i * D, (int16_t *)acts.group.q + t * D, sizeof(int16_t) * (size_t)D);
-            memcpy(moe.xd + i * G, acts.group.d + t * G, sizeof(float) * (size_t)G);
-            memcpy(moe.xs + i * G, acts.group.xsum + t * G, sizeof(float) * (size_t)G);
-            memcpy(moe.xh + i * HALVES * G, acts.group.xhalf + t * HALVES * G, sizeof(float) * (size_t)(HALVES * G));
+            memcpy(moe.xq + i * D, (int16_t *)shared.group.q + t * D, sizeof(int16_t) * (size_t)D);
+            memcpy(moe.xd + i * G, shared.group.d + t * G, sizeof(float) * (size_t)G);
+            memcpy(moe.xs + i * G, shared.group.xsum + t * G, sizeof(float) * (size_t)G);
+            memcpy(moe.xh + i * HALVES * G, shared.group.xhalf + t * HALVES * G, sizeof(float) * (size_t)(HALVES * G));
         }
-        if (moe.x8) memcpy(moe.x8 + i * (D / BLOCK8), acts.q8 + t * (D / BLOCK8), sizeof(Codes8) * (size_t)(D / BLOCK8));
+        if (moe.x8) memcpy(moe.x8 + i * (D / BLOCK8), shared.q8 + t * (D / BLOCK8), sizeof(Codes8) * (size_t)(D / BLOCK8));
         if (c->wide) {
-            memcpy((int16_t *)moe.xw.q + i * D, (int16_t *)acts.wide.q + t * D, sizeof(int16_t) * (size_t)D);
-            memcpy(moe.xw.d + i * (D / WIDE), acts.wide.d + t * (D / WIDE), sizeof(float) * (size_t)(D / WIDE));
-            memcpy(moe.xw.xsum + i * G, acts.wide.xsum + t * G, sizeof(float) * (size_t)G);
+            memcpy((int16_t *)moe.xw.q + i * D, (int16_t *)shared.wide.q + t * D, sizeof(int16_t) * (size_t)D);
+            memcpy(moe.xw.d + i * (D / WIDE), shared.wide.d + t * (D / WIDE), sizeof(float) * (size_t)(D / WIDE));
+            memcpy(moe.xw.xsum + i * G, shared.wide.xsum + t * G, sizeof(float) * (size_t)G);
         }
         if (moe.xf) memcpy(moe.xf + i * D, c->op->a + t * D, sizeof(float) * (size_t)D);
     }
@@ -907,7 +948,7 @@ static int experts(const Op *op, const char **error) {
         goto out_of_memory;
     if (type_takes_codes8(t2) && moe_grow(20, (void **)&moe.h8, sizeof(Codes8) * (size_t)(rows * (F / BLOCK8) + 1)))
         goto out_of_memory;
-    if (scratch_reserve(D > F ? D : F, 0) != 0 || reserve_acts(T * D, codes, c.wide, 0, codes8, 0, 0) != 0) goto out_of_memory;
+    if (scratch_reserve(D > F ? D : F, 0) != 0 || reserve_acts(&shared, T * D, codes, c.wide, 0, codes8, 0, 0) != 0) goto out_of_memory;
     /* x quantized once per token, then gathered */
     LinearCtx q = {.op = op, .T = T, .K = D, .codes = codes, .codes8 = codes8, .wide = c.wide};
     if (codes || codes8 || c.wide) {

@@ -13,7 +13,6 @@
 
 #include "kernels.h"
 
-#define MAX_THREADS 256
 #define SPIN_NS 2000000L /* 2 ms */
 #define CHUNKS_PER_THREAD 4
 
@@ -30,7 +29,7 @@ static struct {
     int chunks;
     int n;       /* threads taking part, the caller included */
     int started; /* workers running */
-    pthread_t workers[MAX_THREADS];
+    pthread_t workers[MAX_POOL_THREADS];
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, NULL, NULL, 0, 1, 0, {0}};
 
 static inline void cpu_relax(void) {
@@ -93,7 +92,7 @@ static void stop_workers(void) {
 
 void pool_set_threads(int n) {
     if (n < 1) n = 1;
-    if (n > MAX_THREADS - 1) n = MAX_THREADS - 1;
+    if (n > MAX_POOL_THREADS - 1) n = MAX_POOL_THREADS - 1;
     if (n == pool.n && pool.started == n - 1) return;
     stop_workers();
     pool.n = 1;

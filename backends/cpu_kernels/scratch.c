@@ -4,12 +4,10 @@
 
 #include "kernels.h"
 
-#define MAX_SLOTS 256
-
 static struct {
     RowBuffer row;
     float *floats;
-} slots[MAX_SLOTS];
+} slots[MAX_POOL_THREADS];
 static int64_t reserved_cols, reserved_floats;
 static int reserved_threads;
 
@@ -27,7 +25,7 @@ int scratch_reserve(int64_t cols, int64_t floats) {
     if (cols <= reserved_cols && floats <= reserved_floats && n <= reserved_threads) return 0;
     if (cols < reserved_cols) cols = reserved_cols;
     if (floats < reserved_floats) floats = reserved_floats;
-    for (int i = 0; i < n && i < MAX_SLOTS; i++) {
+    for (int i = 0; i < n && i < MAX_POOL_THREADS; i++) {
         RowBuffer *r = &slots[i].row;
         void *q = grow(r->q, (size_t)cols), *s = grow(r->scale, sizeof(float) * (size_t)(cols / GROUP * HALVES)),
              *m = grow(r->min, sizeof(float) * (size_t)(cols / GROUP * HALVES)), *f = grow(r->f, sizeof(float) * (size_t)float_panel_floats(cols)),
