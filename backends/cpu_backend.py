@@ -53,8 +53,8 @@ _ROUTING_ORDERS = {"softmax_top_k": 0, "top_k_softmax": 1}
 _Q8_0 = GGMLQuantizationType.Q8_0
 # the types multiplied from tiles of 32 rows by table lookup (cpu_kernels/q1_tiles.c, tq_tiles.c)
 _TILED_TYPES = frozenset({GGMLQuantizationType.Q1_0, GGMLQuantizationType.TQ1_0, GGMLQuantizationType.TQ2_0})
-# the types on int16 codes (the 32-weight ones, Q4_K and Q6_K), multiplied from tiles of 8 rows
-# with a row per vector lane (cpu_kernels/row_tiles.c: row_tiled_type)
+# the types multiplied from tiles of 8 rows with a row per vector lane (cpu_kernels/row_tiles.c:
+# row_tiled_type): on int16 activation codes the 32-weight ones, Q4_K and Q6_K; on 8-bit ones Q2_K
 _ROW_TILED_TYPES = frozenset(
     {
         GGMLQuantizationType.Q4_0,
@@ -66,6 +66,7 @@ _ROW_TILED_TYPES = frozenset(
         GGMLQuantizationType.MXFP4,
         GGMLQuantizationType.Q4_K,
         GGMLQuantizationType.Q6_K,
+        GGMLQuantizationType.Q2_K,
     }
 )
 _KV_CODES = {"f32": 0, "f16": 1, "q8_0": 2}  # the KV types' codes in the kernels (ops.h: KV_F32, ...)

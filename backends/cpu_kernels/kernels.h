@@ -271,14 +271,16 @@ void dequantize_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf, 
 /* codes q with a scale d per `span` values (GROUP, or WIDE for int16 panels); per group of 32
  * the sum xsum of its values as the codes give them, per half group xhalf */
 void quantize_row(const float *x, int64_t K, int span, int16_t *q, float *d, float *xsum, float *xhalf);
-void quantize_row8(const float *x, int64_t K, Codes8 *out); /* K a multiple of BLOCK8 */
+/* Codes8 blocks of a row of K values (K a multiple of GROUP; the last block's groups past K unused) */
+static inline int64_t codes8_blocks(int64_t K) { return (K + BLOCK8 - 1) / BLOCK8; }
+void quantize_row8(const float *x, int64_t K, Codes8 *out); /* codes8_blocks(K) blocks */
 /* codes8_dots.c: an OWN8 type's block of 256 as unpack_row gives it: codes, scales per half group, mins */
 void codes8_block(int type, const uint8_t *b, int8_t *c, float *scale, float *min);
 #define ROW_TOKENS 4 /* tokens one pass over a packed row serves (dot_row_tokens) */
 /* n (1 .. ROW_TOKENS) tokens times one packed row: out[k * stride] for token k, whose codes
  * start at xq + k * K, group scales and sums at xd + k * K / GROUP, xs + k * K / GROUP and
  * half-group sums at xh + k * HALVES * K / GROUP, its 8-bit codes (OWN8 types) at
- * x8 + k * K / BLOCK8; `mins` is scratch of HALVES * K / GROUP */
+ * x8 + k * codes8_blocks(K); `mins` is scratch of HALVES * K / GROUP */
 void dot_row_tokens(int type, const uint8_t *row, int64_t K, const int16_t *xq, const float *xd, const float *xs,
                     const float *xh, const Codes8 *x8, float *mins, int n, float *out, int64_t stride);
 void dot_tokens(const RowBuffer *w, const float *x, int64_t K, int64_t t0, int64_t t1, float *out, int64_t stride);
@@ -338,16 +340,18 @@ void tq_tile_rows(const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, c
 #define ROW_TILE_TOKENS 4
 #endif
 int row_tiled_type(int type); /* whether matrices of `type` are multiplied from row tiles */
-int row_tile_span(int type);  /* values per activation scale its product takes: GROUP, or WIDE for Q4_K, Q6_K */
+int row_tile_span(int type);  /* values per activation scale its int16 codes take: GROUP, or WIDE for Q6_K */
+int row_tile_codes8(int type); /* whether its product takes 8-bit codes (Codes8) instead: Q4_K */
 int64_t row_tiled_bytes(int type, int64_t rows, int64_t K);
 /* tiles t0 .. t1 - 1 of a matrix's row tiles (tiles: the whole matrix's) */
 void row_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, int64_t t0, int64_t t1, uint8_t *tiles);
 void row_tile_row(int type, const uint8_t *tiles, int64_t K, int64_t row, uint8_t *out); /* row `row` as the file has it */
 /* rows of tile `tile` of a matrix of `type` in row tiles times n (1 .. ROW_TILE_TOKENS) tokens:
  * token j's int16 codes at xq + j * ldx, its scales at xd + j * K / row_tile_span(type), its
- * group sums at xs + j * K / GROUP, its results at out[j * stride + row] */
+ * group sums at xs + j * K / GROUP (or, where row_tile_codes8, its 8-bit codes at
+ * x8 + j * codes8_blocks(K)), its results at out[j * stride + row] */
 void row_tile_rows(int type, const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, const int16_t *xq, int64_t ldx,
-                   const float *xd, const float *xs, int n, float *out, int64_t stride);
+                   const float *xd, const float *xs, const Codes8 *x8, int n, float *out, int64_t stride);
 extern const int8_t kvalues_mxfp4[16]; /* quants.c: MXFP4's codes, twice their E2M1 values */
 extern float e8m0_halves[256];         /* quants.c: half of 2^(e - 127) for each E8M0 byte e */
 

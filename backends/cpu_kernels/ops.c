@@ -23,7 +23,7 @@ typedef struct {
 typedef struct {
     Codes group, wide, bytes; /* int16 codes per GROUP (dot_row_tokens), per WIDE (int16 panels); 8-bit (byte panels) */
     Codes8 *q8; /* 8-bit codes, for the OWN8 types */
-    int64_t capacity8;
+    int64_t capacity8; /* Codes8 blocks */
     uint8_t *tables; /* Q1_0's lookup tables, and their groups' scales */
     float *tscale;
     int64_t table_capacity;
@@ -67,14 +67,16 @@ static int reserve_codes(Codes *c, int64_t elements, size_t code_bytes, int scal
     return 0;
 }
 
-static int reserve_acts(Acts *a, int64_t elements, int codes, int wide, int bytes, int codes8, int tables, int tq_tables) {
+/* The buffers of T tokens of K activations, in the forms asked for */
+static int reserve_acts(Acts *a, int64_t T, int64_t K, int codes, int wide, int bytes, int codes8, int tables, int tq_tables) {
+    const int64_t elements = T * K, blocks8 = T * codes8_blocks(K);
     size_t groups = (size_t)(elements / GROUP + 1);
     if ((codes && reserve_codes(&a->group, elements, sizeof(int16_t), 1)) ||
         (wide && reserve_codes(&a->wide, elements, sizeof(int16_t), 1)) || (bytes && reserve_codes(&a->bytes, elements, 1, HALVES)))
         return -1;
-    if (codes8 && elements > a->capacity8) {
-        if (grow((void **)&a->q8, sizeof(Codes8) * (size_t)(elements / BLOCK8 + 1))) return -1;
-        a->capacity8 = elements;
+    if (codes8 && blocks8 > a->capacity8) {
+        if (grow((void **)&a->q8, sizeof(Codes8) * (size_t)blocks8)) return -1;
+        a->capacity8 = blocks8;
     }
     if (tables && elements > a->table_capacity) {
         if (grow((void **)&a->tables, (size_t)q1_table_bytes(elements)) || grow((void **)&a->tscale, sizeof(float) * groups))
@@ -96,7 +98,7 @@ typedef struct {
     int wide;          /* int16 codes with a scale per WIDE values (int16 panels), in wide */
     int bytes;         /* 8-bit codes, a scale per 16 values (byte panels), in bytes */
     int tq_only;       /* every matrix is ternary tiles: one pass takes all the tokens (tq_tiles_product) */
-    int row_tiles;     /* some matrix is in row tiles (row_tiles_product: its threads' scratch_floats) */
+    int row_tiles;     /* some matrix is in row tiles on int16 codes (row_tiles_product: its threads' scratch_floats) */
     int prefill;       /* FLOAT_TOKENS or more tokens: the OWN8 types take byte panels */
     int local;         /* each thread quantizes the tokens for itself (LOCAL_TOKENS) */
     int64_t serial;    /* this product's number */
@@ -118,7 +120,7 @@ static void quantize_tokens(const LinearCtx *c, Acts *a, int64_t lo, int64_t hi)
                                   a->wide.xhalf + t * HALVES * G);
         if (c->bytes) quantize_row_bytes(x, K, (uint8_t *)a->bytes.q + t * K, a->bytes.d + t * (K / 16),
                                          a->bytes.xsum + t * G, a->bytes.xhalf + t * HALVES * G);
-        if (c->codes8) quantize_row8(x, K, a->q8 + t * (K / BLOCK8));
+        if (c->codes8) quantize_row8(x, K, a->q8 + t * codes8_blocks(K));
         if (c->tables) q1_tables(x, K, a->tables + t * q1_table_bytes(K), a->tscale + t * G);
         if (c->tq_tables) tq_tables(x, K, a->tq_tables + t * tq_table_bytes(K), a->tq_scale + t * G);
     }
@@ -181,27 +183,32 @@ static void tq_tiles_product(const Acts *a, const Matrix *w, int64_t K, int64_t 
  * ROW_RUN_BYTES, each run (in the core's L2) multiplied with every group of tokens before the
  * next. */
 #define ROW_RUN_BYTES 262144
-/* Tokens' codes whose rows lie a multiple of 4 KB apart fall in the same sets of L1, where a
- * pass over a tile reads several tokens' at once (Zen 4, 64 tokens: Q4_K at K = 2048 113 G/s,
- * at K = 2304 129, 2560 140; K = 4096 113, 3840 142): a thread copies them CODES_PAD values
- * further apart first (codes_stride), into its scratch_floats. */
+/* Tokens' int16 codes whose rows lie a multiple of 4 KB apart fall in the same sets of L1, where a
+ * pass over a tile reads several tokens' at once (Zen 4, 64 tokens, Q4_K when it took int16
+ * codes: at K = 2048 113 G/s, at K = 2304 129, 2560 140; K = 4096 113, 3840 142): a thread
+ * copies them CODES_PAD values further apart first (codes_stride), into its scratch_floats. */
 #define CODES_PAD 32
 static inline int64_t codes_stride(int64_t K, int64_t T) {
     return T > 1 && K * (int64_t)sizeof(int16_t) % 4096 == 0 ? K + CODES_PAD : K;
 }
 
 /* Tiles first .. end - 1 of a matrix of `type` in row tiles (`rows` rows) times T tokens (codes
- * at xq, ldx apart; scales and group sums at xd, xs), into out[t * stride + r], in runs */
+ * at xq, ldx apart; scales and group sums at xd, xs; or 8-bit codes at x8, where the type takes
+ * them), into out[t * stride + r], in runs */
 static void tile_runs(int type, const uint8_t *tiles, int64_t rows, int64_t K, int64_t first, int64_t end, int64_t T,
-                      const int16_t *xq, int64_t ldx, const float *xd, const float *xs, float *out, int64_t stride) {
-    const int64_t G = K / GROUP, S = K / row_tile_span(type);
+                      const int16_t *xq, int64_t ldx, const float *xd, const float *xs, const Codes8 *x8, float *out,
+                      int64_t stride) {
+    const int64_t G = K / GROUP, S = K / row_tile_span(type), B8 = codes8_blocks(K);
+    const int codes8 = row_tile_codes8(type);
     int64_t run = ROW_RUN_BYTES / row_tiled_bytes(type, ROW_TILE, K);
     if (run < 1) run = 1;
     for (int64_t from = first; from < end; from += run)
         for (int64_t t = 0; t < T; t += ROW_TILE_TOKENS) {
             const int n = T - t < ROW_TILE_TOKENS ? (int)(T - t) : ROW_TILE_TOKENS;
             for (int64_t tile = from; tile < end && tile < from + run; tile++)
-                row_tile_rows(type, tiles, rows, K, tile, xq + t * ldx, ldx, xd + t * S, xs + t * G, n, out + t * stride, stride);
+                if (codes8) row_tile_rows(type, tiles, rows, K, tile, NULL, 0, NULL, NULL, x8 + t * B8, n, out + t * stride, stride);
+                else row_tile_rows(type, tiles, rows, K, tile, xq + t * ldx, ldx, xd + t * S, xs + t * G, NULL, n, out + t * stride,
+                                   stride);
         }
 }
 
@@ -211,12 +218,16 @@ static void row_tiles_product(const Acts *a, const Matrix *w, int64_t K, int64_t
     const int64_t first = (r0 + ROW_TILE - 1) / ROW_TILE, end = (r1 + ROW_TILE - 1) / ROW_TILE, ldx = codes_stride(K, T);
     const int16_t *xq = (const int16_t *)codes->q;
     if (first >= end) return;
+    if (row_tile_codes8(type)) {
+        tile_runs(type, w->data, w->rows, K, first, end, T, NULL, 0, NULL, NULL, a->q8, out, w->rows);
+        return;
+    }
     if (ldx != K) {
         int16_t *spread = (int16_t *)scratch_floats(thread);
         for (int64_t t = 0; t < T; t++) memcpy(spread + t * ldx, xq + t * K, sizeof(int16_t) * (size_t)K);
         xq = spread;
     }
-    tile_runs(type, w->data, w->rows, K, first, end, T, xq, ldx, codes->d, codes->xsum, out, w->rows);
+    tile_runs(type, w->data, w->rows, K, first, end, T, xq, ldx, codes->d, codes->xsum, NULL, out, w->rows);
 }
 
 /* Tokens of K float activations taken together in a prefill: FLOAT_TILE_BYTES of them (a
@@ -306,7 +317,7 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
                     for (int64_t t = t0; t < t1; t += ROW_TOKENS) {
                         int n = t1 - t < ROW_TOKENS ? (int)(t1 - t) : ROW_TOKENS;
                         dot_row_tokens(w->type, row, K, (int16_t *)a->group.q + t * K, a->group.d + t * G, a->group.xsum + t * G,
-                                       a->group.xhalf + t * HALVES * G, a->q8 + t * (K / BLOCK8), buf->min, n,
+                                       a->group.xhalf + t * HALVES * G, a->q8 + t * codes8_blocks(K), buf->min, n,
                                        op->outs[m] + t * w->rows + r, w->rows);
                     }
                 }
@@ -320,17 +331,26 @@ static void linear_task(void *vctx, int chunk, int chunks, int thread) {
     }
 }
 
+/* The span of a matrix's int16 activation codes where it is in row tiles on them (row_tile_span),
+ * else 0 */
+static inline int tiled_span(int type) {
+    const int tiled = row_tiles_of(type);
+    return tiled >= 0 && !row_tile_codes8(tiled) ? row_tile_span(tiled) : 0;
+}
+/* Whether a matrix is in row tiles on 8-bit codes (row_tile_codes8) */
+static inline int tiled8(int type) { return row_tiles_of(type) >= 0 && row_tile_codes8(row_tiles_of(type)); }
+
 static int linear(const Op *op, const char **error) {
     LinearCtx c = {.op = op, .T = op->ints.linear.tokens, .K = op->mats[0].cols,
                    .prefill = op->ints.linear.tokens >= FLOAT_TOKENS, .tq_only = 1};
     for (int m = 0; m < op->n_mats; m++) {
         c.tq_only &= op->mats[m].type == T_TQ_TILES;
         c.total_rows += op->mats[m].rows;
-        const int tiled = row_tiles_of(op->mats[m].type);
-        c.row_tiles |= tiled >= 0;
-        c.codes |= type_takes_codes16(op->mats[m].type) || (tiled >= 0 && row_tile_span(tiled) == GROUP);
-        c.codes8 |= type_takes_codes8(op->mats[m].type) && !c.prefill;
-        c.wide |= type_decodes_int16(op->mats[m].type) || (tiled >= 0 && row_tile_span(tiled) == WIDE);
+        const int span = tiled_span(op->mats[m].type);
+        c.row_tiles |= span != 0;
+        c.codes |= type_takes_codes16(op->mats[m].type) || span == GROUP;
+        c.codes8 |= (type_takes_codes8(op->mats[m].type) && !c.prefill) || tiled8(op->mats[m].type);
+        c.wide |= type_decodes_int16(op->mats[m].type) || span == WIDE;
         c.bytes |= byte_rows(&c, op->mats[m].type);
         c.tables |= op->mats[m].type == T_Q1_0_TILES;
         c.tq_tables |= op->mats[m].type == T_TQ_TILES;
@@ -341,7 +361,7 @@ static int linear(const Op *op, const char **error) {
     const int64_t ldx = codes_stride(c.K, c.T), spread = c.row_tiles && ldx != c.K ? c.T * ldx / 2 + 1 : 0; /* floats */
     int failed = scratch_reserve(c.K, spread) != 0;
     for (int i = 0; i < (c.local ? pool_threads() : 1) && !failed; i++)
-        failed = reserve_acts(c.local ? &local[i].acts : &shared, c.T * c.K, c.codes, c.wide, c.bytes, c.codes8, c.tables,
+        failed = reserve_acts(c.local ? &local[i].acts : &shared, c.T, c.K, c.codes, c.wide, c.bytes, c.codes8, c.tables,
                               c.tq_tables) != 0;
     if (failed) {
         *error = "out of memory for the matrix product's buffers";
@@ -673,8 +693,6 @@ static struct {
 } moe;
 static int64_t moe_capacity[22];
 
-/* The span of a stack's activation codes where it is in row tiles (row_tile_span), else 0 */
-static inline int tiled_span(int type) { return row_tiles_of(type) >= 0 ? row_tile_span(row_tiles_of(type)) : 0; }
 
 static int moe_grow(int i, void **p, size_t bytes) {
     if ((int64_t)bytes <= moe_capacity[i]) return 0;
@@ -698,12 +716,16 @@ static void expert_rows(const Matrix *w, int64_t e, int64_t R, int64_t r0, int64
     int64_t K = w->cols, G = K / GROUP;
     const uint8_t *base = w->data + (size_t)(e * R) * w->row_bytes;
     out += s * R;
-    if (tiled_span(w->type)) { /* rows r0 .. r1 - 1: whole tiles (chunk_rows) */
+    if (tiled8(w->type)) { /* rows r0 .. r1 - 1: whole tiles (chunk_rows) */
+        const int type = row_tiles_of(w->type);
+        tile_runs(type, w->data + e * row_tiled_bytes(type, R, K), R, K, r0 / ROW_TILE, (r1 + ROW_TILE - 1) / ROW_TILE, n,
+                  NULL, 0, NULL, NULL, x8 + s * codes8_blocks(K), out, R);
+    } else if (tiled_span(w->type)) {
         const int type = row_tiles_of(w->type), wide = row_tile_span(type) == WIDE;
         const int16_t *q = wide ? (const int16_t *)xw->q : xq;
         const float *d = wide ? xw->d : xd, *sums = wide ? xw->xsum : xs;
         tile_runs(type, w->data + e * row_tiled_bytes(type, R, K), R, K, r0 / ROW_TILE, (r1 + ROW_TILE - 1) / ROW_TILE, n,
-                  q + s * K, K, d + s * (K / row_tile_span(type)), sums + s * G, out, R);
+                  q + s * K, K, d + s * (K / row_tile_span(type)), sums + s * G, NULL, out, R);
     } else if (type_decodes_int16(w->type)) {
         const Matrix expert = {base, w->type, R, K, w->row_bytes};
         const Codes codes = {(int16_t *)xw->q + s * K, xw->d + s * (K / WIDE), xw->xsum + s * G, NULL, 0};
@@ -721,7 +743,7 @@ static void expert_rows(const Matrix *w, int64_t e, int64_t R, int64_t r0, int64
             for (int64_t t = 0; t < n; t += ROW_TOKENS) {
                 int m = n - t < ROW_TOKENS ? (int)(n - t) : ROW_TOKENS;
                 dot_row_tokens(w->type, row, K, xq + (s + t) * K, xd + (s + t) * G, xs + (s + t) * G,
-                               xh + (s + t) * HALVES * G, x8 + (s + t) * (K / BLOCK8), buf->min, m, out + t * R + r, R);
+                               xh + (s + t) * HALVES * G, x8 + (s + t) * codes8_blocks(K), buf->min, m, out + t * R + r, R);
             }
         }
     }
@@ -776,7 +798,7 @@ static void activation_task(void *vctx, int chunk, int chunks, int thread) {
     const Op *op = c->op;
     int64_t lo, hi, F = c->F, G = F / GROUP;
     split_range(c->rows, chunk, chunks, &lo, &hi);
-    const int t2 = op->mats[2].type, codes8 = type_takes_codes8(t2), codes = type_takes_codes16(t2);
+    const int t2 = op->mats[2].type, codes8 = type_takes_codes8(t2), codes = type_takes_codes16(t2), tiled_codes8 = tiled8(t2);
     const int tiled = tiled_span(t2) == GROUP, wide = type_decodes_int16(t2) || tiled_span(t2) == WIDE;
     for (int64_t i = lo; i < hi; i++) {
         int64_t e = (int64_t)op->b[moe.token[i] * 2 * c->k + moe.token[c->rows + i]]; /* its expert */
@@ -788,7 +810,7 @@ static void activation_task(void *vctx, int chunk, int chunks, int thread) {
         for (int64_t r = 0; r < F; r += 8) gated8(g + r, u + r, g + r, F - r < 8 ? F - r : 8, (int)op->ints.experts.activation);
         if ((codes && moe.count[e] < FLOAT_TOKENS) || tiled)
             quantize_row(g, F, GROUP, moe.hq + i * F, moe.hd + i * G, moe.hs + i * G, moe.hh + i * HALVES * G);
-        if (codes8 && moe.count[e] < FLOAT_TOKENS) quantize_row8(g, F, moe.h8 + i * (F / BLOCK8));
+        if ((codes8 && moe.count[e] < FLOAT_TOKENS) || tiled_codes8) quantize_row8(g, F, moe.h8 + i * codes8_blocks(F));
         if (wide)
             quantize_row(g, F, WIDE, (int16_t *)moe.hw.q + i * F, moe.hw.d + i * (F / WIDE), moe.hw.xsum + i * G,
                          moe.hw.xhalf + i * HALVES * G);
@@ -828,7 +850,7 @@ static void gather_task(void *vctx, int chunk, int chunks, int thread) {
             memcpy(moe.xs + i * G, shared.group.xsum + t * G, sizeof(float) * (size_t)G);
             memcpy(moe.xh + i * HALVES * G, shared.group.xhalf + t * HALVES * G, sizeof(float) * (size_t)(HALVES * G));
         }
-        if (moe.x8) memcpy(moe.x8 + i * (D / BLOCK8), shared.q8 + t * (D / BLOCK8), sizeof(Codes8) * (size_t)(D / BLOCK8));
+        if (moe.x8) memcpy(moe.x8 + i * codes8_blocks(D), shared.q8 + t * codes8_blocks(D), sizeof(Codes8) * (size_t)codes8_blocks(D));
         if (c->wide) {
             memcpy((int16_t *)moe.xw.q + i * D, (int16_t *)shared.wide.q + t * D, sizeof(int16_t) * (size_t)D);
             memcpy(moe.xw.d + i * (D / WIDE), shared.wide.d + t * (D / WIDE), sizeof(float) * (size_t)(D / WIDE));
@@ -926,7 +948,8 @@ static int experts(const Op *op, const char **error) {
     int up_codes8 = type_takes_codes8(t0) || type_takes_codes8(t1);
     int up_codes16 = type_takes_codes16(t0) || type_takes_codes16(t1);
     int up_floats = type_is_float(t0) || type_is_float(t1);
-    int codes = (up_codes16 && small) || tiled_span(t0) == GROUP || tiled_span(t1) == GROUP, codes8 = up_codes8 && small;
+    int codes = (up_codes16 && small) || tiled_span(t0) == GROUP || tiled_span(t1) == GROUP;
+    int codes8 = (up_codes8 && small) || tiled8(t0) || tiled8(t1);
     int floats = up_floats || ((up_codes16 || up_codes8) && big);
     c.wide = type_decodes_int16(t0) || type_decodes_int16(t1) || tiled_span(t0) == WIDE || tiled_span(t1) == WIDE;
     int64_t G = D / GROUP, H = F / GROUP;
@@ -935,7 +958,7 @@ static int experts(const Op *op, const char **error) {
                   moe_grow(11, (void **)&moe.xs, sizeof(float) * (size_t)(rows * G + 1)) ||
                   moe_grow(17, (void **)&moe.xh, sizeof(float) * (size_t)(rows * HALVES * G + 1))))
         goto out_of_memory;
-    if (codes8 && moe_grow(19, (void **)&moe.x8, sizeof(Codes8) * (size_t)(rows * (D / BLOCK8) + 1))) goto out_of_memory;
+    if (codes8 && moe_grow(19, (void **)&moe.x8, sizeof(Codes8) * (size_t)(rows * codes8_blocks(D) + 1))) goto out_of_memory;
     if (c.wide && reserve_codes(&moe.xw, rows * D, sizeof(int16_t), 1)) goto out_of_memory;
     if ((type_decodes_int16(t2) || tiled_span(t2) == WIDE) && reserve_codes(&moe.hw, rows * F, sizeof(int16_t), 1))
         goto out_of_memory;
@@ -946,9 +969,9 @@ static int experts(const Op *op, const char **error) {
          moe_grow(15, (void **)&moe.hs, sizeof(float) * (size_t)(rows * H + 1)) ||
          moe_grow(18, (void **)&moe.hh, sizeof(float) * (size_t)(rows * HALVES * H + 1))))
         goto out_of_memory;
-    if (type_takes_codes8(t2) && moe_grow(20, (void **)&moe.h8, sizeof(Codes8) * (size_t)(rows * (F / BLOCK8) + 1)))
+    if ((type_takes_codes8(t2) || tiled8(t2)) && moe_grow(20, (void **)&moe.h8, sizeof(Codes8) * (size_t)(rows * codes8_blocks(F) + 1)))
         goto out_of_memory;
-    if (scratch_reserve(D > F ? D : F, 0) != 0 || reserve_acts(&shared, T * D, codes, c.wide, 0, codes8, 0, 0) != 0) goto out_of_memory;
+    if (scratch_reserve(D > F ? D : F, 0) != 0 || reserve_acts(&shared, T, D, codes, c.wide, 0, codes8, 0, 0) != 0) goto out_of_memory;
     /* x quantized once per token, then gathered */
     LinearCtx q = {.op = op, .T = T, .K = D, .codes = codes, .codes8 = codes8, .wide = c.wide};
     if (codes || codes8 || c.wide) {

@@ -72,7 +72,7 @@
 #define TILE_TOKENS_MAX ROW_TILE_TOKENS
 
 /* The types in row tiles (X-macro): each case below, one per type */
-#define ROW_TILED(X) X(Q4_0) X(Q4_1) X(Q5_0) X(Q5_1) X(Q8_0) X(IQ4_NL) X(MXFP4) X(Q4_K) X(Q6_K)
+#define ROW_TILED(X) X(Q4_0) X(Q4_1) X(Q5_0) X(Q5_1) X(Q8_0) X(IQ4_NL) X(MXFP4) X(Q4_K) X(Q6_K) X(Q2_K)
 
 int row_tiled_type(int type) {
 #define IS_CASE(name) case T_##name:
@@ -84,10 +84,13 @@ int row_tiled_type(int type) {
 }
 
 /* The tile block's geometry: groups of 32 per block, sub-blocks per group (a scale each) */
-static inline int k_type(int type) { return type == T_Q4_K || type == T_Q6_K; }
+static inline int k_type(int type) { return type == T_Q4_K || type == T_Q6_K || type == T_Q2_K; }
 static inline int groups_of(int type) { return k_type(type) ? WIDE / GROUP : 1; }
-static inline int halves_of(int type) { return type == T_Q6_K ? 2 : 1; }
+static inline int halves_of(int type) { return type == T_Q6_K || type == T_Q2_K ? 2 : 1; }
 int row_tile_span(int type) { return GROUP * groups_of(type); }
+/* The types on 8-bit activation codes (Codes8), as the OWN8 types' rows: Q2_K */
+static inline int takes_codes8(int type) { return type == T_Q2_K; }
+int row_tile_codes8(int type) { return takes_codes8(type); }
 
 int64_t row_tiled_bytes(int type, int64_t rows, int64_t K) {
     return (rows + ROW_TILE - 1) / ROW_TILE * (K / row_tile_span(type)) * ROW_TILE * type_bytes(type);
@@ -96,17 +99,17 @@ int64_t row_tiled_bytes(int type, int64_t rows, int64_t K) {
 /* Where a tile block's parts lie (module comment; -1: none): the mins, the sub-block scales, the
  * fifth (or top) bits, the codes; the scales d are at 0. */
 static inline int scale_bytes(int type) { return type == T_MXFP4 ? 1 : 2; }
-static inline int has_mins(int type) { return type == T_Q4_1 || type == T_Q5_1 || type == T_Q4_K; }
+static inline int has_mins(int type) { return type == T_Q4_1 || type == T_Q5_1 || type == T_Q4_K || type == T_Q2_K; }
 static inline int mins_at(int type) { return has_mins(type) ? ROW_TILE * 2 : -1; }
 static inline int sub_scales_at(int type) { return k_type(type) ? ROW_TILE * 2 * (has_mins(type) ? 2 : 1) : -1; }
-static inline int sub_scale_bytes(int type) { return type == T_Q6_K ? 128 : k_type(type) ? 96 : 0; }
+static inline int sub_scale_bytes(int type) { return type == T_Q6_K || type == T_Q2_K ? 128 : k_type(type) ? 96 : 0; }
 static inline int bits_per_group(int type) {
     return type == T_Q6_K ? 64 : type == T_Q5_0 || type == T_Q5_1 ? 32 : 0;
 }
 static inline int bits_at(int type) {
     return bits_per_group(type) ? ROW_TILE * scale_bytes(type) + (has_mins(type) ? ROW_TILE * 2 : 0) + sub_scale_bytes(type) : -1;
 }
-static inline int codes_per_group(int type) { return type == T_Q8_0 ? 256 : 128; }
+static inline int codes_per_group(int type) { return type == T_Q8_0 ? 256 : type == T_Q2_K ? 64 : 128; }
 static inline int codes_at(int type) {
     return ROW_TILE * scale_bytes(type) + (has_mins(type) ? ROW_TILE * 2 : 0) + sub_scale_bytes(type) +
            groups_of(type) * bits_per_group(type);
@@ -237,8 +240,22 @@ static inline __attribute__((always_inline)) void move_k_block(const int type, u
     }
 }
 
+/* A row's Q2_K file block (| scales 16 | qs 64 | d | dmin |) moved to its lane of a tile block, or
+ * back, as move_block: weight c of group j is at bits 2 (j % 4) of qs[32 (j / 4) + c]; in the tile
+ * at bits 2 (c % 16 / 4) of byte 32 (c / 16) + 4 lane + c % 4 of the group's codes. */
+static inline __attribute__((always_inline)) void move_q2_k_block(uint8_t *file, uint8_t *block, int lane, const int to_tile) {
+    copy(to_tile, file + 80, block + 2 * lane, 2);
+    copy(to_tile, file + 82, block + mins_at(T_Q2_K) + 2 * lane, 2);
+    for (int s = 0; s < 16; s++) copy(to_tile, file + s, block + sub_scales_at(T_Q2_K) + 8 * s + lane, 1);
+    for (int j = 0; j < WIDE / GROUP; j++)
+        for (int p = 0; p < PAIRS; p++) /* columns 2p, 2p + 1 */
+            move_fields(to_tile, file + 16 + 32 * (j / 4) + 2 * p, 2 * (j % 4),
+                        group_codes(T_Q2_K, block, j) + 32 * (p / 8) + 4 * lane + 2 * p % 4, 2 * (p % 8 / 2), 0x0303, 0);
+}
+
 static inline __attribute__((always_inline)) void move(const int type, uint8_t *file, uint8_t *block, int lane, const int to_tile) {
-    if (k_type(type)) move_k_block(type, file, block, lane, to_tile);
+    if (type == T_Q2_K) move_q2_k_block(file, block, lane, to_tile);
+    else if (k_type(type)) move_k_block(type, file, block, lane, to_tile);
     else move_block(type, file, block, lane, to_tile);
 }
 
@@ -429,6 +446,53 @@ static inline __attribute__((always_inline)) void span_sums(const int type, cons
     }
 }
 #undef CHAINS
+
+/* acc's int32 lanes plus the sums of 4 products of w's unsigned bytes and the 4 codes at x, in
+ * every lane (|each product| <= 3 * 127: maddubs's int16 pairs do not saturate) */
+static inline __m256i quad_dot(__m256i acc, __m256i w, const int8_t *x) {
+    int32_t quad;
+    memcpy(&quad, x, sizeof quad);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(acc, w, _mm256_set1_epi32(quad));
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_set1_epi32(quad)), _mm256_set1_epi16(1)));
+#endif
+}
+
+/* Lane r of a and b as two int16 each: a's low times b's low plus their highs, in int32 */
+static inline v8i pair_madd(v8i a, v8i b) { return (v8i)_mm256_madd_epi16((__m256i)a, (__m256i)b); }
+/* 8 bytes at p, zero-extended, a lane each */
+static inline v8i bytes8(const uint8_t *p) { return (v8i)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+/* lo's lanes in the low 16 bits, hi's in the high ones (each fits in int16) */
+static inline v8i pack_pair(v8i lo, v8i hi) { return (v8i)_mm256_blend_epi16((__m256i)lo, _mm256_slli_epi32((__m256i)hi, 16), 0xAA); }
+
+/* Exact sums of a group of a Q2_K tile block (its codes at `codes`) for N tokens' 8-bit codes
+ * (token t's of the group at x[t * ldx]): isum[2t + h] lane r is row r's over sub-block h (16
+ * columns). Vector h of the group holds them: its bits 2k, 2k + 1 are the quad of columns
+ * 16h + 4k .. 16h + 4k + 3. A sub-block's products go in QUAD_CHAINS(N) chains, added at the
+ * end, as span_sums's chunks. */
+#define QUAD_CHAINS(N) ((N) == 1 ? 2 : 1)
+static inline __attribute__((always_inline)) void quad_sums(const uint8_t *codes, const int8_t *x, int64_t ldx, const int N,
+                                                            v8i *isum) {
+    const __m256i crumb = _mm256_set1_epi8(3);
+    for (int h = 0; h < 2; h++) {
+        __m256i s[TILE_TOKENS_MAX][4];
+        for (int t = 0; t < N; t++)
+            for (int a = 0; a < QUAD_CHAINS(N); a++) s[t][a] = _mm256_setzero_si256();
+        const __m256i w = _mm256_loadu_si256((const __m256i *)(codes + 32 * h));
+        for (int k = 0; k < 4; k++) {
+            const __m256i quad = _mm256_and_si256(_mm256_srli_epi16(w, 2 * k), crumb);
+            for (int t = 0; t < N; t++)
+                s[t][k % QUAD_CHAINS(N)] = quad_dot(s[t][k % QUAD_CHAINS(N)], quad, x + t * ldx + 16 * h + 4 * k);
+        }
+        for (int t = 0; t < N; t++) {
+            __m256i total = s[t][0];
+            for (int a = 1; a < QUAD_CHAINS(N); a++) total = _mm256_add_epi32(total, s[t][a]);
+            isum[2 * t + h] = (v8i)total;
+        }
+    }
+}
+#undef QUAD_CHAINS
 #else
 
 /* The code of word k of pair vector p of group j of a tile block */
@@ -461,6 +525,32 @@ static inline __attribute__((always_inline)) void span_sums(const int type, cons
         isum[t] = s;
     }
 }
+
+static inline v8i bytes8(const uint8_t *p) {
+    v8i out;
+    for (int r = 0; r < ROW_TILE; r++) out[r] = p[r];
+    return out;
+}
+static inline v8i pair_madd(v8i a, v8i b) {
+    v8i out;
+    for (int r = 0; r < ROW_TILE; r++) out[r] = (int16_t)a[r] * (int16_t)b[r] + (a[r] >> 16) * (b[r] >> 16);
+    return out;
+}
+static inline v8i pack_pair(v8i lo, v8i hi) {
+    typedef uint32_t v8u __attribute__((vector_size(32)));
+    return (v8i)(((v8u)lo & 0xffff) | (v8u)hi << 16);
+}
+
+static inline __attribute__((always_inline)) void quad_sums(const uint8_t *codes, const int8_t *x, int64_t ldx, const int N,
+                                                            v8i *isum) {
+    for (int t = 0; t < N; t++)
+        for (int h = 0; h < 2; h++)
+            for (int r = 0; r < ROW_TILE; r++) {
+                int32_t s = 0;
+                for (int c = 0; c < 16; c++) s += ((codes[32 * h + 4 * r + c % 4] >> (2 * (c / 4))) & 3) * x[t * ldx + 16 * h + c];
+                isum[2 * t + h][r] = s;
+            }
+}
 #endif
 
 /* One tile (8 rows, K columns) times N tokens: out[t], lane r the row's result. Token t's codes
@@ -477,7 +567,7 @@ static inline __attribute__((always_inline)) void tile_product(const int type, c
             for (int64_t at = 0; at < block_bytes; at += 64) __builtin_prefetch(block + Q8_0_AHEAD_BLOCKS * block_bytes + at, 0, 2);
         else if (N > 1 || type == T_Q6_K)
             prefetch_block(block, (size_t)block_bytes, ROW_TILE_AHEAD);
-        v8f s[WIDE / 16], m[WIDE / GROUP];
+        v8f s[WIDE / 16], m[WIDE / 16];
         block_scales(type, block, s, m);
         for (int j = 0; j < groups_of(type); j++) {
 #pragma GCC unroll 2
@@ -494,28 +584,74 @@ static inline __attribute__((always_inline)) void tile_product(const int type, c
     for (int t = 0; t < N; t++) out[t] = has_mins(type) ? acc[t] + macc[t] : acc[t];
 }
 
+/* tile_product for the types on 8-bit codes (Q2_K): token t's Codes8 blocks at x8 + t *
+ * codes8_blocks(K), a scale xd and the codes' sums per 16 q0, q1 per group. A group's two
+ * sub-blocks' sums isum0, isum1 and scales sc0, sc1, mins m0, m1 meet in integers (pair_madd:
+ * |isum| <= 16 * 3 * 127, |q| <= 16 * 127, all in int16), so that per group and token
+ *     acc = fma(float(isum0 sc0 + isum1 sc1), d * xd, acc), macc = fma(float(m0 q0 + m1 q1), -dmin * xd, macc) */
+static inline __attribute__((always_inline)) void tile_product8(const int type, const uint8_t *tile, int64_t K,
+                                                                const Codes8 *x8, const int N, v8f *out) {
+    const int per = BLOCK8 / GROUP; /* groups of a Codes8 block */
+    const int64_t B = K / WIDE, ldb = codes8_blocks(K), block_bytes = ROW_TILE * type_bytes(type);
+    const int64_t ldx = ldb * (int64_t)sizeof(Codes8); /* bytes from a token's codes to the next's */
+    v8f acc[TILE_TOKENS_MAX] = {{0}}, macc[TILE_TOKENS_MAX] = {{0}};
+    for (int64_t b = 0; b < B; b++) {
+        const uint8_t *block = tile + b * block_bytes;
+        if (N > 1) prefetch_block(block, (size_t)block_bytes, ROW_TILE_AHEAD);
+        const v8f d = half8(block), dmin = -half8(block + mins_at(type));
+        v8i sc[WIDE / GROUP], mn[WIDE / GROUP]; /* per group, the pairs (sc0, sc1) and (m0, m1) of each row */
+        for (int j = 0; j < WIDE / GROUP; j++) {
+            /* a sub-block's scale in the low nibble, its min in the high one */
+            const v8i lo = bytes8(block + sub_scales_at(type) + 16 * j), hi = bytes8(block + sub_scales_at(type) + 16 * j + 8);
+            sc[j] = pack_pair(lo & 15, hi & 15);
+            mn[j] = pack_pair(lo >> 4, hi >> 4);
+        }
+        for (int j = 0; j < WIDE / GROUP; j++) {
+            const int64_t g = b * (WIDE / GROUP) + j; /* the group's number in the row */
+            const Codes8 *x = x8 + g / per;
+            const int k = (int)(g % per);
+            v8i isum[2 * TILE_TOKENS_MAX];
+            quad_sums(group_codes(type, block, j), x->q + GROUP * k, ldx, N, isum);
+            for (int t = 0; t < N; t++) {
+                const Codes8 *xt = x + t * ldb;
+                int32_t sums;
+                memcpy(&sums, xt->sums + 2 * k, sizeof sums);
+                const v8f xd = splat8(xt->d[k]);
+                const v8i q = pair_madd(pack_pair(isum[2 * t], isum[2 * t + 1]), sc[j]), mq = pair_madd(mn[j], (v8i){0} + sums);
+                acc[t] = fma8(__builtin_convertvector(q, v8f), d * xd, acc[t]);
+                macc[t] = fma8(__builtin_convertvector(mq, v8f), dmin * xd, macc[t]);
+            }
+        }
+    }
+    for (int t = 0; t < N; t++) out[t] = acc[t] + macc[t];
+}
+
 /* one function per type, one body per count of tokens */
+#define TILE_PRODUCT(name, n)                                                                                       \
+    (takes_codes8(T_##name) ? tile_product8(T_##name, tile, K, x8, n, out)                                         \
+                            : tile_product(T_##name, tile, K, xq, ldx, xd, xs, n, out))
 #define TILE_FUNCTION(name)                                                                                         \
     static __attribute__((noinline)) void tile_##name(const uint8_t *tile, int64_t K, const int16_t *xq,          \
-                                                       int64_t ldx, const float *xd, const float *xs, int n,       \
-                                                       v8f *out) {                                                 \
+                                                       int64_t ldx, const float *xd, const float *xs,              \
+                                                       const Codes8 *x8, int n, v8f *out) {                        \
         switch (n) {                                                                                               \
-        case 1: tile_product(T_##name, tile, K, xq, ldx, xd, xs, 1, out); break;                                         \
-        case 2: tile_product(T_##name, tile, K, xq, ldx, xd, xs, 2, out); break;                                         \
-        case 3: tile_product(T_##name, tile, K, xq, ldx, xd, xs, 3, out); break;                                         \
-        case 4: tile_product(T_##name, tile, K, xq, ldx, xd, xs, 4, out); break;                                         \
-        default: tile_product(T_##name, tile, K, xq, ldx, xd, xs, TILE_TOKENS_MAX, out); break;                          \
+        case 1: TILE_PRODUCT(name, 1); break;                                                                      \
+        case 2: TILE_PRODUCT(name, 2); break;                                                                      \
+        case 3: TILE_PRODUCT(name, 3); break;                                                                      \
+        case 4: TILE_PRODUCT(name, 4); break;                                                                      \
+        default: TILE_PRODUCT(name, TILE_TOKENS_MAX); break;                                                       \
         }                                                                                                          \
     }
 ROW_TILED(TILE_FUNCTION)
 #undef TILE_FUNCTION
+#undef TILE_PRODUCT
 
 void row_tile_rows(int type, const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, const int16_t *xq, int64_t ldx,
-                   const float *xd, const float *xs, int n, float *out, int64_t stride) {
+                   const float *xd, const float *xs, const Codes8 *x8, int n, float *out, int64_t stride) {
     const uint8_t *at = tiles + tile * row_tiled_bytes(type, ROW_TILE, K);
     v8f result[TILE_TOKENS_MAX];
 #define PRODUCT_CASE(name) \
-    case T_##name: tile_##name(at, K, xq, ldx, xd, xs, n, result); break;
+    case T_##name: tile_##name(at, K, xq, ldx, xd, xs, x8, n, result); break;
     switch (type) {
         ROW_TILED(PRODUCT_CASE)
     default: return;

@@ -52,10 +52,13 @@ TABLE_TYPES = (T.Q1_0, T.TQ1_0, T.TQ2_0)  # multiplied by table lookup, from til
 # activation codes with one scale per 256 for any count of tokens: in row tiles (dense matrices), and as the
 # file has the rows (a mixture's experts: cpu_kernels/int16_panels.c)
 INT16_DECODE_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K)
-# the types on int16 codes (per 32; per 256 for Q4_K and Q6_K) multiplied from tiles of 8 rows, a row per
-# vector lane, for any count of tokens (cpu_kernels/row_tiles.c); Q5_K's rows as the file has them
-ROW_TILED_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.MXFP4, T.Q4_K, T.Q6_K)
-INT16_CODES_TYPES = tuple(sorted({*ROW_TILED_TYPES, *INT16_DECODE_TYPES}, key=int))  # every type on int16 codes
+# the types multiplied from tiles of 8 rows, a row per vector lane, for any count of tokens
+# (cpu_kernels/row_tiles.c): on int16 codes (per 32; per 256 for Q4_K and Q6_K), and Q2_K on 8-bit ones;
+# Q5_K's rows as the file has them
+ROW_TILED_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.MXFP4, T.Q4_K, T.Q6_K, T.Q2_K)
+INT16_CODES_TYPES = tuple(sorted({*ROW_TILED_TYPES, *INT16_DECODE_TYPES} - {*CODES8_TYPES}, key=int))  # every type on int16 codes
+# the types whose products take the same activation codes for any count of tokens
+SAME_CODES_TYPES = tuple(sorted({*ROW_TILED_TYPES, *INT16_DECODE_TYPES}, key=int))
 GGUF_PY_QUANTIZES = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.TQ1_0, T.TQ2_0}  # gguf.quants.quantize
 EXTREME_SCALES = np.array([65504.0, -65504.0, 6e-8, 0.0, 1.0, -0.5], dtype=np.float16)
 TIERS = cpu_native.runnable_tiers()
@@ -382,10 +385,11 @@ def test_types_on_8_bit_codes_multiply_the_activations_rounded_per_group(tier, q
 
 
 @pytest.mark.parametrize("tier", TIERS)
-@pytest.mark.parametrize("qtype", INT16_CODES_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", SAME_CODES_TYPES, ids=lambda t: t.name)
 def test_a_token_s_products_are_the_same_bits_alone_in_a_batch_and_in_a_prefill(tier, qtype):
     """The types on int16 codes take the same codes in decode as in prefill, from their row tiles
-    (row_tiles.c: per 32, per 256 for Q4_K and Q6_K), so a token's logits do not depend on how
+    (row_tiles.c: per 32, per 256 for Q4_K and Q6_K), and so does Q2_K its 8-bit ones (its
+    rows as the file has them took byte panels in a prefill), so a token's logits do not depend on how
     many tokens it was multiplied with: alone, 2, 3, 5 or 40 at once (a prefill), on 33 rows
     (each thread's chunks of tiles and a padded one); 4 tokens on rows of 4096 columns, and 9
     and 40 on rows of 2048, whose codes (rows 4 KB apart) a pass over the tiles takes copied

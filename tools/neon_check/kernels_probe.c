@@ -121,7 +121,7 @@ int main(void) {
     for (int t = 0; t < T; t++) {
         quantize_row(x + t * K, K, GROUP, xq + t * K, xd + t * (K / GROUP), xs + t * (K / GROUP), xh + t * (K / GROUP * HALVES));
         quantize_row(x + t * K, K, WIDE, xw + t * K, xwd + t * (K / WIDE), xws + t * (K / GROUP), xwh + t * (K / GROUP * HALVES));
-        quantize_row8(x + t * K, K, x8 + t * (K / BLOCK8));
+        quantize_row8(x + t * K, K, x8 + t * codes8_blocks(K));
         quantize_row_bytes(x + t * K, K, xb + t * K, xbd + t * (K / 16), xbs + t * (K / GROUP), xbh + t * (K / GROUP * HALVES));
     }
     static int8_t q[K];
@@ -146,7 +146,7 @@ int main(void) {
             if (!type_decodes_int16(types[k].type)) { /* (those: the panels, below) */
                 for (int t = 0; t < T; t += ROW_TOKENS) /* blocks of ROW_TOKENS tokens, and the rest */
                     dot_row_tokens(types[k].type, row, K, xq + t * K, xd + t * (K / GROUP), xs + t * (K / GROUP),
-                                   xh + t * (K / GROUP * HALVES), x8 + t * (K / BLOCK8), mins,
+                                   xh + t * (K / GROUP * HALVES), x8 + t * codes8_blocks(K), mins,
                                    T - t < ROW_TOKENS ? T - t : ROW_TOKENS, several + t, 1);
                 print(several, T);
             }
@@ -170,13 +170,13 @@ int main(void) {
         }
         if (row_tiled_type(types[k].type)) { /* the 4 rows in a row tile (padded), passes of ROW_TILE_TOKENS tokens */
             uint8_t *tiles = malloc((size_t)row_tiled_bytes(types[k].type, 4, K));
-            const int wide = row_tile_span(types[k].type) == WIDE; /* codes per 256 (Q4_K to Q6_K) */
+            const int wide = row_tile_span(types[k].type) == WIDE; /* codes per 256 (Q6_K; Q4_K takes x8) */
             const int64_t S = K / row_tile_span(types[k].type);
             row_tile_matrix(types[k].type, rows, 4, K, 0, 1, tiles);
             for (int t = 0; t < T; t += ROW_TILE_TOKENS)
                 row_tile_rows(types[k].type, tiles, 4, K, 0, (wide ? xw : xq) + t * K, K, (wide ? xwd : xd) + t * S,
-                              (wide ? xws : xs) + t * (K / GROUP), T - t < ROW_TILE_TOKENS ? T - t : ROW_TILE_TOKENS,
-                              prefill + t * 4, 4);
+                              (wide ? xws : xs) + t * (K / GROUP), x8 + t * codes8_blocks(K),
+                              T - t < ROW_TILE_TOKENS ? T - t : ROW_TILE_TOKENS, prefill + t * 4, 4);
             print(prefill, T * 4);
             free(tiles);
         }
