@@ -397,14 +397,18 @@ static inline __attribute__((always_inline)) void chunk_words(const int type, co
     }
 }
 
-/* acc's int32 lanes plus the pair sums of w and the int16 pair at x, in every lane */
-static inline __m256i pair_dot(__m256i acc, __m256i w, const int16_t *x) {
-    int32_t pair;
-    memcpy(&pair, x, sizeof pair);
+/* acc's int32 lanes plus the products of w and the 4 bytes at x (in every lane): as pairs of
+ * int16 (dpwssd; madd), or (`bytes`) as w's 4 unsigned bytes times x's 4 signed ones (dpbusd;
+ * maddubs and madd, whose int16 pairs do not saturate here: |each product| <= 3 * 127) */
+static inline __m256i lane_dot(__m256i acc, __m256i w, const void *x, const int bytes) {
+    int32_t word;
+    memcpy(&word, x, sizeof word);
+    const __m256i xs = _mm256_set1_epi32(word);
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpwssd_epi32(acc, w, _mm256_set1_epi32(pair));
+    return bytes ? _mm256_dpbusd_epi32(acc, w, xs) : _mm256_dpwssd_epi32(acc, w, xs);
 #else
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(w, _mm256_set1_epi32(pair)));
+    return _mm256_add_epi32(acc, bytes ? _mm256_madd_epi16(_mm256_maddubs_epi16(w, xs), _mm256_set1_epi16(1))
+                                       : _mm256_madd_epi16(w, xs));
 #endif
 }
 
@@ -429,7 +433,7 @@ static inline __attribute__((always_inline)) void span_sums(const int type, cons
         chunk_words(type, block, j, c, &first, &second);                                                           \
         for (int t = 0; t < N; t++) {                                                                              \
             __m256i *chain = &s[t][(c) % CHAINS(N)];                                                               \
-            *chain = pair_dot(pair_dot(*chain, first, xq + t * K + 4 * (c)), second, xq + t * K + 4 * (c) + 2);    \
+            *chain = lane_dot(lane_dot(*chain, first, xq + t * K + 4 * (c), 0), second, xq + t * K + 4 * (c) + 2, 0); \
         }                                                                                                          \
     } while (0)
     if (CHAINS(N) > 1) { /* unrolled, so that each chunk's chain is a register (for 8 tokens, slower: 144 -> 96 G/s) */
@@ -446,18 +450,6 @@ static inline __attribute__((always_inline)) void span_sums(const int type, cons
     }
 }
 #undef CHAINS
-
-/* acc's int32 lanes plus the sums of 4 products of w's unsigned bytes and the 4 codes at x, in
- * every lane (|each product| <= 3 * 127: maddubs's int16 pairs do not saturate) */
-static inline __m256i quad_dot(__m256i acc, __m256i w, const int8_t *x) {
-    int32_t quad;
-    memcpy(&quad, x, sizeof quad);
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpbusd_epi32(acc, w, _mm256_set1_epi32(quad));
-#else
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_set1_epi32(quad)), _mm256_set1_epi16(1)));
-#endif
-}
 
 /* Lane r of a and b as two int16 each: a's low times b's low plus their highs, in int32 */
 static inline v8i pair_madd(v8i a, v8i b) { return (v8i)_mm256_madd_epi16((__m256i)a, (__m256i)b); }
@@ -483,7 +475,7 @@ static inline __attribute__((always_inline)) void quad_sums(const uint8_t *codes
         for (int k = 0; k < 4; k++) {
             const __m256i quad = _mm256_and_si256(_mm256_srli_epi16(w, 2 * k), crumb);
             for (int t = 0; t < N; t++)
-                s[t][k % QUAD_CHAINS(N)] = quad_dot(s[t][k % QUAD_CHAINS(N)], quad, x + t * ldx + 16 * h + 4 * k);
+                s[t][k % QUAD_CHAINS(N)] = lane_dot(s[t][k % QUAD_CHAINS(N)], quad, x + t * ldx + 16 * h + 4 * k, 1);
         }
         for (int t = 0; t < N; t++) {
             __m256i total = s[t][0];
