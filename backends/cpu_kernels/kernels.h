@@ -35,10 +35,10 @@
  * the blocks straight from the bytes into registers and multiplies them there (AVX2 and
  * AVX-512, int16_direct_product), one float multiply-add per block where the per-group codes
  * took one per group, and asks for the rows ahead block by block as it goes.
- * The backend gives the linear op the 32-weight CODES types (Q4_0 to Q8_0, IQ4_NL, MXFP4) and
- * Q4_K and Q6_K as row tiles (T_ROW_TILES + the type; row_tiles.c): tiles of ROW_TILE rows whose
- * int32 lanes each hold a row, so that one float step serves 8 rows (a K type's: one per
- * sub-block), for any count of tokens; a mixture's stacks of these types too, their tiles made
+ * The backend gives the linear op the 32-weight CODES types (Q4_0 to Q8_0, IQ4_NL, MXFP4),
+ * Q4_K, Q6_K and Q2_K (on its 8-bit codes) as row tiles (T_ROW_TILES + the type; row_tiles.c):
+ * tiles of ROW_TILE rows whose int32 lanes each hold a row, so that one float step serves 8
+ * rows (a K type's: one per sub-block), for any count of tokens; a mixture's stacks of these types too, their tiles made
  * expert by expert as the experts op first chooses each (Matrix.source). The 32-weight types'
  * rows as the file lays them out (a stack whose experts are not whole tiles) serve a mixture's
  * experts otherwise: dot_row_tokens for a few tokens, and
@@ -271,8 +271,8 @@ void dequantize_row(int type, const uint8_t *row, int64_t cols, RowBuffer *buf, 
 /* codes q with a scale d per `span` values (GROUP, or WIDE for int16 panels); per group of 32
  * the sum xsum of its values as the codes give them, per half group xhalf */
 void quantize_row(const float *x, int64_t K, int span, int16_t *q, float *d, float *xsum, float *xhalf);
-/* Codes8 blocks of a row of K values (K a multiple of GROUP; the last block's groups past K unused) */
-static inline int64_t codes8_blocks(int64_t K) { return (K + BLOCK8 - 1) / BLOCK8; }
+/* Codes8 blocks of a row of K values (K a multiple of BLOCK8) */
+static inline int64_t codes8_blocks(int64_t K) { return K / BLOCK8; }
 void quantize_row8(const float *x, int64_t K, Codes8 *out); /* codes8_blocks(K) blocks */
 /* codes8_dots.c: an OWN8 type's block of 256 as unpack_row gives it: codes, scales per half group, mins */
 void codes8_block(int type, const uint8_t *b, int8_t *c, float *scale, float *min);
@@ -340,8 +340,8 @@ void tq_tile_rows(const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, c
 #define ROW_TILE_TOKENS 4
 #endif
 int row_tiled_type(int type); /* whether matrices of `type` are multiplied from row tiles */
-int row_tile_span(int type);  /* values per activation scale its int16 codes take: GROUP, or WIDE for Q6_K */
-int row_tile_codes8(int type); /* whether its product takes 8-bit codes (Codes8) instead: Q4_K */
+int row_tile_span(int type);  /* values per activation scale its int16 codes take: GROUP, or WIDE for Q4_K, Q6_K */
+int row_tile_codes8(int type); /* whether its product takes 8-bit codes (Codes8) instead: Q2_K (a block of WIDE) */
 int64_t row_tiled_bytes(int type, int64_t rows, int64_t K);
 /* tiles t0 .. t1 - 1 of a matrix's row tiles (tiles: the whole matrix's) */
 void row_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, int64_t t0, int64_t t1, uint8_t *tiles);

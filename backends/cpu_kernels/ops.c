@@ -95,8 +95,8 @@ typedef struct {
     const Op *op;
     int64_t T, K, total_rows;
     int codes, codes8, tables, tq_tables; /* which forms of the activations the matrices take */
-    int wide;          /* int16 codes with a scale per WIDE values (int16 panels), in wide */
-    int bytes;         /* 8-bit codes, a scale per 16 values (byte panels), in bytes */
+    int wide;          /* int16 codes with a scale per WIDE values (int16 panels), in Acts.wide */
+    int bytes;         /* 8-bit codes, a scale per 16 values (byte panels), in Acts.bytes */
     int tq_only;       /* every matrix is ternary tiles: one pass takes all the tokens (tq_tiles_product) */
     int row_tiles;     /* some matrix is in row tiles on int16 codes (row_tiles_product: its threads' scratch_floats) */
     int prefill;       /* FLOAT_TOKENS or more tokens: the OWN8 types take byte panels */
@@ -184,9 +184,9 @@ static void tq_tiles_product(const Acts *a, const Matrix *w, int64_t K, int64_t 
  * next. */
 #define ROW_RUN_BYTES 262144
 /* Tokens' int16 codes whose rows lie a multiple of 4 KB apart fall in the same sets of L1, where a
- * pass over a tile reads several tokens' at once (Zen 4, 64 tokens, Q4_K when it took int16
- * codes: at K = 2048 113 G/s, at K = 2304 129, 2560 140; K = 4096 113, 3840 142): a thread
- * copies them CODES_PAD values further apart first (codes_stride), into its scratch_floats. */
+ * pass over a tile reads several tokens' at once (Zen 4, 64 tokens: Q4_K at K = 2048 113 G/s,
+ * at K = 2304 129, 2560 140; K = 4096 113, 3840 142): a thread copies them CODES_PAD values
+ * further apart first (codes_stride), into its scratch_floats. */
 #define CODES_PAD 32
 static inline int64_t codes_stride(int64_t K, int64_t T) {
     return T > 1 && K * (int64_t)sizeof(int16_t) % 4096 == 0 ? K + CODES_PAD : K;
@@ -692,7 +692,6 @@ static struct {
     int64_t *fresh;                         /* the chosen experts of a stack whose tiles are not made yet */
 } moe;
 static int64_t moe_capacity[22];
-
 
 static int moe_grow(int i, void **p, size_t bytes) {
     if ((int64_t)bytes <= moe_capacity[i]) return 0;

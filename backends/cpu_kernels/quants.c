@@ -711,12 +711,12 @@ void quantize_row(const float *x, int64_t K, int span, int16_t *q, float *d, flo
 /* 8-bit codes of the blocks of BLOCK8 values of x (Codes8): per group of 32, d = amax / 127 and
  * q = x / d rounded to nearest (ties to even; a division rather than a product with 1 / d,
  * which overflows for the smallest d), and the codes' sums per 16. A group with an inf or nan
- * gets d = nan and zero codes, so that its products are nan. The last block's groups past K
- * (K not a multiple of BLOCK8) get zero codes and scales. */
+ * gets d = nan and zero codes, so that its products are nan. */
 void quantize_row8(const float *x, int64_t K, Codes8 *out) {
     for (int64_t b = 0; b < codes8_blocks(K); b++, out++) {
-        memset(out, 0, sizeof *out);
-        for (int g = 0; g < BLOCK8 / GROUP && b * BLOCK8 + g * GROUP < K; g++) {
+        memset(out->q, 0, sizeof out->q);
+        memset(out->sums, 0, sizeof out->sums);
+        for (int g = 0; g < BLOCK8 / GROUP; g++) {
             const float *xg = x + b * BLOCK8 + g * GROUP;
             float amax = abs_max(xg, GROUP);
             float d = amax <= 3.4e38f ? amax / 127.0f : NAN;

@@ -1,6 +1,7 @@
-/* The types on int16 codes (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4; Q4_K, Q6_K) multiplied
- * from tiles of ROW_TILE = 8 rows, each row in a lane of the vectors. (Q5_K is not: its fifth
- * bits made the tiles no faster than int16_panels.c's rows, 0.9-1.0x at 1 to 4 tokens.)
+/* The types on int16 codes (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4; Q4_K, Q6_K), and Q2_K on
+ * its 8-bit codes, multiplied from tiles of ROW_TILE = 8 rows, each row in a lane of the vectors.
+ * (Q5_K is not: its fifth bits made the tiles no faster than int16_panels.c's rows, 0.9-1.0x at
+ * 1 to 4 tokens. Nor Q3_K: 1.25x its rows at one token, but 0.8x its byte panels at 64.)
  *
  * Why. dot_row_tokens (quants.c) sums a row's group of 32 in 8 int32 lanes, then converts them,
  * multiplies them by the group's scales and adds them, per group and token: with a few tokens
@@ -13,13 +14,13 @@
  * Weights. At load a matrix is regrouped (row_tile_matrix) into tiles of 8 rows, the last
  * padded with zero rows. Nothing is dequantized: a tile row takes the type's own bytes per
  * block (32 weights; 256 for the K types). For each block a tile holds
- *   - the 8 rows' scales as the file has them: fp16 d (16 bytes), then for Q4_1, Q5_1 and Q4_K
- *     their fp16 m or dmin (16 bytes); for MXFP4 the E8M0 bytes (8);
+ *   - the 8 rows' scales as the file has them: fp16 d (16 bytes), then for Q4_1, Q5_1, Q4_K and
+ *     Q2_K their fp16 m or dmin (16 bytes); for MXFP4 the E8M0 bytes (8);
  *   - Q4_K: the 6-bit sub-block scales sc and mins m (96 bytes, as the file's 12 a row):
  *     byte 8q + r of the first 32 holds row r's sc[q] in its low nibble and sc[q + 4] in its
  *     high one, of the next 32 the same of m, of the last 32 the top 2 bits of sc[q], sc[q + 4],
  *     m[q], m[q + 4], from bit 0 up; Q6_K: the int8 scales of its 16-weight sub-blocks, byte
- *     8s + r row r's s-th (128 bytes);
+ *     8s + r row r's s-th (128 bytes); Q2_K the same of its scale bytes (scale | min << 4);
  *   - for each group of 32 columns (8 in a K block):
  *     - Q5_0, Q5_1: the fifth bits, a 16-bit word per pair vector, bit k for word k
  *       (32 bytes);
@@ -30,7 +31,8 @@
  *       of row k / 2. Q8_0 keeps 16 int8 per pair vector (256 bytes); the others keep the
  *       file's nibbles (Q6_K its low 4 bits), 16 bytes per pair vectors 2c and 2c + 1: byte k
  *       holds word k of the first in its low nibble and of the second in its high one (128
- *       bytes).
+ *       bytes). Q2_K's 2-bit codes as quads instead (4 columns of a row in 4 bytes, an int32
+ *       lane): byte 32h + 4r + i holds row r's columns 16h + 4k + i at bits 2k (64 bytes).
  * A word's value is the code unpack_row gives the weight: Q4_0 nibble - 8, Q4_1 and Q4_K
  * nibble, Q5_0 (nibble | bit << 4) - 16, Q5_1 nibble | bit << 4, IQ4_NL
  * kvalues_iq4nl[nibble], MXFP4 kvalues_mxfp4[nibble], Q8_0 the byte; but Q6_K's is 4 times its
@@ -48,9 +50,16 @@
  *     acc = fma(float(isum), s * xd, acc)          (s * xd rounded first)
  *     macc = fma(m, xs, macc)                       (the min terms: per group)
  * where s is d (d * sc, exact, for the K types) and m the min (-(dmin * m), exact, for Q4_K);
- * the result is acc + macc. The integers are exact and the float steps the same C in every
- * tier, so every tier gives the same bits, and a token's are the same whatever tokens are
- * multiplied beside it (decode, a batch, a prefill). */
+ * the result is acc + macc.
+ * Q2_K takes quantize_row8's 8-bit codes (Codes8: a scale xd and the codes' sums per 16, per
+ * group of 32), as its rows as the file has them do. Each 2-bit plane of a quad vector is an
+ * unsigned byte per column; one dpbusd (AVX2: maddubs and madd, which do not saturate at
+ * 3 * 127) adds a row's 4 products with the token's 4 codes (broadcast) to its lane, and 4
+ * planes sum a 16-weight sub-block exactly. A group's two sub-blocks then meet in integers
+ * (tile_product8) before two float multiply-adds per token.
+ * The integers are exact and the float steps the same C in every tier, so every tier gives the
+ * same bits, and a token's are the same whatever tokens are multiplied beside it (decode, a
+ * batch, a prefill). */
 #include <string.h>
 
 #include "bytes.h"    /* u16, u32, k_scale_bytes */
@@ -86,7 +95,7 @@ int row_tiled_type(int type) {
 /* The tile block's geometry: groups of 32 per block, sub-blocks per group (a scale each) */
 static inline int k_type(int type) { return type == T_Q4_K || type == T_Q6_K || type == T_Q2_K; }
 static inline int groups_of(int type) { return k_type(type) ? WIDE / GROUP : 1; }
-static inline int halves_of(int type) { return type == T_Q6_K || type == T_Q2_K ? 2 : 1; }
+static inline int halves_of(int type) { return type == T_Q6_K ? 2 : 1; }
 int row_tile_span(int type) { return GROUP * groups_of(type); }
 /* The types on 8-bit activation codes (Codes8), as the OWN8 types' rows: Q2_K */
 static inline int takes_codes8(int type) { return type == T_Q2_K; }
@@ -468,7 +477,7 @@ static inline __attribute__((always_inline)) void quad_sums(const uint8_t *codes
                                                             v8i *isum) {
     const __m256i crumb = _mm256_set1_epi8(3);
     for (int h = 0; h < 2; h++) {
-        __m256i s[TILE_TOKENS_MAX][4];
+        __m256i s[TILE_TOKENS_MAX][2];
         for (int t = 0; t < N; t++)
             for (int a = 0; a < QUAD_CHAINS(N); a++) s[t][a] = _mm256_setzero_si256();
         const __m256i w = _mm256_loadu_si256((const __m256i *)(codes + 32 * h));
@@ -559,7 +568,7 @@ static inline __attribute__((always_inline)) void tile_product(const int type, c
             for (int64_t at = 0; at < block_bytes; at += 64) __builtin_prefetch(block + Q8_0_AHEAD_BLOCKS * block_bytes + at, 0, 2);
         else if (N > 1 || type == T_Q6_K)
             prefetch_block(block, (size_t)block_bytes, ROW_TILE_AHEAD);
-        v8f s[WIDE / 16], m[WIDE / 16];
+        v8f s[WIDE / 16], m[WIDE / GROUP];
         block_scales(type, block, s, m);
         for (int j = 0; j < groups_of(type); j++) {
 #pragma GCC unroll 2
