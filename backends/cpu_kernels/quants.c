@@ -722,10 +722,15 @@ void quantize_row8(const float *x, int64_t K, Codes8 *out) {
             float d = amax <= 3.4e38f ? amax / 127.0f : NAN;
             out->d[g] = d;
             if (!(d > 0.0f)) continue; /* zeros, values too small for a finite x / d, or inf and nan: codes 0 */
-            for (int i = 0; i < GROUP; i++) {
-                int v = (int)nearbyintf(xg[i] / d); /* |x / d| <= 127 (rounded) */
-                out->q[g * GROUP + i] = (int8_t)v;
-                out->sums[(g * GROUP + i) / 16] = (int16_t)(out->sums[(g * GROUP + i) / 16] + v);
+            for (int i = 0; i < GROUP; i += 8) { /* 8 at a time: nearbyintf(x / d) each, |x / d| <= 127 (rounded) */
+                typedef int8_t i8x8 __attribute__((vector_size(8)));
+                v8f v;
+                memcpy(&v, xg + i, sizeof v);
+                const v8i codes = round8(v / splat8(d));
+                const i8x8 narrow = __builtin_convertvector(codes, i8x8);
+                memcpy(out->q + g * GROUP + i, &narrow, sizeof narrow);
+                out->sums[(g * GROUP + i) / 16] += (int16_t)(((codes[0] + codes[1]) + (codes[2] + codes[3])) +
+                                                             ((codes[4] + codes[5]) + (codes[6] + codes[7])));
             }
         }
     }
