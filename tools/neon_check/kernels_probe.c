@@ -170,7 +170,7 @@ int main(void) {
         }
         if (row_tiled_type(types[k].type)) { /* the 4 rows in a row tile (padded), passes of ROW_TILE_TOKENS tokens */
             uint8_t *tiles = malloc((size_t)row_tiled_bytes(types[k].type, 4, K));
-            const int wide = row_tile_span(types[k].type) == WIDE; /* codes per 256 (Q6_K; Q4_K takes x8) */
+            const int wide = row_tile_span(types[k].type) == WIDE; /* codes per 256 (Q4_K, Q6_K; Q2_K takes x8) */
             const int64_t S = K / row_tile_span(types[k].type);
             row_tile_matrix(types[k].type, rows, 4, K, 0, 1, tiles);
             for (int t = 0; t < T; t += ROW_TILE_TOKENS)
