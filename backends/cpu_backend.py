@@ -352,12 +352,7 @@ class CpuBackend(Backend):
         the blocks then leave the process's memory (a mapped file's stay in the page cache)."""
         if matrix.tiles is None:
             shape, file_backed = (matrix.rows, matrix.cols), _file_backed(matrix.raw)
-            if matrix.ggml_type == GGMLQuantizationType.Q1_0:
-                matrix.tiles = self.native.tile_q1_0(matrix.raw, *shape, file_backed)
-            elif matrix.ggml_type in _ROW_TILED_TYPES:
-                matrix.tiles = self.native.tile_rows(matrix.raw, matrix.ggml_type, *shape, file_backed)
-            else:
-                matrix.tiles = self.native.tile_tq(matrix.raw, matrix.ggml_type, *shape, file_backed)
+            matrix.tiles = self.native.tile(matrix.raw, matrix.ggml_type, *shape, file_backed)
         return matrix.tiles
 
     # -- running ops ------------------------------------------------------------------

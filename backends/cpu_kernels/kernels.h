@@ -313,7 +313,11 @@ QUANT_TYPES(OWN_DOT)
 /* q1_tiles.c */
 void q1_tiles_init(void);
 int64_t q1_tiled_bytes(int64_t rows, int64_t K);
-void q1_tile_matrix(const uint8_t *raw, int64_t rows, int64_t K, uint8_t *tiles);
+/* Tiles t0 .. t1 - 1 of a matrix of `rows` rows made from its blocks (q1_tile_matrix,
+ * tq_tile_matrix, row_tile_matrix), the last padded with zero rows: 0, or -1 where the type is not
+ * the function's, or memory ran out */
+typedef int (*tile_fn)(int type, const uint8_t *raw, int64_t rows, int64_t K, int64_t t0, int64_t t1, uint8_t *tiles);
+int q1_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, int64_t t0, int64_t t1, uint8_t *tiles);
 int64_t q1_table_bytes(int64_t K); /* one token's tables */
 void q1_tables(const float *x, int64_t K, uint8_t *tables, float *xscale);
 /* rows of tile `tile` of a tiled matrix times one token's tables, into out[row] */
@@ -325,7 +329,7 @@ void q1_tile_rows(const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, c
 void tq_tiles_init(void);
 const char *tq_kernel(void); /* which kernel multiplies the tiles: "avx512vbmi" (steps laid by row) or the tier's */
 int64_t tq_tiled_bytes(int64_t rows, int64_t K);
-int tq_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, uint8_t *tiles); /* -1: not TQ, or no memory */
+int tq_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, int64_t t0, int64_t t1, uint8_t *tiles);
 int64_t tq_table_bytes(int64_t K); /* one token's tables */
 void tq_tables(const float *x, int64_t K, uint8_t *tables, float *xscale);
 /* rows of tile `tile` of a tiled matrix times n (1 .. TQ_TOKENS) tokens' tables, token j into out[j][row] */
@@ -344,7 +348,7 @@ int row_tile_span(int type);  /* values per activation scale its int16 codes tak
 int row_tile_codes8(int type); /* whether its product takes 8-bit codes (Codes8) instead: Q2_K (a block of WIDE) */
 int64_t row_tiled_bytes(int type, int64_t rows, int64_t K);
 /* tiles t0 .. t1 - 1 of a matrix's row tiles (tiles: the whole matrix's) */
-void row_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, int64_t t0, int64_t t1, uint8_t *tiles);
+int row_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, int64_t t0, int64_t t1, uint8_t *tiles);
 void row_tile_row(int type, const uint8_t *tiles, int64_t K, int64_t row, uint8_t *out); /* row `row` as the file has it */
 /* rows of tile `tile` of a matrix of `type` in row tiles times n (1 .. ROW_TILE_TOKENS) tokens:
  * token j's int16 codes at xq + j * ldx, its scales at xd + j * K / row_tile_span(type), its

@@ -8,6 +8,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -481,6 +482,23 @@ static PyObject *py_set_threads(PyObject *self, PyObject *args) {
 
 static PyObject *py_threads(PyObject *self, PyObject *noargs) { return PyLong_FromLong(pool_threads()); }
 
+typedef struct {
+    int type, bytes;
+    const uint8_t *data;
+    int64_t n_blocks;
+    atomic_llong bad;
+} ScaleCheck;
+
+static void scale_check_task(void *vctx, int chunk, int chunks, int thread) {
+    ScaleCheck *c = vctx;
+    int64_t lo, hi;
+    (void)thread;
+    split_range(c->n_blocks, chunk, chunks, &lo, &hi);
+    atomic_fetch_add(&c->bad, count_bad_scales(c->type, c->data + lo * c->bytes, hi - lo));
+}
+
+/* How many of n_blocks blocks have an inf or nan scale, counted by the kernels' threads (the
+ * first read of a mapped file's pages: both cores take their faults) */
 static PyObject *py_count_bad_scales(PyObject *self, PyObject *args) {
     PyObject *raw;
     int type;
@@ -490,11 +508,13 @@ static PyObject *py_count_bad_scales(PyObject *self, PyObject *args) {
     Buf data;
     if (!type_block(type, &weights, &bytes)) return PyErr_Format(PyExc_ValueError, "GGML type %d is not native", type);
     if (get_buf(raw, 0, 1, &data, "blocks") != 0 || need(&data, n_blocks * bytes, 1, "blocks") != 0) return NULL;
-    int64_t bad;
+    ScaleCheck check = {type, bytes, data.ptr, n_blocks, 0};
     Py_BEGIN_ALLOW_THREADS
-    bad = count_bad_scales(type, data.ptr, n_blocks);
+    pthread_mutex_lock(&exec_lock);
+    pool_run(scale_check_task, &check);
+    pthread_mutex_unlock(&exec_lock);
     Py_END_ALLOW_THREADS
-    return PyLong_FromLongLong(bad);
+    return PyLong_FromLongLong(atomic_load(&check.bad));
 }
 
 /* A matrix's blocks once they are regrouped into tiles: products do not read them again, so
@@ -512,92 +532,59 @@ void page_out(const uint8_t *ptr, int64_t size, int file_backed) {
 #endif
 }
 
-/* A Q1_0 matrix's blocks regrouped into tiles for the table-lookup product (q1_tiles.c), as
- * a new bytes object; the blocks leave the process's memory (page_out; `file_backed`: they
- * lie in a mapped file). */
-static PyObject *py_tile_q1_0(PyObject *self, PyObject *args) {
-    PyObject *raw;
-    long long rows, cols;
-    int file_backed;
-    if (!PyArg_ParseTuple(args, "OLLp", &raw, &rows, &cols, &file_backed)) return NULL;
-    if (rows <= 0 || cols <= 0 || cols % 128) return PyErr_Format(PyExc_ValueError, "a %lld x %lld matrix is not Q1_0 blocks", rows, cols);
-    Buf data;
-    if (get_buf(raw, 0, 1, &data, "blocks") != 0 || need(&data, rows * (cols / 128) * 18, 1, "blocks") != 0) return NULL;
-    PyObject *tiles = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)q1_tiled_bytes(rows, cols));
-    if (!tiles) return NULL;
-    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(tiles);
-    Py_BEGIN_ALLOW_THREADS
-    q1_tile_matrix(data.ptr, rows, cols, out);
-    page_out(data.ptr, rows * (cols / 128) * 18, file_backed);
-    Py_END_ALLOW_THREADS
-    return tiles;
+typedef struct {
+    tile_fn tile;
+    int type;
+    const uint8_t *raw;
+    int64_t rows, K, n_tiles;
+    uint8_t *tiles;
+    atomic_int failed;
+} Tiling;
+
+static void tiling_task(void *vctx, int chunk, int chunks, int thread) {
+    Tiling *c = vctx;
+    int64_t t0, t1;
+    (void)thread;
+    split_range(c->n_tiles, chunk, chunks, &t0, &t1);
+    if (t0 < t1 && c->tile(c->type, c->raw, c->rows, c->K, t0, t1, c->tiles) != 0) atomic_store(&c->failed, 1);
 }
 
-/* A TQ1_0 or TQ2_0 matrix regrouped into tiles of 2-bit codes for the table-lookup product
- * (tq_tiles.c), as a new bytes object; the blocks leave the process's memory, as for Q1_0. */
-static PyObject *py_tile_tq(PyObject *self, PyObject *args) {
+/* A matrix's blocks (`raw`, rows x cols of `type`) regrouped into the tiles its product reads,
+ * by the kernels' threads (as an op runs: one at a time), as a new bytes object; the blocks then
+ * leave the process's memory (page_out; `file_backed`: they lie in a mapped file):
+ *   - Q1_0: tiles of Q1_TILE rows for the table-lookup product (q1_tiles.c);
+ *   - TQ1_0, TQ2_0: tiles of Q1_TILE rows of 2-bit codes, the same (tq_tiles.c);
+ *   - the row-tiled types (row_tiled_type): tiles of ROW_TILE rows, a row per lane, of the
+ *     blocks' size but for the padded rows (row_tiles.c). */
+static PyObject *py_tile(PyObject *self, PyObject *args) {
     PyObject *raw;
-    int type, weights, bytes, file_backed;
+    int type, file_backed, weights, block_bytes;
     long long rows, cols;
-    if (!PyArg_ParseTuple(args, "OiLLp", &raw, &type, &rows, &cols, &file_backed)) return NULL;
-    if ((type != T_TQ1_0 && type != T_TQ2_0) || !type_block(type, &weights, &bytes) || rows <= 0 || cols <= 0 ||
-        cols % weights)
-        return PyErr_Format(PyExc_ValueError, "a %lld x %lld matrix of GGML type %d is not ternary blocks", rows, cols, type);
     Buf data;
-    int64_t size = rows * (cols / weights) * bytes;
+    if (!PyArg_ParseTuple(args, "OiLLp", &raw, &type, &rows, &cols, &file_backed)) return NULL;
+    const int table = type == T_Q1_0 || type == T_TQ1_0 || type == T_TQ2_0;
+    if ((!table && !row_tiled_type(type)) || !type_block(type, &weights, &block_bytes) || rows <= 0 || cols <= 0 ||
+        cols % weights)
+        return PyErr_Format(PyExc_ValueError, "a %lld x %lld matrix of GGML type %d is not taken in tiles", rows, cols, type);
+    const int64_t size = rows * (cols / weights) * block_bytes;
     if (get_buf(raw, 0, 1, &data, "blocks") != 0 || need(&data, size, 1, "blocks") != 0) return NULL;
-    PyObject *tiles = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)tq_tiled_bytes(rows, cols));
+    Tiling tiling = {type == T_Q1_0 ? q1_tile_matrix : table ? tq_tile_matrix : row_tile_matrix, type, data.ptr, rows, cols,
+                     table ? (rows + Q1_TILE - 1) / Q1_TILE : (rows + ROW_TILE - 1) / ROW_TILE, NULL, 0};
+    const int64_t bytes = type == T_Q1_0 ? q1_tiled_bytes(rows, cols) : table ? tq_tiled_bytes(rows, cols)
+                                                                              : row_tiled_bytes(type, rows, cols);
+    PyObject *tiles = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)bytes);
     if (!tiles) return NULL;
-    int failed;
+    tiling.tiles = (uint8_t *)PyBytes_AS_STRING(tiles);
     Py_BEGIN_ALLOW_THREADS
-    failed = tq_tile_matrix(type, data.ptr, rows, cols, (uint8_t *)PyBytes_AS_STRING(tiles));
-    if (!failed) page_out(data.ptr, size, file_backed);
+    pthread_mutex_lock(&exec_lock);
+    pool_run(tiling_task, &tiling);
+    pthread_mutex_unlock(&exec_lock);
+    if (!atomic_load(&tiling.failed)) page_out(data.ptr, size, file_backed);
     Py_END_ALLOW_THREADS
-    if (failed) {
+    if (atomic_load(&tiling.failed)) {
         Py_DECREF(tiles);
         return PyErr_NoMemory();
     }
-    return tiles;
-}
-
-typedef struct {
-    int type;
-    const uint8_t *raw;
-    int64_t rows, K;
-    uint8_t *tiles;
-} RowTiling;
-
-static void row_tiling_task(void *vctx, int chunk, int chunks, int thread) {
-    const RowTiling *c = vctx;
-    int64_t t0, t1;
-    (void)thread;
-    split_range((c->rows + ROW_TILE - 1) / ROW_TILE, chunk, chunks, &t0, &t1);
-    row_tile_matrix(c->type, c->raw, c->rows, c->K, t0, t1, c->tiles);
-}
-
-/* A matrix of a type on int16 codes (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4, Q4_K, Q6_K) regrouped into tiles of
- * ROW_TILE rows (row_tiles.c) by the kernels' threads (as an op runs: one at a time), as a new
- * bytes object of the same size but for the padded rows; the blocks leave the process's
- * memory, as for Q1_0. */
-static PyObject *py_tile_rows(PyObject *self, PyObject *args) {
-    PyObject *raw;
-    int type, weights, bytes, file_backed;
-    long long rows, cols;
-    if (!PyArg_ParseTuple(args, "OiLLp", &raw, &type, &rows, &cols, &file_backed)) return NULL;
-    if (!row_tiled_type(type) || !type_block(type, &weights, &bytes) || rows <= 0 || cols <= 0 || cols % weights)
-        return PyErr_Format(PyExc_ValueError, "a %lld x %lld matrix of GGML type %d is not taken in row tiles", rows, cols, type);
-    Buf data;
-    int64_t size = rows * (cols / weights) * bytes;
-    if (get_buf(raw, 0, 1, &data, "blocks") != 0 || need(&data, size, 1, "blocks") != 0) return NULL;
-    PyObject *tiles = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)row_tiled_bytes(type, rows, cols));
-    if (!tiles) return NULL;
-    RowTiling tiling = {type, data.ptr, rows, cols, (uint8_t *)PyBytes_AS_STRING(tiles)};
-    Py_BEGIN_ALLOW_THREADS
-    pthread_mutex_lock(&exec_lock);
-    pool_run(row_tiling_task, &tiling);
-    pthread_mutex_unlock(&exec_lock);
-    page_out(data.ptr, size, file_backed);
-    Py_END_ALLOW_THREADS
     return tiles;
 }
 
@@ -660,9 +647,7 @@ static PyMethodDef methods[] = {
     {"graph_run", py_graph_run, METH_VARARGS, "Replay a parsed op list on given state arenas (GIL released)."},
     {"set_threads", py_set_threads, METH_VARARGS, "Use n threads, the caller included; returns the count."},
     {"threads", py_threads, METH_NOARGS, "Threads in use, the caller included."},
-    {"tile_q1_0", py_tile_q1_0, METH_VARARGS, "Q1_0 blocks (rows, cols, file_backed) regrouped for the product, as bytes."},
-    {"tile_tq", py_tile_tq, METH_VARARGS, "TQ1_0 or TQ2_0 blocks (type, rows, cols, file_backed) as 2-bit code tiles, as bytes."},
-    {"tile_rows", py_tile_rows, METH_VARARGS, "blocks of a type on int16 codes (type, rows, cols, file_backed) in tiles of 8 rows, as bytes."},
+    {"tile", py_tile, METH_VARARGS, "a matrix's blocks (type, rows, cols, file_backed) regrouped into the tiles its product reads, as bytes."},
     {"count_bad_scales", py_count_bad_scales, METH_VARARGS, "Blocks of a tensor with an inf or nan scale."},
     {"exp", py_exp, METH_VARARGS, "exp of float32 values (the kernels' vectorized exp), as bytes."},
     {"cpu_has", py_cpu_has, METH_VARARGS, "Whether the CPU has an instruction-set feature."},

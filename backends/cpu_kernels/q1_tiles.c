@@ -41,10 +41,11 @@ int64_t q1_table_bytes(int64_t K) { return K / 4 * QUAD_BYTES; }
 
 int64_t q1_tiled_bytes(int64_t rows, int64_t K) { return (rows + Q1_TILE - 1) / Q1_TILE * (K / 128) * BLOCK_BYTES; }
 
-void q1_tile_matrix(const uint8_t *raw, int64_t rows, int64_t K, uint8_t *tiles) {
-    int64_t n_blocks = K / 128, row_bytes = n_blocks * 18;
-    memset(tiles, 0, (size_t)q1_tiled_bytes(rows, K));
-    for (int64_t r = 0; r < rows; r++) {
+int q1_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, int64_t t0, int64_t t1, uint8_t *tiles) {
+    const int64_t n_blocks = K / 128, row_bytes = n_blocks * 18, r1 = rows < t1 * Q1_TILE ? rows : t1 * Q1_TILE;
+    if (type != T_Q1_0 || K % 128) return -1;
+    memset(tiles + t0 * n_blocks * BLOCK_BYTES, 0, (size_t)((t1 - t0) * n_blocks * BLOCK_BYTES));
+    for (int64_t r = t0 * Q1_TILE; r < r1; r++) {
         int64_t tile = r / Q1_TILE, in_tile = r % Q1_TILE;
         for (int64_t b = 0; b < n_blocks; b++) {
             const uint8_t *src = raw + r * row_bytes + b * 18;
@@ -53,6 +54,7 @@ void q1_tile_matrix(const uint8_t *raw, int64_t rows, int64_t K, uint8_t *tiles)
             for (int s = 0; s < STEPS; s++) block[2 * Q1_TILE + Q1_TILE * s + row_lane[in_tile]] = src[2 + s];
         }
     }
+    return 0;
 }
 
 void q1_tables(const float *x, int64_t K, uint8_t *tables, float *xscale) {

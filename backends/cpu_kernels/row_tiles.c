@@ -280,11 +280,12 @@ static inline __attribute__((always_inline)) void tile_matrix_as(const int type,
                  (int)(r % ROW_TILE), 1);
 }
 
-void row_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, int64_t t0, int64_t t1, uint8_t *tiles) {
+int row_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, int64_t t0, int64_t t1, uint8_t *tiles) {
 #define TILING_CASE(name) \
-    case T_##name: tile_matrix_as(T_##name, raw, rows, K, t0, t1, tiles); break;
+    case T_##name: tile_matrix_as(T_##name, raw, rows, K, t0, t1, tiles); return 0;
     switch (type) {
         ROW_TILED(TILING_CASE)
+    default: return -1;
     }
 #undef TILING_CASE
 }

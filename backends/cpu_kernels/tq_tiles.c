@@ -73,34 +73,53 @@ int64_t tq_table_bytes(int64_t K) { return K / 2 * PAIR_BYTES; }
 
 int64_t tq_tiled_bytes(int64_t rows, int64_t K) { return (rows + Q1_TILE - 1) / Q1_TILE * (K / BLOCK) * BLOCK_BYTES; }
 
-int tq_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, uint8_t *tiles) {
+/* Step s of a TQ2_0 block's 64 bytes of 2-bit fields (unpack_tq2_0): the codes c = w + 1 of
+ * weights 4s .. 4s + 3, the file's own fields: bits 2j of qs[32n + 4 (s % 8) + i], i < 4, for
+ * n = s / 32, j = s % 32 / 8 */
+static inline uint8_t tq2_step(const uint8_t *qs, int s) {
+    uint32_t fields;
+    memcpy(&fields, qs + 32 * (s / 32) + 4 * (s % 8), sizeof fields);
+    fields = fields >> (2 * (s % 32 / 8)) & 0x03030303u; /* a code at the bottom of each byte (little-endian) */
+    return (uint8_t)(fields | fields >> 6 | fields >> 12 | fields >> 18);
+}
+
+int tq_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, int64_t t0, int64_t t1, uint8_t *tiles) {
     int weights, bytes;
     if ((type != T_TQ1_0 && type != T_TQ2_0) || !type_block(type, &weights, &bytes) || K % BLOCK) return -1;
-    int8_t *q = malloc((size_t)K);
-    float *scale = malloc(sizeof(float) * (size_t)(K / GROUP * HALVES)), *min = malloc(sizeof(float) * (size_t)(K / GROUP));
-    if (!q || !scale || !min) {
-        free(q), free(scale), free(min);
-        return -1;
-    }
-    RowBuffer buf = {q, scale, min, NULL};
-    int64_t n_blocks = K / BLOCK, row_bytes = n_blocks * bytes;
-    memset(tiles, 0, (size_t)tq_tiled_bytes(rows, K));
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t tile = r / Q1_TILE, in_tile = r % Q1_TILE;
-        const uint8_t *row = raw + r * row_bytes;
-        unpack_row(type, row, K, &buf); /* codes w in -1 .. 2 */
-        for (int64_t b = 0; b < n_blocks; b++) {
-            uint8_t *block = tiles + (tile * n_blocks + b) * BLOCK_BYTES;
-            memcpy(block + 2 * in_tile, row + b * bytes + bytes - 2, 2); /* d: the block's last two bytes */
-            const int8_t *w = q + b * BLOCK;
-            for (int s = 0; s < STEPS; s++) {
-                uint8_t byte = 0;
-                for (int i = 0; i < 4; i++) byte |= (uint8_t)((w[4 * s + i] + 1) << (2 * i));
-                block[2 * Q1_TILE + code_offset((int)in_tile, s)] = byte;
-            }
+    const int64_t n_blocks = K / BLOCK, row_bytes = n_blocks * bytes, r1 = rows < t1 * Q1_TILE ? rows : t1 * Q1_TILE;
+    RowBuffer buf = {NULL, NULL, NULL, NULL}; /* TQ1_0's codes w, unpacked a row at a time */
+    if (type == T_TQ1_0) {
+        buf.q = malloc((size_t)K);
+        buf.scale = malloc(sizeof(float) * (size_t)(K / GROUP * HALVES));
+        buf.min = malloc(sizeof(float) * (size_t)(K / GROUP));
+        if (!buf.q || !buf.scale || !buf.min) {
+            free(buf.q), free(buf.scale), free(buf.min);
+            return -1;
         }
     }
-    free(q), free(scale), free(min);
+    memset(tiles + t0 * n_blocks * BLOCK_BYTES, 0, (size_t)((t1 - t0) * n_blocks * BLOCK_BYTES));
+    for (int64_t r = t0 * Q1_TILE; r < r1; r++) {
+        const int64_t tile = r / Q1_TILE, in_tile = r % Q1_TILE;
+        const uint8_t *row = raw + r * row_bytes;
+        int64_t at[STEPS]; /* where the row's steps lie in a tile block */
+        for (int s = 0; s < STEPS; s++) at[s] = 2 * Q1_TILE + code_offset((int)in_tile, s);
+        if (buf.q) unpack_row(type, row, K, &buf);
+        for (int64_t b = 0; b < n_blocks; b++) {
+            uint8_t *block = tiles + (tile * n_blocks + b) * BLOCK_BYTES;
+            const uint8_t *qs = row + b * bytes;
+            const int8_t *w = buf.q + b * BLOCK;
+            memcpy(block + 2 * in_tile, qs + bytes - 2, 2); /* d: the block's last two bytes */
+            if (!buf.q)
+                for (int s = 0; s < STEPS; s++) block[at[s]] = tq2_step(qs, s);
+            else
+                for (int s = 0; s < STEPS; s++) {
+                    uint8_t byte = 0;
+                    for (int i = 0; i < 4; i++) byte |= (uint8_t)((w[4 * s + i] + 1) << (2 * i));
+                    block[at[s]] = byte;
+                }
+        }
+    }
+    free(buf.q), free(buf.scale), free(buf.min);
     return 0;
 }
 

@@ -253,12 +253,33 @@ def test_the_32_weight_types_on_int16_codes_are_multiplied_from_row_tiles_of_the
                 backend._emit("linear", _bufs(a=np.ones((1, cols), dtype=np.float32)), (entry,), tokens=1)
         if qtype in ROW_TILED_TYPES:
             kept = raw.copy()
-            tiles = backend.native.tile_rows(raw.reshape(-1), int(qtype), 11, cols, False)
+            tiles = backend.native.tile(raw.reshape(-1), int(qtype), 11, cols, False)
             assert len(tiles) == raw.nbytes // 11 * 16, qtype.name
             np.testing.assert_array_equal(raw, kept)  # memory not of a file is paged out, never dropped
-        else:
-            with pytest.raises(ValueError, match="not taken in row tiles"):
-                backend.native.tile_rows(raw.reshape(-1), int(qtype), 11, cols, False)
+        elif qtype not in TABLE_TYPES:  # (those take tiles of 32 rows)
+            with pytest.raises(ValueError, match="not taken in tiles"):
+                backend.native.tile(raw.reshape(-1), int(qtype), 11, cols, False)
+
+
+@pytest.mark.parametrize("qtype", [T.Q1_0, T.TQ1_0, T.TQ2_0, T.Q4_K, T.Q8_0], ids=lambda t: t.name)
+def test_the_kernels_threads_make_the_same_tiles_and_count_the_same_bad_scales_as_one_thread(qtype):
+    """Tiles are made, and scales checked, by the kernels' threads, each taking whole tiles (whole
+    blocks): 3 threads (12 chunks for 3 or 10 tiles, some empty) make one thread's bytes, and count
+    every damaged block once."""
+    rng = np.random.default_rng(70 + int(qtype))
+    rows, cols = 75, 512
+    raw = random_matrix(qtype, rows, cols, rng).reshape(-1)
+    size = GGML_QUANT_SIZES[qtype][1]
+    damaged = raw.copy()
+    bad = rng.choice(damaged.size // size, 7, replace=False)
+    for block in bad:  # an fp16 inf in the block's scale d
+        damaged[block * size + SCALE_OFFSETS[qtype][0] : block * size + SCALE_OFFSETS[qtype][0] + 2] = [0x00, 0x7C]
+    made = {}
+    for threads in (1, 3):
+        native = CpuBackend(threads=threads).native
+        made[threads] = native.tile(raw, int(qtype), rows, cols, False)
+        assert native.count_bad_scales(damaged, int(qtype), damaged.size // size) == len(bad)
+    assert made[1] == made[3]
 
 
 @pytest.mark.parametrize("qtype", ROW_TILED_TYPES, ids=lambda t: t.name)

@@ -59,7 +59,7 @@ static void probe_tq_tiles(const float *x, int64_t K, int T) {
         uint8_t *raw = malloc((size_t)(n_blocks * types[k][1]));
         for (int64_t i = 0; i < n_blocks * types[k][1]; i++) raw[i] = (uint8_t)next();
         for (int64_t b = 0; b < n_blocks; b++) put_scale(raw + b * types[k][1] + types[k][2]);
-        tq_tile_matrix(types[k][0], raw, ROWS, K, tiles);
+        tq_tile_matrix(types[k][0], raw, ROWS, K, 0, (ROWS + Q1_TILE - 1) / Q1_TILE, tiles);
         for (int64_t tile = 0; tile * Q1_TILE < ROWS; tile++)
             for (int t = 0; t < T; t += TQ_TOKENS) {
                 const uint8_t *tab[TQ_TOKENS];
@@ -91,7 +91,7 @@ int main(void) {
     for (int b = 0; b < ROWS * K / 128; b++) put_scale(raw + 18 * b);
     uint8_t *tiles = malloc((size_t)q1_tiled_bytes(ROWS, K)), *tables = malloc((size_t)q1_table_bytes(K));
     float xscale[K / GROUP], out[ROWS];
-    q1_tile_matrix(raw, ROWS, K, tiles);
+    q1_tile_matrix(T_Q1_0, raw, ROWS, K, 0, (ROWS + Q1_TILE - 1) / Q1_TILE, tiles);
     for (int t = 0; t < T; t++) {
         q1_tables(x + t * K, K, tables, xscale);
         for (int64_t tile = 0; tile * Q1_TILE < ROWS; tile++) q1_tile_rows(tiles, ROWS, K, tile, tables, xscale, out);
