@@ -332,8 +332,10 @@ int64_t tq_tiled_bytes(int64_t rows, int64_t K);
 int tq_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, int64_t t0, int64_t t1, uint8_t *tiles);
 int64_t tq_table_bytes(int64_t K); /* one token's tables */
 void tq_tables(const float *x, int64_t K, uint8_t *tables, float *xscale);
-/* rows of tile `tile` of a tiled matrix times n (1 .. TQ_TOKENS) tokens' tables, token j into out[j][row] */
-void tq_tile_rows(const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, const uint8_t *const *tables,
+int tq_tiles_at_once(int n); /* tiles one pass over n tokens may take (tq_tile_rows's count) */
+/* rows of tiles tile .. tile + count - 1 of a tiled matrix (count: 1, or up to tq_tiles_at_once(n)) times n
+ * (1 .. TQ_TOKENS) tokens' tables, token j into out[j][row] */
+void tq_tile_rows(const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, int count, const uint8_t *const *tables,
                   const float *const *xscale, int n, float *const *out);
 
 /* row_tiles.c: the types on int16 codes in tiles of ROW_TILE rows, a row per lane */

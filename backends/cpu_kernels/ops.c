@@ -173,8 +173,11 @@ static void tq_tiles_product(const Acts *a, const Matrix *w, int64_t K, int64_t 
                 scales[j] = a->tq_scale + (t + j) * (K / GROUP);
                 outs[j] = out + (t + j) * w->rows;
             }
-            for (int64_t tile = from; tile < end && tile < from + run; tile++)
-                tq_tile_rows(w->data, w->rows, K, tile, tables, scales, n, outs);
+            const int64_t stop = end < from + run ? end : from + run;
+            for (int64_t tile = from, count; tile < stop; tile += count) {
+                count = stop - tile < tq_tiles_at_once(n) ? stop - tile : tq_tiles_at_once(n);
+                tq_tile_rows(w->data, w->rows, K, tile, (int)count, tables, scales, n, outs);
+            }
         }
 }
 

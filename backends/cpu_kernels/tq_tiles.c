@@ -159,22 +159,33 @@ void tq_tables(const float *x, int64_t K, uint8_t *tables, float *xscale) {
 /* Steps by row. A 64-byte vector is 16 rows times 4 steps; a step's byte at position k of its
  * row's 4, with 16 k added to its nibble, indexes the 64-byte table of its chunk (pairs 2k or
  * 2k + 1 of the chunk). The looked-up low bytes (unsigned) and high bytes (signed) are summed
- * apart, 4 to an int32 lane by VNNI, and joined per group: isum = low + 256 high. */
-__attribute__((target("avx512vbmi"))) static void tile_product_by_row(const uint8_t *tile, int64_t K,
-                                                                      const uint8_t *const *tables,
-                                                                      const float *const *xscale, int n, float *out) {
+ * apart, 4 to an int32 lane by VNNI, and joined per group: isum = low + 256 high. `tiles`
+ * consecutive tiles go at once, into out[32 (tiles j + i) + row] for tile i: 1, or BY_ROW_TILES
+ * for 1 or 2 tokens, each table vector then loaded once for both. The tables (16 bytes a column:
+ * 40 KB at K = 2560) do not stay in L1, so tile after tile read them again from L2: with two
+ * tiles a pass, one token's product from memory went 67-85 -> 84-92 G/s at K = 2560, 69-76 ->
+ * 88-106 at 9728 (2 tokens 120-128 -> 124-141; 3 tiles were no faster than 2). */
+#define BY_ROW_TILES 2
+_Static_assert(BY_ROW_TILES * 2 <= TQ_TOKENS, "two tokens of BY_ROW_TILES tiles fit tq_tile_rows's result");
+static inline __attribute__((always_inline, target("avx512vbmi"))) void by_row_product(
+    const uint8_t *tile, int64_t K, const int tiles, const uint8_t *const *tables, const float *const *xscale, const int n,
+    float *out) {
     const __m512i low4 = _mm512_set1_epi8(0x0f), which = _mm512_set1_epi32(0x30201000), ones = _mm512_set1_epi8(1);
-    __m512 acc[TQ_TOKENS][2];
-    for (int j = 0; j < n; j++) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
+    const int64_t tile_bytes = K / BLOCK * BLOCK_BYTES;
+    const int H = 2 * tiles; /* 16-row halves */
+    __m512 acc[TQ_TOKENS][2 * BY_ROW_TILES];
+    for (int j = 0; j < n; j++)
+        for (int h = 0; h < H; h++) acc[j][h] = _mm512_setzero_ps();
     for (int64_t b = 0; b < K / BLOCK; b++) {
-        const uint8_t *block = tile + b * BLOCK_BYTES, *codes = block + 2 * Q1_TILE;
-        __m512 d[2];
-        for (int h = 0; h < 2; h++) d[h] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(block + 32 * h)));
+        const uint8_t *block = tile + b * BLOCK_BYTES;
+        __m512 d[2 * BY_ROW_TILES];
+        for (int h = 0; h < H; h++)
+            d[h] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(block + h / 2 * tile_bytes + 32 * (h % 2))));
         for (int g = 0; g < BLOCK / GROUP; g++) {
-            __m512i lo_index[2][2], hi_index[2][2]; /* [chunk][rows 0-15, 16-31]: (nibble | 16 k) */
+            __m512i lo_index[2][2 * BY_ROW_TILES], hi_index[2][2 * BY_ROW_TILES]; /* [chunk][half]: (nibble | 16 k) */
             for (int c = 0; c < 2; c++)
-                for (int h = 0; h < 2; h++) {
-                    const uint8_t *at = codes + (2 * g + c) * 128 + 64 * h;
+                for (int h = 0; h < H; h++) {
+                    const uint8_t *at = block + h / 2 * tile_bytes + 2 * Q1_TILE + (2 * g + c) * 128 + 64 * (h % 2);
                     _mm_prefetch((const char *)(at + PREFETCH_AHEAD), _MM_HINT_T0);
                     __m512i w = _mm512_loadu_si512((const void *)at);
                     lo_index[c][h] = _mm512_ternarylogic_epi32(w, low4, which, 0xEA); /* (w & low4) | which */
@@ -182,12 +193,12 @@ __attribute__((target("avx512vbmi"))) static void tile_product_by_row(const uint
                 }
             for (int j = 0; j < n; j++) {
                 const uint8_t *t = tables[j] + (b * (BLOCK / 2) + g * (GROUP / 2)) * PAIR_BYTES;
-                __m512i low[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-                __m512i high[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+                __m512i low[2 * BY_ROW_TILES], high[2 * BY_ROW_TILES];
+                for (int h = 0; h < H; h++) low[h] = high[h] = _mm512_setzero_si512();
                 for (int c = 0; c < 2; c++, t += CHUNK_BYTES) {
                     __m512i tl0 = _mm512_loadu_si512((const void *)t), th0 = _mm512_loadu_si512((const void *)(t + 64));
                     __m512i tl1 = _mm512_loadu_si512((const void *)(t + 128)), th1 = _mm512_loadu_si512((const void *)(t + 192));
-                    for (int h = 0; h < 2; h++) {
+                    for (int h = 0; h < H; h++) {
                         low[h] = _mm512_dpbusd_epi32(low[h], _mm512_permutexvar_epi8(lo_index[c][h], tl0), ones);
                         high[h] = _mm512_dpbusd_epi32(high[h], ones, _mm512_permutexvar_epi8(lo_index[c][h], th0));
                         low[h] = _mm512_dpbusd_epi32(low[h], _mm512_permutexvar_epi8(hi_index[c][h], tl1), ones);
@@ -195,7 +206,7 @@ __attribute__((target("avx512vbmi"))) static void tile_product_by_row(const uint
                     }
                 }
                 __m512 xs = _mm512_set1_ps(xscale[j][b * (BLOCK / GROUP) + g]);
-                for (int h = 0; h < 2; h++) {
+                for (int h = 0; h < H; h++) {
                     __m512i isum = _mm512_add_epi32(low[h], _mm512_slli_epi32(high[h], 8));
                     acc[j][h] = _mm512_add_ps(acc[j][h], _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d[h], xs)));
                 }
@@ -203,7 +214,15 @@ __attribute__((target("avx512vbmi"))) static void tile_product_by_row(const uint
         }
     }
     for (int j = 0; j < n; j++)
-        for (int h = 0; h < 2; h++) _mm512_storeu_ps(out + Q1_TILE * j + 16 * h, acc[j][h]);
+        for (int h = 0; h < H; h++) _mm512_storeu_ps(out + Q1_TILE * tiles * j + 16 * h, acc[j][h]);
+}
+
+__attribute__((target("avx512vbmi"))) static void tile_product_by_row(const uint8_t *tile, int64_t K, int tiles,
+                                                                      const uint8_t *const *tables,
+                                                                      const float *const *xscale, int n, float *out) {
+    if (tiles == 1) by_row_product(tile, K, 1, tables, xscale, n, out);
+    else if (n == 1) by_row_product(tile, K, BY_ROW_TILES, tables, xscale, 1, out);
+    else by_row_product(tile, K, BY_ROW_TILES, tables, xscale, 2, out);
 }
 #endif
 
@@ -223,11 +242,11 @@ static inline void four_steps(const __m256i *n, const uint8_t *tables, int pair,
     *hi16 = hi;
 }
 
-static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *const *tables, const float *const *xscale, int n,
-                         float *out) {
+static void tile_product(const uint8_t *tile, int64_t K, int tiles, const uint8_t *const *tables, const float *const *xscale,
+                         int n, float *out) {
 #if defined(__AVX512VNNI__)
     if (by_row) {
-        tile_product_by_row(tile, K, tables, xscale, n, out);
+        tile_product_by_row(tile, K, tiles, tables, xscale, n, out);
         return;
     }
 #endif
@@ -273,8 +292,9 @@ static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *const *t
 
 /* 16 rows per 128-bit half of a step; each half's lookups widen to int32 lanes in byte
  * position order, so the scales are taken in that order too. */
-static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *const *tables, const float *const *xscale, int n,
-                         float *out) {
+static void tile_product(const uint8_t *tile, int64_t K, int tiles, const uint8_t *const *tables, const float *const *xscale,
+                         int n, float *out) {
+    (void)tiles; /* one tile at a time */
     float32x4_t acc[TQ_TOKENS][8];
     for (int j = 0; j < n; j++)
         for (int k = 0; k < 8; k++) acc[j][k] = vdupq_n_f32(0.0f);
@@ -303,8 +323,9 @@ static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *const *t
     for (int j = 0; j < n; j++) neon_store(acc[j], lane_row, out + Q1_TILE * j);
 }
 #else
-static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *const *tables, const float *const *xscale, int n,
-                         float *out) {
+static void tile_product(const uint8_t *tile, int64_t K, int tiles, const uint8_t *const *tables, const float *const *xscale,
+                         int n, float *out) {
+    (void)tiles;
     for (int j = 0; j < n; j++)
         for (int r = 0; r < Q1_TILE; r++) {
             float acc = 0.0f;
@@ -327,10 +348,18 @@ static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *const *t
 }
 #endif
 
-void tq_tile_rows(const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, const uint8_t *const *tables,
+int tq_tiles_at_once(int n) {
+#if defined(__AVX512VNNI__)
+    if (by_row && n <= 2) return BY_ROW_TILES; /* (their results fit tq_tile_rows's TQ_TOKENS tiles) */
+#endif
+    (void)n;
+    return 1;
+}
+
+void tq_tile_rows(const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, int count, const uint8_t *const *tables,
                   const float *const *xscale, int n, float *const *out) {
     float result[TQ_TOKENS * Q1_TILE];
-    tile_product(tiles + tile * (K / BLOCK) * BLOCK_BYTES, K, tables, xscale, n, result);
-    int64_t r0 = tile * Q1_TILE, count = rows - r0 < Q1_TILE ? rows - r0 : Q1_TILE;
-    for (int j = 0; j < n; j++) memcpy(out[j] + r0, result + Q1_TILE * j, sizeof(float) * (size_t)count);
+    tile_product(tiles + tile * (K / BLOCK) * BLOCK_BYTES, K, count, tables, xscale, n, result);
+    int64_t r0 = tile * Q1_TILE, size = count * Q1_TILE, left = rows - r0 < size ? rows - r0 : size;
+    for (int j = 0; j < n; j++) memcpy(out[j] + r0, result + size * j, sizeof(float) * (size_t)left);
 }

@@ -71,7 +71,7 @@ static void probe_tq_tiles(const float *x, int64_t K, int T) {
                     xs[j] = xscale + (t + j) * (K / GROUP);
                     outs[j] = out + (t + j) * ROWS;
                 }
-                tq_tile_rows(tiles, ROWS, K, tile, tab, xs, n, outs);
+                tq_tile_rows(tiles, ROWS, K, tile, 1, tab, xs, n, outs);
             }
         print(out, ROWS * T);
         free(raw);
