@@ -320,8 +320,10 @@ typedef int (*tile_fn)(int type, const uint8_t *raw, int64_t rows, int64_t K, in
 int q1_tile_matrix(int type, const uint8_t *raw, int64_t rows, int64_t K, int64_t t0, int64_t t1, uint8_t *tiles);
 int64_t q1_table_bytes(int64_t K); /* one token's tables */
 void q1_tables(const float *x, int64_t K, uint8_t *tables, float *xscale);
-/* rows of tile `tile` of a tiled matrix times one token's tables, into out[row] */
-void q1_tile_rows(const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, const uint8_t *tables,
+int q1_tiles_at_once(void); /* tiles one pass may take (q1_tile_rows's count) */
+/* rows of tiles tile .. tile + count - 1 (count: 1 .. q1_tiles_at_once()) of a tiled matrix times one
+ * token's tables, into out[row] */
+void q1_tile_rows(const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, int count, const uint8_t *tables,
                   const float *xscale, float *out);
 
 /* tq_tiles.c: TQ1_0 and TQ2_0 by table lookup, in tiles of Q1_TILE rows of 66 bytes per 256 weights */

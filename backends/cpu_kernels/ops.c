@@ -146,10 +146,13 @@ static const Acts *thread_acts(const LinearCtx *c, int thread) {
 
 /* The tiles of a Q1_0 matrix whose first row lies in [r0, r1), times tokens t0 .. t1 - 1. */
 static void tiles_product(const Acts *a, const Matrix *w, int64_t K, int64_t r0, int64_t r1, int64_t t0, int64_t t1, float *out) {
-    for (int64_t tile = (r0 + Q1_TILE - 1) / Q1_TILE; tile * Q1_TILE < r1; tile++)
+    const int64_t end = (r1 + Q1_TILE - 1) / Q1_TILE;
+    for (int64_t tile = (r0 + Q1_TILE - 1) / Q1_TILE, count; tile < end; tile += count) {
+        count = end - tile < q1_tiles_at_once() ? end - tile : q1_tiles_at_once();
         for (int64_t t = t0; t < t1; t++)
-            q1_tile_rows(w->data, w->rows, K, tile, a->tables + t * q1_table_bytes(K), a->tscale + t * (K / GROUP),
+            q1_tile_rows(w->data, w->rows, K, tile, (int)count, a->tables + t * q1_table_bytes(K), a->tscale + t * (K / GROUP),
                          out + t * w->rows);
+    }
 }
 
 /* The tiles of a ternary matrix whose first row lies in [r0, r1), times tokens t0 .. t1 - 1,

@@ -78,52 +78,83 @@ void q1_tables(const float *x, int64_t K, uint8_t *tables, float *xscale) {
     }
 }
 
-/* One tile (32 rows, K columns) times one token's tables: out[0..31]. */
+/* Tiles tile .. tile + tiles - 1 (32 rows, K columns each) times one token's tables: out[32 i + row]
+ * for tile i. */
 #if defined(__AVX2__)
 #include <immintrin.h>
 
+/* Tiles one pass takes at once: where 32 vector registers hold two tiles' sums, 2, each table
+ * vector then loaded once for both (the tables, 8 bytes a column, do not stay in L1 beside the
+ * streaming bits: 32 KB at K = 4096, and tile after tile read them again from L2) */
+#if defined(__AVX512VL__)
+#define Q1_TILES 2
+#else
+#define Q1_TILES 1
+#endif
+
 static inline __m256i table_half(const uint8_t *t) { return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t)); }
 
-static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *tables, const float *xscale, float *out) {
+static inline __attribute__((always_inline)) void tiles_product(const uint8_t *tile, int64_t K, const int tiles,
+                                                                const uint8_t *tables, const float *xscale, float *out) {
     const __m256i low4 = _mm256_set1_epi8(0x0f);
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    const int64_t tile_bytes = K / 128 * BLOCK_BYTES;
+    __m256 acc[Q1_TILES][4];
+    for (int i = 0; i < tiles; i++)
+        for (int k = 0; k < 4; k++) acc[i][k] = _mm256_setzero_ps();
     for (int64_t b = 0; b < K / 128; b++) {
-        const uint8_t *block = tile + b * BLOCK_BYTES, *bits = block + 2 * Q1_TILE;
-        prefetch_block(block, BLOCK_BYTES, Q1_AHEAD);
-        __m256 d[4];
-        for (int k = 0; k < 4; k++) d[k] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(block + 16 * k)));
+        const uint8_t *block = tile + b * BLOCK_BYTES;
+        __m256 d[Q1_TILES][4];
+        for (int i = 0; i < tiles; i++) {
+            prefetch_block(block + i * tile_bytes, BLOCK_BYTES, Q1_AHEAD);
+            for (int k = 0; k < 4; k++) d[i][k] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(block + i * tile_bytes + 16 * k)));
+        }
         for (int g = 0; g < 4; g++) { /* groups of 32 weights: 4 steps */
-            __m256i isum[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
-                               _mm256_setzero_si256()};
+            __m256i isum[Q1_TILES][4];
+            for (int i = 0; i < tiles; i++)
+                for (int k = 0; k < 4; k++) isum[i][k] = _mm256_setzero_si256();
             for (int h = 0; h < 2; h++) { /* 2 steps, 4 lookups per row, summed in int16 */
-                __m256i lo16 = _mm256_setzero_si256(), hi16 = _mm256_setzero_si256();
+                __m256i lo16[Q1_TILES], hi16[Q1_TILES];
+                for (int i = 0; i < tiles; i++) lo16[i] = hi16[i] = _mm256_setzero_si256();
                 for (int s = 4 * g + 2 * h; s < 4 * g + 2 * h + 2; s++) {
-                    __m256i w = _mm256_loadu_si256((const __m256i *)(bits + 32 * s));
-                    __m256i n0 = _mm256_and_si256(w, low4), n1 = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
                     const uint8_t *t = tables + (b * 32 + 2 * s) * QUAD_BYTES;
-                    __m256i l0 = _mm256_shuffle_epi8(table_half(t), n0), h0 = _mm256_shuffle_epi8(table_half(t + 16), n0);
-                    __m256i l1 = _mm256_shuffle_epi8(table_half(t + 32), n1), h1 = _mm256_shuffle_epi8(table_half(t + 48), n1);
-                    lo16 = _mm256_add_epi16(lo16, _mm256_add_epi16(_mm256_unpacklo_epi8(l0, h0), _mm256_unpacklo_epi8(l1, h1)));
-                    hi16 = _mm256_add_epi16(hi16, _mm256_add_epi16(_mm256_unpackhi_epi8(l0, h0), _mm256_unpackhi_epi8(l1, h1)));
+                    const __m256i tl0 = table_half(t), th0 = table_half(t + 16), tl1 = table_half(t + 32), th1 = table_half(t + 48);
+                    for (int i = 0; i < tiles; i++) {
+                        __m256i w = _mm256_loadu_si256((const __m256i *)(block + i * tile_bytes + 2 * Q1_TILE + 32 * s));
+                        __m256i n0 = _mm256_and_si256(w, low4), n1 = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
+                        __m256i l0 = _mm256_shuffle_epi8(tl0, n0), h0 = _mm256_shuffle_epi8(th0, n0);
+                        __m256i l1 = _mm256_shuffle_epi8(tl1, n1), h1 = _mm256_shuffle_epi8(th1, n1);
+                        lo16[i] = _mm256_add_epi16(lo16[i], _mm256_add_epi16(_mm256_unpacklo_epi8(l0, h0), _mm256_unpacklo_epi8(l1, h1)));
+                        hi16[i] = _mm256_add_epi16(hi16[i], _mm256_add_epi16(_mm256_unpackhi_epi8(l0, h0), _mm256_unpackhi_epi8(l1, h1)));
+                    }
                 }
-                isum[0] = _mm256_add_epi32(isum[0], _mm256_srai_epi32(_mm256_slli_epi32(lo16, 16), 16));
-                isum[1] = _mm256_add_epi32(isum[1], _mm256_srai_epi32(lo16, 16));
-                isum[2] = _mm256_add_epi32(isum[2], _mm256_srai_epi32(_mm256_slli_epi32(hi16, 16), 16));
-                isum[3] = _mm256_add_epi32(isum[3], _mm256_srai_epi32(hi16, 16));
+                for (int i = 0; i < tiles; i++) {
+                    isum[i][0] = _mm256_add_epi32(isum[i][0], _mm256_srai_epi32(_mm256_slli_epi32(lo16[i], 16), 16));
+                    isum[i][1] = _mm256_add_epi32(isum[i][1], _mm256_srai_epi32(lo16[i], 16));
+                    isum[i][2] = _mm256_add_epi32(isum[i][2], _mm256_srai_epi32(_mm256_slli_epi32(hi16[i], 16), 16));
+                    isum[i][3] = _mm256_add_epi32(isum[i][3], _mm256_srai_epi32(hi16[i], 16));
+                }
             }
             __m256 xs = _mm256_set1_ps(xscale[b * 4 + g]);
-            for (int k = 0; k < 4; k++)
-                acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(_mm256_cvtepi32_ps(isum[k]), _mm256_mul_ps(d[k], xs)));
+            for (int i = 0; i < tiles; i++)
+                for (int k = 0; k < 4; k++)
+                    acc[i][k] = _mm256_add_ps(acc[i][k], _mm256_mul_ps(_mm256_cvtepi32_ps(isum[i][k]), _mm256_mul_ps(d[i][k], xs)));
         }
     }
-    for (int k = 0; k < 4; k++) _mm256_storeu_ps(out + 8 * k, acc[k]);
+    for (int i = 0; i < tiles; i++)
+        for (int k = 0; k < 4; k++) _mm256_storeu_ps(out + Q1_TILE * i + 8 * k, acc[i][k]);
+}
+
+static void tile_product(const uint8_t *tile, int64_t K, int tiles, const uint8_t *tables, const float *xscale, float *out) {
+    if (Q1_TILES > 1 && tiles == Q1_TILES) tiles_product(tile, K, Q1_TILES, tables, xscale, out);
+    else tiles_product(tile, K, 1, tables, xscale, out);
 }
 #elif defined(__ARM_NEON) && defined(__aarch64__)
 #include <arm_neon.h>
+#define Q1_TILES 1
 
 /* 16 rows per 128-bit half of a step; each half's lookups widen to int32 lanes in byte
  * position order, so the scales are taken in that order too. */
-static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *tables, const float *xscale, float *out) {
+static void tile_product(const uint8_t *tile, int64_t K, int tiles, const uint8_t *tables, const float *xscale, float *out) {
     float32x4_t acc[8];
     for (int k = 0; k < 8; k++) acc[k] = vdupq_n_f32(0.0f);
     for (int64_t b = 0; b < K / 128; b++) {
@@ -148,7 +179,8 @@ static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *tables, 
     neon_store(acc, lane_row, out);
 }
 #else
-static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *tables, const float *xscale, float *out) {
+#define Q1_TILES 1
+static void tile_product(const uint8_t *tile, int64_t K, int tiles, const uint8_t *tables, const float *xscale, float *out) {
     for (int r = 0; r < Q1_TILE; r++) {
         int p = row_lane[r];
         float acc = 0.0f;
@@ -171,10 +203,12 @@ static void tile_product(const uint8_t *tile, int64_t K, const uint8_t *tables, 
 }
 #endif
 
-void q1_tile_rows(const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, const uint8_t *tables,
+int q1_tiles_at_once(void) { return Q1_TILES; }
+
+void q1_tile_rows(const uint8_t *tiles, int64_t rows, int64_t K, int64_t tile, int count, const uint8_t *tables,
                   const float *xscale, float *out) {
-    float result[Q1_TILE];
-    tile_product(tiles + tile * (K / 128) * BLOCK_BYTES, K, tables, xscale, result);
-    int64_t r0 = tile * Q1_TILE, n = rows - r0 < Q1_TILE ? rows - r0 : Q1_TILE;
+    float result[Q1_TILES * Q1_TILE];
+    tile_product(tiles + tile * (K / 128) * BLOCK_BYTES, K, count, tables, xscale, result);
+    int64_t r0 = tile * Q1_TILE, n = rows - r0 < count * Q1_TILE ? rows - r0 : count * Q1_TILE;
     memcpy(out + r0, result, sizeof(float) * (size_t)n);
 }

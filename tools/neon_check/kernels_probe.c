@@ -94,7 +94,7 @@ int main(void) {
     q1_tile_matrix(T_Q1_0, raw, ROWS, K, 0, (ROWS + Q1_TILE - 1) / Q1_TILE, tiles);
     for (int t = 0; t < T; t++) {
         q1_tables(x + t * K, K, tables, xscale);
-        for (int64_t tile = 0; tile * Q1_TILE < ROWS; tile++) q1_tile_rows(tiles, ROWS, K, tile, tables, xscale, out);
+        for (int64_t tile = 0; tile * Q1_TILE < ROWS; tile++) q1_tile_rows(tiles, ROWS, K, tile, 1, tables, xscale, out);
         print(out, ROWS);
     }
 
