@@ -482,18 +482,40 @@ static PyObject *py_set_threads(PyObject *self, PyObject *args) {
 
 static PyObject *py_threads(PyObject *self, PyObject *noargs) { return PyLong_FromLong(pool_threads()); }
 
+/* Units [0, n) of a job shared out among the kernels' threads: each chunk of the pool's task
+ * calls fn(ctx, lo, hi) on its part, if not empty */
+typedef struct {
+    void (*fn)(void *ctx, int64_t lo, int64_t hi);
+    void *ctx;
+    int64_t n;
+} Shares;
+
+static void shares_task(void *vctx, int chunk, int chunks, int thread) {
+    const Shares *c = vctx;
+    int64_t lo, hi;
+    (void)thread;
+    split_range(c->n, chunk, chunks, &lo, &hi);
+    if (lo < hi) c->fn(c->ctx, lo, hi);
+}
+
+/* fn over [0, n) on the kernels' threads, without the GIL, one job at a time as ops run */
+static void run_shares(int64_t n, void (*fn)(void *ctx, int64_t lo, int64_t hi), void *ctx) {
+    Shares shares = {fn, ctx, n};
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&exec_lock);
+    pool_run(shares_task, &shares);
+    pthread_mutex_unlock(&exec_lock);
+    Py_END_ALLOW_THREADS
+}
+
 typedef struct {
     int type, bytes;
     const uint8_t *data;
-    int64_t n_blocks;
     atomic_llong bad;
 } ScaleCheck;
 
-static void scale_check_task(void *vctx, int chunk, int chunks, int thread) {
+static void check_scales(void *vctx, int64_t lo, int64_t hi) {
     ScaleCheck *c = vctx;
-    int64_t lo, hi;
-    (void)thread;
-    split_range(c->n_blocks, chunk, chunks, &lo, &hi);
     atomic_fetch_add(&c->bad, count_bad_scales(c->type, c->data + lo * c->bytes, hi - lo));
 }
 
@@ -508,12 +530,8 @@ static PyObject *py_count_bad_scales(PyObject *self, PyObject *args) {
     Buf data;
     if (!type_block(type, &weights, &bytes)) return PyErr_Format(PyExc_ValueError, "GGML type %d is not native", type);
     if (get_buf(raw, 0, 1, &data, "blocks") != 0 || need(&data, n_blocks * bytes, 1, "blocks") != 0) return NULL;
-    ScaleCheck check = {type, bytes, data.ptr, n_blocks, 0};
-    Py_BEGIN_ALLOW_THREADS
-    pthread_mutex_lock(&exec_lock);
-    pool_run(scale_check_task, &check);
-    pthread_mutex_unlock(&exec_lock);
-    Py_END_ALLOW_THREADS
+    ScaleCheck check = {type, bytes, data.ptr, 0};
+    run_shares(n_blocks, check_scales, &check);
     return PyLong_FromLongLong(atomic_load(&check.bad));
 }
 
@@ -536,17 +554,14 @@ typedef struct {
     tile_fn tile;
     int type;
     const uint8_t *raw;
-    int64_t rows, K, n_tiles;
+    int64_t rows, K;
     uint8_t *tiles;
     atomic_int failed;
 } Tiling;
 
-static void tiling_task(void *vctx, int chunk, int chunks, int thread) {
+static void make_tiles(void *vctx, int64_t t0, int64_t t1) {
     Tiling *c = vctx;
-    int64_t t0, t1;
-    (void)thread;
-    split_range(c->n_tiles, chunk, chunks, &t0, &t1);
-    if (t0 < t1 && c->tile(c->type, c->raw, c->rows, c->K, t0, t1, c->tiles) != 0) atomic_store(&c->failed, 1);
+    if (c->tile(c->type, c->raw, c->rows, c->K, t0, t1, c->tiles) != 0) atomic_store(&c->failed, 1);
 }
 
 /* A matrix's blocks (`raw`, rows x cols of `type`) regrouped into the tiles its product reads,
@@ -569,18 +584,14 @@ static PyObject *py_tile(PyObject *self, PyObject *args) {
     const int64_t size = rows * (cols / weights) * block_bytes;
     if (get_buf(raw, 0, 1, &data, "blocks") != 0 || need(&data, size, 1, "blocks") != 0) return NULL;
     Tiling tiling = {type == T_Q1_0 ? q1_tile_matrix : table ? tq_tile_matrix : row_tile_matrix, type, data.ptr, rows, cols,
-                     table ? (rows + Q1_TILE - 1) / Q1_TILE : (rows + ROW_TILE - 1) / ROW_TILE, NULL, 0};
+                     NULL, 0};
     const int64_t bytes = type == T_Q1_0 ? q1_tiled_bytes(rows, cols) : table ? tq_tiled_bytes(rows, cols)
                                                                               : row_tiled_bytes(type, rows, cols);
     PyObject *tiles = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)bytes);
     if (!tiles) return NULL;
     tiling.tiles = (uint8_t *)PyBytes_AS_STRING(tiles);
-    Py_BEGIN_ALLOW_THREADS
-    pthread_mutex_lock(&exec_lock);
-    pool_run(tiling_task, &tiling);
-    pthread_mutex_unlock(&exec_lock);
+    run_shares(table ? (rows + Q1_TILE - 1) / Q1_TILE : (rows + ROW_TILE - 1) / ROW_TILE, make_tiles, &tiling);
     if (!atomic_load(&tiling.failed)) page_out(data.ptr, size, file_backed);
-    Py_END_ALLOW_THREADS
     if (atomic_load(&tiling.failed)) {
         Py_DECREF(tiles);
         return PyErr_NoMemory();
