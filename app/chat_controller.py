@@ -21,7 +21,6 @@ from app.adapter_library import conversation_adapters
 from app.conversation_states import ConversationStates
 from app.header_reader import HeaderReader
 from app.model_host import ModelHost
-from app.model_library import ModelInfo
 from app.settings import Settings, effective_sampling, sampling_params
 from app.storage import Conversation, Message, MessageState, Store, ThrottledSaver, ended_early
 from app.worker import Handlers, Job, JobRunner
@@ -29,6 +28,7 @@ from engine.chat_engine import ChatEngine, LocalChatEngine
 from engine.errors import ContextFullError
 from engine.generation import FINISH_CANCELLED, GenerationEvent
 from engine.loader import LoadedModel
+from engine.model_info import ModelInfo
 from engine.model_uri import parse_model_uri
 
 TITLE_LENGTH = 48

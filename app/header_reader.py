@@ -12,8 +12,9 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
-from app.model_library import LibraryEntry, ModelInfo, read_model_info
+from app.model_library import LibraryEntry
 from app.worker import EngineThread, Job, error_message
+from engine.model_info import ModelInfo, read_model_info
 
 MISSING_FILE = "File not found: it was moved or deleted. Remove it, or add it again from its new place."
 

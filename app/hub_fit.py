@@ -9,9 +9,9 @@ view and the picker never disagree.
 
 from pathlib import Path
 
-from app.model_library import ModelInfo, format_bytes
 from engine.hub.files import GGUFChoice, RepoFiles
 from engine.hub.fit import FITS, TIGHT, WONT_FIT, Fit, estimated_kv_bytes_per_token, estimated_parameters, judge
+from engine.model_info import ModelInfo, format_bytes
 from engine.models import SUPPORTED_ARCHITECTURES
 
 UNKNOWN_CONTEXT = 1 << 20  # no header: the chosen context length is what counts

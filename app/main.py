@@ -1,6 +1,6 @@
 """Entry point of the `sprig` console script (also `python -m app`).
 
-    sprig [MODEL.gguf] [--data-dir DIR] [--self-test]
+    sprig [MODEL.gguf] [--data-dir DIR] [--self-test] [--version]
     sprig pull owner/name[:QUANT]     (a model from Hugging Face, in the terminal: engine/hub/pull.py)
 
 Opens the window and loads, in order of preference: the model given on the command line,
@@ -8,7 +8,8 @@ the model used last, or the bundled default. If Sprig is already running on the 
 chats database, the model is handed to that window instead (app/single_instance.py).
 `--data-dir` keeps the chats database and the settings in DIR instead of the per-user
 folders (for tests, screenshots and portable installs). `--self-test` runs headless
-checks and exits (see app/self_test.py).
+checks and exits (see app/self_test.py). `--version` prints the version and the backend
+`auto` picks on this machine, with why it passed the others over (a GPU left unused says why).
 """
 
 import argparse
@@ -33,7 +34,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("model", nargs="?", help="a GGUF model file to add to the library and load")
     parser.add_argument("--data-dir", type=Path, help="keep chats and settings in this folder")
     parser.add_argument("--self-test", action="store_true", help="load the default model headless, check, exit")
+    parser.add_argument("--version", action="store_true", help="print the version and the backend this machine gets")
     return parser.parse_args(argv)
+
+
+def version_report() -> str:
+    """The version, then the backend `auto` starts here and why each one before it could not run."""
+    from importlib.metadata import version
+
+    from backends.selection import select
+
+    backend, reasons = select("auto")
+    try:
+        lines = [f"Sprig {version('sprig')}", f"backend: {backend.name} · {backend.device_name}"]
+    finally:
+        backend.close()
+    passed = ["passed over:", *(f"  {reason}" for reason in reasons)] if reasons else []
+    return "\n".join([*lines, *passed])
 
 
 def open_store(path: Path) -> tuple[Store, str | None]:
@@ -61,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return engine_main(argv)
     args = parse_args(argv)
+    if args.version:
+        print(version_report())
+        return 0
     if args.self_test:
         from app.self_test import run_self_test
 

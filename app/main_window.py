@@ -32,7 +32,7 @@ from app.chat_controller import ChatController
 from app.hub_controller import HubController
 from app.local_server import LocalServer
 from app.menu_bar import build_menu_bar
-from app.model_library import LibraryEntry, ModelInfo, library_entries, vocabulary_metadata
+from app.model_library import LibraryEntry, library_entries
 from app.model_settings import ModelSettings
 from app.server_key import ServerKeyError, save_key, stored_key
 from app.settings import RANGES, Settings, save_settings
@@ -60,6 +60,7 @@ from backends.selection import planned_backend
 from engine.errors import SprigError
 from engine.hub.cache import cached_models, delete_download, find_cached
 from engine.hub.download import Progress, Pull
+from engine.model_info import ModelInfo, vocabulary_metadata
 from engine.remote import keys
 from engine.remote.endpoints import Endpoint
 

@@ -1,21 +1,22 @@
 """The window's menu bar: every command in one place, with its shortcut, and the Help sheet.
 
 The keyboard-shortcuts sheet (F1) is made from these same actions, so it cannot drift
-from what the keys really do.
+from what the keys really do. The menu knows the window only as a `MenuHost`: the commands
+it calls (`app.main_window.MainWindow` is one).
 """
 
 import platform
 from collections.abc import Callable
 from importlib import metadata
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import PySide6
 from PySide6.QtCore import qVersion
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QMessageBox, QWidget
+from PySide6.QtWidgets import QMenuBar, QMessageBox, QWidget
 
-if TYPE_CHECKING:  # main_window imports this module
-    from app.main_window import MainWindow
+from app.chat_controller import ChatController
+from app.widgets.model_bar import ModelBar
 
 ABOUT = (
     "<b>Sprig {version}</b><br>A desktop chat app for local language models, on an inference engine "
@@ -49,6 +50,72 @@ WIDGET_KEYS = (
 )
 
 
+class MenuHost(Protocol):
+    """The window whose menu bar `build_menu_bar` fills: the commands its entries run."""
+
+    @property
+    def controller(self) -> ChatController:
+        """The chat controller (unload, continue, stop)."""
+        ...
+
+    @property
+    def model_bar(self) -> ModelBar:
+        """The model bar, whose Metrics button the View menu's entry mirrors."""
+        ...
+
+    def menuBar(self) -> QMenuBar:
+        """The window's menu bar."""
+        ...
+
+    def close(self) -> bool:
+        """Close the window (File > Quit)."""
+        ...
+
+    def new_conversation(self) -> object:
+        """Start a new chat."""
+        ...
+
+    def import_conversation(self) -> object:
+        """Import a chat from a file."""
+        ...
+
+    def open_settings(self) -> object:
+        """Open the app's settings."""
+        ...
+
+    def open_model_picker(self) -> object:
+        """Open the model picker."""
+        ...
+
+    def open_get_models(self) -> object:
+        """Open Get models."""
+        ...
+
+    def open_model_settings(self) -> object:
+        """Open the current model's settings."""
+        ...
+
+    def toggle_local_server(self) -> object:
+        """Start or stop the local server."""
+        ...
+
+    def open_conversation_settings(self) -> object:
+        """Open the current chat's settings."""
+        ...
+
+    def open_adapters(self) -> object:
+        """Open the current chat's adapters."""
+        ...
+
+    def show_completion(self, on: bool) -> object:
+        """Show the completion view (on) or the chat (off)."""
+        ...
+
+    def change_text_size(self, step: int) -> object:
+        """Make the text `step` percent larger (0: back to the actual size)."""
+        ...
+
+
 def add_action(menu, text: str, handler: Callable, keys: str = "") -> QAction:
     """A menu entry running `handler`, with its shortcut `keys` (if any)."""
     action = QAction(text, menu)
@@ -59,8 +126,8 @@ def add_action(menu, text: str, handler: Callable, keys: str = "") -> QAction:
     return action
 
 
-def build_menu_bar(window: "MainWindow") -> dict[str, QAction]:
-    """Fill `window`'s menu bar (a MainWindow) and return its actions by short name."""
+def build_menu_bar(window: MenuHost) -> dict[str, QAction]:
+    """Fill `window`'s menu bar and return its actions by short name."""
     bar = window.menuBar()
     actions: dict[str, QAction] = {}
     file_menu = bar.addMenu("&File")
@@ -103,8 +170,11 @@ def build_menu_bar(window: "MainWindow") -> dict[str, QAction]:
     actions["text_reset"] = add_action(view_menu, "&Actual size", lambda: window.change_text_size(0), "Ctrl+0")
 
     help_menu = bar.addMenu("&Help")
-    actions["shortcuts"] = add_action(help_menu, "&Keyboard shortcuts", lambda: show_shortcuts(window, actions), "F1")
-    actions["about"] = add_action(help_menu, "&About Sprig", lambda: show_about(window))
+    sheet_parent = bar.window()  # the window itself, as a widget
+    actions["shortcuts"] = add_action(
+        help_menu, "&Keyboard shortcuts", lambda: show_shortcuts(sheet_parent, actions), "F1"
+    )
+    actions["about"] = add_action(help_menu, "&About Sprig", lambda: show_about(sheet_parent))
     return actions
 
 

@@ -1,7 +1,9 @@
 """The model host: the one model the chat answers with, through its whole life.
 
-It loads, unloads and switches local model files, and chooses models on remote servers;
-either way the chat sees a `ChatEngine` (`chat_engine`). Loads run as jobs on the engine
+It loads, unloads and switches local model files, and chooses models on remote servers,
+both through the engine's one opening call (`engine.opening.open_model`: validation, the
+memory verdict, the backend, the template, the draft model and speculation), and shows what
+it returns; either way the chat sees a `ChatEngine` (`chat_engine`). Loads run as jobs on the engine
 thread (the `JobRunner` the chat controller shares), with progress and cancel. A load
 keeps the previous model until the new one is ready, where memory holds both; otherwise
 the previous one goes first, and a failed load says plainly that it went. A released
@@ -20,39 +22,24 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Qt, Signal
 
 from app.memory_release import release_freed_memory
-from app.model_library import ModelInfo, available_memory, describe_model
-from app.model_settings import ModelSettings, load_draft, template_override, with_model_settings
+from app.model_settings import ModelSettings, open_settings, with_model_settings
 from app.settings import Settings
 from app.storage import Store
 from app.worker import Handlers, Job, JobRunner
 from backends.kv_types import DEFAULT_KV_TYPE
-from backends.selection import planned_backend
 from engine.chat_engine import ChatEngine, LocalChatEngine, ModelDescription
 from engine.chat_session import ChatSession
-from engine.errors import SprigError
-from engine.gguf_file import open_gguf
-from engine.loader import LoadedModel, load_model
+from engine.loader import LoadedModel
+from engine.model_info import ModelInfo
 from engine.model_uri import local_uri
+from engine.opening import OpenedModel, OpenSettings, RemoteModel, open_model
 from engine.remote import keys
 from engine.remote.client import RemoteChat
 from engine.remote.endpoints import Endpoint
 from engine.server.scheduler import Scheduler
-from engine.speculation import Speculation
 
 BuildKey = tuple[str, int, int, str | None, str | None, str]  # see ModelHost._build_key
 BUSY = "Wait for the current answer or load to finish, or stop it first."
-
-
-class OutOfMemory(SprigError):
-    """The model would not fit in the memory available."""
-
-
-def load_notes_text(model_name: str, notes: list[str]) -> str:
-    """What the backend changed at load, as one headline line and one line per note below it."""
-    if len(notes) == 1:
-        return f"{model_name}: {notes[0]}."
-    headline = f"{model_name}: {len(notes)} tensors were converted at load, so loading takes longer."
-    return "\n".join([headline, *(f"• {note}" for note in notes)])
 
 
 class ModelHost(QObject):
@@ -87,10 +74,8 @@ class ModelHost(QObject):
         self._engine_progress.connect(self.load_progress, Qt.ConnectionType.QueuedConnection)
         self._engine_notice.connect(self.model_notice, Qt.ConnectionType.QueuedConnection)
         jobs.idle.connect(self.apply_settings)  # a backend or context change made while busy
-        self.loaded: LoadedModel | None = None
-        self.info: ModelInfo | None = None
+        self.opened: OpenedModel | None = None  # the local model, as `open_model` opened it
         self.session: ChatSession | None = None
-        self.draft: LoadedModel | None = None  # the loaded model's draft model, if it has one
         self.remote: RemoteChat | None = None  # a model on a server, chosen in place of a local one
         # Owns the loaded model's turns: the chat's answers (first) and the local server's requests.
         self.scheduler: Scheduler | None = None
@@ -102,6 +87,21 @@ class ModelHost(QObject):
         self._unloaded_for: tuple[str, str] | None = None
 
     # -- state -------------------------------------------------------------------
+
+    @property
+    def loaded(self) -> LoadedModel | None:
+        """The loaded local model file, or None."""
+        return self.opened.loaded if self.opened is not None else None
+
+    @property
+    def info(self) -> ModelInfo | None:
+        """What the loaded file's header says (name, size, quantization...), or None."""
+        return self.opened.info if self.opened is not None else None
+
+    @property
+    def draft(self) -> LoadedModel | None:
+        """The loaded model's draft model, if it has one."""
+        return self.opened.draft if self.opened is not None else None
 
     @property
     def effective_settings(self) -> Settings:
@@ -132,7 +132,7 @@ class ModelHost(QObject):
             self.error.emit(BUSY)
             return False
         self._drop_remote()
-        self.remote = RemoteChat(endpoint, model_id, keys.api_key(endpoint.base_url))
+        self.remote = self._open_remote(endpoint, model_id)
         if self.loaded is not None:
             self.jobs.start(
                 Job(lambda cancel: self._release_model(), "unload"), Handlers(self._forget_local, self.error.emit)
@@ -150,8 +150,15 @@ class ModelHost(QObject):
         if new is None:
             self.model_unloaded.emit()
             return
-        self.remote = RemoteChat(new, model_id, keys.api_key(new.base_url))
+        self.remote = self._open_remote(new, model_id)
         self.remote_model_chosen.emit(self.remote.describe())
+
+    @staticmethod
+    def _open_remote(endpoint: Endpoint, model_id: str) -> RemoteChat:
+        """Model `model_id` on `endpoint`, its API key from the keyring (no request is made yet)."""
+        opened = open_model(RemoteModel(endpoint, model_id), OpenSettings(api_key=keys.api_key(endpoint.base_url)))
+        assert opened.remote is not None  # a remote source opens as a remote model
+        return opened.remote
 
     def _drop_remote(self) -> None:
         if self.remote is not None:
@@ -173,57 +180,33 @@ class ModelHost(QObject):
         self._unloaded_for = None
         self.model_loading.emit(path.name)
 
-        def run(
-            cancel: threading.Event,
-        ) -> tuple[LoadedModel, ModelInfo, ChatSession, ModelSettings, LoadedModel | None]:
-            # Validate the file and check its size before letting go of the current model,
-            # so a bad or oversized file leaves the chat as it was. The header is read once.
-            model_file = open_gguf(path)
-            try:
-                info = describe_model(model_file, name)
-                current, backend = self.info, planned_backend(settings.backend)
-                kv_type, n_ctx = model_settings.kv_type or DEFAULT_KV_TYPE, settings.context_length
-                held = self.model_settings.kv_type or DEFAULT_KV_TYPE
-                freed = current.memory_needed(n_ctx, backend, held) if current and self.loaded else 0
-                free_now = available_memory()
-                fits, verdict = info.memory_verdict(n_ctx, free_now + freed, backend, kv_type)
-                if not info.can_run(n_ctx, free_now + freed, kv_type):
-                    raise OutOfMemory(f"{info.name} {verdict}.")
-                # The current model stays until the new one is ready, where both fit; otherwise it goes first.
-                keep_current = info.memory_verdict(n_ctx, free_now, backend, kv_type)[0]
-            except BaseException:
-                model_file.close()
-                raise
-            if not fits:
-                self._engine_notice.emit(f"{info.name} {verdict}.")
-            if not keep_current and self.loaded is not None:
-                self._unloaded_for = (current.name if current else self.loaded.path.name, info.name)
+        reclaimable = self.opened.memory.needed if self.opened is not None and self.opened.memory else 0
+
+        def make_room(info: ModelInfo) -> None:
+            """Engine thread: both do not fit, so the current model goes before `info`'s loads."""
+            if self.loaded is not None:
+                self._unloaded_for = (self.info.name if self.info else self.loaded.path.name, info.name)
                 self._release_model()
-            loaded = load_model(
-                model_file,
-                settings.backend,
+
+        def run(cancel: threading.Event) -> tuple[OpenedModel, ChatSession, ModelSettings]:
+            # The file is validated and its memory planned before the current model goes, so a bad or
+            # oversized file leaves the chat as it was (engine.opening).
+            opened = open_model(
+                path,
+                open_settings(settings, model_settings, name),
                 progress=self._engine_progress.emit,
                 cancel=cancel,
-                threads=settings.cpu_threads or None,
-                kv_type=kv_type,
+                on_note=self._engine_notice.emit,
+                reclaimable=reclaimable,
+                make_room=make_room,
             )
-            if loaded.load_notes:
-                self._engine_notice.emit(load_notes_text(info.name, loaded.load_notes))
-            draft = None
             try:
-                if model_settings.template is not None:
-                    loaded.template = template_override(loaded.template, model_settings.template, info.name)
-                draft = self._draft_for(loaded, info.name, model_settings, settings)
-                session = self._new_session(loaded, settings, draft)
-                if session.speculation is not None and session.speculation.off_because:
-                    self._engine_notice.emit(f"{info.name}: {session.speculation.off_because}.")
+                session = opened.new_session(settings.context_length, settings.max_tokens)
             except BaseException:
-                loaded.close()
-                if draft is not None:
-                    draft.close()
+                opened.close()
                 raise
             self._release_model()  # the previous model, kept while the new one loaded
-            return loaded, info, session, model_settings, draft
+            return opened, session, model_settings
 
         job = Job(run, "load")
         self.jobs.start(job, Handlers(self._finish_load, lambda message: self._load_failed(job, message)))
@@ -259,9 +242,13 @@ class ModelHost(QObject):
         if wanted[:2] + wanted[3:] != built[:2] + built[3:]:
             self.load(self.loaded.path, self.info.name if self.info else None)
         elif wanted != built:
-            loaded, draft = self.loaded, self.draft
+            opened = self.opened
+            assert opened is not None  # a model is loaded
             self._built_for = wanted
-            job = Job(lambda cancel: self._new_session(loaded, settings, draft), "session")
+            job = Job(
+                lambda cancel: opened.new_session(settings.context_length, settings.max_tokens, settings.speculative),
+                "session",
+            )
             self.jobs.start(job, Handlers(self._session_built, self.error.emit))
 
     def close(self) -> None:
@@ -286,37 +273,10 @@ class ModelHost(QObject):
         if self.scheduler is not None:
             self.scheduler.close()
             self.scheduler = None
-        if self.draft is not None:
-            self.draft.close()
-            self.draft = None
-        if self.loaded is not None:
-            self.loaded.close()
-            self.loaded = None
+        if self.opened is not None:
+            self.opened.close()
+            self.opened = None
             release_freed_memory()
-
-    def _draft_for(
-        self, loaded: LoadedModel, name: str, model_settings: ModelSettings, settings: Settings
-    ) -> LoadedModel | None:
-        """Engine thread: the draft model set for `loaded`, or None; one that cannot draft is said, not fatal."""
-        if model_settings.draft_model is None or settings.speculative == "off":
-            return None
-        try:
-            return load_draft(model_settings.draft_model, loaded, settings.backend, settings.cpu_threads or None)
-        except SprigError as exc:
-            self._engine_notice.emit(f"{name} answers without its draft model: {exc}")
-            return None
-
-    @staticmethod
-    def _new_session(loaded: LoadedModel, settings: Settings, draft: LoadedModel | None = None) -> ChatSession:
-        """A session for `loaded` (with `draft` drafting); speculation's costs c(T) are measured here, at load,
-        not in the first answer."""
-        mode = settings.speculative if draft is not None or settings.speculative != "draft" else "auto"
-        speculation = Speculation(mode, draft=draft)
-        if speculation.enabled:
-            speculation.prepare(loaded.model)
-        return ChatSession(
-            loaded, n_ctx=settings.context_length, max_tokens=settings.max_tokens, speculation=speculation
-        )
 
     # -- job results (GUI thread) -----------------------------------------------------------
 
@@ -340,22 +300,20 @@ class ModelHost(QObject):
                     "loaded now. Choose one with the model button."
                 )
             return
-        self.loaded, self.info, self.session, self.model_settings, self.draft = result
+        self.opened, self.session, self.model_settings = result
+        assert self.loaded is not None and self.info is not None  # a local model was opened
         self._built_for = self._loading_for
         self.scheduler = Scheduler()
         self.store.add_model(str(self.loaded.path), self.info.name)
         self.store.touch_model(str(self.loaded.path))
         backend = self.loaded.backend
-        self.backend_changed.emit(backend.name, backend.device_name, list(self.loaded.backend_notes))
+        self.backend_changed.emit(backend.name, backend.device_name, self.opened.backend_reasons)
         self.model_loaded.emit(self.info)
         self.context_changed.emit(self.session.cache.n_ctx)
-        template_notice = self.loaded.template.notice(self.info.name)
-        if template_notice:
-            self.model_notice.emit(template_notice)
 
     def _forget_local(self, _result: object = None) -> None:
         """The local model is gone: so are what was known about it and its settings."""
-        self.session, self.info, self.model_settings = None, None, ModelSettings()
+        self.session, self.model_settings = None, ModelSettings()
 
     def _unloaded(self, _result: object) -> None:
         self._forget_local()

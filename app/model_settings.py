@@ -23,11 +23,10 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from app.settings import RANGES, Settings
-from backends.kv_types import KV_TYPES
+from backends.kv_types import DEFAULT_KV_TYPE, KV_TYPES
 from engine.chat_template import ChatTemplate
 from engine.errors import TemplateError
-from engine.loader import LoadedModel, load_model
-from engine.speculation import check_draft
+from engine.opening import OpenSettings
 
 MODEL_SPECULATIVE = ("auto", "ngram", "draft", "off")  # "draft": the draft model drafts every round
 KV_TYPE_CHOICES = (
@@ -107,6 +106,23 @@ def with_model_settings(settings: Settings, model: ModelSettings, has_draft: boo
     return replace(settings, **changes)
 
 
+def open_settings(settings: Settings, model: ModelSettings, name: str | None = None) -> OpenSettings:
+    """How the engine opens a model (`engine.opening.open_model`) for the app's `settings` with the
+    model's own (`with_model_settings` applied already) over them; `name` is the library's name for it.
+    A draft model that cannot draft is a notice, not a failed load."""
+    return OpenSettings(
+        backend=settings.backend,
+        threads=settings.cpu_threads or None,
+        context_length=settings.context_length,
+        kv_type=model.kv_type or DEFAULT_KV_TYPE,
+        template=model.template,
+        speculative=settings.speculative,
+        draft_model=model.draft_model,
+        draft_optional=True,
+        name=name,
+    )
+
+
 def check_template(source: str, bos_token: str = "", eos_token: str = "") -> str | None:
     """Why the Jinja `source` cannot be a chat template (the sandbox's own message), or None when
     it compiles and renders a short conversation with a system prompt."""
@@ -119,31 +135,9 @@ def check_template(source: str, bos_token: str = "", eos_token: str = "") -> str
     return None
 
 
-def template_override(current: ChatTemplate, source: str, model_name: str) -> ChatTemplate:
-    """`current` (the file's template) replaced by `source`, with the file's BOS and EOS texts.
-
-    Raises TemplateError when `source` is not valid Jinja."""
-    return ChatTemplate(
-        source, bos_token=current.bos_token, eos_token=current.eos_token, origin=f"the template set for {model_name}"
-    )
-
-
 def file_fingerprint(path: Path) -> tuple[str, int] | None:
     """The file's name and size, by which its settings are found after a move; None if it is missing."""
     try:
         return path.name, path.stat().st_size
     except OSError:
         return None
-
-
-def load_draft(path: str, target: LoadedModel, backend: str, threads: int | None) -> LoadedModel:
-    """Load the draft model at `path` for the loaded `target`, on the same backend.
-
-    Raises SprigError (DraftModelError, ModelFileError, ...) saying why it cannot draft."""
-    draft = load_model(path, backend, threads=threads)
-    try:
-        check_draft(target, draft)
-    except BaseException:
-        draft.close()
-        raise
-    return draft

@@ -76,18 +76,18 @@ def check_server() -> str:
 def check_model() -> str:
     """Load the default model and ask it a question it answers reliably."""
     from engine.bundled import default_model
-    from engine.chat_session import ChatSession
-    from engine.loader import load_model
+    from engine.opening import OpenSettings, open_model
     from engine.sampling import SamplingParams
 
     started = time.perf_counter()
-    loaded = load_model(default_model().path)
+    opened = open_model(default_model().path, OpenSettings(speculative="off"))
+    loaded = opened.local
     load_s = time.perf_counter() - started
     try:
-        session = ChatSession(loaded, params=SamplingParams.greedy(), max_tokens=24)
+        session = opened.new_session(max_tokens=24, params=SamplingParams.greedy())
         events = list(session.send(QUESTION))
     finally:
-        loaded.close()
+        opened.close()
     answer = "".join(e.text for e in events).strip()
     if EXPECTED not in answer:
         raise AssertionError(f"the model answered {answer!r}, expected it to mention {EXPECTED}")

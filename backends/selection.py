@@ -5,19 +5,21 @@ so `select` returns a reason for every backend it did not pick, and the GUI show
 
 `REGISTRY` lists every backend, fastest first, as an entry that can start it or say why
 it cannot, and that carries its memory rule so the app can estimate a model's needs
-without starting anything. CUDA is an entry like the others; this version has no CUDA
-kernels yet, and its entry says so, with what else it found.
+without starting anything. CUDA's entry probes the NVIDIA driver before PyCUDA is imported
+(`backends.cuda.probe`), so a machine without one hears why in a sentence, not a traceback.
+`SPRIG_CUDA_DEVICE=emulator` with `--backend cuda` runs the CUDA backend's kernels on the CPU
+emulator instead (development and CI; far slower than the cpu backend, so `auto` never does).
 """
 
-import ctypes.util
 import importlib.util
+import os
 import platform
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from backends import cpu_native
 from backends.base import Backend
-from backends.errors import BackendUnavailable
+from backends.errors import BackendError, BackendUnavailable
 from backends.memory import DEQUANTIZED_WEIGHTS, MAPPED_WEIGHTS, MemoryRule
 from backends.numpy_backend import NumpyBackend
 
@@ -41,12 +43,35 @@ def _is_apple_silicon() -> bool:
 
 
 def _start_cuda(preference: str, threads: int | None) -> Backend:
-    """Sprig has no CUDA kernels yet: always why not, with what this machine has."""
-    pycuda = "installed" if importlib.util.find_spec("pycuda") else "not installed"
-    driver = "found" if ctypes.util.find_library("cuda") else "not found"
-    raise BackendUnavailable(
-        f"cuda: this version of Sprig has no CUDA backend yet (pycuda {pycuda}, NVIDIA driver {driver})"
-    )
+    """The CUDA backend on the GPU when the driver, a GPU and PyCUDA are there, or on the
+    emulator when `SPRIG_CUDA_DEVICE=emulator` and "cuda" was asked for by name."""
+    if preference in _CPU_SIDE or preference == "mlx":
+        raise BackendUnavailable(f"cuda: not chosen (the {preference} backend was asked for)")
+    from backends.cuda.probe import probe, unavailable_reason
+
+    if os.environ.get("SPRIG_CUDA_DEVICE") == "emulator":
+        if preference != "cuda":
+            raise BackendUnavailable("cuda: SPRIG_CUDA_DEVICE=emulator runs only when the cuda backend is chosen")
+        from backends.cuda.backend import CudaBackend
+        from backends.cuda.emulator_device import EmulatorDevice
+
+        return CudaBackend(EmulatorDevice())
+    reason = unavailable_reason(probe())
+    if reason is not None:
+        raise BackendUnavailable(reason)
+    from backends.cuda.backend import CudaBackend
+    from backends.cuda.pycuda_device import PyCudaDevice
+
+    try:
+        return CudaBackend(PyCudaDevice())
+    except BackendError as exc:  # the driver refused a context or a module: say what it said
+        raise BackendUnavailable(f"cuda: the GPU did not start ({exc})") from exc
+
+
+def _cuda_likely() -> bool:
+    from backends.cuda.probe import probe, unavailable_reason
+
+    return unavailable_reason(probe()) is None
 
 
 def _start_mlx(preference: str, threads: int | None) -> Backend:
@@ -94,7 +119,7 @@ def _cpu_likely() -> bool:
 
 
 REGISTRY: tuple[BackendEntry, ...] = (
-    BackendEntry("cuda", MAPPED_WEIGHTS, _start_cuda, lambda: False),
+    BackendEntry("cuda", MAPPED_WEIGHTS, _start_cuda, _cuda_likely),
     BackendEntry(
         "mlx", MAPPED_WEIGHTS, _start_mlx, lambda: _is_apple_silicon() and bool(importlib.util.find_spec("mlx"))
     ),

@@ -21,17 +21,18 @@ from backends.kv_types import DEFAULT_KV_TYPE, KV_TYPES
 from backends.selection import PREFERENCES as BACKENDS
 from engine.bench import bench
 from engine.bundled import resolve_model_path
-from engine.chat_session import ChatSession, answer_stops, chat_prompt_tokens
+from engine.chat_session import answer_stops, chat_prompt_tokens
 from engine.chat_template import ChatTemplate
 from engine.errors import SprigError
 from engine.generation import generate
 from engine.gguf_file import open_gguf
-from engine.loader import LoadedModel, load_model
 from engine.models import read_config
-from engine.models.lora import parse_lora_option, read_adapter
+from engine.models.lora import parse_lora_option
+from engine.opening import OpenedModel, OpenSettings, RemoteModel, open_model
 from engine.perplexity import perplexity
+from engine.remote.endpoints import Endpoint, normalize_base_url
 from engine.sampling import SamplingParams
-from engine.speculation import MODES, Speculation, check_draft
+from engine.speculation import MODES
 from engine.tokenizer import Tokenizer
 
 
@@ -131,52 +132,38 @@ def _sampling(args) -> SamplingParams:
     )
 
 
-def _load(args) -> LoadedModel:
-    """Load --model on --backend (with --threads), saying on stderr what the backend changed."""
-    loaded = load_model(resolve_model_path(args.model), args.backend, threads=args.threads, kv_type=args.kv_type)
-    for note in loaded.load_notes:
-        print(f"note: {note}", file=sys.stderr)
-    for option in getattr(args, "lora", None) or []:
-        path, scale = parse_lora_option(option)
-        adapter = read_adapter(resolve_model_path(path))
-        loaded.model.adapters.push(adapter, scale)
-        print(f"note: LoRA adapter {adapter.name} at scale {scale:g}", file=sys.stderr)
-    return loaded
-
-
-def _speculation(args, loaded: LoadedModel) -> Speculation:
-    """--speculative, --draft-model and --draft-tokens as a Speculation (the draft model loaded and checked)."""
-    draft = None
-    if args.draft_model is not None:
-        if args.speculative not in ("draft", "auto"):
-            raise UsageError(f"--draft-model needs --speculative draft or auto, not {args.speculative}")
-        draft = load_model(
-            resolve_model_path(args.draft_model), args.backend, threads=args.threads, kv_type=args.kv_type
-        )
-        check_draft(loaded, draft)
-    speculation = Speculation(args.speculative, args.draft_tokens, draft)
-    if speculation.enabled and speculation.controller is None:  # the adaptive controller: c(T) measured now
-        speculation.prepare(loaded.model)
-        if speculation.off_because:
-            print(f"note: {speculation.off_because}", file=sys.stderr)
-    return speculation
+def _open(args) -> OpenedModel:
+    """Open --model through `engine.open_model` with the command's options (backend, threads, KV type,
+    context, LoRA adapters, speculation and draft model), saying on stderr what the user should know."""
+    draft_model, speculative = getattr(args, "draft_model", None), getattr(args, "speculative", "off")
+    if draft_model is not None and speculative not in ("draft", "auto"):
+        raise UsageError(f"--draft-model needs --speculative draft or auto, not {speculative}")
+    settings = OpenSettings(
+        backend=args.backend,
+        threads=args.threads,
+        context_length=getattr(args, "ctx", None),
+        kv_type=args.kv_type,
+        speculative=speculative,
+        draft_model=draft_model,
+        draft_tokens=getattr(args, "draft_tokens", None),
+        adapters=tuple(parse_lora_option(option) for option in getattr(args, "lora", None) or []),
+    )
+    return open_model(args.model, settings, on_note=lambda text: print(f"note: {text}", file=sys.stderr))
 
 
 def _generate_remote(args) -> None:
     """--endpoint: stream a remote server's answer to --prompt to stdout."""
-    from engine.remote.client import RemoteChat  # imports openai only for this command
-    from engine.remote.endpoints import Endpoint, normalize_base_url
-
     if args.prompt is None or args.json:
         raise UsageError("--endpoint takes --prompt and prints the answer (--tokens and --json are for local models)")
     base_url = normalize_base_url(args.endpoint)
-    chat = RemoteChat(Endpoint(base_url, base_url), args.model, args.api_key)
+    opened = open_model(RemoteModel(Endpoint(base_url, base_url), args.model), OpenSettings(api_key=args.api_key))
+    assert opened.remote is not None  # a remote source opens as a remote model
     try:
         messages = [{"role": "user", "content": args.prompt}]
-        for event in chat.stream(messages, _sampling(args), args.max_tokens, threading.Event()):
+        for event in opened.remote.stream(messages, _sampling(args), args.max_tokens, threading.Event()):
             print(event.text, end="", flush=True)
     finally:
-        chat.close()
+        opened.close()
     print()
 
 
@@ -185,14 +172,14 @@ def cmd_generate(args) -> None:
     if args.endpoint is not None:
         _generate_remote(args)
         return
-    loaded = _load(args)
+    opened = _open(args)
+    loaded = opened.local
     if args.tokens is not None:
         prompt, stops = _token_list(args.tokens), {}
     else:
         prompt = chat_prompt_tokens(loaded, [{"role": "user", "content": args.prompt}])
         stops = answer_stops(loaded)
     cache = loaded.new_cache(args.ctx)
-    speculation = _speculation(args, loaded)
     text, tokens, last = "", [], None
     for event in generate(
         loaded.model,
@@ -201,7 +188,7 @@ def cmd_generate(args) -> None:
         prompt,
         _sampling(args),
         max_tokens=args.max_tokens,
-        speculation=speculation,
+        speculation=opened.speculation,
         **stops,
     ):
         text += event.text
@@ -227,15 +214,9 @@ def cmd_generate(args) -> None:
 
 def cmd_chat(args) -> None:
     """An interactive chat in the terminal. Ctrl-C stops an answer; Ctrl-D quits."""
-    loaded = _load(args)
-    session = ChatSession(
-        loaded,
-        system_prompt=args.system,
-        n_ctx=args.ctx,
-        params=_sampling(args),
-        max_tokens=args.max_tokens,
-        speculation=_speculation(args, loaded),
-    )
+    opened = _open(args)
+    loaded = opened.local
+    session = opened.new_session(args.ctx, args.max_tokens, args.system, _sampling(args))
     print(f"{loaded.path.name} on {loaded.backend.device_name}. Ctrl-D to quit.", file=sys.stderr)
     while True:
         try:
@@ -256,7 +237,7 @@ def cmd_chat(args) -> None:
 
 def cmd_logits(args) -> None:
     """Last-position logits of raw token ids, float32 (vocab,), to a .npy file."""
-    loaded = _load(args)
+    loaded = _open(args).local
     tokens = _token_list(args.tokens)
     cache = loaded.new_cache(len(tokens) + 1)
     logits = loaded.model.forward(np.asarray(tokens, dtype=np.int64), 0, cache.storage)
@@ -267,7 +248,7 @@ def cmd_embed(args) -> None:
     """L2-normalised embeddings of texts, pooled as the model file says."""
     from engine.embedding import embed, pooling
 
-    loaded = _load(args)
+    loaded = _open(args).local
     vectors, n_tokens = embed(loaded, args.text, args.ctx)
     if args.json:
         _print_json(
@@ -285,7 +266,7 @@ def cmd_embed(args) -> None:
 
 def cmd_perplexity(args) -> None:
     """Perplexity of a text file with llama.cpp's protocol."""
-    loaded = _load(args)
+    loaded = _open(args).local
     result = perplexity(loaded, _read_text(args.text_file), args.ctx, args.max_windows)
     _print_json({"ppl": result.ppl, "tokens_scored": result.tokens_scored})
 
@@ -293,9 +274,9 @@ def cmd_perplexity(args) -> None:
 def cmd_bench(args) -> None:
     """Prefill and decode tokens/s after a warm-up; load time and resident memory."""
     started = time.perf_counter()
-    loaded = _load(args)
+    opened = _open(args)
     load_s, rss_after_load = time.perf_counter() - started, psutil.Process().memory_info().rss
-    figures = bench(loaded, args.prompt_tokens, args.gen_tokens, args.repeats, _speculation(args, loaded), args.fill)
+    figures = bench(opened.local, args.prompt_tokens, args.gen_tokens, args.repeats, opened.speculation, args.fill)
     figures.update(
         load_s=load_s, rss_bytes={"after_load": rss_after_load, "after_run": psutil.Process().memory_info().rss}
     )
@@ -325,7 +306,7 @@ def cmd_serve(args) -> None:
 
     def load(server) -> None:  # while it loads, /health and the API answer 503
         try:
-            loaded = _load(args)
+            loaded = _open(args).local
         except (SprigError, BackendError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             server.should_exit = True

@@ -37,6 +37,10 @@ class BackendFailure(SprigError):
     """A compute backend is unavailable or failed; the message says which and why."""
 
 
+class OutOfMemory(SprigError):
+    """A model would not fit in the memory available, even with the current model released."""
+
+
 class DraftModelError(SprigError):
     """A model cannot draft for the loaded one (speculative decoding); the message says why."""
 

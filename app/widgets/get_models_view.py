@@ -32,7 +32,6 @@ from PySide6.QtWidgets import (
 
 from app.hub_controller import HubController
 from app.hub_fit import estimated_info, fit_for, fit_text
-from app.model_library import ModelInfo, available_memory, format_bytes, read_model_info
 from app.worker import Job
 from engine.errors import HubAccessError, HubError, HubOfflineError
 from engine.hub import tokens
@@ -42,6 +41,7 @@ from engine.hub.download import Progress, Pull, bytes_on_disk, snapshot_path
 from engine.hub.files import GGUFChoice, RepoFiles, list_gguf_files
 from engine.hub.fit import FITS, TIGHT, Fit, recommended_choice
 from engine.hub.search import RECOMMENDED, RepoSummary, search_models
+from engine.model_info import ModelInfo, available_memory, format_bytes, read_model_info
 
 REPO_COLUMNS = ("Repository", "Why", "Downloads", "Likes", "Updated", "Licence")
 FILE_COLUMNS = ("", "Quantization", "File", "Size", "Fit on this computer")

@@ -18,8 +18,8 @@ from PySide6.QtWidgets import (
 )
 
 from app.backend_status import BackendStatus
-from app.model_library import format_bytes
 from app.widgets.sparkline import Sparkline
+from engine.model_info import format_bytes
 
 NONE = "—"
 SMOOTHING = 5  # tokens averaged into the "right now" rate

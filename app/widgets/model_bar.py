@@ -6,8 +6,8 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QProgressBar, QPushButton, QToolButton, QWidget
 
 from app.backend_status import BackendStatus
-from app.model_library import ModelInfo, describe_parameters, format_bytes
 from app.widgets.elided_label import ElidedButton, ElidedLabel
+from engine.model_info import ModelInfo, describe_parameters, format_bytes
 
 MODEL_BUTTON_WIDTH = 300  # the most the model's name may take in the top bar, in pixels
 

@@ -28,10 +28,11 @@ from PySide6.QtWidgets import (
 
 from app.adapter_library import ADAPTERS_FOLDER, adapters_for, find_adapters
 from app.header_reader import HeaderReader
-from app.model_library import LibraryEntry, ModelInfo, available_memory, describe_parameters, format_bytes
+from app.model_library import LibraryEntry
 from app.worker import Job
 from engine.draft_model import draft_refusals
 from engine.hub.cache import CachedModel
+from engine.model_info import ModelInfo, available_memory, describe_parameters, format_bytes
 
 COLUMNS = (
     "Model",

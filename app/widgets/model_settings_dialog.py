@@ -24,13 +24,14 @@ from PySide6.QtWidgets import (
 )
 
 from app.header_reader import HeaderReader
-from app.model_library import LibraryEntry, ModelInfo
+from app.model_library import LibraryEntry
 from app.model_settings import KV_TYPE_CHOICES, MODEL_SPECULATIVE, ModelSettings, check_template
 from app.settings import Settings
 from app.widgets.settings_dialog import SPECULATIVE_LABELS, int_box
 from app.worker import Job
 from engine.builtin_templates import FORMATS
 from engine.draft_model import draft_refusals
+from engine.model_info import ModelInfo
 
 OWN_TEMPLATE = "own"  # the template combo's first item: the file's own template
 CUSTOM_TEMPLATE = "custom"

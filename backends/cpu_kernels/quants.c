@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "bytes.h"    /* u16, u32, f16 */
-#include "iq_grids.h" /* kvalues_iq4nl, ksigns_iq2xs and the IQ grids (tools/make_iq_grids.py) */
+#include "iq_grids.h" /* kvalues_iq4nl, ksigns_iq2xs and the IQ grids (tools/fixtures/make_iq_grids.py) */
 #include "kernels.h"
 #include "simd.h"
 #if defined(__F16C__) || defined(__AVX2__)

@@ -2,22 +2,20 @@
 rotary positions, attention over the layer's own state, and the output projection.
 
 The one attention every architecture shares. What tells families apart is data, set once
-per layer at load: the RoPE base and frequency divisors (`LayerRope`), the scale, window
+per layer at load: the RoPE base and frequency divisors (`engine.models.rope_scaling.LayerRope`), the scale, window
 and soft-cap (`backends.base.LayerAttention`), and which optional tensors the file has.
 """
 
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import replace
+from typing import Any, ClassVar
 
 import numpy as np
 
 from backends.base import AttentionState, Backend, LayerAttention, PassInput
 from engine.config import ModelConfig
-from engine.models.block import Block, LayerReader, TensorSpec
+from engine.models.block import Block, LayerPlan, LayerReader, TensorSpec
 from engine.models.layer import norm
-
-if TYPE_CHECKING:
-    from engine.models.common import Transformer
+from engine.models.rope_scaling import LayerRope
 
 QKV_BIAS = ("attn_q.bias", "attn_k.bias", "attn_v.bias")
 QK_NORM = ("attn_q_norm.weight", "attn_k_norm.weight")
@@ -25,15 +23,6 @@ RING_SLACK = 1024
 """Positions a windowed layer keeps beyond its window: the most new tokens one pass may
 write, and the most a rollback may forget, before the cache must read the text again
 (`engine.kv_cache.KVCache`). Answers regenerated or drafts rejected stay well within it."""
-
-
-@dataclass(frozen=True)
-class LayerRope:
-    """How one layer rotates its queries and keys."""
-
-    base: float
-    freq_factors: np.ndarray | None = None
-    mscale: float = 1.0  # what the rotated features are multiplied by (YaRN, LongRoPE)
 
 
 def _qk_norm(c: ModelConfig, heads: int) -> tuple[int, ...]:
@@ -69,12 +58,12 @@ class Attention(Block):
     bo: Any
     sinks: np.ndarray | None
 
-    def __init__(self, reader: LayerReader, model: "Transformer", index: int):
+    def __init__(self, reader: LayerReader, plan: LayerPlan, index: int):
         self.backend: Backend = reader.backend
-        self.config: ModelConfig = model.config
+        self.config: ModelConfig = plan.config
         self.index = index
-        self.rope: LayerRope | None = model.layer_rope(index)  # None: this layer uses no positions
-        self.settings: LayerAttention = model.layer_attention(index)
+        self.rope: LayerRope | None = plan.layer_rope(index)  # None: this layer uses no positions
+        self.settings: LayerAttention = plan.layer_attention(index)
         self.read_tensors(reader)
         if self.sinks is not None:
             self.settings = replace(self.settings, sinks=self.sinks)

@@ -18,11 +18,12 @@ from typing import Any, ClassVar
 from backends.base import LayerAttention, PassInput
 from engine.config import Family, ModelConfig, bad_file, required_tensor
 from engine.gguf_file import GGUFFile
-from engine.models.attention import Attention, LayerRope
+from engine.models.attention import Attention
 from engine.models.block import LayerReader, TensorSpec
 from engine.models.common import Transformer
 from engine.models.layer import DecoderLayer, _d_model, norm
 from engine.models.mlp import PlainMLP
+from engine.models.rope_scaling import LayerRope
 
 EMBEDDING_NORM = ("token_embd_norm.weight", "token_embd_norm.bias")
 

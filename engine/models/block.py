@@ -1,23 +1,45 @@
-"""What every part of a layer shares: the tensors it reads, and reading them.
+"""What every part of a layer shares: the tensors it reads, reading them, and what it asks of
+the model that builds it.
 
 A layer is built from blocks (`engine.models.attention.Attention`,
 `engine.models.mlp.DenseMLP`, the norms of `engine.models.layer.DecoderLayer`). Each
 block class lists the per-layer GGUF tensors it reads in `TENSORS`: their names after
 `blk.{i}.`, their attributes on the block, their shapes. That table is what the loader
 checks a file against before any weight is read (`check_layer_tensors`), and what the
-block reads its weights by (`LayerReader`).
+block reads its weights by (`LayerReader`). A block is built as `block(reader, plan, i)`:
+`plan` (`LayerPlan`) is all it may ask of the model that holds it, which it never imports.
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from backends.base import Backend, WeightSpec
+from backends.base import Backend, LayerAttention, WeightSpec
 from backends.dequant import dequantize
 from engine.config import ModelConfig, bad_file, required_tensor
 from engine.gguf_file import GGUFFile, TensorInfo
+from engine.models.rope_scaling import LayerRope
+
+
+class LayerPlan(Protocol):
+    """What a block asks of the model building it, once, at load: the model's config, and
+    how layer i rotates positions and attends (what the architecture decided for it).
+    `engine.models.common.Transformer` is one."""
+
+    @property
+    def config(self) -> ModelConfig:
+        """The model's config."""
+        ...
+
+    def layer_rope(self, i: int) -> LayerRope | None:
+        """How layer i rotates its queries and keys; None where it uses no positions."""
+        ...
+
+    def layer_attention(self, i: int) -> LayerAttention:
+        """Layer i's attention settings: scale, sliding window, soft-capping."""
+        ...
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,12 @@ from backends.base import AttentionState, Backend, LayerAttention, LayerState, P
 from backends.kv_types import DEFAULT_KV_TYPE, check_kv_type, fits_kv_type
 from engine.config import Family, ModelConfig
 from engine.gguf_file import GGUFFile
-from engine.models.attention import Attention, LayerRope
+from engine.models.attention import Attention
 from engine.models.block import Block, LayerReader, Linear, check_layer_tensors
 from engine.models.layer import DecoderLayer, norm
 from engine.models.lora import AdapterStack
 from engine.models.mlp import DenseMLP
-from engine.models.rope_scaling import linear_divisors, yarn_divisors, yarn_mscale
+from engine.models.rope_scaling import LayerRope, linear_divisors, yarn_divisors, yarn_mscale
 
 
 class Transformer:
@@ -72,8 +72,10 @@ class Transformer:
         # the output head, by the name an adapter on it (lm_head) targets, tied or not
         self.output_linear = Linear(backend, "output.weight", self.output, (config.vocab_size, config.d_model))
         self.linears = {**reader.linears, "output.weight": self.output_linear}  # what adapters may target
-        self.adapters = AdapterStack(self)
         self.runner = backend.runner(self.logits)
+        self.adapters = AdapterStack(
+            backend, config.architecture, model_file.metadata, self.linears, on_change=lambda: self.runner.reset()
+        )
 
     def _layer(self, reader: LayerReader, i: int) -> DecoderLayer:
         mixer, feed_forward = self.layer_blocks(self.config, i)
@@ -110,7 +112,8 @@ class Transformer:
     @classmethod
     def layer_blocks(cls, config: ModelConfig, i: int) -> tuple[type[Any], type[Any]]:
         """The mixer and feed-forward block classes of layer i: attention and a dense MLP.
-        Each is built as `block(reader, model, i)` and lists its tensors in `TENSORS`."""
+        Each is built as `block(reader, plan, i)`, the model as its `LayerPlan` (all a block may
+        ask of it), and lists its tensors in `TENSORS`."""
         return Attention, DenseMLP
 
     @classmethod

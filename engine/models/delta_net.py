@@ -12,16 +12,13 @@ state), the gated full attention beside it, and their layer's norms.
   `post_attention_norm` (llama.cpp's name for Qwen3.5's post_attention_layernorm).
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from backends.base import Backend, DeltaNetLayer, PassInput, RecurrentState
 from engine.config import ModelConfig
 from engine.models.attention import Attention
-from engine.models.block import Block, LayerReader, TensorSpec
+from engine.models.block import Block, LayerPlan, LayerReader, TensorSpec
 from engine.models.layer import DecoderLayer, _d_model
-
-if TYPE_CHECKING:
-    from engine.models.common import Transformer
 
 
 def _qk_width(c: ModelConfig) -> int:
@@ -60,8 +57,8 @@ class GatedDeltaNet(Block):
     norm: Any
     w_out: Any
 
-    def __init__(self, reader: LayerReader, model: "Transformer", index: int):
-        cfg = self.config = model.config
+    def __init__(self, reader: LayerReader, plan: LayerPlan, index: int):
+        cfg = self.config = plan.config
         self.backend: Backend = reader.backend
         self.index = index
         self.read_tensors(reader)

@@ -37,11 +37,12 @@ import numpy as np
 from backends.base import AttentionState, Backend, ExpertWeights, LayerAttention, PassInput, Routing, WeightSpec
 from engine.config import Family, ModelConfig, bad_file, required_tensor
 from engine.gguf_file import GGUFFile
-from engine.models.attention import LayerRope, attend, kv_state
+from engine.models.attention import attend, kv_state
 from engine.models.block import Block, LayerReader, TensorSpec, check_layer_tensors
 from engine.models.common import Transformer
 from engine.models.layer import DecoderLayer, norm
 from engine.models.mlp import DenseMLP
+from engine.models.rope_scaling import LayerRope
 
 GGML_F32 = 0
 PER_LAYER_INPUT = ("inp_gate.weight", "proj.weight", "post_norm.weight")

@@ -7,8 +7,8 @@ divisors of its long-context RoPE scaling, which every layer uses.
 """
 
 from engine.config import Family
-from engine.models.attention import LayerRope
 from engine.models.common import Transformer
+from engine.models.rope_scaling import LayerRope
 
 
 class Model(Transformer):

@@ -20,21 +20,18 @@ recorded pass is never replayed, and a stale KV prefix never reused.
 """
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
-from backends.base import WeightSpec
+from backends.base import Backend, WeightSpec
 from backends.dequant import dequantize
 from engine.errors import SprigError
 from engine.gguf_file import open_gguf
-from engine.models.block import Linear, LowRank
-
-if TYPE_CHECKING:
-    from engine.models.common import Transformer
+from engine.models.block import FusedLinear, Linear, LowRank
 
 F32 = 0  # GGML type of the prepared factors
 
@@ -114,30 +111,42 @@ class ActiveAdapter:
 
 
 class AdapterStack:
-    """The adapters a model runs with, in order, each with its scale."""
+    """The adapters a model runs with, in order, each with its scale.
 
-    def __init__(self, model: "Transformer"):
-        self.model = model
+    It is given what it adapts, not the model: the backend that prepares the factors, the
+    model file's architecture and metadata (which base model it is), the matrices adapters
+    may target by GGUF name, and `on_change`, called after every change (the model drops
+    what its runner recorded or compiled)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        architecture: str,
+        metadata: Mapping[str, Any],
+        linears: Mapping[str, Linear | FusedLinear],
+        on_change: Callable[[], None],
+    ):
+        self.backend, self.architecture, self.metadata = backend, architecture, metadata
+        self.linears, self.on_change = linears, on_change
         self.active: list[ActiveAdapter] = []
         self.version = 0  # bumped at every change (KV caches compare it)
 
     def check(self, adapter: LoraAdapter) -> None:
         """AdapterError unless `adapter` fits this model: same architecture, the same base
         model where both files name it, and every factor on a matrix of the right shape."""
-        model = self.model
-        architecture = model.config.architecture
+        architecture = self.architecture
         if adapter.architecture != architecture:
             raise AdapterError(
                 f"{adapter.name} is an adapter for a {adapter.architecture!r} model; this model is {architecture!r}."
             )
-        meta = model._file.metadata
+        meta = self.metadata
         ours = {_plain(meta.get(key)) for key in ("general.basename", "general.name") if meta.get(key)}
         if adapter.base_model and ours and _plain(adapter.base_model) not in ours:
             raise AdapterError(
                 f"{adapter.name} was made for {adapter.base_model!r}; this model is {meta.get('general.name')!r}."
             )
         for name, (a, b) in adapter.factors.items():
-            linear = model.linears.get(name)
+            linear = self.linears.get(name)
             if linear is None:
                 raise AdapterError(
                     f"{adapter.name} adapts {name!r}, which this model does not have as a matrix Sprig can adapt "
@@ -190,8 +199,7 @@ class AdapterStack:
         self._apply()
 
     def _apply(self) -> None:
-        model = self.model
-        backend = model.backend
+        backend = self.backend
         wanted: dict[Linear, list[LowRank]] = {}
         for i, active in enumerate(self.active):
             adapter = active.adapter
@@ -202,14 +210,14 @@ class AdapterStack:
                 # names unique to this preparation: a backend may cache prepared weights by name
                 tag = f"{name}.lora.{self.version + 1}.{i}"
                 prepared_a = _prepare(backend, f"{tag}.a", a)
-                for linear, rows in model.linears[name].parts():  # a fused tensor's parts: their rows of B
+                for linear, rows in self.linears[name].parts():  # a fused tensor's parts: their rows of B
                     low_rank = LowRank(prepared_a, _prepare(backend, f"{tag}.b[{rows.start}]", scaled[rows]))
                     wanted.setdefault(linear, []).append(low_rank)
-        for target in model.linears.values():
+        for target in self.linears.values():
             for linear, _ in target.parts():
                 linear.adapters = tuple(wanted.get(linear, ()))
         self.version += 1
-        model.runner.reset()
+        self.on_change()
 
 
 def _prepare(backend, name: str, matrix: np.ndarray):

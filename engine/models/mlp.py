@@ -1,12 +1,9 @@
 """The dense feed-forward block: a gated MLP, act(x W_gate) * (x W_up), then W_down."""
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from backends.base import Backend, PassInput
-from engine.models.block import Block, LayerReader, TensorSpec
-
-if TYPE_CHECKING:
-    from engine.models.common import Transformer
+from engine.models.block import Block, LayerPlan, LayerReader, TensorSpec
 
 
 class DenseMLP(Block):
@@ -21,9 +18,9 @@ class DenseMLP(Block):
     w_up: Any
     w_down: Any
 
-    def __init__(self, reader: LayerReader, model: "Transformer", index: int):
+    def __init__(self, reader: LayerReader, plan: LayerPlan, index: int):
         self.backend: Backend = reader.backend
-        self.activation = model.config.activation
+        self.activation = plan.config.activation
         self.read_tensors(reader)
         self.gate_up = self.backend.fuse_linear([self.w_gate, self.w_up])
         self.read_linears(reader)
@@ -56,9 +53,9 @@ class PlainMLP(Block):
     b_up: Any
     b_down: Any
 
-    def __init__(self, reader: LayerReader, model: "Transformer", index: int):
+    def __init__(self, reader: LayerReader, plan: LayerPlan, index: int):
         self.backend: Backend = reader.backend
-        self.activation = model.config.activation
+        self.activation = plan.config.activation
         self.read_tensors(reader)
         self.up = reader.linear("ffn_up.weight", self.w_up)
         self.down = reader.linear("ffn_down.weight", self.w_down)

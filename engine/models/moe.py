@@ -7,13 +7,10 @@ data-dependent choice stays inside the backend: a recorded or compiled pass hold
 only the chosen experts' weights are read.
 """
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from backends.base import Backend, ExpertWeights, PassInput, Routing
-from engine.models.block import Block, LayerReader, TensorSpec
-
-if TYPE_CHECKING:
-    from engine.models.common import Transformer
+from engine.models.block import Block, LayerPlan, LayerReader, TensorSpec
 
 
 class MoEMLP(Block):
@@ -38,8 +35,8 @@ class MoEMLP(Block):
     up_bias: Any
     down_bias: Any
 
-    def __init__(self, reader: LayerReader, model: "Transformer", index: int):
-        cfg = model.config
+    def __init__(self, reader: LayerReader, plan: LayerPlan, index: int):
+        cfg = plan.config
         self.backend: Backend = reader.backend
         self.activation = cfg.activation
         self.routing = Routing(cfg.n_experts, cfg.n_experts_used, cfg.expert_routing, cfg.expert_weights_norm)

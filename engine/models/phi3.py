@@ -17,10 +17,11 @@ from backends.base import PassInput
 from backends.dequant import dequantize
 from engine.config import Family, ModelConfig
 from engine.gguf_file import GGUFFile
-from engine.models.attention import Attention, LayerRope
+from engine.models.attention import Attention
 from engine.models.block import LayerReader, TensorSpec
 from engine.models.common import Transformer
 from engine.models.mlp import DenseMLP
+from engine.models.rope_scaling import LayerRope
 
 
 class FusedAttention(Attention):

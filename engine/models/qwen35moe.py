@@ -6,17 +6,14 @@ experts every token goes through the shared expert, a SwiGLU whose output is mul
 sigmoid(x . w), its gate (`ffn_gate_inp_shexp`).
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from backends.base import PassInput
 from engine.config import ModelConfig, bad_file, required_tensor
 from engine.gguf_file import GGUFFile
 from engine.models import qwen35
-from engine.models.block import LayerReader, TensorSpec
+from engine.models.block import LayerPlan, LayerReader, TensorSpec
 from engine.models.moe import MoEMLP
-
-if TYPE_CHECKING:
-    from engine.models.common import Transformer
 
 SHARED_ROUTER = "ffn_gate_inp_shexp.weight"  # (1, D) as the converter writes it, (D,) as the quantizer does
 
@@ -34,9 +31,9 @@ class SharedExpertMoE(MoEMLP):
     shared_up: Any
     shared_down: Any
 
-    def __init__(self, reader: LayerReader, model: "Transformer", index: int):
-        super().__init__(reader, model, index)
-        d_model = model.config.d_model
+    def __init__(self, reader: LayerReader, plan: LayerPlan, index: int):
+        super().__init__(reader, plan, index)
+        d_model = plan.config.d_model
         self.shared_router = reader.global_weight(f"blk.{index}.{SHARED_ROUTER}", (1, d_model))  # (1, D)
         self.shared_gate_up = self.backend.fuse_linear([self.shared_gate, self.shared_up])
         self.shared_down_linear = reader.linear("ffn_down_shexp.weight", self.shared_down)

@@ -11,8 +11,18 @@ a factor on the rotated features.
 """
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class LayerRope:
+    """How one layer rotates its queries and keys."""
+
+    base: float
+    freq_factors: np.ndarray | None = None
+    mscale: float = 1.0  # what the rotated features are multiplied by (YaRN, LongRoPE)
 
 
 def linear_divisors(rope_dim: int, factor: float) -> np.ndarray:

@@ -2,7 +2,7 @@
 chosen per conversation with a scale (the Adapters dialog), stored with the conversation,
 applied to its answers, and a misfit refused with the engine's message in the error banner.
 
-The model and adapters are tools/make_lora_embedding_fixtures.py's tiny Qwen3 base and its
+The model and adapters are tools/fixtures/make_lora_embedding_fixtures.py's tiny Qwen3 base and its
 PEFT adapters (tests/engine/test_lora.py checks their numbers against PEFT)."""
 
 import shutil

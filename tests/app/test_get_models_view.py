@@ -7,11 +7,11 @@ from huggingface_hub import constants
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox
 
-from app.model_library import format_bytes
 from app.widgets.get_models_view import GetModelsView
 from app.widgets.model_picker import FILE
 from engine.hub import tokens
 from engine.hub.search import RECOMMENDED
+from engine.model_info import format_bytes
 from tests.app.conftest import ANSWER_TIMEOUT_MS, LOAD_TIMEOUT_MS, answer, close_window, make_window, quick_settings
 from tests.hub_server import tiny_model_repo
 

@@ -246,10 +246,10 @@ def test_a_message_longer_than_the_context_is_an_error_not_a_crash(qtbot, window
 
 
 def test_a_model_too_large_for_memory_is_refused_with_a_message(qtbot, window, monkeypatch):
-    import app.model_host
+    import engine.opening
     with qtbot.waitSignal(window.controller.models.model_unloaded, timeout=LOAD_TIMEOUT_MS):
         window.controller.models.unload()  # otherwise its own memory would count as available
-    monkeypatch.setattr(app.model_host, "available_memory", lambda: 50_000_000)  # 50 MB free
+    monkeypatch.setattr(engine.opening, "available_memory", lambda: 50_000_000)  # 50 MB free
     with qtbot.waitSignal(window.controller.error, timeout=LOAD_TIMEOUT_MS) as error:
         window.add_model(str(bundled_model("smollm2").path))
     assert "will not fit" in error.args[0] and "available" in error.args[0]
@@ -273,8 +273,8 @@ def test_load_reports_reach_listeners_on_the_gui_thread(qtbot, window, monkeypat
     """Progress and notices from a load on the engine thread are emitted on the GUI thread,
     so any listener (a widget, a lambda, a test's signal spy) is safe."""
     import threading
-    import app.model_host
-    from app.model_library import read_model_info
+    import engine.opening
+    from engine.model_info import read_model_info
     with qtbot.waitSignal(window.controller.models.model_unloaded, timeout=LOAD_TIMEOUT_MS):
         window.controller.models.unload()
     # NumPy's float32 copy is what can make a load "run, but slowly" (the notice heard below)
@@ -282,7 +282,7 @@ def test_load_reports_reach_listeners_on_the_gui_thread(qtbot, window, monkeypat
     info = read_model_info(TINY_QWEN3)
     n_ctx = window.controller.settings.context_length
     fits_uncached = max(info.file_size, info.weight_bytes_f32) + info.kv_bytes_per_token * min(n_ctx, info.context_length)
-    monkeypatch.setattr(app.model_host, "available_memory", lambda: fits_uncached)  # runs, but slowly
+    monkeypatch.setattr(engine.opening, "available_memory", lambda: fits_uncached)  # runs, but slowly
     threads: list[tuple[str, bool]] = []
 
     def record(name):

@@ -5,12 +5,11 @@ from pathlib import Path
 import gguf
 import pytest
 
+from app.model_library import LibraryEntry, library_entries
 from backends.memory import RUNTIME_OVERHEAD
-from app.model_library import (
-    LibraryEntry, ModelInfo, format_bytes, format_parameters, library_entries, read_model_info,
-)
 from engine.bundled import bundled_model
 from engine.errors import ModelFileError, UnsupportedModelError
+from engine.model_info import ModelInfo, format_bytes, format_parameters, read_model_info
 from tests.gguf_factory import write_mamba_model, write_tiny_model
 
 
@@ -112,7 +111,7 @@ def test_format_parameters():
 
 
 def test_a_mixture_of_experts_says_how_much_of_it_a_token_reads(tmp_path):
-    from app.model_library import describe_parameters
+    from engine.model_info import describe_parameters
     from tests.gguf_factory import N_EXPERTS, N_EXPERTS_USED
 
     info = read_model_info(write_tiny_model(tmp_path / "moe.gguf", arch="qwen3moe", n_layers=2))

@@ -1,10 +1,11 @@
 """The model picker's Drafts column: which models can draft for the loaded one, and why not."""
 
 from app.header_reader import HeaderReader
-from app.model_library import LibraryEntry, vocabulary_metadata
+from app.model_library import LibraryEntry
 from app.widgets.model_picker import DRAFTS, ModelPicker
 from engine.bundled import bundled_model
 from engine.gguf_file import open_gguf
+from engine.model_info import vocabulary_metadata
 from tests.gguf_factory import tiny_vocab, write_tiny_model
 
 

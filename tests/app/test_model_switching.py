@@ -4,9 +4,9 @@ and switching models does not pile up memory."""
 import psutil
 import pytest
 
-from app.model_library import read_model_info
 from backends.selection import planned_backend
 from engine.bundled import bundled_model
+from engine.model_info import read_model_info
 from tests.app.conftest import LOAD_TIMEOUT_MS, answer, load
 from tests.gguf_factory import write_tiny_model
 
@@ -37,7 +37,7 @@ def test_where_both_do_not_fit_the_previous_goes_first_and_a_cancel_says_so(qtbo
     settings = window.controller.settings
     info = read_model_info(smollm2)
     needed = info.memory_needed(settings.context_length, planned_backend(settings.backend))
-    monkeypatch.setattr("app.model_host.available_memory", lambda: needed - 1)  # room for one model only
+    monkeypatch.setattr("engine.opening.available_memory", lambda: needed - 1)  # room for one model only
     previous = window.controller.model_info.name
     cancel_at_first_progress(qtbot, window, smollm2)
     assert window.controller.loaded is None and window.controller.model_info is None

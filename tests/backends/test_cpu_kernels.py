@@ -28,7 +28,7 @@ from backends.base import WeightSpec
 from backends.cpu_backend import CpuBackend, CpuMatrix, _bufs
 from backends.dequant import dequantize
 from backends.errors import BackendUnavailable
-from tools.make_iq_grids import HEADER, grid_values, render
+from tools.fixtures.make_iq_grids import HEADER, grid_values, render
 
 T = GGMLQuantizationType
 # Byte offsets of each block's fp16 scales (d, and m or dmin where the type has one).
@@ -482,7 +482,7 @@ def test_float_activations_are_not_quantized(qtype):
 
 
 def test_the_iq_grid_header_is_gguf_py_s_tables():
-    """backends/cpu_kernels/iq_grids.h is what tools/make_iq_grids.py writes from gguf-py's
+    """backends/cpu_kernels/iq_grids.h is what tools/fixtures/make_iq_grids.py writes from gguf-py's
     tables today, and its grids are gguf-py's (ggml's) point for point."""
     assert HEADER.read_text() == render()
     quants.IQ2_XXS.init_grid()

@@ -1,7 +1,7 @@
 """backends.dequant against independent references.
 
 - Every block format: fixtures made by llama.cpp's own C dequantizer (ggml's to_float) on
-  random blocks, by tools/make_dequant_fixtures.py. The tests only read the committed
+  random blocks, by tools/fixtures/make_dequant_fixtures.py. The tests only read the committed
   fixtures; they never need llama.cpp.
 - Plain float and integer types, and Q1_0: blocks built by hand, values worked out by hand.
 """

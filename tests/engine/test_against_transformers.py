@@ -1,9 +1,9 @@
 """The NumPy engine against an independent implementation: Hugging Face transformers.
 
 The reference numbers in tests/fixtures/reference/ come from transformers in float32 on
-weights dequantized from the same GGUF files (tools/make_transformers_fixtures.py, run
+weights dequantized from the same GGUF files (tools/fixtures/make_transformers_fixtures.py, run
 with the dev-only reference venv; transformers is never imported here). For SmolLM2
-(llama), Gemma-3-270M (gemma3) and a tiny synthetic Qwen3 (tools/make_synthetic_qwen3.py):
+(llama), Gemma-3-270M (gemma3) and a tiny synthetic Qwen3 (tools/fixtures/make_synthetic_qwen3.py):
 
 - last-position logits of each prompt agree within 1e-3 of the reference vector's range;
 - 32 greedy (argmax) tokens after each prompt are identical, end-of-text tokens included;

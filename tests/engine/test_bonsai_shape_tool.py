@@ -1,4 +1,4 @@
-"""tools/make_bonsai_shape.py: its Q1_0 blocks read back as ±d, and its files open as the shape says.
+"""tools/fixtures/make_bonsai_shape.py: its Q1_0 blocks read back as ±d, and its files open as the shape says.
 
 The benchmark files themselves (247 MB and 1.16 GB) are not written here: a 2-layer,
 hidden-128 shape goes through the same writer.
@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType
 from backends.dequant import dequantize
 from engine.models import read_config
 from engine.gguf_file import open_gguf
-from tools.make_bonsai_shape import SHAPES, BonsaiShape, random_q1_0_blocks, tensor_plan, write_bonsai_shape
+from tools.fixtures.make_bonsai_shape import SHAPES, BonsaiShape, random_q1_0_blocks, tensor_plan, write_bonsai_shape
 
 Q1_0 = int(GGMLQuantizationType.Q1_0)
 F32 = int(GGMLQuantizationType.F32)

@@ -1,5 +1,5 @@
 """The dense families of issue 25 against transformers in float32 (fixtures from
-tools/make_dense_fixtures.py: tiny random models converted and quantized by llama.cpp).
+tools/fixtures/make_dense_fixtures.py: tiny random models converted and quantized by llama.cpp).
 
 NumPy: last-position logits within 1e-3 of the logit range of transformers' on the F32 file,
 and on each quantized file against transformers on that file's weights (dequantized by

@@ -1,4 +1,4 @@
-"""Embeddings against transformers' (tools/make_lora_embedding_fixtures.py): tiny Qwen3
+"""Embeddings against transformers' (tools/fixtures/make_lora_embedding_fixtures.py): tiny Qwen3
 files converted by llama.cpp with last-token, mean and CLS pooling, on NumPy and cpu."""
 
 import json

@@ -1,4 +1,4 @@
-"""Gemma 4 (text) against transformers in float32 (fixtures from tools/make_gemma4_fixtures.py:
+"""Gemma 4 (text) against transformers in float32 (fixtures from tools/fixtures/make_gemma4_fixtures.py:
 tiny random Gemma4ForCausalLM models converted and quantized by llama.cpp).
 
 `gemma4` has the E2B/E4B layout (sliding and global layers of different head sizes, keys as

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from app.main import main as sprig_main
-from app.model_library import read_model_info
+from engine.model_info import read_model_info
 from tests.hub_server import tiny_model_repo
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,6 +1,6 @@
 """Qwen3.5 and Qwen3.5-MoE (hybrid Gated DeltaNet / gated attention) against transformers in
 float32, and their recurrent state through prefill, decoding, rollback and reuse (fixtures from
-tools/make_hybrid_fixtures.py: tiny random models converted by llama.cpp).
+tools/fixtures/make_hybrid_fixtures.py: tiny random models converted by llama.cpp).
 
 The long prompts (200 and 260 tokens) span more than three chunks of the recurrent scan (64).
 NumPy is the reference: its logits within 1e-3 of the range of transformers' (F32, and each

@@ -1,4 +1,4 @@
-"""The benchmark's deep llama.cpp contexts (`tools/llama_kv_state.py`, `bench_llama_cpp.py --fill
+"""The benchmark's deep llama.cpp contexts (`tools/bench/llama_kv_state.py`, `bench_llama_cpp.py --fill
 tiled`): a sequence state is read and tiled as llama.cpp's `state_write`/`state_read` lay it
 out, and llama.cpp itself takes the tiled cache and decodes from it."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from engine.bundled import resolve_model_path
 from tests.engine.conftest import ROOT
-from tools.llama_kv_state import IO_MAGIC, SEQ_MAGIC, read_sequence_state, write_tiled_sequence_file
+from tools.bench.llama_kv_state import IO_MAGIC, SEQ_MAGIC, read_sequence_state, write_tiled_sequence_file
 
 
 def state_bytes(cells: int, layers: int, row: int) -> bytes:
@@ -57,8 +57,8 @@ def test_layouts_it_does_not_know_are_refused():
 
 def test_llama_cpp_takes_the_tiled_cache_and_decodes(peer):
     model = str(resolve_model_path("smollm2"))
-    command = [peer, str(ROOT / "tools" / "bench_llama_cpp.py"), model, "--kv-type", "q8_0", "--fill", "tiled",
-               "--prompt-tokens", "600", "--tile-tokens", "128", "--gen-tokens", "2", "--threads", "1",
+    command = [peer, str(ROOT / "tools" / "bench" / "bench_llama_cpp.py"), model,
+               "--kv-type", "q8_0", "--fill", "tiled", "--prompt-tokens", "600", "--tile-tokens", "128", "--gen-tokens", "2", "--threads", "1",
                "--check-fill", "--json"]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr

@@ -1,4 +1,4 @@
-"""LoRA adapters at run time against PEFT (tools/make_lora_embedding_fixtures.py): a tiny
+"""LoRA adapters at run time against PEFT (tools/fixtures/make_lora_embedding_fixtures.py): a tiny
 random Qwen3 base and two random PEFT adapters, all converted by llama.cpp's scripts, on
 NumPy, cpu and MLX (where mlx is installed: its compiled one-token step carries them too)."""
 

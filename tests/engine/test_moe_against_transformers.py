@@ -1,5 +1,5 @@
 """Qwen3-MoE and gpt-oss against transformers in float32 (fixtures from
-tools/make_moe_fixtures.py: tiny random models converted and quantized by llama.cpp).
+tools/fixtures/make_moe_fixtures.py: tiny random models converted and quantized by llama.cpp).
 
 NumPy is the reference: its logits within 1e-3 of the logit range of transformers', on the
 F32 files and on each quantized file (against transformers run on that file's weights,

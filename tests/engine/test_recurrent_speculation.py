@@ -7,7 +7,7 @@ the model and the reason is given (the CLI's note; the app shows the same text a
 The costs are given, not timed: `measure_costs` is replaced where a decision is tested, and
 only whether it measured a rollback at all is checked on a real hybrid model."""
 
-import argparse
+import json
 
 import pytest
 
@@ -17,6 +17,7 @@ from engine.speculation import AdaptiveController, Speculation, VerifyCosts, mea
 from tests.engine.prefix_model import PrefixModel
 from tests.engine.test_moe_against_transformers import load
 from tests.engine.test_speculative import PARAMS, run
+from tests.gguf_factory import write_tiny_model
 
 DEAR = (1.0, 1.8)  # c(1), c(2): a check of 2 tokens costs 1.8 steps (c(T) then grows by 0.8 a token)
 
@@ -69,13 +70,14 @@ def test_an_answer_with_drafting_turned_off_decodes_plainly(monkeypatch):
     assert all(n == 1 for n in model.passes[1:])  # one token a pass after the prompt
 
 
-def test_the_cli_says_why_drafting_is_off(monkeypatch, capsys):
+def test_the_cli_says_why_drafting_is_off(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(speculation, "measure_costs", lambda model, cache: VerifyCosts(DEAR, 0.01, restore=0.05))
-    monkeypatch.setattr(speculation, "scratch_cache", lambda model: None)
-    args = argparse.Namespace(speculative="auto", draft_tokens=None, draft_model=None)
-    made = cli._speculation(args, argparse.Namespace(model=PrefixModel()))
-    assert not made.enabled
-    assert "note: speculative decoding is off for this model" in capsys.readouterr().err
+    model = write_tiny_model(tmp_path / "tiny.gguf")
+    argv = ["generate", "--model", str(model), "--backend", "numpy", "--tokens", "1,2", "--max-tokens", "2", "--json"]
+    assert cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["tokens"]  # it answered, plainly
+    assert "note: tiny-qwen3: speculative decoding is off for this model" in err
 
 
 def test_a_rollback_is_measured_for_a_hybrid_model_and_not_for_others():

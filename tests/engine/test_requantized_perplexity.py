@@ -1,9 +1,9 @@
 """The bundled models re-quantized by llama.cpp into each quant type, read in place on cpu.
 
 For each type, llama.cpp's quantizer (llama-cpp-python's `llama_model_quantize`, through
-tools/requantize.py in the peer venv) writes SmolLM2 (and Gemma-3-270M, for a subset: its
+tools/fixtures/requantize.py in the peer venv) writes SmolLM2 (and Gemma-3-270M, for a subset: its
 262k-token vocabulary makes each pass slow) in that type, with an importance matrix measured
-by tools/make_imatrix.py. Then, over 8 windows of 128 tokens of tests/fixtures/ppl_text.txt
+by tools/fixtures/make_imatrix.py. Then, over 8 windows of 128 tokens of tests/fixtures/ppl_text.txt
 (with 2 or 4 windows, the figures moved by noise near the bounds from one environment's
 files to another's: SmolLM2's IQ1_M at +0.62% and +1.05% against NumPy over 2 windows, its
 IQ4_XS 2.01% from llama.cpp over 4, where llama.cpp's own was 1.99% from NumPy; over 8, +0.23%
@@ -44,7 +44,7 @@ from gguf import GGMLQuantizationType as T
 from engine.bundled import resolve_model_path
 from engine.loader import load_model
 from engine.perplexity import perplexity
-from tools.make_imatrix import importance_matrix
+from tools.fixtures.make_imatrix import importance_matrix
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 PPL_TEXT = (ROOT / "tests" / "fixtures" / "ppl_text.txt").read_text()
@@ -87,7 +87,8 @@ def test_requantized_model_matches_numpy_and_llama_cpp(key, ftype, peer, imatric
     source = resolve_model_path(key)
     path = tmp_path / f"{key}-{ftype}.gguf"
     subprocess.run(
-        [peer, str(ROOT / "tools" / "requantize.py"), str(source), str(path), ftype, "--imatrix", str(imatrices(key))],
+        [peer, str(ROOT / "tools" / "fixtures" / "requantize.py"), str(source), str(path), ftype,
+         "--imatrix", str(imatrices(key))],
         check=True,
         capture_output=True,
     )
@@ -109,7 +110,7 @@ def test_requantized_model_matches_numpy_and_llama_cpp(key, ftype, peer, imatric
     result = subprocess.run(
         [
             peer,
-            str(ROOT / "tools" / "requantize.py"),
+            str(ROOT / "tools" / "fixtures" / "requantize.py"),
             str(path),
             "--perplexity",
             str(request),

@@ -1,7 +1,7 @@
 """RoPE scaling against transformers' `ROPE_INIT_FUNCTIONS`: linear and YaRN from a file's
 metadata, Llama 3's from the `rope_freqs.weight` llama.cpp's converter writes; the
 frequencies each layer gets, and the rotation the rope op applies with them at a position
-far past the original context (tools/make_rope_scaling_references.py recorded the values)."""
+far past the original context (tools/fixtures/make_rope_scaling_references.py recorded the values)."""
 
 import json
 from pathlib import Path

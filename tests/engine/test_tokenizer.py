@@ -2,7 +2,7 @@
 
 The reference is tests/fixtures/tokenizer_ids.json: what llama.cpp (llama-cpp-python,
 vocab_only) gave for every string of tests/fixtures/tokenizer_corpus.json, recorded by
-tools/make_tokenizer_fixture.py. Besides the two bundled models it holds vocab-only
+tools/fixtures/make_tokenizer_fixture.py. Besides the two bundled models it holds vocab-only
 variants: SmolLM2's vocabulary under other pre-tokenizer types, Gemma 3's with a space
 prefix, and a pre-tokenizer type llama.cpp refuses.
 """
