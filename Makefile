@@ -38,6 +38,16 @@ $(CUBIN_STAMP): $(STAMP) $(CUDA_SOURCES)
 	$(BIN)/python -m backends.cuda.build_cubins
 	touch $(CUBIN_STAMP)
 
+# PyCUDA for the cuda extra, the tests and the Linux bundle: PyPI has only its source, which builds here with
+# no GPU against PyPI's CUDA headers and a stub driver library (tools/gpu/build_pycuda_wheel.sh, into .whl/;
+# about 4 minutes, once). At run time it loads the real driver, and without one Sprig says so.
+PYCUDA_STAMP := $(VENV)/.pycuda
+
+$(PYCUDA_STAMP): $(STAMP) tools/gpu/build_pycuda_wheel.sh
+	bash tools/gpu/build_pycuda_wheel.sh $(BIN)/python
+	$(BIN)/pip install --quiet --find-links .whl 'pycuda==2026.1' 'cuda-bindings>=12.9,<13'
+	touch $(PYCUDA_STAMP)
+
 install: $(NATIVE_STAMP) $(CUBIN_STAMP)
 
 run: $(NATIVE_STAMP) $(CUBIN_STAMP)
@@ -51,7 +61,7 @@ check: $(STAMP)
 	$(BIN)/ruff format --check $(CHECKED)
 	$(BIN)/mypy
 
-test: check $(NATIVE_STAMP)
+test: check $(NATIVE_STAMP) $(CUBIN_STAMP) $(PYCUDA_STAMP)
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q
 
 # llama.cpp's server for the remote-model tests, in a venv of its own (tests/requirements-peer.txt).
@@ -91,7 +101,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 PACKAGE_DEPS := binutils fakeroot dpkg-dev xz-utils lintian debootstrap desktop-file-utils \
 	shared-mime-info appstream xvfb
 
-package: $(NATIVE_STAMP) $(CUBIN_STAMP)
+package: $(NATIVE_STAMP) $(CUBIN_STAMP) $(PYCUDA_STAMP)
 	rm -rf dist/sprig build/icons
 	$(BIN)/python packaging/render_icons.py build/icons
 	$(BIN)/pyinstaller --noconfirm --log-level WARN --distpath dist --workpath build/pyinstaller packaging/sprig.spec

@@ -272,6 +272,9 @@ class Backend(ABC):
     works, so the transformer's `decode_batch` can step several sequences in one pass. On a
     backend without it (MLX) concurrent sequences take their own steps in turn."""
     min_decode_batch: int = 2
+    device_sampling: bool = False
+    """Whether `sample_token` draws tokens on the device (with `device_tokens`): a sampled
+    token then stays there like a greedy one, and reading it costs a 4-byte copy."""
     """The fewest sequences worth one batched pass; fewer take their own decode steps in turn."""
     kv_types: tuple[str, ...] = KV_TYPES
     """The KV types (`backends.kv_types`) `allocate_state` stores; a model that asks for
@@ -291,6 +294,15 @@ class Backend(ABC):
         """The most likely token after the last row of `logits`: a host int by default; a
         token left on the device where `device_tokens` is set."""
         return int(np.argmax(self.to_host(logits)[-1]))
+
+    def sample_token(
+        self, logits: Tensor, temperature: float, top_k: int, top_p: float, min_p: float, uniform: float
+    ) -> Any:
+        """A token drawn after the last row of `logits`, left on the device, by the host sampler's
+        rules (`engine.sampling.Sampler`: top-k, top-p, min-p, then temperature), the draw being
+        the first token whose cumulative probability exceeds `uniform` times the total. Only on a
+        backend with `device_sampling`."""
+        raise NotImplementedError(f"the {self.name} backend draws tokens on the host")
 
     # -- weights -------------------------------------------------------------------
 

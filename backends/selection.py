@@ -65,7 +65,7 @@ def _start_cuda(preference: str, threads: int | None) -> Backend:
     try:
         return CudaBackend(PyCudaDevice())
     except BackendError as exc:  # the driver refused a context or a module: say what it said
-        raise BackendUnavailable(f"cuda: the GPU did not start ({exc})") from exc
+        raise BackendUnavailable(f"cuda: the GPU did not start ({str(exc).removeprefix('cuda: ')})") from exc
 
 
 def _cuda_likely() -> bool:

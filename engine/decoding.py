@@ -15,7 +15,7 @@ A source's contract with the text side:
 """
 
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -197,6 +197,9 @@ class DecodeSteps:
       `device_tokens` keeps every token on the device, and step n + 1 is queued from token n before
       token n is read back, as in mlx-lm's generate_step: the device does not wait for the
       host between steps;
+    - sampling without penalties or masks on a backend with `device_sampling` (CUDA) draws
+      each token on the device too, with the host sampler's rules and its generator's draw, and
+      goes on the same way;
     - other sampling reads the logits back and samples on the host; step n + 1 is queued
       once the text side asks for the token after n.
     Where the backend computes as it is called (NumPy, cpu), each step runs when it is queued.
@@ -209,8 +212,15 @@ class DecodeSteps:
         self.sampler = sampler
         batched = batched_step(model, cache.storage)
         self.step = batched or model.decode_step(cache.storage)
-        device_greedy = argmax_only(sampler.params) and not sampler.masks_tokens and batched is None
-        self.argmax = model.backend.argmax if device_greedy and model.backend.device_tokens else None
+        backend, params = model.backend, sampler.params
+        on_device = backend.device_tokens and not sampler.masks_tokens and batched is None
+        self.argmax: Callable[[Any], Any] | None = None  # picks a token on the device, left there
+        if on_device and argmax_only(params):
+            self.argmax = backend.argmax
+        elif on_device and backend.device_sampling and params.penalties_neutral and type(sampler) is Sampler:
+            self.argmax = lambda logits: backend.sample_token(
+                logits, params.temperature, params.top_k, params.top_p, params.min_p, sampler.rng.random()
+            )  # the host sampler's own draw (`Generator.choice` takes one `random()` a token)
 
     @property
     def on_device(self) -> bool:

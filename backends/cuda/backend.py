@@ -37,7 +37,7 @@ from backends.cuda.graph_runner import GraphRunner
 from backends.cuda.pointwise import Pointwise
 from backends.cuda.products import DeviceMatrix, Products, join_matrices, upload_matrix
 from backends.cuda.sampling_ops import Sampling
-from backends.cuda.tensors import F32, Buffer, BufferPool, DeviceTensor
+from backends.cuda.tensors import F32, Buffer, BufferPool, DeviceTensor, DeviceToken
 from backends.dequant import dequantize
 from backends.memory import MAPPED_WEIGHTS
 from backends.numpy_backend import NumpyBackend
@@ -110,6 +110,8 @@ class CudaBackend(Backend):
     name = "cuda"
     memory_rule = MAPPED_WEIGHTS
     kv_types = ("f16",)
+    device_tokens = True
+    device_sampling = True
 
     def __init__(self, device: Device):
         self.device = device
@@ -122,7 +124,7 @@ class CudaBackend(Backend):
         self._notes: list[str] = []
         self._host_ops: set[str] = set()
         self._constants: dict[int, tuple[np.ndarray, int]] = {}  # id(host array) -> (array, device copy)
-        self._token_out = device.alloc(4)
+        self._moved: dict[int, tuple[DeviceMatrix, DeviceMatrix]] = {}  # id(matrix) -> (it, its view once joined)
         self._states: list[CudaState] = []
 
     @property
@@ -180,17 +182,29 @@ class CudaBackend(Backend):
             self._constants[id(host)] = found
         return found[1]
 
-    def to_host(self, x: DeviceTensor | np.ndarray) -> np.ndarray:
+    def to_host(self, x: DeviceTensor | DeviceToken | np.ndarray) -> np.ndarray:
         if isinstance(x, np.ndarray):
             return np.asarray(x, dtype=np.float32)
+        if isinstance(x, DeviceToken):  # ids below 2**24 are exact in float32
+            return self.device.from_device(x.ptr, (1,), np.int32).astype(np.float32)
         return self.device.from_device(x.ptr, x.shape, np.float32)
 
-    def argmax(self, logits: DeviceTensor) -> int:
-        """The greedy token, picked on the device: a 4-byte copy back."""
-        vocab = logits.shape[-1]
+    def argmax(self, logits: DeviceTensor) -> DeviceToken:
+        """The greedy token after the last row, picked on the device and left there: the next
+        step reads it from there, and reading it back costs a 4-byte copy."""
         last = logits[-1:] if logits.ndim > 1 else logits
-        self.sampling.argmax(last.ptr, vocab, self._token_out)
-        return int(self.device.from_device(self._token_out, (1,), np.int32)[0])
+        token = DeviceToken(Buffer(self.pool, 4))
+        self.sampling.argmax(last.ptr, logits.shape[-1], token.ptr)
+        return token
+
+    def sample_token(
+        self, logits: DeviceTensor, temperature: float, top_k: int, top_p: float, min_p: float, uniform: float
+    ) -> DeviceToken:
+        """A token drawn on the device after the last row (see `Backend.sample_token`), left there."""
+        last = logits[-1:] if logits.ndim > 1 else logits
+        token = DeviceToken(Buffer(self.pool, 4))
+        self.sampling.sample(last.ptr, logits.shape[-1], temperature, top_k, top_p, uniform, token.ptr, min_p=min_p)
+        return token
 
     def _host_op(self, name: str) -> None:
         self._host_ops.add(name)
@@ -223,8 +237,9 @@ class CudaBackend(Backend):
         for w, per_row in zip(weights, row_bytes, strict=True):
             parts.append(DeviceMatrix(joined.ptr + first * per_row, w.ggml_type, w.rows, w.cols, w.nbytes))
             first += w.rows
-        for w in weights:  # the parts are views of the joined blocks now
+        for w, part in zip(weights, parts, strict=True):  # each part is a view of the joined blocks now
             self.device.free(w.ptr)
+            self._moved[id(w)] = (w, part)
         return JoinedMatrix(joined, parts)
 
     def linear_fused(self, x: DeviceTensor, fused: Any, biases: tuple[Any, ...]) -> list[DeviceTensor]:
@@ -250,6 +265,9 @@ class CudaBackend(Backend):
     def linear(self, x: DeviceTensor, weight: Any, bias: Any = None) -> DeviceTensor:
         if not isinstance(weight, DeviceMatrix):
             raise TypeError(f"the CUDA backend cannot multiply by {type(weight).__name__}")
+        moved = self._moved.get(id(weight))
+        if moved is not None:  # a matrix joined with others (`fuse_linear`): its blocks' new place
+            weight = moved[1]
         n = len(x)
         if x.ptr % 16:  # the products read activations 16 bytes at a time: a view of odd rows is copied
             x = self.copy_of(x)
@@ -460,6 +478,8 @@ class CudaBackend(Backend):
                         self.device.memset(ptr + first, 0, (hi - lo) * width * 2)
 
     def close(self) -> None:
+        self.attention_ops.close()
+        self.products.close()
         for state in self._states:
             state.free()
         self._states.clear()

@@ -49,9 +49,12 @@ REGISTERS_PER_WARP_UNIT = 256  # registers are given to a warp in units of this 
 STATIC_SHARED_LIMIT = 48 * 1024  # bytes of static __shared__ a block may declare
 MAX_BLOCK_THREADS = 1024  # what a launch may use when a kernel declares no __launch_bounds__
 
-_COMMON_OPTIONS = ("--std=c++17", "-lineinfo")
-# NVRTC warns that sm_61 and sm_70 are deprecated, and has no option to say they are still wanted.
+_COMMON_OPTIONS = ("--std=c++17",)
+# Line info lets compute-sanitizer and profilers name source lines; it makes a cubin about four times
+# larger and changes no register or spill, so the cubins users get are built without it.
+_LINE_INFO = "-lineinfo"
 _WARNING = re.compile(r"\bwarning\s*(#[\w-]+\s*)?:")  # "warning #177-D:", "nvrtc: warning:", "ptxas warning :"
+# NVRTC warns that sm_61 and sm_70 are deprecated, and has no option to say they are still wanted.
 _DEPRECATED_TARGET = re.compile(r"Architectures prior to .* are deprecated")
 
 
@@ -203,7 +206,7 @@ class Nvrtc:
 
     @property
     def name(self) -> str:
-        """ "NVRTC 12.9", say."""
+        """The compiler and its version: "NVRTC 12.9"."""
         return f"NVRTC {self.version[0]}.{self.version[1]}"
 
     def _check(self, result: int, call: str) -> None:
@@ -219,9 +222,10 @@ class Nvrtc:
         self._check(getattr(self._lib, f"nvrtcGet{what}")(program, buffer), f"nvrtcGet{what}")
         return buffer.raw
 
-    def compile(self, source: Path, target: str) -> Compiled:
-        """Compile `source` for `target`: "sm_XX" gives a cubin, "compute_XX" PTX. Raises
-        CompileError, with the log, when it does not compile."""
+    def compile(self, source: Path, target: str, line_info: bool = False) -> Compiled:
+        """Compile `source` for `target`: "sm_XX" gives a cubin, "compute_XX" PTX; with source
+        line info for the tools when `line_info`. Raises CompileError, with the log, when it
+        does not compile."""
         program = ctypes.c_void_p()
         text = source.read_bytes()
         self._check(
@@ -235,6 +239,7 @@ class Nvrtc:
                 f"-I{source.parent}",
                 "--ptxas-options=-v",
                 *_COMMON_OPTIONS,
+                *([_LINE_INFO] if line_info else []),
             ]
             encoded = [option.encode() for option in options]
             result = self._lib.nvrtcCompileProgram(program, len(encoded), (ctypes.c_char_p * len(encoded))(*encoded))
@@ -249,21 +254,17 @@ class Nvrtc:
         return Compiled(source, target, self.name, image, ptx, log, kernels)
 
 
-_nvrtc: Nvrtc | None = None
-
-
+@functools.cache
 def nvrtc() -> Nvrtc:
     """The process's NVRTC, loaded on first use. Raises BackendUnavailable, saying what to
     install, when the wheels are missing."""
-    global _nvrtc
-    if _nvrtc is None:
-        _nvrtc = Nvrtc()
-    return _nvrtc
+    return Nvrtc()
 
 
-def compile_nvrtc(source: Path, target: str) -> Compiled:
-    """`source` compiled by NVRTC for `target` ("sm_90": a cubin; "compute_120": PTX)."""
-    return nvrtc().compile(source, target)
+def compile_nvrtc(source: Path, target: str, line_info: bool = False) -> Compiled:
+    """`source` compiled by NVRTC for `target` ("sm_90": a cubin; "compute_120": PTX), with
+    source line info when `line_info`."""
+    return nvrtc().compile(source, target, line_info)
 
 
 # -- nvcc --------------------------------------------------------------------------------
@@ -280,7 +281,7 @@ def find_nvcc() -> Path:
 
 @functools.cache
 def nvcc_version(nvcc: Path) -> str:
-    """ "nvcc 13.0", say, from `nvcc --version`."""
+    """The compiler and its version from `nvcc --version`: "nvcc 13.0"."""
     output = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, check=True).stdout
     release = re.search(r"release (\d+\.\d+)", output)
     return f"nvcc {release[1] if release else '?'}"

@@ -19,7 +19,7 @@ import numpy as np
 
 from backends.base import Forward, PassInput, Runner, Segment, positions_of
 from backends.cuda.device import Device, Graph
-from backends.cuda.tensors import F32, Buffer, BufferPool, DeviceTensor
+from backends.cuda.tensors import F32, Buffer, BufferPool, DeviceTensor, DeviceToken
 
 
 class StagedInts(np.ndarray):
@@ -41,9 +41,12 @@ class DeviceInts:
         self.device = device
         self.ptr = device.alloc(4)
 
-    def set(self, value: int) -> None:
-        """Write `value` (copied before the next launch, in stream order)."""
-        self.device.upload(self.ptr, np.array([value], dtype=np.int32))
+    def set(self, value: int | DeviceToken) -> None:
+        """Write `value`, a host int or a token on the device (copied there, in stream order)."""
+        if isinstance(value, DeviceToken):
+            self.device.copy(self.ptr, value.ptr, 4)
+        else:
+            self.device.upload(self.ptr, np.array([value], dtype=np.int32))
 
 
 class RecordedStep:
@@ -60,6 +63,7 @@ class GraphRunner(Runner):
         super().__init__(forward)
         self.device, self.pool = device, pool
         self.token, self.position = DeviceInts(device), DeviceInts(device)
+        self.replays = 0  # steps replayed from a recording, all states together
         self._seen: weakref.WeakSet[Any] = weakref.WeakSet()
         self._steps: weakref.WeakKeyDictionary[Any, RecordedStep] = weakref.WeakKeyDictionary()
 
@@ -69,39 +73,48 @@ class GraphRunner(Runner):
         self._steps = weakref.WeakKeyDictionary()
 
     def __call__(self, tokens: Any, segments: Sequence[Segment], all_logits: bool = False, hidden: bool = False) -> Any:
-        """As `Runner.__call__`; one-token passes of one sequence replay its recorded step."""
-        tokens = np.asarray(tokens, dtype=np.int64)
+        """As `Runner.__call__`; one-token passes of one sequence replay its recorded step.
+        Such a pass also takes its token as `argmax` left it on the device."""
+        on_device = len(tokens) == 1 and isinstance(tokens[0], DeviceToken)
+        if not on_device:
+            tokens = np.asarray(tokens, dtype=np.int64)
         if len(tokens) != 1 or len(segments) != 1 or hidden:
             return self.forward(PassInput(tokens, positions_of(segments), tuple(segments), all_logits, hidden))
         state, start = segments[0].state, int(segments[0].start)
         step = self._steps.get(state)
-        if step is None and state not in self._seen:
-            self._seen.add(state)
-            return self.forward(PassInput(tokens, positions_of(segments), tuple(segments), all_logits, hidden))
-        self.token.set(int(tokens[0]))
+        self.token.set(tokens[0] if on_device else int(tokens[0]))
         self.position.set(start)
+        if step is None and state not in self._seen:  # the first step of a state runs op by op
+            self._seen.add(state)
+            return self.forward(self._staged_input(state, start))
         if step is None:
-            step = self._record(state, start, int(tokens[0]))
+            step = self._record(state, start)
             self._steps[state] = step
         else:
             step.graph.replay()
+            self.replays += 1
         out = DeviceTensor(Buffer(self.pool, F32 * step.logits.size), step.logits.shape)
         self.device.copy(out.ptr, step.logits.ptr, F32 * step.logits.size)
         return out
 
-    def _record(self, state: Any, start: int, token: int) -> RecordedStep:
-        """Record the step of `state` at `start` (and run it once: capture does not run it)."""
-        tokens = np.array([token], dtype=np.int64).view(StagedInts)
+    def _staged_input(self, state: Any, start: int) -> PassInput:
+        """A one-token pass whose token and position the ops read from the runner's device
+        buffers (the host values are stand-ins: the token may be on the device only)."""
+        tokens = np.zeros(1, dtype=np.int64).view(StagedInts)
         tokens.staged = self.token
         positions = np.array([start], dtype=np.int64).view(StagedInts)
         positions.staged = self.position
         at = StagedStart(start)
         at.staged = self.position
+        return PassInput(tokens, positions, (Segment(state, at, 1),), True)
+
+    def _record(self, state: Any, start: int) -> RecordedStep:
+        """Record the step of `state` at `start` (and run it once: capture does not run it)."""
         held: list[Buffer] = []
         self.pool.holding = held
         self.device.begin_capture()
         try:
-            logits = self.forward(PassInput(tokens, positions, (Segment(state, at, 1),), True))
+            logits = self.forward(self._staged_input(state, start))
         finally:
             graph = self.device.end_capture()
             self.pool.holding = None

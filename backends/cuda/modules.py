@@ -121,7 +121,7 @@ def kernel_image(
         reasons.append(f"its source {source} is not here to compile")
     else:
         try:
-            compiled = compile_nvrtc(source, sm)
+            compiled = compile_nvrtc(source, sm, line_info=True)  # development: the tools can name lines
         except (BackendUnavailable, CompileError) as error:
             reasons.append(str(error))
         else:

@@ -6,7 +6,7 @@ import numpy as np
 from backends.cuda.device import Device
 
 _THREADS = 256  # POINTWISE_THREADS and ROPE_THREADS in norms_rope.cu
-_WARP_ROW_LIMIT = 1024  # rows up to this long get a warp each; longer ones a block each
+_WARP_ROW_LIMIT = 256  # rows up to this long (per-head norms) get a warp each; longer ones a block each
 _MAX_BLOCKS = 4096  # the elementwise kernels' grid-stride loops need no more
 _MAX_ROPE_DIM = 512  # ROPE_MAX_HALF * 2
 _UNARY_OPS = {"scale": 0, "softcap": 1, "silu": 2, "gelu_tanh": 3}

@@ -106,3 +106,17 @@ class DeviceTensor:
         lo, hi, _ = index.indices(self.shape[0])
         row = int(np.prod(self.shape[1:]))
         return DeviceTensor(self.buffer, (max(hi - lo, 0), *self.shape[1:]), self.offset + lo * row)
+
+
+class DeviceToken:
+    """A token id left on the device by `argmax` (int32), for the next step to read there."""
+
+    __slots__ = ("buffer",)
+
+    def __init__(self, buffer: Buffer):
+        self.buffer = buffer
+
+    @property
+    def ptr(self) -> int:
+        """The device address of the int32 token."""
+        return self.buffer.ptr

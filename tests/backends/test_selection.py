@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from backends.cuda.probe import probe, unavailable_reason
 from backends.errors import BackendUnavailable
 from backends.memory import DEQUANTIZED_WEIGHTS, MAPPED_WEIGHTS, RUNTIME_OVERHEAD, Footprint
 from backends.numpy_backend import NumpyBackend
@@ -17,11 +18,30 @@ def test_every_backend_the_settings_offer_is_an_entry_cuda_included():
     assert PREFERENCES == ("auto", "cuda", "mlx", "cpu", "numpy")
 
 
-def test_cuda_says_why_it_cannot_run_and_what_it_found():
-    with pytest.raises(BackendUnavailable, match=r"^cuda: .*no CUDA backend yet \(pycuda (not )?installed, NVIDIA driver (not )?found\)"):
+def test_cuda_says_why_it_cannot_run_in_the_probes_words(monkeypatch):
+    monkeypatch.delenv("SPRIG_CUDA_DEVICE", raising=False)
+    reason = unavailable_reason(probe())
+    if reason is None:
+        pytest.skip("this machine can run CUDA: there is no reason to show")
+    with pytest.raises(BackendUnavailable) as refused:
         select("cuda")
-    _, reasons = select("auto")
-    assert reasons[0].startswith("cuda: ") and "no CUDA backend yet" in reasons[0]
+    assert str(refused.value) == reason and reason.startswith("cuda: ")
+    backend, reasons = select("auto")
+    backend.close()
+    assert reasons[0] == reason
+
+
+def test_the_emulator_runs_only_when_cuda_is_asked_for_by_name(monkeypatch):
+    monkeypatch.setenv("SPRIG_CUDA_DEVICE", "emulator")
+    backend, reasons = select("cuda")
+    try:
+        assert backend.name == "cuda" and "emulator" in backend.device_name.lower() and reasons == []
+    finally:
+        backend.close()
+    backend, reasons = select("auto")
+    backend.close()
+    assert backend.name != "cuda"
+    assert reasons[0] == "cuda: SPRIG_CUDA_DEVICE=emulator runs only when the cuda backend is chosen"
 
 
 def test_an_unknown_backend_is_refused_by_name():

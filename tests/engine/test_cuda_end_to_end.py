@@ -22,7 +22,9 @@ import numpy as np
 import pytest
 
 from backends.base import Segment
+from engine.generation import generate
 from engine.loader import LoadedModel, load_model
+from engine.sampling import SamplingParams
 from tests.engine.parity_models import greedy_forward, model_path, op_by_op
 
 N_GREEDY = 32
@@ -129,3 +131,33 @@ def test_engine_logits_command_runs_on_the_emulator(tmp_path):
         assert result.returncode == 0, result.stderr
     ours, reference = np.load(out["cuda"]), np.load(out["numpy"])
     assert float(np.abs(ours - reference).max()) <= 1e-2 * float(reference.max() - reference.min())
+
+
+def test_greedy_generation_keeps_tokens_on_the_device(pair):
+    """`generate` with greedy sampling: each token picked on the device by `argmax` and fed to
+    the next (replayed) step from there; the answer is the greedy continuation."""
+    if pair.key in ("smollm2", "gemma3"):
+        pytest.skip("the tiny models check the device-token path; a bundled one adds minutes, not coverage")
+    model = pair.cuda
+    replays = model.model.runner.replays
+    cache = model.new_cache(len(pair.prompt) + 8)
+    events = list(generate(model.model, model.tokenizer, cache, pair.prompt, SamplingParams.greedy(),
+                           max_tokens=8, ignore_stop_tokens=True))  # fmt: skip
+    assert [e.token for e in events] == pair.greedy["numpy"][:8]
+    assert model.model.runner.replays - replays == 5  # steps 3 to 7: the first runs op by op, the second records
+
+
+def test_sampled_generation_draws_on_the_device_as_the_host_would(pair):
+    """Seeded sampling (top-k, top-p, min-p, temperature): the device draws with the host
+    sampler's rules and its generator's numbers, so the text equals NumPy's host-sampled one."""
+    if pair.key in ("smollm2", "gemma3"):
+        pytest.skip("the tiny models check device sampling; a bundled one adds minutes, not coverage")
+    params = SamplingParams(temperature=1.3, top_k=50, top_p=0.9, min_p=0.02, seed=7)
+    answers = {}
+    for name, model in (("numpy", pair.numpy), ("cuda", pair.cuda)):
+        cache = model.new_cache(len(pair.prompt) + 16)
+        events = generate(model.model, model.tokenizer, cache, pair.prompt, params, max_tokens=16,
+                          ignore_stop_tokens=True)  # fmt: skip
+        answers[name] = [e.token for e in events]
+    assert answers["cuda"] == answers["numpy"]
+    assert len(set(answers["numpy"])) > 3  # sampled, not one token over and over

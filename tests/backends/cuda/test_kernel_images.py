@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.cuda.build_cubins import build
+from backends.cuda.build_cubins import build, main
 from backends.cuda.compiler import nvrtc
 from backends.cuda.modules import MANIFEST, kernel_image, pick_cubin, read_manifest, stale_modules
 from backends.errors import BackendUnavailable
@@ -134,14 +134,15 @@ def test_images_of_older_sources_are_stale(cubins, kernels, tmp_path, edited):
     assert cubin_sm(image) == 86
 
 
+def missing(*_: object, **__: object) -> None:
+    """Stands in for NVRTC where its wheel is not installed."""
+    raise BackendUnavailable("NVRTC is not installed")
+
+
 def test_a_stale_image_without_nvrtc_says_to_rebuild(cubins, kernels, tmp_path, monkeypatch):
     changed = tmp_path / "kernels"
     shutil.copytree(kernels, changed)
     (changed / "sample.cu").write_text((changed / "sample.cu").read_text() + "// edited\n")
-
-    def missing(*_: object) -> None:
-        raise BackendUnavailable("NVRTC is not installed")
-
     monkeypatch.setattr("backends.cuda.modules.compile_nvrtc", missing)
     with pytest.raises(BackendUnavailable) as raised:
         kernel_image("sample", (8, 6), NEW_DRIVER, cubins, changed)
@@ -157,3 +158,10 @@ def test_a_rebuild_compiles_only_what_changed(cubins, kernels, tmp_path):
     assert {p.name: p.stat().st_mtime_ns for p in outdir.iterdir() if p.name != MANIFEST} == before
     manifest = json.loads((outdir / MANIFEST).read_text())
     assert manifest == read_manifest(cubins)
+
+
+def test_without_nvrtc_the_build_says_so_and_builds_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("backends.cuda.build_cubins.nvrtc", missing)
+    assert main([str(tmp_path / "cubins")]) == 0  # `make install` goes on
+    assert "build_cubins: no CUDA images built: NVRTC is not installed" in capsys.readouterr().out
+    assert not (tmp_path / "cubins").exists()

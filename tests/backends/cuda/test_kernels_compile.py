@@ -9,6 +9,7 @@ covered without editing this test; `compile_kernels/sample.cu` is always there t
 """
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ from backends.errors import BackendUnavailable
 SAMPLES = Path(__file__).parent / "compile_kernels"
 BROKEN = SAMPLES / "broken"
 KERNEL_FILES = [*sorted(KERNELS_DIR.glob("*.cu")), SAMPLES / "sample.cu"]
-COMPILERS = {"nvrtc": compile_nvrtc, "nvcc": compile_nvcc}
+COMPILERS: dict[str, Callable[[Path, str], Compiled]] = {"nvrtc": compile_nvrtc, "nvcc": compile_nvcc}
 NEWEST = max(CUBIN_ARCHS, key=arch_capability)  # users get its PTX too
 
 
@@ -43,7 +44,8 @@ def _need(compiler: str) -> None:
     try:
         nvrtc() if compiler == "nvrtc" else find_nvcc()
     except BackendUnavailable as missing:
-        pytest.skip(f"{compiler} is not available ({missing}); `make install` installs NVRTC")
+        where = "`make install` installs it" if compiler == "nvrtc" else "it comes with the CUDA toolkit"
+        pytest.skip(f"{compiler} is not available ({missing}); {where}")
 
 
 @functools.cache
@@ -61,7 +63,8 @@ def _clean(compiler: str, source: Path, target: str) -> Compiled:
     result = _compiled(compiler, source, target)
     if isinstance(result, CompileError):
         pytest.fail(str(result), pytrace=False)
-    assert not result.problems(), "\n".join(result.problems())
+    if result.problems():
+        pytest.fail("\n".join(result.problems()), pytrace=False)
     return result
 
 
@@ -94,6 +97,14 @@ def test_block_sizes_come_from_launch_bounds(compiler):
     assert {k.name: k.max_threads for k in compiled.kernels} == {"scale_shifted": 256, "fill": 64}
     shared = {k.name: k.shared for k in compiled.kernels}
     assert shared == {"scale_shifted": 256 * 4, "fill": 0}  # float tile[SAMPLE_THREADS]
+
+
+def test_line_info_adds_line_tables_and_changes_no_resource():
+    _need("nvrtc")
+    plain = compile_nvrtc(SAMPLES / "sample.cu", "sm_86")
+    lines = compile_nvrtc(SAMPLES / "sample.cu", "sm_86", line_info=True)
+    assert lines.kernels == plain.kernels
+    assert b".nv_debug_line_sass" in lines.image and b".nv_debug_line_sass" not in plain.image
 
 
 # -- the checks themselves, on purpose-broken sources -------------------------------------

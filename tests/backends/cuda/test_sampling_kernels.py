@@ -74,6 +74,13 @@ def test_argmax_first_of_ties(dev, sampling, vocab):
     assert int(dev.from_device(out, (1,), np.int32)[0]) == int(np.argmax(logits))
 
 
+def _masked(vocab: int, allowed: int) -> np.ndarray:
+    """Logits of which only `allowed` random tokens are finite (a grammar's mask)."""
+    logits = np.full(vocab, -np.inf, dtype=np.float32)
+    logits[RNG.choice(vocab, allowed, replace=False)] = RNG.standard_normal(allowed) * 2
+    return logits
+
+
 CASES = {
     # (logits, temperature, top_k, top_p, min_p)
     "engine_defaults": (lambda: (RNG.standard_normal(5000) * 3).astype(np.float32), 0.7, 40, 0.95, 0.05),
@@ -84,6 +91,8 @@ CASES = {
     # too many tokens for shared memory: the descents run over the whole vocabulary
     "flat_top_p": (lambda: (RNG.standard_normal(6000) * 0.1).astype(np.float32), 1.0, 0, 0.99, 0.0),
     "large_top_k": (lambda: (RNG.standard_normal(6000) * 2).astype(np.float32), 0.9, 5000, 1.0, 0.0),
+    # a constrained vocabulary: all but 30 tokens masked to -inf, fewer than top-k
+    "masked_vocabulary": (lambda: _masked(1000, 30), 1.0, 50, 0.95, 0.0),
     # neither top-k nor top-p: vocabulary order, with and without min-p
     "vocabulary_order": (lambda: (RNG.standard_normal(3000) * 2).astype(np.float32), 1.0, 0, 1.0, 0.0),
     "min_p_only": (lambda: (RNG.standard_normal(3000) * 2).astype(np.float32), 0.5, 0, 1.0, 0.1),
