@@ -3,8 +3,10 @@ blocks on the device, and rows of such matrices (embedding lookups).
 
 A matrix is (rows, cols) = (out_features, in_features), its rows contiguous runs of blocks.
 Products go three ways, by the number of tokens T:
-- T = 1..16, quantized weights: the activations are quantized to 8 bits per 32 values into a
-  scratch buffer, then one kernel reads each weight block once for all T tokens (dp4a);
+- T = 1..16, quantized weights: the activations are quantized per 32 values into a scratch
+  buffer, as two 8-bit codes per value (15 bits, precision "precise", the default) or one
+  (precision "fast", llama.cpp's scheme), then one kernel reads each weight block once for all
+  T tokens (dp4a);
 - T = 1..16, float weights (F32, F16, BF16): the same shape of kernel, float products;
 - T > 16: a tiled GEMM that dequantizes weight tiles into shared memory.
 Types outside `IN_PLACE_TYPES` are converted to F16 when they are uploaded.
@@ -48,6 +50,7 @@ _MV_THREADS = 128
 _GEMM_TILE = 64  # GEMM_TILE: rows and tokens per block
 _GEMM_THREADS = 256
 _QUANTIZE_BLOCKS_PER_LAUNCH_BLOCK = 32  # 8 threads per 32-value block, 256 threads
+_QUANTIZE_THREADS = 256
 _ROWS_THREADS = 128
 _SUB_BLOCK = 32  # weights per sub-block, the kernels' unit along a row
 _ALIGN = 256
@@ -62,6 +65,25 @@ class DeviceMatrix:
     rows: int
     cols: int
     nbytes: int
+
+
+@dataclass(frozen=True)
+class _Precision:
+    """How the mat-vec kernels quantize activations: `codes` 8-bit codes per value, and
+    `scale_bytes` per 32 values (ActCodes<NC> in products.cu)."""
+
+    codes: int
+    scale_bytes: int
+    quantize: str  # the quantizing kernel
+    mat_vec: str  # the family of the product kernels
+
+
+PRECISIONS = {
+    "precise": _Precision(codes=2, scale_bytes=8, quantize="quantize_act_q8x2", mat_vec="mvq2"),
+    "fast": _Precision(codes=1, scale_bytes=4, quantize="quantize_act_q8", mat_vec="mvq"),
+}
+"""The activation precisions of the quantized mat-vec products: "precise", two 8-bit codes per
+value (x ~ d1 q1 + d2 q2, 15 bits); "fast", one (8 bits, as llama.cpp's MMVQ)."""
 
 
 def _ptr(p: int) -> np.uintp:
@@ -121,13 +143,23 @@ def _blocks(n: int, per: int) -> int:
 
 
 class Products:
-    """The product and row kernels of one device, and the scratch buffer of 8-bit activations."""
+    """The product and row kernels of one device, and the scratch buffer of quantized activations.
 
-    def __init__(self, dev: Device):
+    `precision` (a key of PRECISIONS) sets how the mat-vec kernels quantize activations:
+    "precise" (the default) or "fast"."""
+
+    def __init__(self, dev: Device, precision: str = "precise"):
+        if precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
         self.dev = dev
-        self._quantize = dev.function("products", "quantize_act_q8")
+        self.precision = precision
+        self._scheme = PRECISIONS[precision]
+        self._quantize = dev.function("products", self._scheme.quantize)
+        quantized_family = self._scheme.mat_vec
         self._mat_vec = {
-            (int(t), n): dev.function("products", f"{'mvf' if int(t) in _FLOAT_TYPES else 'mvq'}_{suffix}_{n}")
+            (int(t), n): dev.function(
+                "products", f"{'mvf' if int(t) in _FLOAT_TYPES else quantized_family}_{suffix}_{n}"
+            )
             for t, suffix in _KERNEL_SUFFIX.items()
             for n in _ACCUMULATORS
         }
@@ -145,15 +177,16 @@ class Products:
     def _quantized_activations(self, x: int, t: int, cols: int) -> tuple[int, int]:
         """Quantize x (t, cols) into the scratch buffer: (codes pointer, scales pointer)."""
         n_blocks = t * cols // _SUB_BLOCK
-        codes_bytes = _blocks(t * cols, _ALIGN) * _ALIGN
-        need = codes_bytes + 4 * n_blocks
+        codes_bytes = _blocks(self._scheme.codes * t * cols, _ALIGN) * _ALIGN
+        need = codes_bytes + self._scheme.scale_bytes * n_blocks
         if need > self._scratch_bytes:
             self.close()
             self._scratch_bytes = max(need, 2 * self._scratch_bytes)
             self._scratch = self.dev.alloc(self._scratch_bytes)
         codes, scales = self._scratch, self._scratch + codes_bytes
         grid = (_blocks(n_blocks, _QUANTIZE_BLOCKS_PER_LAUNCH_BLOCK), 1, 1)
-        self.dev.launch(self._quantize, grid, (256, 1, 1), [_ptr(x), _ptr(codes), _ptr(scales), np.int32(n_blocks)])
+        args: list[np.generic] = [_ptr(x), _ptr(codes), _ptr(scales), np.int32(n_blocks)]
+        self.dev.launch(self._quantize, grid, (_QUANTIZE_THREADS, 1, 1), args)
         return codes, scales
 
     def linear(self, x: int, t: int, m: DeviceMatrix, out: int, bias: int = 0) -> None:

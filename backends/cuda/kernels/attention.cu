@@ -69,6 +69,16 @@ __device__ __forceinline__ float capped(float score, float softcap) {
     return softcap > 0.0f ? softcap * tanhf(score / softcap) : score;
 }
 
+// capped(), given inv_softcap = 1 / softcap (correctly rounded): score / softcap by the
+// reciprocal and one remainder step (Markstein's), which rounds as the division does while
+// the quotient is a normal float. Unlike `/` it has no slow-path subroutine call, whose
+// calling convention made ptxas spill the decode loop's registers.
+__device__ __forceinline__ float capped_by_inverse(float score, float softcap, float inv_softcap) {
+    if (softcap <= 0.0f) return score;
+    const float q = score * inv_softcap;
+    return softcap * tanhf(fmaf(fmaf(-q, softcap, score), inv_softcap, q));
+}
+
 // -- writing new keys and values ---------------------------------------------------------
 // k (t, Hkv, Dh), v (t, Hkv, Dv) float32 -> the cache's rows at each token's slot, rounded to
 // float16 (nearest even). Thread map: block (token, KV head); its threads walk the key row,
@@ -134,6 +144,13 @@ __device__ __forceinline__ void decode_split(const float* q, int heads, int kv_h
     }
     keys += (long long)kv_head * slots * head_dim;
     values += (long long)kv_head * slots * value_dim;
+    // a 32-bit modulus for the ring (a 64-bit one is a subroutine call in the loop): keys are
+    // below 2^31 - 1, so key % ring_slots is key % slots even for a table's larger slot counts
+    const unsigned int ring_slots = (unsigned int)min(slots, 0x7fffffffLL);
+    // 1 / softcap as `/` rounds it for a normal softcap (an approximation and one Newton step),
+    // without `/`'s slow-path call, around which ptxas spilled
+    const float rough = softcap > 0.0f ? __fdividef(1.0f, softcap) : 0.0f;
+    const float inv_softcap = fmaf(rough, fmaf(-softcap, rough, 1.0f), rough);
 
     // this split's positions: the visible ones, first .. position, cut in equal runs
     const int position = positions[row];
@@ -144,10 +161,12 @@ __device__ __forceinline__ void decode_split(const float* q, int heads, int kv_h
     const int lo = first + split * per_split;
     const int hi = min(lo + per_split, position + 1);
 
+    // zeros past head_dim: a lane's chunks past the key row (zeros too) add 0 to its scores, so the
+    // loop needs no per-chunk test there (fewer live predicates and registers)
     float* query_floats = (float*)queries;
-    for (int i = threadIdx.x; i < GQ * head_dim; i += DECODE_THREADS) {
-        const int h = i / head_dim, d = i % head_dim;
-        query_floats[h * DECODE_MAX_D + d] = q[((long long)row * heads + head0 + h) * head_dim + d] * scale;
+    for (int i = threadIdx.x; i < GQ * DECODE_MAX_D; i += DECODE_THREADS) {
+        const int h = i / DECODE_MAX_D, d = i % DECODE_MAX_D;
+        query_floats[i] = d < head_dim ? q[((long long)row * heads + head0 + h) * head_dim + d] * scale : 0.0f;
     }
     __syncthreads();
 
@@ -162,21 +181,20 @@ __device__ __forceinline__ void decode_split(const float* q, int heads, int kv_h
             for (int e = 0; e < CHUNK; ++e) acc[h][m][e] = 0.0f;
     }
 
-    // the rows of the key a lane's group takes at `base`, zeros past the split's end
-    uint4 next_keys[LANE_CHUNKS], next_values[LANE_CHUNKS];
-    auto load = [&](int base) {
+    // the key or value rows of the key a lane's group takes at `base`, zeros past the split's end
+    auto load = [&](const __half* rows, int row_dim, int chunks, int base, uint4 raw[LANE_CHUNKS]) {
         const int key = base + warp * groups + group;
-        const long long slot = ring ? key % slots : key;
+        const long long slot = ring ? (unsigned int)key % ring_slots : key;
 #pragma unroll
         for (int m = 0; m < LANE_CHUNKS; ++m) {
             const int c = in_group + m * lanes_per_key;
-            next_keys[m] = make_uint4(0, 0, 0, 0);
-            next_values[m] = make_uint4(0, 0, 0, 0);
-            if (key < hi && c < key_chunks) next_keys[m] = *(const uint4*)(keys + slot * head_dim + c * CHUNK);
-            if (key < hi && c < value_chunks) next_values[m] = *(const uint4*)(values + slot * value_dim + c * CHUNK);
+            raw[m] = make_uint4(0, 0, 0, 0);
+            if (key < hi && c < chunks) raw[m] = *(const uint4*)(rows + slot * row_dim + c * CHUNK);
         }
     };
-    load(lo);
+    uint4 next_keys[LANE_CHUNKS], next_values[LANE_CHUNKS];
+    load(keys, head_dim, key_chunks, lo, next_keys);
+    load(values, value_dim, value_chunks, lo, next_values);
     for (int base = lo; base < hi; base += step) {  // the same trip count in every thread: shuffles stay whole
         uint4 key_raw[LANE_CHUNKS], value_raw[LANE_CHUNKS];
 #pragma unroll
@@ -184,7 +202,8 @@ __device__ __forceinline__ void decode_split(const float* q, int heads, int kv_h
             key_raw[m] = next_keys[m];
             value_raw[m] = next_values[m];
         }
-        load(base + step);
+        load(keys, head_dim, key_chunks, base + step, next_keys);
+        load(values, value_dim, value_chunks, base + step, next_values);
         const bool valid = base + warp * groups + group < hi;
         float score[GQ];
 #pragma unroll
@@ -192,37 +211,39 @@ __device__ __forceinline__ void decode_split(const float* q, int heads, int kv_h
 #pragma unroll
         for (int m = 0; m < LANE_CHUNKS; ++m) {
             const int c = in_group + m * lanes_per_key;
-            if (c < key_chunks) {
-                float kf[CHUNK];
-                chunk_to_floats(key_raw[m], kf);
-#pragma unroll
-                for (int h = 0; h < GQ; ++h) {
-                    const float4 qa = queries[h][2 * c], qb = queries[h][2 * c + 1];
-                    score[h] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3];
-                    score[h] += qb.x * kf[4] + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
-                }
-            }
-        }
-#pragma unroll
-        for (int h = 0; h < GQ; ++h)
-            for (int offset = lanes_per_key / 2; offset > 0; offset >>= 1)
-                score[h] += __shfl_xor_sync(FULL_MASK, score[h], offset);
-        if (valid) {
-            float vf[LANE_CHUNKS][CHUNK];
-#pragma unroll
-            for (int m = 0; m < LANE_CHUNKS; ++m) chunk_to_floats(value_raw[m], vf[m]);
+            float kf[CHUNK];
+            chunk_to_floats(key_raw[m], kf);
 #pragma unroll
             for (int h = 0; h < GQ; ++h) {
-                const float s = capped(score[h], softcap);
+                const float4 qa = queries[h][2 * c], qb = queries[h][2 * c + 1];
+                score[h] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3];
+                score[h] += qb.x * kf[4] + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
+            }
+        }
+        for (int offset = lanes_per_key / 2; offset > 0; offset >>= 1)
+#pragma unroll
+            for (int h = 0; h < GQ; ++h) score[h] += __shfl_xor_sync(FULL_MASK, score[h], offset);
+        if (valid) {
+            // the heads' weights first, then each value chunk converted once and used by all heads:
+            // 8 floats live at a time, not 16 (the same arithmetic per element as before)
+            float keep[GQ], p[GQ];
+#pragma unroll
+            for (int h = 0; h < GQ; ++h) {
+                const float s = capped_by_inverse(score[h], softcap, inv_softcap);
                 const float new_max = fmaxf(run_max[h], s);
-                const float keep = rescale(run_max[h], new_max);
-                const float p = expf(s - new_max);
+                keep[h] = rescale(run_max[h], new_max);
+                p[h] = expf(s - new_max);
                 run_max[h] = new_max;
-                run_sum[h] = run_sum[h] * keep + p;
+                run_sum[h] = run_sum[h] * keep[h] + p[h];
+            }
 #pragma unroll
-                for (int m = 0; m < LANE_CHUNKS; ++m)
+            for (int m = 0; m < LANE_CHUNKS; ++m) {
+                float vf[CHUNK];
+                chunk_to_floats(value_raw[m], vf);
 #pragma unroll
-                    for (int e = 0; e < CHUNK; ++e) acc[h][m][e] = acc[h][m][e] * keep + p * vf[m][e];
+                for (int h = 0; h < GQ; ++h)
+#pragma unroll
+                    for (int e = 0; e < CHUNK; ++e) acc[h][m][e] = acc[h][m][e] * keep[h] + p[h] * vf[e];
             }
         }
     }
@@ -331,11 +352,16 @@ __device__ __forceinline__ void decode_split(const float* q, int heads, int kv_h
         sinks, lanes_per_key, out, partial_values, partial_stats, counters
 
 // One entry per number of query heads a block serves (1 to 4), each written out: the emulator's
-// build finds kernels by their declarations.
-extern "C" __global__ void __launch_bounds__(DECODE_THREADS) decode_gq1(DECODE_PARAMS) { decode_split<1>(DECODE_ARGS); }
-extern "C" __global__ void __launch_bounds__(DECODE_THREADS) decode_gq2(DECODE_PARAMS) { decode_split<2>(DECODE_ARGS); }
-extern "C" __global__ void __launch_bounds__(DECODE_THREADS) decode_gq3(DECODE_PARAMS) { decode_split<3>(DECODE_ARGS); }
-extern "C" __global__ void __launch_bounds__(DECODE_THREADS) decode_gq4(DECODE_PARAMS) { decode_split<4>(DECODE_ARGS); }
+// build finds kernels by their declarations. Each declares the blocks per SM it is built for:
+// without that ptxas picks an occupancy itself, and for GQ 2 to 4 it picked register counts a
+// few short of the loop's needs and spilled (differently on each architecture). With these,
+// every architecture fits without spilling: GQ 1 in 128 registers (4 blocks), GQ 2 and 3 in 168
+// (3 blocks), GQ 4, whose 64 accumulators a lane and the next rows in flight need about 200,
+// in 2 blocks (as it already ran on sm_90; its 41 KB of shared memory allows 1 on sm_75).
+extern "C" __global__ void __launch_bounds__(DECODE_THREADS, 4) decode_gq1(DECODE_PARAMS) { decode_split<1>(DECODE_ARGS); }
+extern "C" __global__ void __launch_bounds__(DECODE_THREADS, 3) decode_gq2(DECODE_PARAMS) { decode_split<2>(DECODE_ARGS); }
+extern "C" __global__ void __launch_bounds__(DECODE_THREADS, 3) decode_gq3(DECODE_PARAMS) { decode_split<3>(DECODE_ARGS); }
+extern "C" __global__ void __launch_bounds__(DECODE_THREADS, 2) decode_gq4(DECODE_PARAMS) { decode_split<4>(DECODE_ARGS); }
 
 // -- many queries (prefill), tiled ----------------------------------------------------------
 // Thread map. Block (x, y) = (PREFILL_BQ consecutive queries, one query head). The block

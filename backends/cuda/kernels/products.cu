@@ -3,31 +3,99 @@
 //   out (T, rows) float32 = x (T, cols) float32 @ W.T (+ bias (rows,))
 //
 // W is (rows, cols), each row a run of GGUF blocks. Three paths, chosen by the launcher on T:
-//   T = 1..16  quantized W: x is first quantized to 8 bits per 32 values (quantize_act_q8),
-//              then mvq_<type>_<NT> multiplies with integer dot products (dp4a), reading each
-//              weight once for all T tokens (NT = 1, 4 or 16 accumulators, T <= NT).
+//   T = 1..16  quantized W: x is first quantized per 32 values into integer codes, two 8-bit
+//              codes per value ("precise", 15 bits: quantize_act_q8x2, then mvq2_<type>_<NT>)
+//              or one ("fast", 8 bits: quantize_act_q8, then mvq_<type>_<NT>); the product
+//              multiplies them with the weights' codes (dp4a), reading each weight once for all
+//              T tokens (NT = 1, 4 or 16 accumulators, T <= NT).
 //              Float W (F32, F16, BF16): mvf_<type>_<NT>, float products, x as it is.
 //   T > 16     gemm_<type>: weight tiles dequantized into shared memory, float tiles of x.
 // And rows_<type>: the float32 rows `ids` of W, times a scale (embedding lookups).
 //
-// Every format is decoded 32 weights (one "sub-block") at a time, the unit of the 8-bit
+// Every format is decoded 32 weights (one "sub-block") at a time, the unit of the quantized
 // activations: sub-block s of a row covers columns 32s..32s+31.
 #include "common.cuh"
 
-// ---- 8-bit activations ---------------------------------------------------------------------
-// x (T, cols) is stored as codes (T, cols) int8 and, per 32 values, one Q8Scale:
-//   d = max|x| / 127 (as fp16), q = rint(x / d), sum = the sum of the 32 codes.
-// x ~= d * q. The sum lets formats with an offset (w = d_w q_w + m) add m * d * sum exactly:
-// the fp16 d times an integer below 2^13 is exact in float32.
+// ---- quantized activations ------------------------------------------------------------------
+// x (T, cols) is quantized per 32 values (one sub-block) into NC 8-bit codes per value, which
+// dp4a multiplies with the weights' codes. Two precisions, one code path (NC a template
+// parameter):
+//   NC = 1, "fast" (llama.cpp's MMVQ scheme): d = max|x| / 127, q = rint(x / d), x ~= fp16(d) q;
+//     8 bits, an error up to d / 2 per value.
+//   NC = 2, "precise": x ~= d1 q1 + d2 q2 with d1 = max|x| / 127, d2 = d1 / 254 and q2 the
+//     rounded residual (|x - d1 q1| <= d1 / 2, so |q2| <= 127); 15 bits, the CPU backend's int16
+//     precision, an error up to d2 / 2 = d1 / 508 per value. Computed as one 15-bit code
+//       Q = rint(x / d2), d2 = max|x| / 32258 (= 127 * 254), |Q| <= 32258,
+//     split exactly in integers: q1 = floor((Q + 127) / 254) (Q / 254 to the nearest, halves
+//     down), q2 = Q - 254 q1 (in -127..126). So q2 = round((x - d1 q1) / d2) exactly, and
+//     q1 = round(x / d1) except where x / d1 lies within 1/508 of a half. x ~= d2 Q: a product
+//     runs one dp4a chain per code and joins them as 254 * sum(w q1) + sum(w q2).
+// Codes (T, cols / 32, NC, 32) int8: the NC runs of 32 codes of a sub-block are adjacent (for
+// NC = 1 that is (T, cols)). Scales (T, cols / 32): one ActCodes<NC>::Scale per sub-block, its
+// d and the sum of its codes (Q for NC = 2), with which formats with an offset
+// (w = d_w q_w + m) add m * d * sum; the sum is an integer below 2^21, exact as a float.
+//
+// Why the precise mode costs little: one token's product is bound by memory bandwidth. A
+// sub-block of a 4- to 5-bit format is 18-24 bytes; an H200 streams 4.8 TB/s, 0.2-0.27
+// sub-blocks per ns, while its 132 SMs retire about 17 integer operations per ns (64 lanes at
+// ~1.98 GHz each): 60-80 integer slots per sub-block. Unpacking the weights (about 30
+// operations) and the 8 dp4a of one code fit in them, and the second code adds only 8 dp4a and
+// 2 multiply-adds per sub-block and token: the weights are unpacked once for both, and the
+// codes of x (64 bytes per sub-block and token) come from the caches, shared by all rows. With
+// 4 to 16 tokens the integer work grows with T while the bytes do not: there "fast" may be
+// faster. (Estimates; the GPU session measures.)
 struct alignas(4) Q8Scale {
     __half d;
     short sum;
 };
 
+struct alignas(8) Q15Scale {
+    float d;  // d2
+    int sum;  // of Q = 254 q1 + q2
+};
+
+constexpr int CODE_RADIX = 254;  // d1 / d2 of the two-code activations
+
+template <int NC>
+struct ActCodes;
+
+template <>
+struct ActCodes<1> {
+    using Scale = Q8Scale;
+    static constexpr float LEVELS = 127.0f;  // max|x| maps to this code
+    static __device__ __forceinline__ Scale scale(float d, int sum) {
+        Scale s;
+        s.d = __float2half_rn(d);
+        s.sum = (short)sum;
+        return s;
+    }
+    static __device__ __forceinline__ float d(Scale s) { return __half2float(s.d); }
+    static __device__ __forceinline__ void split(int q, int (&c)[1]) { c[0] = q; }
+};
+
+template <>
+struct ActCodes<2> {
+    using Scale = Q15Scale;
+    static constexpr float LEVELS = 127.0f * CODE_RADIX;
+    static __device__ __forceinline__ Scale scale(float d, int sum) {
+        Scale s;
+        s.d = d;
+        s.sum = sum;
+        return s;
+    }
+    static __device__ __forceinline__ float d(Scale s) { return s.d; }
+    // Q = CODE_RADIX * c[0] + c[1]; the offset keeps the dividend positive (|Q| <= 32258).
+    static __device__ __forceinline__ void split(int q, int (&c)[2]) {
+        c[0] = (q + CODE_RADIX / 2 + CODE_RADIX * 128) / CODE_RADIX - 128;
+        c[1] = q - CODE_RADIX * c[0];
+    }
+};
+
 // Threads: 8 per 32-value block, 4 values each (one float4); 256 threads = 32 blocks.
-extern "C" __global__ void __launch_bounds__(256)
-    quantize_act_q8(const float* __restrict__ x, int8_t* __restrict__ codes, unsigned int* __restrict__ scales,
-                    int n_blocks) {
+template <int NC>
+static __device__ __forceinline__ void quantize_act_body(const float* __restrict__ x, int8_t* __restrict__ codes,
+                                                         unsigned int* __restrict__ scales, int n_blocks) {
+    using Act = ActCodes<NC>;
     const int block = blockIdx.x * 32 + (threadIdx.x >> 3);
     const int part = threadIdx.x & 7;
     const bool on = block < n_blocks;
@@ -36,27 +104,29 @@ extern "C" __global__ void __launch_bounds__(256)
     float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
     for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
-    const float d = amax / 127.0f;
-    int q0 = 0, q1 = 0, q2 = 0, q3 = 0;
+    const float d = amax / Act::LEVELS;
+    int q[4] = {0, 0, 0, 0};
     if (d > 0.0f) {
-        q0 = __float2int_rn(v.x / d);
-        q1 = __float2int_rn(v.y / d);
-        q2 = __float2int_rn(v.z / d);
-        q3 = __float2int_rn(v.w / d);
+        q[0] = __float2int_rn(v.x / d);
+        q[1] = __float2int_rn(v.y / d);
+        q[2] = __float2int_rn(v.z / d);
+        q[3] = __float2int_rn(v.w / d);
     }
-    int sum = q0 + q1 + q2 + q3;
+    int sum = q[0] + q[1] + q[2] + q[3];
 #pragma unroll
     for (int o = 4; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, o);
     if (on) {
-        const uint32_t packed = (uint32_t)(q0 & 0xff) | (uint32_t)(q1 & 0xff) << 8 | (uint32_t)(q2 & 0xff) << 16 |
-                                (uint32_t)(q3 & 0xff) << 24;
-        reinterpret_cast<uint32_t*>(codes)[block * 8 + part] = packed;
-        if (part == 0) {
-            Q8Scale s;
-            s.d = __float2half_rn(d);
-            s.sum = (short)sum;
-            reinterpret_cast<Q8Scale*>(scales)[block] = s;
+        uint32_t packed[NC] = {};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            int c[NC];
+            Act::split(q[i], c);
+#pragma unroll
+            for (int k = 0; k < NC; ++k) packed[k] |= (uint32_t)(c[k] & 0xff) << (8 * i);
         }
+#pragma unroll
+        for (int k = 0; k < NC; ++k) reinterpret_cast<uint32_t*>(codes)[(block * NC + k) * 8 + part] = packed[k];
+        if (part == 0) reinterpret_cast<typename Act::Scale*>(scales)[block] = Act::scale(d, sum);
     }
 }
 
@@ -337,14 +407,26 @@ static __device__ __forceinline__ void mv_store(float (&acc)[R][NT], const float
     }
 }
 
-// Sum over one sub-block of w * x, x given as 32 codes (a, b) and their Q8Scale.
-static __device__ __forceinline__ float sub_dot(const Sub& w, const int4& a, const int4& b, Q8Scale sc) {
-    const int lo = __dp4a((int)w.q[3], a.w, __dp4a((int)w.q[2], a.z, __dp4a((int)w.q[1], a.y, __dp4a((int)w.q[0], a.x, 0))));
-    const int hi = __dp4a((int)w.q[7], b.w, __dp4a((int)w.q[6], b.z, __dp4a((int)w.q[5], b.y, __dp4a((int)w.q[4], b.x, 0))));
-    return __half2float(sc.d) * (w.d0 * (float)lo + w.d1 * (float)hi + w.m * (float)sc.sum);
+// One dp4a chain: c + the dot product of 16 weight codes and 16 activation codes.
+static __device__ __forceinline__ int dp4a_16(const uint32_t* wq, const int4& a, int c) {
+    return __dp4a((int)wq[3], a.w, __dp4a((int)wq[2], a.z, __dp4a((int)wq[1], a.y, __dp4a((int)wq[0], a.x, c))));
 }
 
-template <typename W, int NT>
+// Sum over one sub-block of w * x, x given as its NC runs of 32 codes (xv[2k], xv[2k + 1] the
+// k-th) and their scale. The chains of successive codes join as CODE_RADIX * previous + next.
+template <int NC>
+static __device__ __forceinline__ float sub_dot(const Sub& w, const int4 (&xv)[2 * NC],
+                                                typename ActCodes<NC>::Scale sc) {
+    int lo = dp4a_16(w.q, xv[0], 0), hi = dp4a_16(w.q + 4, xv[1], 0);
+#pragma unroll
+    for (int k = 1; k < NC; ++k) {
+        lo = dp4a_16(w.q, xv[2 * k], CODE_RADIX * lo);
+        hi = dp4a_16(w.q + 4, xv[2 * k + 1], CODE_RADIX * hi);
+    }
+    return ActCodes<NC>::d(sc) * (w.d0 * (float)lo + w.d1 * (float)hi + w.m * (float)sc.sum);
+}
+
+template <typename W, int NT, int NC>
 static __device__ __forceinline__ void mv_quantized(const uint8_t* __restrict__ w, const int8_t* __restrict__ codes,
                                                     const unsigned int* __restrict__ scales,
                                                     const float* __restrict__ bias, float* __restrict__ out, int rows,
@@ -354,7 +436,7 @@ static __device__ __forceinline__ void mv_quantized(const uint8_t* __restrict__ 
     const int row0 = (blockIdx.x * MV_WARPS + (threadIdx.x >> 5)) * R;
     const int n_sub = cols / 32;
     const size_t row_bytes = row_bytes_of(cols, W::QK, W::BYTES);
-    const Q8Scale* xs = reinterpret_cast<const Q8Scale*>(scales);
+    const typename ActCodes<NC>::Scale* xs = reinterpret_cast<const typename ActCodes<NC>::Scale*>(scales);
     float acc[R][NT];
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -368,16 +450,18 @@ static __device__ __forceinline__ void mv_quantized(const uint8_t* __restrict__ 
 #pragma unroll
             for (int r = 0; r < R; ++r)
                 if (r < live) W::load(w + row_bytes * (row0 + r), s, ws[r]);
-            const int8_t* xq = codes + 32 * s;  // token j's codes: xq + j * cols
+            const int4* xq = reinterpret_cast<const int4*>(codes) + 2 * NC * s;  // token j's: + j * NC * cols / 16
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 if (j < t) {
-                    const int4 a = reinterpret_cast<const int4*>(xq)[0], b = reinterpret_cast<const int4*>(xq)[1];
-                    const Q8Scale sc = xs[(size_t)j * n_sub + s];
-                    xq += cols;
+                    int4 xv[2 * NC];
+#pragma unroll
+                    for (int k = 0; k < 2 * NC; ++k) xv[k] = xq[k];
+                    const typename ActCodes<NC>::Scale sc = xs[(size_t)j * n_sub + s];
+                    xq += NC * cols / 16;
 #pragma unroll
                     for (int r = 0; r < R; ++r)
-                        if (r < live) acc[r][j] += sub_dot(ws[r], a, b, sc);
+                        if (r < live) acc[r][j] += sub_dot<NC>(ws[r], xv, sc);
                 }
             }
         }
@@ -500,34 +584,65 @@ static __device__ __forceinline__ void rows_body(const uint8_t* __restrict__ w, 
 }
 
 // ---- entry points: one per format (and accumulator count), named <family>_<format>[_<NT>] ----
+// mvq2_ (two codes) declare at least one block per SM: with the block size alone, ptxas traded
+// registers for occupancy and spilled a few bytes in some of them on some architectures.
 // clang-format off
-extern "C" __global__ void __launch_bounds__(128) mvq_q4_0_1(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q4_0, 1>(w, codes, scales, bias, out, rows, cols, t); }
-extern "C" __global__ void __launch_bounds__(128) mvq_q4_0_4(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q4_0, 4>(w, codes, scales, bias, out, rows, cols, t); }
-extern "C" __global__ void __launch_bounds__(128) mvq_q4_0_16(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q4_0, 16>(w, codes, scales, bias, out, rows, cols, t); }
-extern "C" __global__ void __launch_bounds__(128) mvq_q4_1_1(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q4_1, 1>(w, codes, scales, bias, out, rows, cols, t); }
-extern "C" __global__ void __launch_bounds__(128) mvq_q4_1_4(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q4_1, 4>(w, codes, scales, bias, out, rows, cols, t); }
-extern "C" __global__ void __launch_bounds__(128) mvq_q4_1_16(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q4_1, 16>(w, codes, scales, bias, out, rows, cols, t); }
-extern "C" __global__ void __launch_bounds__(128) mvq_q5_0_1(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q5_0, 1>(w, codes, scales, bias, out, rows, cols, t); }
-extern "C" __global__ void __launch_bounds__(128) mvq_q5_0_4(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q5_0, 4>(w, codes, scales, bias, out, rows, cols, t); }
-extern "C" __global__ void __launch_bounds__(128) mvq_q5_0_16(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q5_0, 16>(w, codes, scales, bias, out, rows, cols, t); }
-extern "C" __global__ void __launch_bounds__(128) mvq_q5_1_1(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q5_1, 1>(w, codes, scales, bias, out, rows, cols, t); }
-extern "C" __global__ void __launch_bounds__(128) mvq_q5_1_4(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q5_1, 4>(w, codes, scales, bias, out, rows, cols, t); }
-extern "C" __global__ void __launch_bounds__(128) mvq_q5_1_16(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q5_1, 16>(w, codes, scales, bias, out, rows, cols, t); }
-extern "C" __global__ void __launch_bounds__(128) mvq_q8_0_1(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q8_0, 1>(w, codes, scales, bias, out, rows, cols, t); }
-extern "C" __global__ void __launch_bounds__(128) mvq_q8_0_4(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q8_0, 4>(w, codes, scales, bias, out, rows, cols, t); }
-extern "C" __global__ void __launch_bounds__(128) mvq_q8_0_16(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q8_0, 16>(w, codes, scales, bias, out, rows, cols, t); }
-extern "C" __global__ void __launch_bounds__(128) mvq_q1_0_1(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q1_0, 1>(w, codes, scales, bias, out, rows, cols, t); }
-extern "C" __global__ void __launch_bounds__(128) mvq_q1_0_4(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q1_0, 4>(w, codes, scales, bias, out, rows, cols, t); }
-extern "C" __global__ void __launch_bounds__(128) mvq_q1_0_16(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q1_0, 16>(w, codes, scales, bias, out, rows, cols, t); }
-extern "C" __global__ void __launch_bounds__(128) mvq_q4_k_1(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q4_K, 1>(w, codes, scales, bias, out, rows, cols, t); }
-extern "C" __global__ void __launch_bounds__(128) mvq_q4_k_4(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q4_K, 4>(w, codes, scales, bias, out, rows, cols, t); }
-extern "C" __global__ void __launch_bounds__(128) mvq_q4_k_16(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q4_K, 16>(w, codes, scales, bias, out, rows, cols, t); }
-extern "C" __global__ void __launch_bounds__(128) mvq_q5_k_1(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q5_K, 1>(w, codes, scales, bias, out, rows, cols, t); }
-extern "C" __global__ void __launch_bounds__(128) mvq_q5_k_4(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q5_K, 4>(w, codes, scales, bias, out, rows, cols, t); }
-extern "C" __global__ void __launch_bounds__(128) mvq_q5_k_16(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q5_K, 16>(w, codes, scales, bias, out, rows, cols, t); }
-extern "C" __global__ void __launch_bounds__(128) mvq_q6_k_1(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q6_K, 1>(w, codes, scales, bias, out, rows, cols, t); }
-extern "C" __global__ void __launch_bounds__(128) mvq_q6_k_4(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q6_K, 4>(w, codes, scales, bias, out, rows, cols, t); }
-extern "C" __global__ void __launch_bounds__(128) mvq_q6_k_16(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q6_K, 16>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(256) quantize_act_q8(const float* x, int8_t* codes, unsigned int* scales, int n_blocks) { quantize_act_body<1>(x, codes, scales, n_blocks); }
+extern "C" __global__ void __launch_bounds__(256) quantize_act_q8x2(const float* x, int8_t* codes, unsigned int* scales, int n_blocks) { quantize_act_body<2>(x, codes, scales, n_blocks); }
+extern "C" __global__ void __launch_bounds__(128) mvq_q4_0_1(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q4_0, 1, 1>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128) mvq_q4_0_4(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q4_0, 4, 1>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128) mvq_q4_0_16(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q4_0, 16, 1>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128) mvq_q4_1_1(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q4_1, 1, 1>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128) mvq_q4_1_4(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q4_1, 4, 1>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128) mvq_q4_1_16(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q4_1, 16, 1>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128) mvq_q5_0_1(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q5_0, 1, 1>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128) mvq_q5_0_4(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q5_0, 4, 1>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128) mvq_q5_0_16(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q5_0, 16, 1>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128) mvq_q5_1_1(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q5_1, 1, 1>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128) mvq_q5_1_4(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q5_1, 4, 1>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128) mvq_q5_1_16(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q5_1, 16, 1>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128) mvq_q8_0_1(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q8_0, 1, 1>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128) mvq_q8_0_4(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q8_0, 4, 1>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128) mvq_q8_0_16(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q8_0, 16, 1>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128) mvq_q1_0_1(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q1_0, 1, 1>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128) mvq_q1_0_4(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q1_0, 4, 1>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128) mvq_q1_0_16(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q1_0, 16, 1>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128) mvq_q4_k_1(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q4_K, 1, 1>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128) mvq_q4_k_4(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q4_K, 4, 1>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128) mvq_q4_k_16(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q4_K, 16, 1>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128) mvq_q5_k_1(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q5_K, 1, 1>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128) mvq_q5_k_4(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q5_K, 4, 1>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128) mvq_q5_k_16(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q5_K, 16, 1>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128) mvq_q6_k_1(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q6_K, 1, 1>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128) mvq_q6_k_4(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q6_K, 4, 1>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128) mvq_q6_k_16(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q6_K, 16, 1>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128, 1) mvq2_q4_0_1(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q4_0, 1, 2>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128, 1) mvq2_q4_0_4(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q4_0, 4, 2>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128, 1) mvq2_q4_0_16(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q4_0, 16, 2>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128, 1) mvq2_q4_1_1(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q4_1, 1, 2>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128, 1) mvq2_q4_1_4(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q4_1, 4, 2>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128, 1) mvq2_q4_1_16(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q4_1, 16, 2>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128, 1) mvq2_q5_0_1(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q5_0, 1, 2>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128, 1) mvq2_q5_0_4(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q5_0, 4, 2>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128, 1) mvq2_q5_0_16(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q5_0, 16, 2>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128, 1) mvq2_q5_1_1(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q5_1, 1, 2>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128, 1) mvq2_q5_1_4(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q5_1, 4, 2>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128, 1) mvq2_q5_1_16(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q5_1, 16, 2>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128, 1) mvq2_q8_0_1(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q8_0, 1, 2>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128, 1) mvq2_q8_0_4(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q8_0, 4, 2>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128, 1) mvq2_q8_0_16(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q8_0, 16, 2>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128, 1) mvq2_q1_0_1(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q1_0, 1, 2>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128, 1) mvq2_q1_0_4(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q1_0, 4, 2>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128, 1) mvq2_q1_0_16(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q1_0, 16, 2>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128, 1) mvq2_q4_k_1(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q4_K, 1, 2>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128, 1) mvq2_q4_k_4(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q4_K, 4, 2>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128, 1) mvq2_q4_k_16(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q4_K, 16, 2>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128, 1) mvq2_q5_k_1(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q5_K, 1, 2>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128, 1) mvq2_q5_k_4(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q5_K, 4, 2>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128, 1) mvq2_q5_k_16(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q5_K, 16, 2>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128, 1) mvq2_q6_k_1(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q6_K, 1, 2>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128, 1) mvq2_q6_k_4(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q6_K, 4, 2>(w, codes, scales, bias, out, rows, cols, t); }
+extern "C" __global__ void __launch_bounds__(128, 1) mvq2_q6_k_16(const uint8_t* w, const int8_t* codes, const unsigned int* scales, const float* bias, float* out, int rows, int cols, int t) { mv_quantized<Q6_K, 16, 2>(w, codes, scales, bias, out, rows, cols, t); }
 extern "C" __global__ void __launch_bounds__(128) mvf_f32_1(const uint8_t* w, const float* x, const float* bias, float* out, int rows, int cols, int t) { mv_float<F32, 1>(w, x, bias, out, rows, cols, t); }
 extern "C" __global__ void __launch_bounds__(128) mvf_f32_4(const uint8_t* w, const float* x, const float* bias, float* out, int rows, int cols, int t) { mv_float<F32, 4>(w, x, bias, out, rows, cols, t); }
 extern "C" __global__ void __launch_bounds__(128) mvf_f32_16(const uint8_t* w, const float* x, const float* bias, float* out, int rows, int cols, int t) { mv_float<F32, 16>(w, x, bias, out, rows, cols, t); }

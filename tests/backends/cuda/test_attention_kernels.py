@@ -11,6 +11,7 @@ import pytest
 
 from backends.base import AttentionState, LayerAttention
 from backends.cuda.attention_ops import Attention, LayerCache
+from backends.cuda.device import Device
 from backends.numpy_backend import NumpyBackend
 from tests.backends.cuda.emulated import ORDERS, emulator
 
@@ -96,8 +97,7 @@ def _device_pass(dev, ops: Attention, cache: LayerCache, case: Case, settings, q
     return dev.from_device(out, (n, case.heads * case.value_dim), np.float32)
 
 
-def _run(case: Case, order: str) -> None:
-    dev = emulator(order)
+def _run(case: Case, dev: Device) -> None:
     ops = Attention(dev)
     rng = np.random.default_rng(sum(case.passes))
     settings = _settings(case, rng)
@@ -116,18 +116,19 @@ def _run(case: Case, order: str) -> None:
     np.testing.assert_array_equal(stored_keys, state.keys[0])  # the same float16 roundings, bit for bit
     np.testing.assert_array_equal(stored_values, state.values[0])
     ops.close()
-    dev.close()
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_attention_matches_numpy(name):
-    _run(CASES[name], "forward")
+def test_attention_matches_numpy(name, device):
+    _run(CASES[name], device)
 
 
 @pytest.mark.parametrize("order", ORDERS[1:])
 @pytest.mark.parametrize("name", ["prefill_decode", "ring", "softcap_sinks"])
 def test_attention_in_other_thread_orders(name, order):
-    _run(CASES[name], order)
+    dev = emulator(order)
+    _run(CASES[name], dev)
+    dev.close()
 
 
 @pytest.mark.parametrize("order", ORDERS)
@@ -163,11 +164,11 @@ def test_attend_batch_over_several_caches(order):
     dev.close()
 
 
-def test_recorded_decode_step_replays_at_the_next_position():
+def test_recorded_decode_step_replays_at_the_next_position(device):
     """A decode step recorded once reads its position from device memory: replayed after the
     host writes the next position (and the next token's q, k, v), it attends there."""
     case = Case(4, 2, 64, 64, 300, ())
-    dev = emulator()
+    dev = device
     ops = Attention(dev)
     rng = np.random.default_rng(9)
     settings = LayerAttention(0.125, window=40)
@@ -194,4 +195,3 @@ def test_recorded_decode_step_replays_at_the_next_position():
         want = REFERENCE.attention(q, k, v, state, 0, at, settings)
         np.testing.assert_allclose(dev.from_device(out, want.shape, np.float32), want, rtol=1e-3, atol=1e-4)
     ops.close()
-    dev.close()

@@ -1,4 +1,5 @@
-"""The norms, rope and elementwise kernels (`backends/cuda/pointwise.py`) on the CPU emulator,
+"""The norms, rope and elementwise kernels (`backends/cuda/pointwise.py`)
+on each test device (the CPU emulator; a GPU where one runs),
 against the NumPy backend's ops."""
 
 import numpy as np
@@ -6,17 +7,15 @@ import pytest
 
 from backends.cuda.pointwise import Pointwise
 from backends.numpy_backend import NumpyBackend
-from tests.backends.cuda.emulated import emulator
 
 REFERENCE = NumpyBackend(memory_budget_bytes=0)
 RNG = np.random.default_rng(7)
 
 
 @pytest.fixture(scope="module")
-def dev():
-    device = emulator()
-    yield device
-    device.close()
+def dev(device):
+    """The device of this run (the emulator, then a GPU where one runs: conftest.py)."""
+    return device
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""Token choice on the device (`backends/cuda/sampling_ops.py`) on the CPU emulator: argmax
+"""Token choice on the device (`backends/cuda/sampling_ops.py`)
+on each test device (the CPU emulator; a GPU where one runs): argmax
 exactly as np.argmax, and sampling token for token as a NumPy implementation of the host
 sampler's rule (engine/sampling.py) for many uniform draws."""
 
@@ -6,17 +7,15 @@ import numpy as np
 import pytest
 
 from backends.cuda.sampling_ops import Sampling
-from tests.backends.cuda.emulated import emulator
 
 RNG = np.random.default_rng(11)
 DRAWS = 40  # uniform values per case, spread over [0, 1)
 
 
 @pytest.fixture(scope="module")
-def dev():
-    device = emulator()
-    yield device
-    device.close()
+def dev(device):
+    """The device of this run (the emulator, then a GPU where one runs: conftest.py)."""
+    return device
 
 
 @pytest.fixture(scope="module")
