@@ -228,7 +228,7 @@ class CpuBackend(Backend):
 
     name = "cpu"
     # A recorded batch pass over two sequences costs about 0.8 of their two compiled steps,
-    # over four about 0.65 (docs/benchmarks.md): batching pays from two.
+    # over four about 0.54 (docs/benchmarks.md): batching pays from two.
     min_decode_batch = 2
 
     def __init__(self, threads: int | None = None, tier: str | None = None):

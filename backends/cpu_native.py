@@ -50,7 +50,7 @@ def runnable_tiers() -> list[str]:
     """The tiers that were built and that this CPU can run, fastest first."""
     portable = _portable()
     order = list(TIERS)
-    if portable.cpu_has("avx512_halves"):  # AMD Zen 4: avx512_ymm first (docs/benchmarks.md, session 19)
+    if portable.cpu_has("avx512_halves"):  # AMD Zen 4: avx512_ymm first (docs/performance-notes.md)
         order.remove("avx512_ymm")
         order.insert(0, "avx512_ymm")
     return [tier for tier in order if all(portable.cpu_has(f) for f in TIERS[tier]) and _module(tier) is not None]

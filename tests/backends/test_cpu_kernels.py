@@ -323,7 +323,7 @@ def test_the_ternary_tiles_take_the_vbmi_kernel_exactly_where_the_cpu_has_vbmi()
 
 def test_the_ymm_tier_goes_first_exactly_on_cores_that_split_512_bit_operations():
     """AMD's family 25 (Zen 4) runs a 512-bit operation as two 256-bit halves, and there the
-    avx512_ymm tier's 256-bit decode products are the faster (docs/benchmarks.md); on every
+    avx512_ymm tier's 256-bit decode products are the faster (docs/performance-notes.md); on every
     other CPU with AVX-512 the avx512 tier goes first. Both are built and checked wherever
     AVX-512 runs."""
     info = cpuinfo()

@@ -17,7 +17,7 @@ import pytest
 from engine.bundled import default_model
 from tests.packaging.conftest import REPO, Package, require_tools
 
-# The build, lintian and the clean root each take minutes (see the README's "Packaging").
+# The build, lintian and the clean root each take minutes (see docs/packaging.md).
 pytestmark = pytest.mark.timeout(3600)
 
 README = REPO / "README.md"
