@@ -7,9 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../backends/cpu_kernels/kernels.h"
-#include "../../backends/cpu_kernels/panels.h"
-#include "../../backends/cpu_kernels/simd.h"
+#include "../../../backends/cpu_kernels/kernels.h"
+#include "../../../backends/cpu_kernels/panels.h"
+#include "../../../backends/cpu_kernels/simd.h"
 
 static uint64_t state = 0x9e3779b97f4a7c15ull;
 
