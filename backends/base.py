@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from backends.errors import BackendError
 from backends.kv_types import KV_TYPES, check_kv_type, kv_row_bytes
 from backends.memory import MAPPED_WEIGHTS, MemoryRule
 
@@ -302,7 +303,7 @@ class Backend(ABC):
         rules (`engine.sampling.Sampler`: top-k, top-p, min-p, then temperature), the draw being
         the first token whose cumulative probability exceeds `uniform` times the total. Only on a
         backend with `device_sampling`."""
-        raise NotImplementedError(f"the {self.name} backend draws tokens on the host")
+        raise BackendError(f"the {self.name} backend draws tokens on the host (it has no device_sampling)")
 
     # -- weights -------------------------------------------------------------------
 
