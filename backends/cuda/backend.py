@@ -14,6 +14,7 @@ Gated DeltaNet's convolution and rule: the CUDA breadth issue's) goes through th
 reference, tensors copied each way, and `load_notes` says so once a model uses it.
 """
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -84,18 +85,22 @@ class CudaState:
             else:
                 self.caches.append(None)
                 self.arrays.append(tuple(np.zeros(shape, dtype=np.float32) for shape in layer.shapes))
+        buffers = [ptr for c in self.caches if c is not None for ptr in (c.keys, c.values)]
+        self._release = weakref.finalize(self, _free_buffers, device, buffers)  # a dropped conversation's cache
 
     def cache_bytes(self) -> int:
         """Bytes the attention layers' keys and values take on the device."""
         return sum(2 * c.kv_heads * c.slots * (c.head_dim + c.value_dim) for c in self.caches if c is not None)
 
     def free(self) -> None:
-        """Give the keys and values back to the device."""
-        for cache in self.caches:
-            if cache is not None:
-                self._device.free(cache.keys)
-                self._device.free(cache.values)
+        """Give the keys and values back to the device now (otherwise when the state is dropped)."""
+        self._release()
         self.caches = [None for _ in self.caches]
+
+
+def _free_buffers(device: Device, buffers: list[int]) -> None:
+    for ptr in buffers:
+        device.free(ptr)
 
 
 def _zeros(device: Device, nbytes: int) -> int:
@@ -125,7 +130,7 @@ class CudaBackend(Backend):
         self._host_ops: set[str] = set()
         self._constants: dict[int, tuple[np.ndarray, int]] = {}  # id(host array) -> (array, device copy)
         self._moved: dict[int, tuple[DeviceMatrix, DeviceMatrix]] = {}  # id(matrix) -> (it, its view once joined)
-        self._states: list[CudaState] = []
+        self._states: weakref.WeakSet[CudaState] = weakref.WeakSet()  # live states, freed at close
 
     @property
     def device_name(self) -> str:
@@ -437,7 +442,7 @@ class CudaBackend(Backend):
 
     def allocate_state(self, layers: list[LayerState]) -> CudaState:
         state = CudaState(self.device, layers)
-        self._states.append(state)
+        self._states.add(state)
         return state
 
     def state_bytes(self, state: CudaState) -> int:
@@ -480,7 +485,7 @@ class CudaBackend(Backend):
     def close(self) -> None:
         self.attention_ops.close()
         self.products.close()
-        for state in self._states:
+        for state in list(self._states):
             state.free()
         self._states.clear()
         for _, ptr in self._constants.values():
